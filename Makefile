@@ -1,0 +1,59 @@
+# gpuwarden: `make run` and `make test` set up everything they need on Debian 12 (as root, or with sudo).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PREFIX ?= /opt/gpuwarden
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+# command that must exist -> Debian package that provides it
+BUILD_NEEDS := cc:gcc pkg-config:pkg-config
+TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux
+
+.PHONY: run test lint bench install uninstall system-deps test-deps clean
+
+run: $(VENV)/.installed
+	$(VENV)/bin/gpuwarden run
+
+test: test-deps $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/pytest
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/kernel_bench.py
+
+system-deps:
+	@bash .ci/apt-needs $(BUILD_NEEDS)
+	@pkg-config --exists libsystemd || bash .ci/apt-needs --package libsystemd-dev
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || bash .ci/apt-needs --package python3-venv
+	@$(PYTHON) -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' \
+		|| bash .ci/apt-needs --package python3-dev
+
+test-deps: system-deps
+	@bash .ci/apt-needs $(TEST_NEEDS)
+
+$(VENV)/.installed: pyproject.toml | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+install: system-deps
+	$(SUDO) $(PYTHON) -m venv $(PREFIX)
+	$(SUDO) $(PREFIX)/bin/pip install -q --upgrade pip
+	$(SUDO) $(PREFIX)/bin/pip install -q .
+	$(SUDO) install -D -m 0644 systemd/gpuwarden.service /etc/systemd/system/gpuwarden.service
+	$(SUDO) install -d -m 0755 /etc/gpuwarden
+	@if [ -e /etc/gpuwarden/gpuwarden.toml ]; then echo "kept the existing /etc/gpuwarden/gpuwarden.toml"; \
+	else $(SUDO) install -m 0644 config/gpuwarden.toml /etc/gpuwarden/gpuwarden.toml; fi
+	@if [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; \
+	echo "installed; start it with: systemctl enable --now gpuwarden"; fi
+
+uninstall:
+	-@[ -d /run/systemd/system ] && $(SUDO) systemctl disable --now gpuwarden 2>/dev/null; true
+	$(SUDO) rm -f /etc/systemd/system/gpuwarden.service
+	$(SUDO) rm -rf $(PREFIX)
+	-@[ -d /run/systemd/system ] && $(SUDO) systemctl daemon-reload; true
+	@echo "kept /etc/gpuwarden (your configuration) and /var/lib/gpuwarden (the event store)"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

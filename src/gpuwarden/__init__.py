@@ -1,0 +1,8 @@
+"""gpuwarden: keeps GPU inference boxes alive."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("gpuwarden")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

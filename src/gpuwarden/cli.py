@@ -1,0 +1,137 @@
+"""The `gpuwarden` command. Exit codes: 0 ok, 1 runtime failure, 2 usage error, 78 configuration error."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from gpuwarden import __version__, logsetup
+from gpuwarden import config as configuration
+from gpuwarden.config import ConfigError, parse_duration
+from gpuwarden.store import Store, StoreError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 78
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_usage(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"gpuwarden: configuration error:\n{exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"gpuwarden: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_FAILURE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuwarden", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    parser.add_argument("--config", type=Path, help=f"configuration file (default {configuration.DEFAULT_PATH})")
+    sub = parser.add_subparsers(dest="command")
+
+    sub.add_parser("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
+    sub.add_parser("check", help="validate the configuration and print it").set_defaults(handler=cmd_check)
+
+    events = sub.add_parser("events", help="recent events from the store")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    events.add_argument("--since", default="24h", help="how far back, e.g. 90s, 1h, 2d (default 24h)")
+    events.set_defaults(handler=cmd_events)
+
+    replay = sub.add_parser("replay", help="classify saved kernel logs and print the events")
+    replay.add_argument("files", nargs="+", help="log files; - reads standard input")
+    replay.add_argument("--format", choices=("table", "json"), default="table")
+    replay.set_defaults(handler=cmd_replay)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpuwarden.daemon import Daemon
+
+    config, path = configuration.load(args.config)
+    logsetup.setup(config.daemon.log_level)
+    import logging
+
+    logging.getLogger("gpuwarden").info("gpuwarden %s starting with %s", __version__, path or "built-in defaults")
+    try:
+        return asyncio.run(Daemon(config, args.config).run())
+    except OSError as exc:
+        logging.getLogger("gpuwarden").error("cannot run: %s", exc)
+        return EXIT_FAILURE
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config, path = configuration.load(args.config)
+    print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
+    print(config.model_dump_json(indent=2))  # SecretStr fields print as '**********'
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    try:
+        since = time.time() - parse_duration(args.since)
+    except ValueError as exc:
+        print(f"gpuwarden events: --since: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config, _ = configuration.load(args.config)
+    store = Store(config.daemon.state_dir / "gpuwarden.db")
+    try:
+        rows = store.events(since=since)
+    finally:
+        store.close()
+    for row in rows:
+        if args.json:
+            print(json.dumps(row))
+        else:
+            stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+            count = f" (x{row['count']})" if row["count"] > 1 else ""
+            print(f"{stamp}  {row['severity']:<8} {row['kind']:<16} {row['gpu'] or '-':<13} {row['message']}{count}")
+    if not rows and not args.json:
+        print(f"no events since {args.since} ago", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from gpuwarden.kernel.formats import parse_lines
+    from gpuwarden.kernel.watch import classifier_for
+
+    config, _ = configuration.load(args.config)
+    malformed = 0
+    for name in args.files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            print(f"gpuwarden replay: {name}: {exc.strerror}", file=sys.stderr)
+            return EXIT_FAILURE
+        parsed = parse_lines(text.splitlines())
+        malformed += parsed.malformed
+        classifier = classifier_for(config.kernel)
+        now = time.time()
+        bursts = [b for record in parsed.records for b in classifier.feed(record, now)]
+        bursts += classifier.flush(now, everything=True).new
+        for event in (b.final for b in bursts):
+            _print_event(event, name, args.format)
+    if malformed:
+        print(f"gpuwarden replay: {malformed} malformed line(s) skipped", file=sys.stderr)
+    return EXIT_OK
+
+
+def _print_event(event, source: str, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps({"file": source, "kind": event.kind, "severity": str(event.severity), "gpu": event.gpu,
+                          "xid": event.evidence.get("xid"), "count": event.count,
+                          "line": event.evidence.get("line"), "message": event.message}))
+    else:
+        print(f"{event.severity!s:<8} {event.kind:<13} {event.gpu or '-':<13} x{event.count:<4} {event.message}")

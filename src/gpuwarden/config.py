@@ -1,0 +1,235 @@
+"""The TOML configuration: schema, built-in defaults, and validation errors that name key and line."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from gpuwarden.model import KINDS, Severity
+
+DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
+DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range is full; this is outside it
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; `str()` is the message for the user."""
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or from text such as "90s", "5m", "1h30m", "250ms"."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or text such as \"90s\" or \"5m\"")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip().replace(" ", "")
+        parts = _DURATION.findall(text)
+        if "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"bad duration {value!r}: use seconds or text such as \"90s\", \"5m\", \"1h30m\"")
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    else:
+        raise ValueError("a duration is a number of seconds or text such as \"90s\" or \"5m\"")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+SeverityName = Literal["info", "warning", "critical"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuwarden")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "gpuwarden"
+
+
+class DaemonConfig(Section):
+    state_dir: Path = Field(default_factory=default_state_dir)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    loop_lag_warn: Duration = 1.0
+    status_interval: Duration = 30.0
+
+
+class ExporterConfig(Section):
+    enabled: bool = True
+    listen: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+
+
+class KernelRule(Section):
+    pattern: str
+    kind: str
+    severity: SeverityName = "warning"
+    vendor: str = "any"
+    meaning: str = ""
+    runbook: str = ""
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        return _check_kind(value)
+
+
+def _check_kind(value: str) -> str:
+    if value not in KINDS:
+        hint = difflib.get_close_matches(value, KINDS, n=1)
+        raise ValueError(f"unknown event kind {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    return value
+
+
+class KernelConfig(Section):
+    source: Literal["auto", "journal", "kmsg", "file"] = "auto"
+    file: Path | None = None
+    lookback: Duration = 600.0
+    storm_window: Duration = 2.0
+    rule: list[KernelRule] = []
+    severity: dict[str, SeverityName] = {}
+    xid: dict[str, SeverityName] = {}
+
+    @field_validator("severity")
+    @classmethod
+    def _kinds(cls, value: dict[str, str]) -> dict[str, str]:
+        for kind in value:
+            _check_kind(kind)
+        return value
+
+    @field_validator("xid")
+    @classmethod
+    def _xids(cls, value: dict[str, str]) -> dict[str, str]:
+        for code in value:
+            if not code.isdigit():
+                raise ValueError(f"Xid keys are numbers, not {code!r}")
+        return value
+
+    def severity_overrides(self) -> dict[str, Severity]:
+        return {kind: Severity.parse(s) for kind, s in self.severity.items()}
+
+    def xid_overrides(self) -> dict[int, Severity]:
+        return {int(code): Severity.parse(s) for code, s in self.xid.items()}
+
+
+class Config(Section):
+    daemon: DaemonConfig = DaemonConfig()
+    exporter: ExporterConfig = ExporterConfig()
+    kernel: KernelConfig = KernelConfig()
+
+
+def load(path: Path | None) -> tuple[Config, Path | None]:
+    """The config at `path`, or at the default path, or the built-in defaults when no file is there.
+
+    Returns the config and the file it came from (None for built-in defaults).
+    """
+    explicit = path is not None
+    path = path or DEFAULT_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"{path}: no such file") from None
+        return Config(), None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    return parse(text, str(path)), path
+
+
+def parse(text: str, name: str = "<config>") -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{name}: not valid TOML: {exc}") from None
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, text, name) for err in exc.errors())) from None
+
+
+def _describe(err: Any, text: str, name: str) -> str:
+    loc = tuple(err["loc"])
+    key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    line = line_of(text, loc)
+    where = f"{name}:{line}" if line else name
+    if err["type"] == "extra_forbidden":
+        known = _field_names(Config, loc[:-1])
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        message = "unknown key" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+    elif err["type"] == "missing":
+        message = "required key is missing"
+    else:
+        message = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {key}: {message}"
+
+
+def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys that the table at `loc` accepts."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, str) and current is not None:
+            field = current.model_fields.get(part)
+            current = _model_in(field.annotation) if field else None
+    return list(current.model_fields) if current else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in get_args(annotation) if (m := _model_in(a))), None)
+
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
+
+
+def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line in TOML `text` that defines the key at `loc`, or its closest enclosing table."""
+    want = [str(p) for p in loc]
+    best, best_len = None, 0
+    table: list[str] = []
+    array_counts: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if m := _HEADER.match(line):
+            parts = _split_key(m.group(2))
+            if m.group(1) == "[[":
+                name = ".".join(parts)
+                array_counts[name] = array_counts.get(name, -1) + 1
+                parts = [*parts, str(array_counts[name])]
+            table = parts
+            path = table
+        elif m := _KEY.match(line):
+            path = table + _split_key(m.group(1))
+        else:
+            continue
+        n = len(path)
+        if n > best_len and want[:n] == path:
+            best, best_len = number, n
+            if n == len(want):
+                break
+    return best
+
+
+def _split_key(key: str) -> list[str]:
+    return [part.strip().strip("\"'") for part in key.split(".")]

@@ -1,0 +1,194 @@
+"""The daemon: builds components from the config, supervises them, talks to systemd, reloads on SIGHUP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from gpuwarden import config as configuration
+from gpuwarden import logsetup
+from gpuwarden.config import Config, ConfigError
+from gpuwarden.exporter import Exporter, SelfMetrics
+from gpuwarden.gpu.discovery import discover
+from gpuwarden.kernel.watch import KernelWatch
+from gpuwarden.model import Event, Severity
+from gpuwarden.sdnotify import Notifier
+from gpuwarden.store import Store
+from gpuwarden.supervise import Supervisor
+
+log = logging.getLogger("gpuwarden")
+
+_LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
+_LAG_PROBE = 0.25
+
+
+class _Loop:
+    """A supervised component made of one coroutine function."""
+
+    def __init__(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        self.name, self._body = name, body
+
+    async def run(self) -> None:
+        await self._body()
+
+
+class Daemon:
+    def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.config_arg = config_arg  # what --config said; None: the default path or built-in defaults
+        self.notifier = notifier or Notifier()
+        self.metrics = SelfMetrics()
+        self.supervisor = Supervisor(self._crashed, self._component_state)
+        self.store: Store | None = None
+        self.exporter: Exporter | None = None
+        self.kernel_source = "none"
+        self.gpus: list = []
+        self.lag = 0.0
+        self._stopping = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+
+    # --- the sink that components report to ------------------------------------------------------
+
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
+        """Store events durably, then count and log them."""
+        ids = self.store.add_events(events, cursor)
+        for event in events:
+            self.metrics.inc("gpuwarden_events_total", event.kind, str(event.severity), by=event.count)
+            log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
+                    extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
+        return ids
+
+    def set_count(self, row_id: int, count: int) -> None:
+        self.store.set_count(row_id, count)
+
+    def count(self, name: str, *labels: str, by: float = 1) -> None:
+        if by:
+            self.metrics.inc(name, *labels, by=by)
+
+    def polled(self, source: str) -> None:
+        self.metrics.set("gpuwarden_source_last_success_timestamp_seconds", time.time(), source)
+
+    def _crashed(self, name: str, exc: BaseException) -> None:
+        try:
+            self.record([Event("watchdog_error", Severity.WARNING, f"component {name} failed: {exc}",
+                               time.time(), evidence={"component": name, "error": repr(exc)})])
+        except Exception:
+            log.exception("could not record the failure of %s", name)
+
+    def _component_state(self, name: str, up: bool, restarts: int) -> None:
+        self.metrics.set("gpuwarden_component_up", 1 if up else 0, name)
+        self.metrics.set("gpuwarden_component_restarts_total", restarts, name)
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.store = Store(self.config.daemon.state_dir / "gpuwarden.db")
+        self._start_exporter()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        self._start_components()
+        await asyncio.sleep(0)  # let each component's task build its component before we say READY
+        self.notifier.ready()
+        self.notifier.status(self.summary())
+        log.info("gpuwarden running: %s", self.summary())
+        await self._stopping.wait()
+        log.info("stopping")
+        self.notifier.stopping()
+        await self.supervisor.stop()
+        if self.exporter:
+            self.exporter.stop()
+        self.store.close()
+        return 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _start_exporter(self) -> None:
+        cfg = self.config.exporter
+        if not cfg.enabled:
+            return
+        self.exporter = Exporter(self.metrics, cfg.listen, cfg.port)
+        self.exporter.start()
+        log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
+
+    def _start_components(self) -> None:
+        gpus = discover()
+        log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
+                 if gpus else "no GPUs")
+        self.gpus = gpus
+        self.supervisor.start("kernel", self._kernel_watch)
+        self.supervisor.start("loop_lag", lambda: _Loop("loop_lag", self._watch_loop_lag))
+        self.supervisor.start("status", lambda: _Loop("status", self._report_status))
+        if self.notifier.watchdog_seconds:
+            self.supervisor.start("watchdog", lambda: _Loop("watchdog", self._ping_watchdog))
+
+    def _kernel_watch(self) -> KernelWatch:
+        watch = KernelWatch(self.config.kernel, self, self.store.cursor("journal"))
+        self.kernel_source = watch.source.name
+        return watch
+
+    def summary(self) -> str:
+        gpus = len(self.gpus)
+        return (f"kernel source {self.kernel_source}; {gpus} GPU{'s' if gpus != 1 else ''}; "
+                f"{self.supervisor.summary()}")
+
+    async def reload(self) -> None:
+        async with self._reload_lock:
+            self.notifier.reloading()
+            try:
+                new, path = configuration.load(self.config_arg)
+            except ConfigError as exc:
+                log.error("reload failed, the running configuration stays:\n%s", exc)
+                self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
+                self.notifier.ready()
+                return
+            await self.supervisor.stop()
+            exporter_changed = new.exporter != self.config.exporter
+            self.config = new
+            if exporter_changed:
+                if self.exporter:
+                    self.exporter.stop()
+                    self.exporter = None
+                self._start_exporter()
+            logsetup.setup(new.daemon.log_level)
+            self._start_components()
+            await asyncio.sleep(0)
+            log.info("reloaded %s", path or "built-in defaults")
+            self.notifier.ready()
+            self.notifier.status(self.summary())
+
+    # --- small loops --------------------------------------------------------------------------------
+
+    async def _watch_loop_lag(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(_LAG_PROBE)
+            self.lag = max(0.0, loop.time() - start - _LAG_PROBE)
+            self.metrics.set("gpuwarden_loop_lag_seconds", self.lag)
+            if self.lag > self.config.daemon.loop_lag_warn:
+                self.metrics.inc("gpuwarden_loop_blocked_total")
+                self.record([Event("watchdog_error", Severity.WARNING,
+                                   f"the event loop was blocked for {self.lag:.2f} s", time.time(),
+                                   evidence={"loop_lag_seconds": round(self.lag, 3)})])
+
+    async def _report_status(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.daemon.status_interval)
+            self.notifier.status(self.summary())
+
+    async def _ping_watchdog(self) -> None:
+        """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""
+        period = self.notifier.watchdog_seconds / 2
+        while True:
+            if self.supervisor.healthy() and self.lag < period:
+                self.notifier.watchdog()
+            else:
+                log.error("not pinging the watchdog: %s, loop lag %.2f s", self.supervisor.summary(), self.lag)
+            await asyncio.sleep(period)

@@ -1,0 +1,103 @@
+"""Prometheus exporter: the daemon's self-metrics, served from a consistent in-memory snapshot.
+
+Components write through `SelfMetrics`; a scrape copies everything under one lock and renders the copy,
+so concurrent scrapes (prometheus_client runs one thread per request) never see a half-updated state.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections import defaultdict
+from typing import NamedTuple
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gpuwarden import __version__
+
+
+class Family(NamedTuple):
+    kind: str  # "counter" or "gauge"
+    doc: str
+    labels: tuple[str, ...] = ()
+
+
+FAMILIES: dict[str, Family] = {
+    "gpuwarden_build_info": Family("gauge", "Version of the running gpuwarden.", ("version", "python")),
+    "gpuwarden_component_up": Family("gauge", "1 while the component runs, 0 while it waits to restart.",
+                                     ("component",)),
+    "gpuwarden_component_restarts_total": Family("counter", "Restarts of a component after it failed.",
+                                                 ("component",)),
+    "gpuwarden_events_total": Family("counter", "Events recorded, by kind and severity.", ("kind", "severity")),
+    "gpuwarden_loop_lag_seconds": Family("gauge", "How late the event loop woke up at the last check."),
+    "gpuwarden_loop_blocked_total": Family("counter", "Times the event loop was blocked beyond loop_lag_warn."),
+    "gpuwarden_source_last_success_timestamp_seconds": Family(
+        "gauge", "When a source last delivered or polled successfully (Unix time).", ("source",)),
+    "gpuwarden_kernel_lines_total": Family("counter", "Kernel log lines read, by source.", ("source",)),
+    "gpuwarden_kernel_lines_malformed_total": Family("counter", "Kernel log lines that could not be parsed.",
+                                                     ("source",)),
+    "gpuwarden_kmsg_overruns_total": Family("counter", "Times /dev/kmsg overwrote records before they were read."),
+}
+
+
+class SelfMetrics:
+    """Thread-safe values for FAMILIES, keyed by label values."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
+        self.set("gpuwarden_build_info", 1, __version__, platform.python_version())
+
+    def inc(self, name: str, *labels: str, by: float = 1) -> None:
+        with self._lock:
+            series = self._values[name]
+            series[labels] = series.get(labels, 0) + by
+
+    def set(self, name: str, value: float, *labels: str) -> None:
+        with self._lock:
+            self._values[name][labels] = value
+
+    def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
+        with self._lock:
+            return {name: dict(series) for name, series in self._values.items()}
+
+
+class _Collector:
+    def __init__(self, metrics: SelfMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        return []  # collect() is cheap, but there is no need to run it at registration
+
+    def collect(self):
+        for name, series in self._metrics.snapshot().items():
+            family = FAMILIES[name]
+            cls = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+            metric = cls(name.removesuffix("_total"), family.doc, labels=family.labels)
+            for labels, value in sorted(series.items()):
+                metric.add_metric(labels, value)
+            yield metric
+
+
+class Exporter:
+    def __init__(self, metrics: SelfMetrics, listen: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(metrics))
+        self._listen, self._port = listen, port
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.server_port if self._server else self._port
+
+    def start(self) -> None:
+        self._server, self._thread = start_http_server(self._port, addr=self._listen, registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None

@@ -1,0 +1,1 @@
+"""GPU discovery and telemetry."""

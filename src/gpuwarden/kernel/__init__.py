@@ -1,0 +1,1 @@
+"""Kernel-log watch: sources (journal, /dev/kmsg, saved files), the rule catalog and the classifier."""

@@ -1,0 +1,149 @@
+"""Saved kernel logs in the formats people paste, turned into KernelRecords.
+
+Handles plain `dmesg`, `dmesg -T`, `dmesg --time-format iso`, `dmesg -x` level prefixes, `dmesg -H`
+relative stamps, syslog/journal short and short-precise formats (any month language), `journalctl -o
+short-iso`, `journalctl -o json`, raw /dev/kmsg records with dictionary lines, indented continuation
+lines, lines without a timestamp, and newest-first output (`journalctl -r`) with `-- Reboot --` markers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
+
+_LEVEL_PREFIX = re.compile(
+    r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d)\s*:"
+    r"\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: ")
+_MONO = re.compile(r"^\[\s*(\d+\.\d+)\] ?")
+_RELATIVE = re.compile(r"^\[\s*\+\s*(\d+\.\d+)\] ?")
+_RELATIVE_BASE = re.compile(r"^\[(?:[A-Z][a-z]{2}\d{1,2} )?(\d\d):(\d\d)\] ?")
+_CTIME = re.compile(r"^\[(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
+_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:([,.])(\d+))?(Z|[+-]\d\d:?\d\d)? ")
+_SYSLOG = re.compile(r"^[^\W\d_]{3,10}\.? {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
+_IDENT = re.compile(r"^(?:\S+ )??([^\s:\[]+)(?:\[\d+\])?: ")
+_KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+_SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins at .*|No entries) --$")
+
+
+@dataclass
+class ParseResult:
+    records: list[KernelRecord] = field(default_factory=list)
+    malformed: int = 0
+    skipped: int = 0  # lines from other programs than the kernel
+
+
+def parse_lines(lines: Iterable[str]) -> ParseResult:
+    """All kernel records in a saved log, oldest first."""
+    result = ParseResult()
+    relative = 0.0
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        if line[0] in " \t" and result.records:
+            _continue(result, line)
+            continue
+        if _SEPARATOR.match(line):
+            continue
+        try:
+            record = _parse_one(line, relative)
+        except MalformedRecord:
+            result.malformed += 1
+            continue
+        if record is None:
+            result.skipped += 1
+            continue
+        if _RELATIVE.match(line) and record.timestamp is not None:
+            relative = record.timestamp
+        result.records.append(record)
+    if _newest_first(result.records):
+        result.records.reverse()
+    return result
+
+
+def _continue(result: ParseResult, line: str) -> None:
+    """An indented line: a kmsg dictionary entry, or the rest of the previous multi-line message."""
+    last = result.records[-1]
+    stripped = line.strip()
+    if stripped.startswith("DEVICE="):
+        result.records[-1] = replace(last, device=pci_from_device_field(stripped[7:]))
+    elif "=" in stripped and stripped.split("=", 1)[0].isupper() and stripped.split("=", 1)[0].isalpha():
+        pass  # another kmsg dictionary entry (SUBSYSTEM=...)
+    else:
+        result.records[-1] = replace(last, text=f"{last.text}\n{stripped}")
+
+
+def _parse_one(line: str, relative: float) -> KernelRecord | None:
+    if line.startswith("{"):
+        return _from_json(line)
+    if _KMSG.match(line):
+        return parse_kmsg(line)
+    if m := _LEVEL_PREFIX.match(line):
+        line = line[m.end():]
+    if m := _MONO.match(line):
+        return KernelRecord(line[m.end():], float(m.group(1)))
+    if m := _RELATIVE.match(line):
+        return KernelRecord(line[m.end():], relative + float(m.group(1)))
+    if m := _RELATIVE_BASE.match(line):
+        return KernelRecord(line[m.end():], int(m.group(1)) * 3600 + int(m.group(2)) * 60.0)
+    if m := _CTIME.match(line):
+        try:
+            stamp = datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").timestamp()
+        except ValueError:
+            stamp = None
+        return KernelRecord(line[m.end():], stamp)
+    if m := _ISO.match(line):
+        date, sep, fraction, zone = m.groups()
+        stamp = datetime.fromisoformat(f"{date}{'.' + fraction if fraction else ''}{_iso_zone(zone)}").timestamp()
+        if sep == ",":  # dmesg --time-format iso: the kernel's text follows directly
+            return KernelRecord(line[m.end():], stamp)
+        return _journal_line(line[m.end():], stamp)
+    if m := _SYSLOG.match(line):
+        day, hh, mm, ss = m.groups()
+        return _journal_line(line[m.end():], int(day) * 86400 + int(hh) * 3600 + int(mm) * 60 + float(ss))
+    return KernelRecord(line)
+
+
+def _iso_zone(zone: str | None) -> str:
+    if not zone or zone == "Z":
+        return "+00:00" if zone else ""
+    return zone if ":" in zone else f"{zone[:3]}:{zone[3:]}"
+
+
+def _journal_line(rest: str, stamp: float) -> KernelRecord | None:
+    """`[host ]kernel: text` -> the kernel's text; lines of other programs are not kernel records."""
+    m = _IDENT.match(rest)
+    if not m:
+        return KernelRecord(rest, stamp)
+    return KernelRecord(rest[m.end():], stamp) if m.group(1) == "kernel" else None
+
+
+def _from_json(line: str) -> KernelRecord | None:
+    try:
+        entry = json.loads(line)
+        message = entry["MESSAGE"]
+    except (ValueError, KeyError, TypeError):
+        raise MalformedRecord(line[:200]) from None
+    if entry.get("_TRANSPORT", "kernel") != "kernel":
+        return None
+    if isinstance(message, list):  # journalctl writes non-UTF-8 messages as byte arrays
+        message = bytes(message).decode("utf-8", "replace")
+    stamp = entry.get("_SOURCE_MONOTONIC_TIMESTAMP") or entry.get("__MONOTONIC_TIMESTAMP")
+    device = entry.get("_KERNEL_DEVICE") or entry.get("_UDEV_SYSNAME")
+    return KernelRecord(
+        text=str(message),
+        timestamp=int(stamp) / 1e6 if stamp else None,
+        device=pci_from_device_field(device) if device else None,
+        cursor=entry.get("__CURSOR"),
+    )
+
+
+def _newest_first(records: list[KernelRecord]) -> bool:
+    stamps = [r.timestamp for r in records if r.timestamp is not None]
+    steps = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b != a]
+    return bool(steps) and sum(s < 0 for s in steps) > len(steps) / 2

@@ -1,0 +1,52 @@
+"""One kernel log message, whatever source it came from, and the /dev/kmsg record format."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuwarden.model import normalize_pci
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecord:
+    text: str
+    timestamp: float | None = None  # seconds on the source's clock (monotonic or wall); None if unknown
+    device: str | None = None  # normalised PCI address from the record's device fields
+    cursor: str | None = None  # where to resume after this record (journal cursor)
+
+
+class MalformedRecord(ValueError):
+    pass
+
+
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
+def parse_kmsg(raw: str) -> KernelRecord:
+    """A /dev/kmsg record: `prio,seq,usec,flags[,more];text` plus ` KEY=value` dictionary lines.
+
+    Unknown header fields (caller=, cpu=, ...) are ignored, as the ABI asks.
+    """
+    header, sep, rest = raw.partition(";")
+    fields = header.split(",")
+    if not sep or len(fields) < 4 or not (fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit()):
+        raise MalformedRecord(raw[:200])
+    text, *dictionary = rest.rstrip("\n").split("\n")
+    device = None
+    for line in dictionary:
+        key, _, value = line.strip().partition("=")
+        if key == "DEVICE":
+            device = pci_from_device_field(value)
+    if "\\x" in text:
+        text = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+    return KernelRecord(text=text, timestamp=int(fields[2]) / 1e6, device=device)
+
+
+def pci_from_device_field(value: str) -> str | None:
+    """`+pci:0000:03:00.0` (kmsg DEVICE=, journal _KERNEL_DEVICE) or a bare BDF (_UDEV_SYSNAME)."""
+    value = value.removeprefix("+pci:")
+    try:
+        return normalize_pci(value) if value.count(":") >= 1 and "." in value else None
+    except ValueError:
+        return None

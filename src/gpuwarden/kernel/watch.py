@@ -1,0 +1,96 @@
+"""The kernel-watch component: a source, the classifier, and the sink that stores what it finds."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from gpuwarden.config import KernelConfig
+from gpuwarden.kernel.classifier import Burst, Classifier
+from gpuwarden.kernel.rules import Rule
+from gpuwarden.kernel.sources import FileSource, JournalSource, KmsgSource, Source
+from gpuwarden.model import Event, Severity
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
+    def set_count(self, row_id: int, count: int) -> None: ...
+    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+    def polled(self, source: str) -> None: ...
+
+
+def classifier_for(config: KernelConfig) -> Classifier:
+    extra = tuple(
+        Rule(f"config_{i}", r.pattern, r.kind, Severity.parse(r.severity), r.vendor, r.meaning or r.pattern,
+             r.runbook or r.kind)
+        for i, r in enumerate(config.rule)
+    )
+    return Classifier(extra_rules=extra, severity_overrides=config.severity_overrides(),
+                      xid_overrides=config.xid_overrides(), storm_window=config.storm_window)
+
+
+def open_source(config: KernelConfig, cursor: str | None) -> Source:
+    """The configured source; `auto` takes the journal when it holds kernel entries, else /dev/kmsg."""
+    choice = config.source
+    if choice == "auto":
+        choice = "journal" if JournalSource.has_kernel_entries() else "kmsg"
+    if choice == "journal":
+        return JournalSource(cursor, config.lookback)
+    if choice == "file":
+        if config.file is None:
+            raise ValueError("kernel.source = \"file\" needs kernel.file")
+        return FileSource(config.file)
+    source = KmsgSource()
+    source.start()
+    return source
+
+
+class KernelWatch:
+    name = "kernel"
+
+    def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None) -> None:
+        self.sink = sink
+        self.classifier = classifier_for(config)
+        self.source = open_source(config, cursor)
+
+    async def run(self) -> None:
+        source, sink = self.source, self.sink
+        log.info("kernel source: %s", source.name)
+        seen_malformed = seen_overruns = seen_lines = 0
+        try:
+            async for batch in source.batches():
+                now = time.time()
+                bursts: list[Burst] = []
+                for record in batch:
+                    bursts += self.classifier.feed(record, now)
+                flushed = self.classifier.flush(time.monotonic())
+                bursts += flushed.new
+                if source.overruns > seen_overruns:
+                    lost = source.overruns - seen_overruns
+                    sink.count("gpuwarden_kmsg_overruns_total", by=lost)
+                    bursts.append(Burst(_overrun_event(now, lost), now, now))
+                cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
+                events = [b.event for b in bursts]
+                if events or cursor:
+                    ids = sink.record(events, (source.name, cursor) if cursor else None)
+                    for burst, row_id in zip(bursts, ids, strict=True):
+                        burst.row_id = row_id
+                for burst in flushed.grown:
+                    if burst.row_id is not None:
+                        sink.set_count(burst.row_id, burst.count)
+                sink.count("gpuwarden_kernel_lines_total", source.name, by=source.lines - seen_lines)
+                sink.count("gpuwarden_kernel_lines_malformed_total", source.name,
+                           by=source.malformed - seen_malformed)
+                seen_lines, seen_malformed, seen_overruns = source.lines, source.malformed, source.overruns
+                sink.polled(f"kernel_{source.name}")
+        finally:
+            source.close()
+
+
+def _overrun_event(now: float, lost: int) -> Event:
+    return Event(kind="kmsg_overrun", severity=Severity.WARNING, time=now,
+                 message=f"/dev/kmsg overwrote records before gpuwarden read them ({lost} overrun(s)); "
+                         "kernel messages were lost", evidence={"overruns": lost})

@@ -1,0 +1,51 @@
+"""NVIDIA Xid catalog: severity and meaning per Xid (NVIDIA's "XID Errors" table, condensed).
+
+Application-caused Xids (13, 31, 43, ...) are warnings: the process died, the GPU is fine. Xids that
+mean the GPU or its firmware is broken are critical. Config `[kernel] xid = {"13" = "critical"}` overrides.
+"""
+
+from gpuwarden.model import Severity
+
+W, C, I = Severity.WARNING, Severity.CRITICAL, Severity.INFO
+
+XIDS: dict[int, tuple[Severity, str]] = {
+    8: (W, "GPU stopped processing (channel timeout)"),
+    13: (W, "graphics engine exception (usually the application's bug)"),
+    31: (W, "GPU memory page fault (usually the application's bug)"),
+    32: (W, "invalid or corrupted push buffer stream"),
+    38: (W, "driver firmware error"),
+    43: (W, "GPU stopped processing a channel (the application was reset)"),
+    45: (I, "preemptive cleanup after an earlier error"),
+    48: (C, "double-bit ECC error"),
+    56: (W, "display engine error"),
+    57: (W, "error programming the video memory interface"),
+    61: (C, "internal micro-controller breakpoint"),
+    62: (C, "internal micro-controller halt"),
+    63: (W, "ECC page retirement or row remapping recorded"),
+    64: (C, "ECC page retirement or row remapping failed"),
+    68: (W, "video decoder exception"),
+    69: (W, "graphics engine class error"),
+    74: (C, "NVLink error"),
+    79: (C, "GPU has fallen off the bus"),
+    92: (W, "high single-bit ECC error rate"),
+    94: (W, "contained ECC error: the affected application must restart"),
+    95: (C, "uncontained ECC error: the GPU must be reset"),
+    109: (W, "context switch timeout"),
+    119: (C, "GSP RPC timeout: the GPU firmware stopped answering"),
+    120: (C, "GSP error"),
+    121: (W, "C2C link corrected error"),
+    123: (W, "SPI PMU RPC write failure"),
+    136: (C, "NVLink link training failed"),
+    140: (C, "unrecovered ECC error"),
+    143: (C, "GPU initialization failure"),
+    144: (W, "NVLink SAW MVB error"),
+    149: (W, "NVLink NETIR error"),
+    154: (C, "GPU recovery action changed: a reset or reboot is required"),
+    155: (C, "NVLink link down"),
+}
+
+UNKNOWN = (W, "Xid not in gpuwarden's catalog")
+
+
+def describe(xid: int) -> tuple[Severity, str]:
+    return XIDS.get(xid, UNKNOWN)

@@ -1,0 +1,137 @@
+"""SQLite store in WAL mode: events, journal cursors and the alert outbox.
+
+Writes commit before they return, so an event is durable before anything acts on it. WAL with
+synchronous=NORMAL survives a crash of the daemon; on a power cut the last commits may roll back.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.model import Event
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS = {
+    1: """
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        time REAL NOT NULL,
+        kind TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        gpu TEXT,
+        engine TEXT,
+        message TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        count INTEGER NOT NULL DEFAULT 1,
+        dedupe_key TEXT NOT NULL
+    );
+    CREATE INDEX events_time ON events(time);
+    CREATE TABLE cursors (source TEXT PRIMARY KEY, cursor TEXT NOT NULL, updated REAL NOT NULL);
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        event_id INTEGER REFERENCES events(id),
+        target TEXT NOT NULL,
+        created REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt REAL NOT NULL,
+        payload TEXT NOT NULL
+    );
+    """,
+}
+
+
+class StoreError(Exception):
+    """The database cannot be used; the message says why and what to do."""
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(_explain(path, exc)) from None
+        except OSError as exc:
+            raise StoreError(f"{path}: {exc.strerror or exc}") from None
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} was written by a newer gpuwarden")
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self._transaction():
+                self._db.executescript(_MIGRATIONS[target])
+                self._db.execute(f"PRAGMA user_version={target}")
+
+    def _transaction(self) -> sqlite3.Connection:
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._db
+
+    def add_events(self, events: Iterable[Event], cursor: tuple[str, str] | None = None) -> list[int]:
+        """Store events (and the source cursor that produced them) in one transaction; returns their ids."""
+        try:
+            with self._transaction() as db:
+                ids = [
+                    db.execute(
+                        "INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, count, dedupe_key)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (e.time, e.kind, str(e.severity), e.gpu, e.engine, e.message,
+                         json.dumps(e.evidence, default=str), e.count, e.dedupe_key),
+                    ).lastrowid
+                    for e in events
+                ]
+                if cursor:
+                    db.execute(
+                        "INSERT INTO cursors (source, cursor, updated) VALUES (?, ?, ?)"
+                        " ON CONFLICT(source) DO UPDATE SET cursor = excluded.cursor, updated = excluded.updated",
+                        (*cursor, time.time()),
+                    )
+            return ids  # type: ignore[return-value]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(_explain(self.path, exc)) from None
+
+    def set_count(self, event_id: int, count: int) -> None:
+        """A storm grew: the event that stands for it now counts `count` lines."""
+        with self._transaction() as db:
+            db.execute("UPDATE events SET count = ? WHERE id = ?", (count, event_id))
+
+    def cursor(self, source: str) -> str | None:
+        row = self._db.execute("SELECT cursor FROM cursors WHERE source = ?", (source,)).fetchone()
+        return row[0] if row else None
+
+    def events(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """The newest `limit` events at or after `since`, oldest first."""
+        rows = self._db.execute(
+            "SELECT id, time, kind, severity, gpu, engine, message, evidence, count FROM events"
+            " WHERE time >= ? ORDER BY time DESC, id DESC LIMIT ?",
+            (since or 0.0, limit),
+        ).fetchall()
+        keys = ("id", "time", "kind", "severity", "gpu", "engine", "message", "evidence", "count")
+        out = [dict(zip(keys, row, strict=True)) for row in reversed(rows)]
+        for row in out:
+            row["evidence"] = json.loads(row["evidence"])
+        return out
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _explain(path: Path, exc: sqlite3.DatabaseError) -> str:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return f"{path}: database is locked by another process (is another gpuwarden running?)"
+    if "not a database" in text or "malformed" in text:
+        return (f"{path}: database is corrupt ({text}); move it aside (nothing is deleted) and gpuwarden "
+                "starts a new one")
+    return f"{path}: database error: {text}"

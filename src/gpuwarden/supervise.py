@@ -1,0 +1,98 @@
+"""Run components, restart the ones that fail with exponential backoff, and say who is healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Component(Protocol):
+    name: str
+
+    async def run(self) -> None: ...
+
+
+@dataclass
+class _State:
+    up: bool = False
+    restarts: int = 0
+    failures_in_row: int = 0
+
+
+class Supervisor:
+    """Each component runs in its own task; one that raises is logged, reported and started again after
+    `backoff` seconds (doubling up to `max_backoff`, reset after it ran `stable_after` seconds)."""
+
+    def __init__(
+        self,
+        on_crash: Callable[[str, BaseException], None],
+        on_state: Callable[[str, bool, int], None],
+        *,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        stable_after: float = 60.0,
+        unhealthy_after: int = 5,
+    ) -> None:
+        self._on_crash, self._on_state = on_crash, on_state
+        self.backoff, self.max_backoff, self.stable_after = backoff, max_backoff, stable_after
+        self.unhealthy_after = unhealthy_after
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._states: dict[str, _State] = {}
+
+    def start(self, name: str, factory: Callable[[], Component]) -> None:
+        """`factory` builds a fresh component for every (re)start, so a restart never reuses broken state."""
+        self._states[name] = _State()
+        self._tasks[name] = asyncio.create_task(self._keep_running(name, factory), name=name)
+
+    async def _keep_running(self, name: str, factory: Callable[[], Component]) -> None:
+        state, delay = self._states[name], self.backoff
+        while True:
+            started = time.monotonic()
+            try:
+                component = factory()
+                self._set(name, state, True)
+                await component.run()
+                log.info("component %s finished", name)
+                self._set(name, state, False)
+                return
+            except asyncio.CancelledError:
+                self._set(name, state, False)
+                raise
+            except Exception as exc:
+                if time.monotonic() - started >= self.stable_after:
+                    delay, state.failures_in_row = self.backoff, 0
+                state.restarts += 1
+                state.failures_in_row += 1
+                self._set(name, state, False)
+                log.error("component %s failed (%s: %s); restarting in %.0f s", name, type(exc).__name__,
+                          exc, delay, exc_info=exc)
+                self._on_crash(name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_backoff)
+
+    def _set(self, name: str, state: _State, up: bool) -> None:
+        state.up = up
+        self._on_state(name, up, state.restarts)
+
+    def healthy(self) -> bool:
+        """False once any component has failed `unhealthy_after` times in a row."""
+        return all(s.failures_in_row < self.unhealthy_after for s in self._states.values())
+
+    def summary(self) -> str:
+        down = [n for n, s in self._states.items() if not s.up]
+        return f"{len(self._states) - len(down)}/{len(self._states)} components up" + (
+            f" (down: {', '.join(down)})" if down else "")
+
+    async def stop(self, timeout: float = 3.0) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks.values(), timeout=timeout)
+        self._tasks.clear()
+        self._states.clear()
