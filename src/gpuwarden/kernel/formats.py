@@ -8,6 +8,7 @@ lines, lines without a timestamp, and newest-first output (`journalctl -r`) with
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable
@@ -58,7 +59,7 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
         if record is None:
             result.skipped += 1
             continue
-        if _RELATIVE.match(line) and record.timestamp is not None:
+        if record.timestamp is not None:  # `dmesg -H` deltas count from the previous stamp
             relative = record.timestamp
         result.records.append(record)
     if _newest_first(result.records):
@@ -145,5 +146,5 @@ def _from_json(line: str) -> KernelRecord | None:
 
 def _newest_first(records: list[KernelRecord]) -> bool:
     stamps = [r.timestamp for r in records if r.timestamp is not None]
-    steps = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b != a]
+    steps = [b - a for a, b in itertools.pairwise(stamps) if b != a]
     return bool(steps) and sum(s < 0 for s in steps) > len(steps) / 2

@@ -8,7 +8,6 @@ The first rule that matches a line wins, so specific rules stand before general 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from gpuwarden.model import Severity

@@ -1,0 +1,53 @@
+"""Fixtures for integration tests; the parts themselves are in helpers.py."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import JOURNALD, Daemon, NotifySocket, wait_for, write_kmsg
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    made: list[Daemon] = []
+
+    def make(config: str = "", **kw) -> Daemon:
+        d = Daemon(tmp_path, config, **kw)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        if d.proc and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    ns = NotifySocket(tmp_path / "notify.sock")
+    yield ns
+    ns.close()
+
+
+@pytest.fixture(scope="session")
+def journald():
+    """A running systemd-journald: the one already there, or one started here (stopped at the end)."""
+    if not shutil.which("journalctl") or not Path(JOURNALD).exists():
+        pytest.fail("systemd-journald is not installed (make test-deps installs it)")
+    started = None
+    if subprocess.run(["pgrep", "-x", "systemd-journal"], capture_output=True).returncode != 0:
+        started = subprocess.Popen([JOURNALD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: Path("/run/systemd/journal/socket").exists(), 10, what="journald's socket")
+    token = f"gpuwarden-journald-ready-{os.getpid()}-{time.time_ns()}"
+    write_kmsg(token)
+    wait_for(lambda: token in subprocess.run(["journalctl", "-k", "-n", "50", "-o", "cat"],
+                                            capture_output=True, text=True).stdout, 10, what="journald to read kmsg")
+    yield
+    if started:
+        started.send_signal(signal.SIGTERM)
+        started.wait(10)

@@ -1,0 +1,134 @@
+"""Real parts for integration tests: daemon processes, a notify socket, the kernel log, loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+GPUWARDEN = [sys.executable, "-m", "gpuwarden"]
+JOURNALD = "/lib/systemd/systemd-journald"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def http_get(url: str, timeout: float = 2.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+class NotifySocket:
+    """A real $NOTIFY_SOCKET: the datagrams a daemon sends, as lists of KEY=VALUE lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.messages: list[str] = []
+
+    def _pump(self) -> None:
+        try:
+            while True:
+                self.messages.append(self.sock.recv(65536).decode())
+        except TimeoutError:
+            pass
+
+    def wait(self, line: str, timeout: float = 10.0, after: int = 0) -> int:
+        """Index of the first message after `after` that holds `line`."""
+        def found():
+            self._pump()
+            for i, m in enumerate(self.messages[after:], after):
+                if line in m.split("\n") or any(x.startswith(line) for x in m.split("\n")):
+                    return i + 1
+            return None
+        return wait_for(found, timeout, what=f"{line!r} on the notify socket") - 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Daemon:
+    """`gpuwarden run` as a child process with its own config, state dir and exporter port."""
+
+    def __init__(self, tmp: Path, config: str = "", env: dict | None = None, kernel: str | None = None) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.state = tmp / "state"
+        self.config_path = tmp / "gpuwarden.toml"
+        self.log_file = tmp / "kern.log"
+        self.log_file.touch()
+        kernel = kernel or f'source = "file"\nfile = "{self.log_file}"'
+        self.write_config(config, kernel)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.stderr_path = tmp / "stderr.log"
+
+    def write_config(self, extra: str = "", kernel: str | None = None) -> None:
+        if kernel is not None:
+            self._kernel = kernel
+        self.config_path.write_text(
+            f'[daemon]\nstate_dir = "{self.state}"\nstatus_interval = "1s"\n'
+            f'[exporter]\nport = {self.port}\n[kernel]\n{self._kernel}\n{extra}')
+
+    def start(self) -> Daemon:
+        self.stderr = self.stderr_path.open("ab")
+        self.proc = subprocess.Popen([*GPUWARDEN, "--config", str(self.config_path), "run"], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=self.stderr)
+        return self
+
+    def log(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout: float = 10.0) -> None:
+        wait_for(lambda: text in self.log(), timeout, what=f"{text!r} in the daemon's log")
+
+    def metrics(self) -> str:
+        return http_get(f"http://127.0.0.1:{self.port}/metrics")
+
+    def wait_serving(self) -> str:
+        def scrape():
+            try:
+                return self.metrics()
+            except OSError:
+                assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}:\n{self.log()}"
+                return None
+        return wait_for(scrape, 15, what="the exporter")
+
+    def events(self) -> list[dict]:
+        out = subprocess.run([*GPUWARDEN, "--config", str(self.config_path), "events", "--json", "--since", "1d"],
+                             capture_output=True, text=True, check=True, env=self.env).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        self.stderr.close()
+        return rc
+
+
+def write_kmsg(text: str, level: int = 3) -> None:
+    """One record in the real kernel log, as a driver's line would appear there."""
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(f"<{level}>{text}\n")

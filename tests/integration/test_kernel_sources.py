@@ -1,0 +1,96 @@
+"""Kernel sources against the real kernel log: writes to /dev/kmsg, read back through /dev/kmsg and a real
+systemd-journald, and the daemon resuming from its journal cursor across a restart."""
+
+import asyncio
+import os
+import time
+
+import pytest
+from helpers import wait_for, write_kmsg
+
+from gpuwarden.kernel.sources import JournalSource, KmsgSource
+
+pytestmark = pytest.mark.root
+
+
+def tag() -> str:
+    return f"gw{os.getpid()}x{time.time_ns()}"
+
+
+async def collect(source, want: set[str], timeout: float = 10.0) -> list:
+    seen = []
+    async def read():
+        async for batch in source.batches():
+            seen.extend(batch)
+            if want <= {r.text for r in seen}:
+                return
+    await asyncio.wait_for(read(), timeout)
+    return seen
+
+
+def test_kmsg_source_delivers_new_records_with_their_device():
+    t = tag()
+    write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: before start {t}")  # older than the source: not delivered
+    source = KmsgSource(tick=0.1)
+    source.start()
+    lines = [f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout {t} {i}" for i in range(3)]
+    for line in lines:
+        write_kmsg(line)
+    seen = asyncio.run(collect(source, set(lines)))
+    source.close()
+    texts = [r.text for r in seen]
+    assert not any("before start" in x and t in x for x in texts)
+    assert [x for x in texts if t in x] == lines
+    assert all(r.timestamp and r.timestamp > 0 for r in seen)
+
+
+def test_journal_source_delivers_kernel_records_with_cursors(journald):
+    t = tag()
+    source = JournalSource(cursor=None, lookback=0, tick=0.1)
+    lines = [f"amdgpu 0000:03:00.0: amdgpu: sq_intr: error {t} {i}" for i in range(3)]
+    for line in lines:
+        write_kmsg(line)
+    seen = asyncio.run(collect(source, set(lines)))
+    source.close()
+    mine = [r for r in seen if t in r.text]
+    assert [r.text for r in mine] == lines
+    assert all(r.cursor for r in mine)
+
+
+def test_daemon_stores_a_kmsg_fault_as_an_event(daemon_factory):
+    d = daemon_factory(kernel='source = "kmsg"').start()
+    d.wait_log("kernel source: kmsg")
+    t = tag()
+    write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=2 {t}")
+    event = wait_for(lambda: next((e for e in d.events() if t in e["evidence"]["line"]), None), 10,
+                     what="the stored event")
+    assert (event["kind"], event["severity"], event["gpu"]) == ("ring_timeout", "warning", "0000:03:00.0")
+    assert 'gpuwarden_events_total{kind="ring_timeout",severity="warning"}' in d.metrics()
+    assert d.stop() == 0
+
+
+def test_restart_resumes_from_the_journal_cursor_without_loss_or_repeats(daemon_factory, journald):
+    d = daemon_factory(kernel='source = "journal"\nlookback = "0s"')
+    d.start()
+    d.wait_log("kernel source: journal")
+    t = tag()
+    before = f"amdgpu 0000:03:00.0: amdgpu: GPU reset begin! {t} while running"
+    write_kmsg(before)
+    wait_for(lambda: any(t in e["evidence"]["line"] for e in d.events()), 10, what="the first event")
+    assert d.stop() == 0
+
+    while_down = f"amdgpu 0000:03:00.0: amdgpu: device lost from bus! {t} while down"
+    write_kmsg(while_down)
+    time.sleep(0.5)  # journald has it before the daemon comes back
+    d.start()
+    wait_for(lambda: any("while down" in e["evidence"]["line"] for e in d.events()), 10, what="the missed line")
+    time.sleep(1)
+    mine = [e["evidence"]["line"] for e in d.events() if t in e["evidence"]["line"]]
+    assert mine == [before, while_down]
+    assert d.stop() == 0
+
+
+def test_auto_picks_the_journal_when_it_holds_kernel_entries(daemon_factory, journald, notify_socket):
+    d = daemon_factory(kernel='source = "auto"', env={"NOTIFY_SOCKET": notify_socket.path}).start()
+    notify_socket.wait("STATUS=kernel source journal")
+    assert d.stop() == 0

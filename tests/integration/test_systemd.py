@@ -1,0 +1,62 @@
+"""The unit file against systemd's own checker, and structured logging into a real journal."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import GPUWARDEN, wait_for, write_kmsg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_unit_file_passes_systemd_analyze_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if not analyze:
+        pytest.fail("systemd-analyze is not installed (make test-deps installs systemd)")
+    # verify checks that ExecStart exists: point it at this checkout's gpuwarden instead of /opt.
+    exe = Path(sys.executable).with_name("gpuwarden")
+    unit = (ROOT / "systemd/gpuwarden.service").read_text().replace("/opt/gpuwarden/bin/gpuwarden", str(exe))
+    path = tmp_path / "gpuwarden.service"
+    path.write_text(unit)
+    result = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True)
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if "gpuwarden.service" in line]
+    assert result.returncode == 0 and not problems, result.stdout + result.stderr
+
+
+def test_unit_creates_no_mount_namespace():
+    """Options that give the service its own mount namespace would hide the guard's bind mounts."""
+    unit = (ROOT / "systemd/gpuwarden.service").read_text()
+    settings = {line.split("=", 1)[0] for line in unit.splitlines() if "=" in line and not line.startswith("#")}
+    forbidden = {"ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "ProtectKernelTunables",
+                 "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ReadOnlyPaths",
+                 "InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "ProtectProc", "PrivateMounts"}
+    assert not settings & forbidden
+    assert {"Type", "WatchdogSec", "Restart", "CapabilityBoundingSet"} <= settings
+
+
+@pytest.mark.root
+def test_under_systemd_events_are_logged_with_journal_fields(daemon_factory, journald):
+    """The daemon's stderr is a real journal stream (systemd-cat), announced through $JOURNAL_STREAM as
+    systemd does for services."""
+    d = daemon_factory(kernel='source = "kmsg"')
+    tag = f"gwjournal{os.getpid()}x{time.time_ns()}"
+    command = " ".join([*GPUWARDEN, "--config", str(d.config_path), "run"])
+    proc = subprocess.Popen(["systemd-cat", "-t", tag, "sh", "-c",
+                             f'JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) exec {command}'])
+    try:
+        wait_for(lambda: "kernel source" in _journal("SYSLOG_IDENTIFIER=gpuwarden", "-o", "cat"), 15,
+                 what="the daemon's startup in the journal")
+        write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring sdma0 timeout, signaled seq=1, emitted seq=2 {tag}")
+        wait_for(lambda: "0000:03:00.0" in _journal("GPUWARDEN_EVENT_KIND=ring_timeout", "GPUWARDEN_GPU=0000:03:00.0",
+                                                    "-o", "cat"), 15, what="the structured event entry")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _journal(*args: str) -> str:
+    return subprocess.run(["journalctl", "--no-pager", *args], capture_output=True, text=True).stdout

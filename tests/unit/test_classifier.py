@@ -1,0 +1,146 @@
+from kernel_helpers import classify_text, kinds
+
+from gpuwarden.config import parse
+from gpuwarden.kernel.classifier import Classifier
+from gpuwarden.kernel.records import KernelRecord
+from gpuwarden.kernel.watch import classifier_for
+from gpuwarden.model import Severity
+
+C, W, I = Severity.CRITICAL, Severity.WARNING, Severity.INFO
+
+
+def one(line: str, classifier: Classifier | None = None):
+    events = classify_text(line, classifier)
+    assert len(events) == 1, events
+    return events[0]
+
+
+def test_storm_of_identical_lines_is_one_event_with_a_count():
+    text = "\n".join(f"[100.{i:06d}] amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x0, wave_id {i % 8}"
+                     for i in range(48))
+    event = one(text)
+    assert (event.kind, event.count, event.gpu) == ("sq_intr", 48, "0000:03:00.0")
+
+
+def test_lines_further_apart_than_the_storm_window_are_separate_events():
+    text = "[100.0] amdgpu: sq_intr: error, a\n[101.0] amdgpu: sq_intr: error, b\n[110.0] amdgpu: sq_intr: error, c"
+    assert [e.count for e in classify_text(text)] == [2, 1]
+
+
+def test_bursts_split_per_gpu():
+    text = "[1.0] amdgpu 0000:03:00.0: amdgpu: sq_intr: error\n[1.0] amdgpu 0000:83:00.0: amdgpu: sq_intr: error"
+    assert {e.gpu for e in classify_text(text)} == {"0000:03:00.0", "0000:83:00.0"}
+
+
+def test_flush_reports_grown_bursts_for_their_stored_count():
+    c = Classifier(storm_window=2.0)
+    first = c.feed(KernelRecord("amdgpu: sq_intr: error", 10.0), 0)[0]
+    assert c.feed(KernelRecord("amdgpu: sq_intr: error", 10.5), 0) == []
+    assert c.flush(11.0).grown == []  # still inside the window
+    grown = c.flush(13.0).grown
+    assert grown == [first] and first.count == 2
+
+
+def test_xid_numbers_inside_the_text_are_not_new_xids():
+    event = one("NVRM: Xid (PCI:0000:41:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
+                "(GPU Reset Required), caused by previous Xid 149")
+    assert (event.kind, event.evidence["xid"], event.gpu, event.severity) == ("xid", 154, "0000:41:00.0", C)
+
+
+def test_xid_short_pci_form_and_nonzero_domain():
+    assert one("NVRM: Xid (PCI:0001:3b:00): 79, pid=1, GPU has fallen off the bus.").gpu == "0001:3b:00.0"
+
+
+def test_unknown_xid_is_a_warning():
+    assert one("NVRM: Xid (PCI:0000:01:00): 9999, something new").severity == W
+
+
+def test_config_overrides_xid_and_kind_severity_and_adds_rules():
+    cfg = parse('[kernel.xid]\n"13" = "critical"\n[kernel.severity]\npage_fault = "critical"\n'
+                '[[kernel.rule]]\npattern = "mydrv: gave up"\nkind = "reset_failed"\nseverity = "critical"\n'
+                'vendor = "amd"\n').kernel
+    assert one("NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception", classifier_for(cfg)).severity == C
+    assert one("amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0)", classifier_for(cfg)).severity == C
+    user = one("amdgpu 0000:03:00.0: mydrv: gave up", classifier_for(cfg))
+    assert (user.kind, user.severity, user.gpu) == ("reset_failed", C, "0000:03:00.0")
+
+
+def test_failed_recovery_and_device_lost_are_critical():
+    text = ("[5.0] amdgpu 0000:03:00.0: amdgpu: device lost from bus!\n"
+            "[9.0] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19\n")
+    events = classify_text(text)
+    assert [(e.kind, e.severity) for e in events] == [("device_lost", C), ("reset_failed", C)]
+
+
+def test_failed_ring_reset_then_successful_full_reset_is_not_a_failed_recovery():
+    text = ("[1.0] amdgpu 0000:0c:00.0: Ring gfx_0.0.0 reset failed\n"
+            "[1.1] amdgpu 0000:0c:00.0: GPU reset begin!. Source:  1\n"
+            "[3.0] amdgpu 0000:0c:00.0: GPU reset succeeded, trying to resume\n")
+    assert "reset_failed" not in kinds(classify_text(text))
+
+
+def test_ring_timeouts_on_every_ring_type():
+    for ring in ("gfx_0.0.0", "comp_1.0.0", "sdma0", "vcn_dec_0", "vce0", "kiq_2.1.0", "mes_kiq_3.1.0"):
+        event = one(f"[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring {ring} timeout, signaled seq=1, emitted seq=2")
+        assert event.kind == "ring_timeout", ring
+
+
+def test_benign_ring_lines_are_not_timeouts():
+    assert classify_text("amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0") == []
+
+
+def test_aer_severities():
+    assert one("pcieport 0000:00:01.1: AER: Correctable error message received from 0000:00:01.1").severity == I
+    assert one("pcieport 0000:00:01.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=TL").severity == W
+    fatal = one("pcieport 0000:00:01.1: AER: Uncorrected (Fatal) error received: 0000:01:00.0")
+    assert (fatal.severity, fatal.gpu, fatal.evidence["pci"]) == (C, None, "0000:00:01.1")
+    assert one("pcieport 0000:00:01.1: AER: Device recovery failed").kind == "device_lost"
+
+
+def test_aer_on_the_gpu_itself_names_the_gpu():
+    assert one("amdgpu 0000:03:00.0: PCIe Bus Error: severity=Uncorrected (Fatal)").gpu == "0000:03:00.0"
+
+
+def test_oops_outside_gpu_drivers_is_only_a_warning_and_warnings_without_gpu_are_ignored():
+    oops = "\n".join(["BUG: kernel NULL pointer dereference, address: 0000000000000008",
+                      "RIP: 0010:ext4_write+0x12/0x60 [ext4]", " vfs_write+0x2a5/0x480"])
+    assert [(e.kind, e.severity) for e in classify_text(oops)] == [("kernel_oops", W)]
+    warn = "WARNING: CPU: 3 PID: 1 at fs/ext4/inode.c:1 ext4_x+0x1/0x2\n ext4_x+0x1/0x2 [ext4]"
+    assert classify_text(warn) == []
+
+
+def test_oops_in_a_gpu_driver_is_critical():
+    oops = "\n".join(["[10.0] general protection fault, probably for non-canonical address 0xdead",
+                      "[10.0] RIP: 0010:amdgpu_vm_update+0x12/0x60 [amdgpu]", "[10.0]  drm_ioctl+0x1/0x2 [drm]",
+                      "[10.0] ---[ end trace 0000000000000000 ]---"])
+    event = one(oops)
+    assert (event.kind, event.severity, event.evidence["modules"]) == ("kernel_oops", C, ["amdgpu"])
+
+
+def test_reset_after_wave_errors_on_the_same_gpu_is_escalated():
+    text = ("[1.0] amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x0\n"
+            "[30.0] amdgpu 0000:03:00.0: amdgpu: GPU reset begin!\n"
+            "[31.0] amdgpu 0000:83:00.0: amdgpu: GPU reset begin!\n")
+    resets = [e for e in classify_text(text) if e.kind == "gpu_reset"]
+    assert {(e.gpu, e.severity) for e in resets} == {("0000:03:00.0", C), ("0000:83:00.0", W)}
+
+
+def test_journal_device_field_names_the_gpu_for_gpu_rules_only():
+    c = Classifier()
+    gpu = c.feed(KernelRecord("[drm] ring gfx_0.0.0 timeout", 1.0, device="0000:03:00.0"), 0)[0].event
+    port = c.feed(KernelRecord("AER: Uncorrected (Fatal) error received", 1.0, device="0000:00:01.1"), 0)[0].event
+    assert gpu.gpu == "0000:03:00.0"
+    assert port.gpu is None and port.evidence["pci"] == "0000:00:01.1"
+
+
+def test_nvidia_multiline_fallen_off_the_bus():
+    text = ("[1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+            "               NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+            "               NVRM: fallen off the bus and is not responding to commands.\n")
+    event = one(text)
+    assert (event.kind, event.gpu, event.severity) == ("device_lost", "0000:b3:00.0", C)
+
+
+def test_gsp_timeout_and_rm_init_failure():
+    assert one("NVRM: GPU4 GSP: Timeout after 6s of waiting for RPC response from GPU4 GSP!").kind == "gsp_error"
+    assert one("NVRM: RmInitAdapter failed! (0x22:0x56:884)").kind == "gpu_missing"

@@ -1,0 +1,102 @@
+import pytest
+
+from gpuwarden import config
+from gpuwarden.config import ConfigError, parse, parse_duration
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse(text, "gw.toml")
+    return str(info.value)
+
+
+def test_empty_file_gives_the_defaults():
+    c = parse("")
+    assert c.kernel.source == "auto"
+    assert c.kernel.storm_window == 2.0
+    assert c.exporter.listen == "127.0.0.1"
+    assert c.exporter.port == config.DEFAULT_EXPORTER_PORT
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    (90, 90.0), (1.5, 1.5), ("90s", 90.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25), ("2d", 172800.0),
+])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["abc", "5 minutes", "", "-3s", True, "5m3"])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_unknown_key_names_key_line_and_suggestion():
+    msg = error_of("[daemon]\nlog_level = \"info\"\n\n[kernel]\nstorm_windw = \"3s\"\n")
+    assert msg == "gw.toml:5: kernel.storm_windw: unknown key (did you mean 'storm_window'?)"
+
+
+def test_unknown_table_is_an_error():
+    assert "gw.toml:1: kernal: unknown key (did you mean 'kernel'?)" in error_of("[kernal]\n")
+
+
+def test_type_error_names_key_and_line():
+    msg = error_of("[exporter]\nenabled = true\nport = \"ninety\"\n")
+    assert msg.startswith("gw.toml:3: exporter.port: ")
+    assert "integer" in msg
+
+
+def test_bad_duration_names_key_and_line():
+    msg = error_of("[kernel]\n\nlookback = \"10 mins\"\n")
+    assert msg.startswith("gw.toml:3: kernel.lookback: bad duration '10 mins'")
+
+
+def test_errors_inside_arrays_of_tables_point_at_the_right_entry():
+    msg = error_of('[[kernel.rule]]\npattern = "a"\nkind = "xid"\n\n[[kernel.rule]]\npattern = "("\nkind = "sq_int"\n')
+    lines = msg.splitlines()
+    assert lines[0].startswith("gw.toml:6: kernel.rule[1].pattern: not a regular expression")
+    assert lines[1] == "gw.toml:7: kernel.rule[1].kind: unknown event kind 'sq_int' (did you mean 'sq_intr'?)"
+
+
+def test_missing_required_key_points_at_its_table():
+    assert error_of('[kernel]\n[[kernel.rule]]\nkind = "xid"\n') == \
+        "gw.toml:2: kernel.rule[0].pattern: required key is missing"
+
+
+def test_inline_table_errors_point_at_the_key():
+    msg = error_of('[kernel]\nxid = { "13" = "critical", "x" = "info" }\n')
+    assert msg.startswith("gw.toml:2: kernel.xid: ")
+
+
+def test_severity_overrides_check_the_kind():
+    assert "did you mean 'page_fault'" in error_of('[kernel.severity]\npage_falt = "critical"\n')
+
+
+def test_toml_syntax_error_is_a_config_error():
+    assert error_of("[kernel\n").startswith("gw.toml: not valid TOML")
+
+
+def test_missing_explicit_file_and_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(tmp_path)  # a directory: unreadable as a file
+
+
+def test_no_file_at_the_default_path_means_defaults(monkeypatch, tmp_path):
+    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "gpuwarden.toml")
+    cfg, path = config.load(None)
+    assert path is None
+    assert cfg == config.Config()
+
+
+def test_example_config_is_complete_and_valid():
+    """config/gpuwarden.toml shows every option: each key of the schema appears in it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "gpuwarden.toml").read_text()
+    parse(text)
+    for section, model in config.Config.model_fields.items():
+        assert f"[{section}]" in text
+        for key in model.annotation.model_fields:
+            assert f"{key} =" in text or f"[{section}.{key}]" in text or f"[[{section}.{key}]]" in text, key

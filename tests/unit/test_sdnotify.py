@@ -1,0 +1,27 @@
+import os
+import socket
+
+from gpuwarden.sdnotify import Notifier
+
+
+def test_no_socket_means_disabled():
+    n = Notifier({})
+    assert not n.enabled and not n.ready()
+
+
+def test_watchdog_only_for_this_pid():
+    assert Notifier({"WATCHDOG_USEC": "30000000"}).watchdog_seconds == 30.0
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_seconds == 30.0
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}).watchdog_seconds is None
+    assert Notifier({"WATCHDOG_USEC": "junk"}).watchdog_seconds is None
+
+
+def test_abstract_socket_and_message_format():
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"gpuwarden-test-{os.getpid()}"
+    server.bind("\0" + name)
+    n = Notifier({"NOTIFY_SOCKET": "@" + name})
+    assert n.status("two\nlines") and n.reloading()
+    assert server.recv(4096) == b"STATUS=two lines"
+    first, second = server.recv(4096).decode().split("\n")
+    assert first == "RELOADING=1" and second.startswith("MONOTONIC_USEC=")

@@ -1,0 +1,59 @@
+import asyncio
+
+from gpuwarden.supervise import Supervisor
+
+
+class Flaky:
+    def __init__(self, log, fail_times):
+        self.name, self.log, self.fail_times = "flaky", log, fail_times
+
+    async def run(self):
+        self.log.append("start")
+        if self.log.count("start") <= self.fail_times:
+            raise RuntimeError("boom")
+        await asyncio.sleep(3600)
+
+
+class Steady:
+    name = "steady"
+
+    def __init__(self, ticks):
+        self.ticks = ticks
+
+    async def run(self):
+        while True:
+            self.ticks.append(1)
+            await asyncio.sleep(0.01)
+
+
+def test_a_failing_component_restarts_with_backoff_while_others_run():
+    crashes, states, log, ticks = [], [], [], []
+
+    async def scenario():
+        sup = Supervisor(lambda n, e: crashes.append((n, str(e))), lambda n, up, r: states.append((n, up, r)),
+                         backoff=0.01, max_backoff=0.04, unhealthy_after=5)
+        sup.start("flaky", lambda: Flaky(log, fail_times=3))
+        sup.start("steady", lambda: Steady(ticks))
+        await asyncio.sleep(0.3)
+        healthy, summary = sup.healthy(), sup.summary()
+        await sup.stop()
+        return healthy, summary
+
+    healthy, summary = asyncio.run(scenario())
+    assert crashes == [("flaky", "boom")] * 3
+    assert log.count("start") == 4
+    assert ("flaky", True, 3) in states  # up again after three restarts
+    assert len(ticks) > 10  # the other component never stopped
+    assert healthy and summary == "2/2 components up"
+
+
+def test_crash_loop_makes_the_supervisor_unhealthy():
+    async def scenario():
+        sup = Supervisor(lambda n, e: None, lambda n, up, r: None, backoff=0.001, max_backoff=0.001)
+        sup.start("flaky", lambda: Flaky([], fail_times=100))
+        await asyncio.sleep(0.1)
+        healthy = sup.healthy()
+        await sup.stop()
+        return healthy
+
+    assert asyncio.run(scenario()) is False
