@@ -10,8 +10,6 @@ from helpers import wait_for, write_kmsg
 
 from gpuwarden.kernel.sources import JournalSource, KmsgSource
 
-pytestmark = pytest.mark.root
-
 
 def tag() -> str:
     return f"gw{os.getpid()}x{time.time_ns()}"
@@ -28,6 +26,7 @@ async def collect(source, want: set[str], timeout: float = 10.0) -> list:
     return seen
 
 
+@pytest.mark.root
 def test_kmsg_source_delivers_new_records_with_their_device():
     t = tag()
     write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: before start {t}")  # older than the source: not delivered
@@ -44,6 +43,7 @@ def test_kmsg_source_delivers_new_records_with_their_device():
     assert all(r.timestamp and r.timestamp > 0 for r in seen)
 
 
+@pytest.mark.root
 def test_journal_source_delivers_kernel_records_with_cursors(journald):
     t = tag()
     source = JournalSource(cursor=None, lookback=0, tick=0.1)
@@ -57,6 +57,7 @@ def test_journal_source_delivers_kernel_records_with_cursors(journald):
     assert all(r.cursor for r in mine)
 
 
+@pytest.mark.root
 def test_daemon_stores_a_kmsg_fault_as_an_event(daemon_factory):
     d = daemon_factory(kernel='source = "kmsg"').start()
     d.wait_log("kernel source: kmsg")
@@ -69,6 +70,7 @@ def test_daemon_stores_a_kmsg_fault_as_an_event(daemon_factory):
     assert d.stop() == 0
 
 
+@pytest.mark.root
 def test_restart_resumes_from_the_journal_cursor_without_loss_or_repeats(daemon_factory, journald):
     d = daemon_factory(kernel='source = "journal"\nlookback = "0s"')
     d.start()
@@ -90,7 +92,18 @@ def test_restart_resumes_from_the_journal_cursor_without_loss_or_repeats(daemon_
     assert d.stop() == 0
 
 
+@pytest.mark.root
 def test_auto_picks_the_journal_when_it_holds_kernel_entries(daemon_factory, journald, notify_socket):
     d = daemon_factory(kernel='source = "auto"', env={"NOTIFY_SOCKET": notify_socket.path}).start()
     notify_socket.wait("STATUS=kernel source journal")
+    assert d.stop() == 0
+
+
+def test_file_source_follows_a_log_file(daemon_factory):
+    d = daemon_factory().start()  # the factory's default: source = "file" on a fresh log file
+    d.wait_log("kernel source: file")
+    with d.log_file.open("a") as log:
+        log.write("Dec 02 16:22:28 host kernel: NVRM: Xid (PCI:0000:41:00): 79, pid=1, GPU has fallen off the bus.\n")
+    event = wait_for(lambda: next(iter(d.events()), None), 10, what="the event from the file")
+    assert (event["kind"], event["gpu"], event["evidence"]["xid"]) == ("xid", "0000:41:00.0", 79)
     assert d.stop() == 0

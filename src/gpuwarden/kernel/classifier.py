@@ -5,7 +5,8 @@
   previous one is one event whose count grows; a burst that lasts `max_burst` seconds starts a new event.
 - Oops reports span many lines: they are collected until they end, then judged by whether a GPU driver
   is in the trace.
-- A benign line costs one search of a gate expression built from all patterns' literal hints.
+- A benign line costs one Aho-Corasick scan for the rules' literal hints; only lines that hold one are
+  matched against the rules' expressions. Rules without hints (those from the config) are tried on every line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
+
+import ahocorasick
 
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.kernel.records import KernelRecord
@@ -23,6 +26,7 @@ from gpuwarden.kernel.rules import (
     GPU_MODULES,
     OOPS_END,
     OOPS_HEADERS,
+    OOPS_HINTS,
     RULES,
     Rule,
 )
@@ -78,8 +82,11 @@ class Classifier:
         max_burst: float = 60.0,
     ) -> None:
         self._rules = [(re.compile(r.pattern), r) for r in (*extra_rules, *rules)]
-        self._gate = re.compile("|".join(f"(?:{r.pattern})" for r in (*extra_rules, *rules))
-                                + "|" + FRAME + "|" + "|".join(p for p, _ in OOPS_HEADERS))
+        self._unhinted = [(regex, r) for regex, r in self._rules if not r.hints]
+        self._gate = ahocorasick.Automaton()
+        for hint in {h for r in rules for h in r.hints} | set(OOPS_HINTS):
+            self._gate.add_word(hint, hint)
+        self._gate.make_automaton()
         self._severity_overrides = severity_overrides or {}
         self._xid_overrides = xid_overrides or {}
         self.storm_window = storm_window
@@ -97,14 +104,15 @@ class Classifier:
         out: list[Burst] = []
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        if not self._gate.search(text):
+        gated = next(self._gate.iter(text), None) is not None
+        if not gated and not self._unhinted:
             return out
-        if self._oops or _FRAME.search(text) or any(r.search(text) for r, _ in _OOPS_HEADERS):
+        if gated and (self._oops or _FRAME.search(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
                 return out
-        for regex, rule in self._rules:
+        for regex, rule in self._rules if gated else self._unhinted:
             m = regex.search(text)
             if m:
                 burst = self._event(rule, m, record, stamp, now)

@@ -1,0 +1,209 @@
+"""Kernel-watch benchmark: classifier throughput and /dev/kmsg-to-store latency, each beside the naive
+alternative measured in the same run.
+
+    make bench          # or: .venv/bin/python bench/kernel_bench.py [--lines N] [--writes N]
+
+Throughput: lines per second of `Classifier.feed` on one core for (a) benign lines only and (b) a realistic
+mix (99 % benign, 1 % GPU faults arriving in storms), and of `parse_lines` + `feed` from raw `dmesg` text;
+beside `grep -E -c` with a hand-written fault pattern over the same text.
+Latency (root, needs journald): a uniquely tagged fault line is written to /dev/kmsg and the clock stops when
+its event row is visible in the daemon's SQLite store (polled every 0.5 ms), beside
+`journalctl -kf | grep --line-buffered -E ...` printing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import select
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpuwarden.kernel.classifier import Classifier
+from gpuwarden.kernel.formats import parse_lines
+from gpuwarden.kernel.records import KernelRecord
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "kernel"
+NAIVE_PATTERN = (r"sq_intr|ring .* timeout|GPU reset|Recovery Failed|device lost|page fault|Xid|fallen off the bus|"
+                 r"AER|BUG:|Oops")
+
+LINE_GAP = 0.001  # seconds between lines: a busy kernel log; storms 5000 lines apart are separate events
+
+NOISE = [
+    "EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode. Quota mode: none.",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready",
+    'audit: type=1400 audit(1700000000.123:45): apparmor="DENIED" operation="open" profile="snap.x" name="/proc/1"',
+    "usb 1-1: new high-speed USB device number 2 using xhci_hcd",
+    "docker0: port 1(veth1234) entered forwarding state",
+    "nvme nvme0: 32/0/0 default/read/poll queues",
+    "TCP: request_sock_TCP: Possible SYN flooding on port 8000. Sending cookies.  Check SNMP counters.",
+    "[UFW BLOCK] IN=eth0 OUT= MAC=00:11:22:33:44:55 SRC=10.0.0.5 DST=10.0.0.1 LEN=60 PROTO=TCP SPT=5 DPT=22",
+    "perf: interrupt took too long (2502 > 2500), lowering kernel.perf_event_max_sample_rate to 79750",
+    "systemd-journald[412]: Data hash table of /var/log/journal/x/system.journal has a fill level at 75.0",
+    "br-1a2b3c: port 2(veth9f8e7d) entered blocking state",
+    "amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0",
+    "[drm] PCIE GART of 512M enabled (table at 0x000000801FB00000).",
+    "kfd kfd: amdgpu: added device 1002:7550",
+]
+FAULTS = [
+    "amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1, priv 1, wave_id {i}, simd_id 0",
+    "NVRM: Xid (PCI:0000:41:00): 13, pid=2924364, name=pt_main_thread, Graphics SM Warp Exception on (GPC {i})",
+    "amdgpu 0000:83:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:144 vmid:3 pasid:{i})",
+]
+
+
+def benign_lines(n: int, rng: random.Random) -> list[str]:
+    pool = NOISE + [r.text for p in sorted(CORPUS.glob("*benign*nvidia*")) for r in
+                    parse_lines(p.read_text().splitlines()).records]
+    return [rng.choice(pool) for _ in range(n)]
+
+
+def mix_lines(n: int, rng: random.Random) -> list[str]:
+    """99 % benign; faults arrive in storms of 50 lines, as sq_intr and Xid 13 do."""
+    lines = benign_lines(n, rng)
+    for start in range(0, n - 50, 5000):
+        fault = rng.choice(FAULTS)
+        lines[start:start + 50] = [fault.format(i=i) for i in range(50)]
+    return lines
+
+
+def classify_rate(lines: list[str]) -> tuple[float, int]:
+    records = [KernelRecord(text, i * LINE_GAP) for i, text in enumerate(lines)]
+    classifier = Classifier()
+    events = 0
+    start = time.process_time()
+    for record in records:
+        events += len(classifier.feed(record, 0.0))
+    return len(records) / (time.process_time() - start), events
+
+
+def parse_and_classify_rate(lines: list[str]) -> float:
+    text = [f"[{i * LINE_GAP:12.6f}] {line}" for i, line in enumerate(lines)]
+    classifier = Classifier()
+    start = time.process_time()
+    for record in parse_lines(text).records:
+        classifier.feed(record, 0.0)
+    return len(text) / (time.process_time() - start)
+
+
+def grep_rate(lines: list[str]) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
+        f.write("\n".join(f"[{i * LINE_GAP:12.6f}] {line}" for i, line in enumerate(lines)) + "\n")
+        f.flush()
+        best = min(_timed(["grep", "-E", "-c", NAIVE_PATTERN, f.name]) for _ in range(3))
+    return len(lines) / best
+
+
+def _timed(cmd: list[str]) -> float:
+    """Wall time of a single-threaded command (os.times() ticks are too coarse for it). Its output goes to a
+    pipe: GNU grep stops at the first match when it sees /dev/null."""
+    start = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.PIPE, check=False)
+    return time.perf_counter() - start
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def write_kmsg(text: str) -> None:
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(f"<3>{text}\n")
+
+
+def gpuwarden_latency(writes: int, source: str) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "gw.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp}"\n[exporter]\nenabled = false\n'
+                          f'[kernel]\nsource = "{source}"\nlookback = "0s"\nstorm_window = "0s"\n')
+        log = Path(tmp) / "stderr.log"
+        with log.open("w") as stderr:
+            daemon = subprocess.Popen([sys.executable, "-m", "gpuwarden", "--config", str(config), "run"],
+                                      stderr=stderr)
+        try:
+            while f"kernel source: {source}" not in log.read_text():
+                time.sleep(0.05)
+            db = sqlite3.connect(f"file:{tmp}/gpuwarden.db?mode=ro", uri=True, isolation_level=None)
+            last = db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+            latencies = []
+            for i in range(writes):
+                start = time.perf_counter()
+                write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
+                while True:
+                    row = db.execute("SELECT max(id) FROM events").fetchone()[0]
+                    if row and row > last:
+                        break
+                    time.sleep(0.0005)
+                latencies.append(time.perf_counter() - start)
+                last = row
+                time.sleep(0.01)
+            return latencies
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+
+
+def naive_latency(writes: int) -> list[float]:
+    pipeline = subprocess.Popen(
+        f"journalctl -kf -n0 -o cat | grep --line-buffered -E '{NAIVE_PATTERN}'", shell=True,
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(1.0)  # let journalctl reach the tail
+        latencies = []
+        for i in range(writes):
+            start = time.perf_counter()
+            write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
+            ready, _, _ = select.select([pipeline.stdout], [], [], 5)
+            if not ready:
+                raise RuntimeError("journalctl | grep printed nothing within 5 s")
+            pipeline.stdout.readline()
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.01)
+        return latencies
+    finally:
+        os.killpg(pipeline.pid, 15)
+        pipeline.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lines", type=int, default=300_000)
+    parser.add_argument("--writes", type=int, default=300)
+    args = parser.parse_args()
+    rng = random.Random(7)
+    benign, mix = benign_lines(args.lines, rng), mix_lines(args.lines, rng)
+
+    print(f"## Classifier throughput ({args.lines:,} lines, one core, CPU time)\n")
+    print("| what | lines/s | events |\n|---|---:|---:|")
+    rate, events = classify_rate(benign)
+    print(f"| gpuwarden classifier, benign lines | {rate:,.0f} | {events} |")
+    rate, events = classify_rate(mix)
+    print(f"| gpuwarden classifier, mix (1 % faults in storms of 50) | {rate:,.0f} | {events} |")
+    print(f"| gpuwarden parse `dmesg` text + classify, mix | {parse_and_classify_rate(mix):,.0f} | |")
+    print(f"| `grep -E -c` with a fault pattern, mix | {grep_rate(mix):,.0f} | (matching lines, no events) |")
+
+    if os.geteuid() != 0 or not shutil.which("journalctl"):
+        print("\n(latency needs root and journald: skipped)")
+        return
+    print(f"\n## Latency from a /dev/kmsg write to the event ({args.writes} writes)\n")
+    print("| what | median ms | p99 ms | max ms |\n|---|---:|---:|---:|")
+    runs = (("gpuwarden, kmsg source: row visible in the store", lambda: gpuwarden_latency(args.writes, "kmsg")),
+            ("gpuwarden, journal source: row visible in the store",
+             lambda: gpuwarden_latency(args.writes, "journal")),
+            ("`journalctl -kf \\| grep --line-buffered -E` prints it", lambda: naive_latency(args.writes)))
+    for name, run in runs:
+        values = run()
+        ms = [v * 1000 for v in values]
+        print(f"| {name} | {statistics.median(ms):.2f} | {percentile(ms, 99):.2f} | {max(ms):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
