@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("files", nargs="+", help="log files; - reads standard input")
     replay.add_argument("--format", choices=("table", "json"), default="table")
     replay.set_defaults(handler=cmd_replay)
+
+    sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
+        handler=cmd_test_alert)
     return parser
 
 
@@ -135,3 +138,22 @@ def _print_event(event, source: str, fmt: str) -> None:
                           "line": event.evidence.get("line"), "message": event.message}))
     else:
         print(f"{event.severity!s:<8} {event.kind:<13} {event.gpu or '-':<13} x{event.count:<4} {event.message}")
+
+
+def cmd_test_alert(args: argparse.Namespace) -> int:
+    from gpuwarden.alert.alerter import send
+    from gpuwarden.alert.targets import build
+
+    config, _ = configuration.load(args.config)
+    targets = build(config.alerts)
+    if not targets:
+        print("no alert targets configured ([alerts] urls or [[alerts.target]])", file=sys.stderr)
+        return EXIT_FAILURE
+    title = f"[TEST] gpuwarden on {config.alerts.hostname}"
+    body = "This is a test alert from `gpuwarden test-alert`. If you read this, alerts reach you."
+    failed = 0
+    for target in targets:
+        error = asyncio.run(send(target, title, body, "info", config.alerts.send_timeout))
+        failed += error is not None
+        print(f"{target.name}: {'ok' if error is None else error}")
+    return EXIT_FAILURE if failed else EXIT_OK

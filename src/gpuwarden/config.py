@@ -5,11 +5,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from gpuwarden.model import KINDS, Severity
 
@@ -133,10 +134,32 @@ class KernelConfig(Section):
         return {int(code): Severity.parse(s) for code, s in self.xid.items()}
 
 
+class AlertTarget(Section):
+    url: SecretStr  # apprise URLs carry tokens: printed as '**********'
+    name: str | None = None  # how logs and metrics call it; default "<n>:<scheme>://<host>"
+    min_severity: SeverityName = "warning"
+    tags: list[str] = []  # when set, only alerts about these kinds, GPUs or engines go here
+
+
+class AlertsConfig(Section):
+    urls: list[SecretStr] = []  # shorthand for targets at min_severity "warning"
+    target: list[AlertTarget] = []
+    config_file: Path | None = None  # an apprise config file (TEXT or YAML); its tags work as `tags` above
+    config_file_min_severity: SeverityName = "warning"
+    hostname: str = Field(default_factory=socket.gethostname)
+    cooldown: Duration = 600.0
+    group_window: Duration = 5.0
+    retry_initial: Duration = 5.0
+    retry_max: Duration = 600.0
+    give_up_after: Duration = 86400.0
+    send_timeout: Duration = 30.0
+
+
 class Config(Section):
     daemon: DaemonConfig = DaemonConfig()
     exporter: ExporterConfig = ExporterConfig()
     kernel: KernelConfig = KernelConfig()
+    alerts: AlertsConfig = AlertsConfig()
 
 
 def load(path: Path | None) -> tuple[Config, Path | None]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from gpuwarden import config as configuration
 from gpuwarden import logsetup
+from gpuwarden.alert.alerter import Alerter
+from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.discovery import discover
@@ -44,6 +46,7 @@ class Daemon:
         self.metrics = SelfMetrics()
         self.supervisor = Supervisor(self._crashed, self._component_state)
         self.store: Store | None = None
+        self.alerter: Alerter | None = None
         self.exporter: Exporter | None = None
         self.kernel_source = "none"
         self.gpus: list = []
@@ -56,14 +59,19 @@ class Daemon:
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
         """Store events durably, then count and log them."""
         ids = self.store.add_events(events, cursor)
+        if self.alerter and events:
+            self.alerter.submit(events, ids)
         for event in events:
             self.metrics.inc("gpuwarden_events_total", event.kind, str(event.severity), by=event.count)
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
         return ids
 
-    def set_count(self, row_id: int, count: int) -> None:
-        self.store.set_count(row_id, count)
+    def set_count(self, row_id: int, event: Event) -> None:
+        """A stored event's storm closed at `event.count` lines."""
+        self.store.set_count(row_id, event.count)
+        if self.alerter:
+            self.alerter.repeated(event)
 
     def count(self, name: str, *labels: str, by: float = 1) -> None:
         if by:
@@ -88,6 +96,7 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         self.store = Store(self.config.daemon.state_dir / "gpuwarden.db")
+        self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -123,6 +132,7 @@ class Daemon:
                  if gpus else "no GPUs")
         self.gpus = gpus
         self.supervisor.start("kernel", self._kernel_watch)
+        self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("loop_lag", lambda: _Loop("loop_lag", self._watch_loop_lag))
         self.supervisor.start("status", lambda: _Loop("status", self._report_status))
         if self.notifier.watchdog_seconds:
@@ -143,6 +153,7 @@ class Daemon:
             self.notifier.reloading()
             try:
                 new, path = configuration.load(self.config_arg)
+                targets = build_targets(new.alerts)
             except ConfigError as exc:
                 log.error("reload failed, the running configuration stays:\n%s", exc)
                 self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
@@ -151,6 +162,7 @@ class Daemon:
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter
             self.config = new
+            self.alerter.configure(new.alerts, targets)
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

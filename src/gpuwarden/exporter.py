@@ -37,6 +37,15 @@ FAMILIES: dict[str, Family] = {
     "gpuwarden_kernel_lines_total": Family("counter", "Kernel log lines read, by source.", ("source",)),
     "gpuwarden_kernel_lines_malformed_total": Family("counter", "Kernel log lines that could not be parsed.",
                                                      ("source",)),
+    "gpuwarden_alerts_sent_total": Family("counter", "Alerts delivered, by target and severity.",
+                                          ("target", "severity")),
+    "gpuwarden_alerts_failed_total": Family("counter", "Failed delivery attempts (each is retried).",
+                                            ("target", "severity")),
+    "gpuwarden_alerts_undeliverable_total": Family("counter", "Alerts given up on after give_up_after.",
+                                                   ("target", "severity")),
+    "gpuwarden_alerts_pending": Family("gauge", "Alerts waiting in the outbox.", ("target", "severity")),
+    "gpuwarden_alerts_suppressed_total": Family("counter", "Events not sent because their key was cooling down.",
+                                                ("severity",)),
     "gpuwarden_kmsg_overruns_total": Family("counter", "Times /dev/kmsg overwrote records before they were read."),
 }
 

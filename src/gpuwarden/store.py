@@ -11,9 +11,9 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from gpuwarden.model import Event
+from gpuwarden.model import Event, Severity
 
 SCHEMA_VERSION = 1
 
@@ -29,21 +29,36 @@ _MIGRATIONS = {
         message TEXT NOT NULL,
         evidence TEXT NOT NULL,
         count INTEGER NOT NULL DEFAULT 1,
-        dedupe_key TEXT NOT NULL
+        dedupe_key TEXT NOT NULL,
+        alerted INTEGER NOT NULL DEFAULT 0  -- 1 once the alerter has sent, grouped or suppressed it
     );
     CREATE INDEX events_time ON events(time);
+    CREATE INDEX events_unalerted ON events(alerted) WHERE alerted = 0;
     CREATE TABLE cursors (source TEXT PRIMARY KEY, cursor TEXT NOT NULL, updated REAL NOT NULL);
     CREATE TABLE outbox (
         id INTEGER PRIMARY KEY,
-        event_id INTEGER REFERENCES events(id),
+        alert_id TEXT NOT NULL,
         target TEXT NOT NULL,
         created REAL NOT NULL,
         attempts INTEGER NOT NULL DEFAULT 0,
         next_attempt REAL NOT NULL,
+        severity TEXT NOT NULL,
         payload TEXT NOT NULL
     );
+    CREATE INDEX outbox_target ON outbox(target, id);
     """,
 }
+
+
+class OutboxRow(NamedTuple):
+    id: int
+    alert_id: str
+    target: str
+    created: float
+    attempts: int
+    next_attempt: float
+    severity: str
+    payload: dict[str, Any]
 
 
 class StoreError(Exception):
@@ -100,6 +115,54 @@ class Store:
             return ids  # type: ignore[return-value]
         except sqlite3.DatabaseError as exc:
             raise StoreError(_explain(self.path, exc)) from None
+
+    # --- alerts -----------------------------------------------------------------------------------
+
+    def unalerted_events(self, since: float) -> list[tuple[int, Event]]:
+        """Events at or after `since` that the alerter never handled (the daemon died first)."""
+        rows = self._db.execute(
+            "SELECT id, time, kind, severity, gpu, engine, message, evidence, count FROM events"
+            " WHERE alerted = 0 AND time >= ? ORDER BY id", (since,)).fetchall()
+        return [(r[0], Event(r[2], Severity.parse(r[3]), r[6], r[1], r[4], r[5], json.loads(r[7]), r[8]))
+                for r in rows]
+
+    def mark_alerted(self, event_ids: Iterable[int]) -> None:
+        with self._transaction() as db:
+            db.executemany("UPDATE events SET alerted = 1 WHERE id = ?", [(i,) for i in event_ids])
+
+    def enqueue_alert(self, alert_id: str, severity: str, payload: dict[str, Any], targets: Iterable[str],
+                      event_ids: Iterable[int], now: float) -> None:
+        """One outbox row per target, and the events marked as alerted, in one transaction."""
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO outbox (alert_id, target, created, next_attempt, severity, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(alert_id, t, now, now, severity, json.dumps(payload)) for t in targets])
+            db.executemany("UPDATE events SET alerted = 1 WHERE id = ?", [(i,) for i in event_ids])
+
+    def next_alert(self, target: str) -> OutboxRow | None:
+        """The oldest pending alert of a target: alerts go out in order, one after the other."""
+        row = self._db.execute(
+            "SELECT id, alert_id, target, created, attempts, next_attempt, severity, payload FROM outbox"
+            " WHERE target = ? ORDER BY id LIMIT 1", (target,)).fetchone()
+        return OutboxRow(*row[:7], json.loads(row[7])) if row else None
+
+    def pending_alerts(self) -> dict[tuple[str, str], int]:
+        """(target, severity) -> rows waiting in the outbox."""
+        rows = self._db.execute("SELECT target, severity, count(*) FROM outbox GROUP BY target, severity")
+        return {(t, s): n for t, s, n in rows}
+
+    def delivered(self, row_id: int) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM outbox WHERE id = ?", (row_id,))
+
+    def retry_later(self, row_id: int, next_attempt: float) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE outbox SET attempts = attempts + 1, next_attempt = ? WHERE id = ?",
+                       (next_attempt, row_id))
+
+    def outbox_targets(self) -> set[str]:
+        return {t for (t,) in self._db.execute("SELECT DISTINCT target FROM outbox")}
 
     def set_count(self, event_id: int, count: int) -> None:
         """A storm grew: the event that stands for it now counts `count` lines."""

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import JOURNALD, Daemon, NotifySocket, wait_for, write_kmsg
+from helpers import JOURNALD, Daemon, NotifySocket, Receiver, wait_for, write_kmsg
 
 
 @pytest.fixture
@@ -51,3 +51,10 @@ def journald():
     if started:
         started.send_signal(signal.SIGTERM)
         started.wait(10)
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver().start()
+    yield r
+    r.stop()

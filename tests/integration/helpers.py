@@ -107,13 +107,16 @@ class Daemon:
         return http_get(f"http://127.0.0.1:{self.port}/metrics")
 
     def wait_serving(self) -> str:
+        """Metrics answer and every component has started (sources positioned: what is written now is seen)."""
         def scrape():
             try:
                 return self.metrics()
             except OSError:
                 assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}:\n{self.log()}"
                 return None
-        return wait_for(scrape, 15, what="the exporter")
+        metrics = wait_for(scrape, 15, what="the exporter")
+        self.wait_log("gpuwarden running")
+        return metrics
 
     def events(self) -> list[dict]:
         out = subprocess.run([*GPUWARDEN, "--config", str(self.config_path), "events", "--json", "--since", "1d"],
@@ -132,3 +135,45 @@ def write_kmsg(text: str, level: int = 3) -> None:
     """One record in the real kernel log, as a driver's line would appear there."""
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write(f"<{level}>{text}\n")
+
+
+class Receiver:
+    """A real HTTP server on loopback that records what apprise posts; it can go down and come back on the
+    same port to play an outage."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.received: list[dict] = []
+        self._server = None
+
+    def start(self) -> Receiver:
+        import http.server
+        import threading
+
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                received.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"id": "ok"}')
+
+            def log_message(self, *args):
+                pass
+
+        http.server.ThreadingHTTPServer.allow_reuse_address = True
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def json_bodies(self, path: str | None = None) -> list[dict]:
+        return [json.loads(r["body"]) for r in self.received if path is None or r["path"].startswith(path)]

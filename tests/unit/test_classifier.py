@@ -34,10 +34,10 @@ def test_bursts_split_per_gpu():
 
 def test_flush_reports_grown_bursts_for_their_stored_count():
     c = Classifier(storm_window=2.0)
-    first = c.feed(KernelRecord("amdgpu: sq_intr: error", 10.0), 0)[0]
-    assert c.feed(KernelRecord("amdgpu: sq_intr: error", 10.5), 0) == []
-    assert c.flush(11.0).grown == []  # still inside the window
-    grown = c.flush(13.0).grown
+    first = c.feed(KernelRecord("amdgpu: sq_intr: error", 10.0), now=100.0)[0]
+    assert c.feed(KernelRecord("amdgpu: sq_intr: error", 10.5), now=100.5) == []
+    assert c.flush(101.0).grown == []  # still inside the window
+    grown = c.flush(103.0).grown
     assert grown == [first] and first.count == 2
 
 

@@ -2,7 +2,8 @@
 
 - The first matching rule names the kind; Xid lines take severity and meaning from the Xid catalog.
 - A burst of lines with the same kind, severity, subject (and Xid) within `storm_window` seconds of the
-  previous one is one event whose count grows; a burst that lasts `max_burst` seconds starts a new event.
+  previous one (in log time) is one event whose count grows; a burst that lasts `max_burst` seconds starts
+  a new event. `flush` closes bursts that saw no line for `storm_window` (in the caller's time).
 - Oops reports span many lines: they are collected until they end, then judged by whether a GPU driver
   is in the trace.
 - A benign line costs one Aho-Corasick scan for the rules' literal hints; only lines that hold one are
@@ -46,8 +47,9 @@ class Burst:
     """One event standing for a burst of lines; `row_id` is set by whoever stores the event."""
 
     event: Event
-    first: float
-    last: float
+    first: float  # log time
+    last: float  # log time
+    arrived: float  # caller's time of the latest line
     count: int = 1
     row_id: int | None = None
 
@@ -67,7 +69,8 @@ class _Oops:
     lines: list[str] = field(default_factory=list)
     gpu_modules: set[str] = field(default_factory=set)
     gpu: str | None = None
-    last: float = 0.0
+    last: float = 0.0  # log time
+    arrived: float = 0.0  # caller's time
 
 
 class Classifier:
@@ -124,16 +127,16 @@ class Classifier:
     def flush(self, now: float, *, everything: bool = False) -> Flushed:
         """Close bursts and oops reports that ended (`everything`: all of them, at the end of a replay).
 
-        `now` is compared with record timestamps, so pass the source's clock.
+        `now` is on the clock of `feed`'s `now`.
         """
         grown = []
         for key, burst in list(self._bursts.items()):
-            if everything or abs(now - burst.last) > self.storm_window:
+            if everything or now - burst.arrived > self.storm_window:
                 del self._bursts[key]
                 if burst.count > 1:
                     grown.append(burst)
         new = []
-        if self._oops and (everything or abs(now - self._oops.last) > self.storm_window):
+        if self._oops and (everything or now - self._oops.arrived > self.storm_window):
             new = self._close_oops(now)
         return Flushed(new, grown)
 
@@ -162,12 +165,12 @@ class Classifier:
         burst = self._bursts.get(key)
         if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst:
             burst.count += 1
-            burst.last = stamp
+            burst.last, burst.arrived = stamp, now
             return None
         subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
         event = Event(kind=rule.kind, severity=severity, message=f"{meaning}{subject}", time=now, gpu=gpu,
                       evidence=evidence)
-        burst = self._bursts[key] = Burst(event, stamp, stamp)
+        burst = self._bursts[key] = Burst(event, stamp, stamp, now)
         return burst
 
     def _escalate(self, kind: str, gpu: str, stamp: float, severity: Severity, evidence: dict) -> Severity:
@@ -194,7 +197,7 @@ class Classifier:
         oops.lines.append(text)
         oops.gpu_modules.update(m for m in frames if m in GPU_MODULES)
         oops.gpu = oops.gpu or _attribute(record, "kernel")[0]
-        oops.last = stamp
+        oops.last, oops.arrived = stamp, now
         if _OOPS_END.search(text) or len(oops.lines) >= _OOPS_LINES:
             return self._close_oops(now)
         return []
@@ -214,7 +217,7 @@ class Classifier:
         event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=oops.gpu,
                       evidence={"line": oops.lines[0], "lines": oops.lines, "runbook": "oops",
                                 "modules": sorted(oops.gpu_modules)})
-        return [Burst(event, oops.last, oops.last)]
+        return [Burst(event, oops.last, oops.last, oops.arrived)]
 
 
 def _attribute(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def set_count(self, row_id: int, count: int) -> None: ...
+    def set_count(self, row_id: int, event: Event) -> None: ...
     def count(self, name: str, *labels: str, by: float = 1) -> None: ...
     def polled(self, source: str) -> None: ...
 
@@ -66,12 +66,12 @@ class KernelWatch:
                 bursts: list[Burst] = []
                 for record in batch:
                     bursts += self.classifier.feed(record, now)
-                flushed = self.classifier.flush(time.monotonic())
+                flushed = self.classifier.flush(now)
                 bursts += flushed.new
                 if source.overruns > seen_overruns:
                     lost = source.overruns - seen_overruns
                     sink.count("gpuwarden_kmsg_overruns_total", by=lost)
-                    bursts.append(Burst(_overrun_event(now, lost), now, now))
+                    bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
                 if events or cursor:
@@ -80,7 +80,7 @@ class KernelWatch:
                         burst.row_id = row_id
                 for burst in flushed.grown:
                     if burst.row_id is not None:
-                        sink.set_count(burst.row_id, burst.count)
+                        sink.set_count(burst.row_id, burst.final)
                 sink.count("gpuwarden_kernel_lines_total", source.name, by=source.lines - seen_lines)
                 sink.count("gpuwarden_kernel_lines_malformed_total", source.name,
                            by=source.malformed - seen_malformed)

@@ -1,0 +1,169 @@
+"""The alerts component: events in, messages into the durable outbox, delivery through apprise.
+
+An outbox row is written before it is attempted and deleted only after apprise reports success for its
+target; a failure retries with exponential backoff and jitter until `give_up_after`. Each target gets its
+rows strictly in order. Events that the daemon stored but never handed to the alerter (it died first) are
+picked up again at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+
+import apprise
+
+from gpuwarden.alert.messages import compose
+from gpuwarden.alert.storm import StormControl
+from gpuwarden.alert.targets import Target
+from gpuwarden.config import AlertsConfig
+from gpuwarden.exporter import SelfMetrics
+from gpuwarden.model import Event, Severity
+from gpuwarden.store import OutboxRow, Store
+
+log = logging.getLogger(__name__)
+
+NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
+                Severity.CRITICAL: apprise.NotifyType.FAILURE}
+_TICK = 0.25
+
+
+class Alerter:
+    name = "alerts"
+
+    def __init__(self, config: AlertsConfig, targets: list[Target], store: Store, metrics: SelfMetrics) -> None:
+        self.store, self.metrics = store, metrics
+        self.storm = StormControl()
+        self._recovered = False
+        self.configure(config, targets)
+
+    def configure(self, config: AlertsConfig, targets: list[Target]) -> None:
+        """New settings and targets (a reload), keeping the storm state and what waits in the outbox."""
+        self.config, self.targets = config, targets
+        self.storm.cooldown, self.storm.group_window = config.cooldown, config.group_window
+        self._wake = {t.name: asyncio.Event() for t in targets}
+
+    # --- from the daemon (synchronous, on the loop) -----------------------------------------------
+
+    def submit(self, events: list[Event], ids: list[int]) -> None:
+        now, suppressed = time.time(), []
+        for event, event_id in zip(events, ids, strict=True):
+            if not self.storm.offer(event, event_id, now):
+                suppressed.append(event_id)
+                self.metrics.inc("gpuwarden_alerts_suppressed_total", str(event.severity), by=event.count)
+        if suppressed:
+            self.store.mark_alerted(suppressed)
+
+    def repeated(self, event: Event) -> None:
+        """A stored event's storm grew to `event.count` lines."""
+        self.storm.repeated(event.dedupe_key, event.count - 1, time.time())
+        self.metrics.inc("gpuwarden_alerts_suppressed_total", str(event.severity), by=event.count - 1)
+
+    def resolve(self, dedupe_key: str, message: str) -> None:
+        out = self.storm.resolve(dedupe_key, message, time.time())
+        if out:
+            self._enqueue(out, time.time())
+
+    # --- the component ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if not self._recovered:
+            self._recover()
+        self._drop_orphans()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._tick())
+            for target in self.targets:
+                tasks.create_task(self._deliver(target))
+
+    def _recover(self) -> None:
+        self._recovered = True
+        backlog = self.store.unalerted_events(since=time.time() - self.config.give_up_after)
+        if backlog:
+            log.info("alerting %d event(s) stored before the last stop but never alerted", len(backlog))
+        now = time.time()
+        for event_id, event in backlog:
+            if not self.storm.offer(event, event_id, now):
+                self.store.mark_alerted([event_id])
+
+    def _drop_orphans(self) -> None:
+        configured = {t.name for t in self.targets}
+        for name in self.store.outbox_targets() - configured:
+            while row := self.store.next_alert(name):
+                log.error("alert %s for target %s is undeliverable: the target is no longer configured",
+                          row.alert_id, name)
+                self.metrics.inc("gpuwarden_alerts_undeliverable_total", name, row.severity)
+                self.store.delivered(row.id)
+
+    async def _tick(self) -> None:
+        while True:
+            now = time.time()
+            for out in self.storm.due(now):
+                self._enqueue(out, now)
+            self._export_pending()
+            await asyncio.sleep(_TICK)
+
+    def _enqueue(self, out, now: float) -> None:
+        message = compose(out, self.config.hostname, f"gw-{uuid.uuid4().hex[:12]}")
+        wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
+        payload = {"title": message.title, "body": message.body, "resolved": message.resolved}
+        self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
+        log.info("alert %s: %s -> %s", message.alert_id, message.title, ", ".join(wanted) or "no target")
+        for name in wanted:
+            self._wake[name].set()
+
+    def _export_pending(self) -> None:
+        pending = self.store.pending_alerts()
+        for target in self.targets:
+            for severity in Severity:
+                self.metrics.set("gpuwarden_alerts_pending", pending.get((target.name, str(severity)), 0),
+                                 target.name, str(severity))
+
+    async def _deliver(self, target: Target) -> None:
+        wake = self._wake[target.name]
+        while True:
+            row = self.store.next_alert(target.name)
+            now = time.time()
+            if row is None or row.next_attempt > now:
+                wake.clear()
+                timeout = 1.0 if row is None else min(row.next_attempt - now, 1.0)
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                continue
+            if now - row.created > self.config.give_up_after:
+                log.error("alert %s to %s undeliverable after %d attempts: giving up", row.alert_id,
+                          target.name, row.attempts)
+                self.metrics.inc("gpuwarden_alerts_undeliverable_total", target.name, row.severity)
+                self.store.delivered(row.id)
+                continue
+            error = await self._send(target, row)
+            if error is None:
+                self.store.delivered(row.id)
+                self.metrics.inc("gpuwarden_alerts_sent_total", target.name, row.severity)
+            else:
+                delay = min(self.config.retry_max, self.config.retry_initial * 2 ** row.attempts)
+                delay *= random.uniform(0.8, 1.2)
+                self.store.retry_later(row.id, now + delay)
+                self.metrics.inc("gpuwarden_alerts_failed_total", target.name, row.severity)
+                log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
+                            delay)
+
+    async def _send(self, target: Target, row: OutboxRow) -> str | None:
+        """None on success, else what went wrong (without the URL: it holds secrets)."""
+        return await send(target, row.payload["title"], row.payload["body"],
+                          apprise.NotifyType.SUCCESS if row.payload["resolved"]
+                          else NOTIFY_TYPES[Severity.parse(row.severity)], self.config.send_timeout)
+
+
+async def send(target: Target, title: str, body: str, notify_type: str, timeout: float) -> str | None:
+    try:
+        result = await asyncio.wait_for(asyncio.to_thread(
+            target.apprise.notify, body=body, title=title, notify_type=notify_type,
+            body_format=apprise.NotifyFormat.MARKDOWN, timeout=timeout), timeout + 5)
+    except TimeoutError:
+        return f"no answer within {timeout:.0f} s"
+    return None if result else f"apprise: {getattr(result, 'status', 'failure')!s}".lower()

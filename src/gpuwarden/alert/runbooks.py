@@ -1,0 +1,39 @@
+"""What to do next, per runbook key. Kernel rules name their key; other kinds map through KIND_RUNBOOK."""
+
+RUNBOOKS: dict[str, str] = {
+    "device_lost": (
+        "The GPU is gone until a reboot. Reboot and wait a full 10 minutes before judging it dead (it can take "
+        "7). If it does not come back: shut down, switch the PSU off for 30-60 s, power on. Never unbind/bind "
+        "the driver or write resource*_resize to \"rescue\" the card: that path ends in a kernel panic."),
+    "reset": (
+        "The driver reset the GPU: VRAM and GPU contexts were lost, so restart the engines on it. Repeated "
+        "resets: find the request that triggered them; check firmware and kernel versions."),
+    "gpu_fault": (
+        "A GPU job faulted or hung. If the engine on this GPU stopped making progress, restart it now: a hung "
+        "engine is how GPUs get lost. Watch for a reset or a device lost next."),
+    "xid": (
+        "Application Xids (13, 31, 43...): restart the process named in the line. Hardware Xids (48, 79, 95, "
+        "119...): drain the GPU, then reset it (nvidia-smi -r) or reboot."),
+    "gsp": "The GPU's firmware (GSP) stopped answering: drain the GPU, then reset it (nvidia-smi -r) or reboot.",
+    "aer": (
+        "PCIe errors. A few corrected ones are harmless. Uncorrected or recurring: reseat the card and riser, "
+        "check the slot's link speed and the BIOS ASPM setting."),
+    "ras": "Uncorrectable memory errors: drain the GPU and reboot; if they recur the card needs service.",
+    "oops": (
+        "A kernel oops in a GPU driver leaves it in an unknown state: drain the box and reboot soon; do not "
+        "unload or reload the driver."),
+    "daemon": "gpuwarden itself had trouble: see `journalctl -u gpuwarden` and `gpuwarden events`.",
+    "kmsg": "Kernel messages were lost before gpuwarden read them: check `dmesg` by hand for GPU faults.",
+}
+
+KIND_RUNBOOK: dict[str, str] = {
+    "watchdog_error": "daemon",
+    "kmsg_overrun": "kmsg",
+    "kernel_oops": "oops",
+    "device_lost": "device_lost",
+    "reset_failed": "device_lost",
+}
+
+
+def runbook_for(kind: str, key: str | None = None) -> str | None:
+    return RUNBOOKS.get(key or KIND_RUNBOOK.get(kind, ""))

@@ -1,0 +1,74 @@
+"""Alert targets from the config: one apprise object each, a name safe to log, a severity floor, tags."""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+import apprise
+
+from gpuwarden.config import AlertsConfig, ConfigError
+from gpuwarden.model import Severity
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # never holds a secret: it goes into logs and metric labels
+    apprise: apprise.Apprise
+    min_severity: Severity
+    tags: frozenset[str]
+
+    def wants(self, severity: Severity, tags: frozenset[str]) -> bool:
+        return severity >= self.min_severity and (not self.tags or bool(self.tags & tags))
+
+
+def safe_name(index: int, url: str) -> str:
+    """`2:ntfys://ntfy.example.org`: scheme and host only; user, password, token, path and query dropped.
+
+    Many schemes put a secret where the host goes (`ntfy://{topic}`, `discord://{webhook_id}/...`), so the
+    host is kept only when it looks like one: with a dot in it, or localhost.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if "." not in host and host != "localhost":
+        return f"{index}:{parts.scheme}"
+    return f"{index}:{parts.scheme}://{host}" + (f":{parts.port}" if _port(parts) else "")
+
+
+def _port(parts: urllib.parse.SplitResult) -> int | None:
+    try:
+        return parts.port
+    except ValueError:
+        return None
+
+
+def build(config: AlertsConfig) -> list[Target]:
+    specs = [(u.get_secret_value(), None, "warning", ()) for u in config.urls]
+    specs += [(t.url.get_secret_value(), t.name, t.min_severity, tuple(t.tags)) for t in config.target]
+    targets = []
+    for index, (url, name, severity, tags) in enumerate(specs, 1):
+        obj = apprise.Apprise()
+        name = name or safe_name(index, url)
+        if not obj.add(url):
+            raise ConfigError(f"alerts: target {name}: apprise does not accept this URL")
+        targets.append(Target(name, obj, Severity.parse(severity), frozenset(tags)))
+    if config.config_file:
+        targets += _from_apprise_config(config.config_file, Severity.parse(config.config_file_min_severity),
+                                        start=len(targets) + 1)
+    return targets
+
+
+def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Target]:
+    if not path.is_file():
+        raise ConfigError(f"alerts.config_file: {path}: no such file")
+    cfg = apprise.AppriseConfig()
+    cfg.add(str(path))
+    targets = []
+    for index, server in enumerate(cfg.servers(), start):
+        obj = apprise.Apprise()
+        obj.add(server)
+        targets.append(Target(safe_name(index, server.url()), obj, severity, frozenset(server.tags)))
+    if not targets:
+        raise ConfigError(f"alerts.config_file: {path}: no usable URL in it")
+    return targets

@@ -1,0 +1,155 @@
+"""Alerts through real apprise to a real loopback HTTP receiver: bodies, outage, SIGKILL, storms, secrets."""
+
+import json
+import signal
+import sqlite3
+import subprocess
+import time
+
+from helpers import GPUWARDEN, wait_for
+
+TOKEN = "tk_s3cr3t_9f8e7d6c5b4a"  # must never show up in output, logs, events or metrics
+LOST = "Dec 02 16:22:28 host kernel: amdgpu 0000:{bus}:00.0: amdgpu: device lost from bus!\n"
+
+
+def alerts_config(receiver, **settings) -> str:
+    opts = {"group_window": '"300ms"', "retry_initial": '"200ms"', "retry_max": '"500ms"', "hostname": '"box1"'}
+    opts.update(settings)
+    return ("[alerts]\n" + "".join(f"{k} = {v}\n" for k, v in opts.items())
+            + f'urls = ["json://gw:{TOKEN}@127.0.0.1:{receiver.port}/hook"]\n')
+
+
+def append(d, text: str) -> None:
+    with d.log_file.open("a") as log:
+        log.write(text)
+
+
+def assert_no_secret(d):
+    assert TOKEN not in d.log()
+    assert TOKEN not in d.metrics()
+    assert TOKEN not in json.dumps(d.events())
+    check = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "check"], capture_output=True, text=True)
+    assert check.returncode == 0 and TOKEN not in check.stdout + check.stderr
+
+
+def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factory, receiver):
+    config = alerts_config(receiver) + (
+        f'[[alerts.target]]\nurl = "ntfy://{TOKEN}@127.0.0.1:{receiver.port}/gpu-box"\nmin_severity = "critical"\n')
+    d = daemon_factory(config).start()
+    d.wait_serving()
+    append(d, LOST.format(bus="03"))
+    wait_for(lambda: len(receiver.received) >= 2, 15, what="both deliveries")
+
+    [hook] = receiver.json_bodies("/hook")
+    assert hook["type"] == "failure"
+    assert hook["title"] == "[CRITICAL] device_lost on box1: GPU 0000:03:00.0"
+    assert "amdgpu 0000:03:00.0: amdgpu: device lost from bus!" in hook["message"]  # the evidence
+    assert "wait a full 10 minutes" in hook["message"] and "Never unbind/bind" in hook["message"]  # runbook
+    assert "alert id: gw-" in hook["message"]
+
+    [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
+    ntfy_text = ntfy["body"] + json.dumps(ntfy["headers"])
+    assert "device_lost on box1" in ntfy_text and "device lost from bus!" in ntfy_text
+    wait_for(lambda: 'gpuwarden_alerts_sent_total{severity="critical",target="1:json://127.0.0.1:' in d.metrics(),
+             5, what="the sent counter")
+    assert_no_secret(d)
+    assert d.stop() == 0
+
+
+def test_min_severity_and_tags_route_alerts(daemon_factory, receiver):
+    config = alerts_config(receiver).replace("urls = [", "urls_unused = [").split("urls_unused")[0] + (
+        f'[[alerts.target]]\nurl = "json://127.0.0.1:{receiver.port}/only-lost"\ntags = ["device_lost"]\n'
+        f'[[alerts.target]]\nurl = "json://127.0.0.1:{receiver.port}/critical"\nmin_severity = "critical"\n')
+    d = daemon_factory(config).start()
+    d.wait_serving()
+    append(d, "Dec 02 16:22:28 host kernel: amdgpu 0000:05:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1\n")
+    append(d, LOST.format(bus="07"))
+    wait_for(lambda: len(receiver.received) >= 2, 15, what="the routed deliveries")
+    time.sleep(1)
+    lost = ["[CRITICAL] device_lost on box1: GPU 0000:07:00.0"]
+    assert [b["title"] for b in receiver.json_bodies("/only-lost")] == lost
+    assert [b["title"] for b in receiver.json_bodies("/critical")] == lost
+    assert d.stop() == 0
+
+
+def test_outage_every_alert_arrives_in_order_once(daemon_factory, receiver):
+    receiver.stop()
+    d = daemon_factory(alerts_config(receiver)).start()
+    d.wait_serving()
+    buses = [f"{b:02x}" for b in range(0x10, 0x16)]
+    for bus in buses:
+        append(d, LOST.format(bus=bus))
+        time.sleep(0.4)  # one group per GPU
+    wait_for(lambda: 'gpuwarden_alerts_failed_total' in d.metrics(), 10, what="failed attempts during the outage")
+    time.sleep(1.5)
+    receiver.start()
+    wait_for(lambda: len(receiver.received) >= len(buses), 20, what="every alert after the outage")
+    time.sleep(2)  # nothing more may come: no duplicates under normal operation
+    titles = [b["title"] for b in receiver.json_bodies()]
+    assert titles == [f"[CRITICAL] device_lost on box1: GPU 0000:{bus}:00.0" for bus in buses]
+    assert_no_secret(d)
+    assert d.stop() == 0
+
+
+def test_sigkill_with_alerts_pending_delivers_them_after_restart(daemon_factory, receiver):
+    receiver.stop()
+    d = daemon_factory(alerts_config(receiver, group_window='"3s"')).start()
+    d.wait_serving()
+    append(d, LOST.format(bus="21"))
+    db = d.state / "gpuwarden.db"
+    wait_for(lambda: _outbox_rows(db) == 1, 15, what="the first alert in the outbox")
+    append(d, LOST.format(bus="22"))  # still inside its group window when the daemon dies
+    wait_for(lambda: len(d.events()) == 2, 10, what="the second event stored")
+    d.stop(signal.SIGKILL)
+    assert _outbox_rows(db) == 1
+
+    receiver.start()
+    d.start()
+    wait_for(lambda: len(receiver.received) >= 2, 20, what="both alerts after the restart")
+    time.sleep(1)
+    titles = sorted(b["title"] for b in receiver.json_bodies())
+    assert titles == [f"[CRITICAL] device_lost on box1: GPU 0000:{bus}:00.0" for bus in ("21", "22")]
+    assert d.stop() == 0
+
+
+def test_a_storm_of_10000_identical_kernel_events_is_one_message_and_a_count(daemon_factory, receiver):
+    d = daemon_factory(alerts_config(receiver, cooldown='"3s"')).start()
+    d.wait_serving()
+    line = "Dec 02 16:22:{s:02d} host kernel: amdgpu 0000:31:00.0: amdgpu: sq_intr: error, detail 0x0, type 1\n"
+    for second in range(10):  # 1,000 lines a second for 10 s, as a real storm arrives
+        append(d, line.format(s=second) * 1_000)
+        time.sleep(0.25)
+    wait_for(lambda: len(receiver.received) >= 2, 20, what="the message and its follow-up")
+    time.sleep(4)  # a full cooldown more: nothing else comes
+    first, follow_up = receiver.json_bodies()
+    assert first["title"] == "[WARNING] sq_intr on box1: GPU 0000:31:00.0"
+    assert "more since" not in first["message"]
+    assert follow_up["title"] == "[WARNING] sq_intr on box1: GPU 0000:31:00.0"
+    assert "and 9,999 more since" in follow_up["message"]
+    assert len(receiver.received) == 2
+    [event] = d.events()
+    assert event["count"] == 10_000
+    assert d.stop() == 0
+
+
+def test_test_alert_reports_each_target(tmp_path, receiver):
+    dead = receiver.port + 1 if receiver.port < 65000 else receiver.port - 1
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[alerts]\nsend_timeout = "5s"\nurls = [\n'
+                   f'  "json://gw:{TOKEN}@127.0.0.1:{receiver.port}/hook",\n  "json://gw:{TOKEN}@127.0.0.1:{dead}/x"]\n')
+    result = subprocess.run([*GPUWARDEN, "--config", str(cfg), "test-alert"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"1:json://127.0.0.1:{receiver.port}: ok"
+    assert lines[1].startswith(f"2:json://127.0.0.1:{dead}: apprise:")
+    assert TOKEN not in result.stdout + result.stderr
+    assert receiver.json_bodies()[0]["title"].startswith("[TEST] gpuwarden on ")
+
+
+def _outbox_rows(db) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+    except sqlite3.Error:
+        return -1
