@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--format", choices=("table", "json"), default="table")
     replay.set_defaults(handler=cmd_replay)
 
+    probe = sub.add_parser("probe", help="scrape an engine's /metrics once and say what it shows")
+    probe.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
+    probe.add_argument("--json", action="store_true")
+    probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
+    probe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    probe.set_defaults(handler=cmd_probe)
+
     sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
     return parser
@@ -157,3 +164,34 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
         failed += error is not None
         print(f"{target.name}: {'ok' if error is None else error}")
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from gpuwarden.engine.scraper import ScrapeError, Scraper
+
+    async def once():
+        scraper = Scraper(args.url, args.profile, timeout=args.timeout)
+        try:
+            return await scraper.scrape(), None
+        except ScrapeError as exc:
+            return None, str(exc)
+        finally:
+            await scraper.close()
+
+    sample, error = asyncio.run(once())
+    report = {"url": args.url, "up": sample is not None, "error": error,
+              "profile": sample and sample.profile, "running": sample and sample.running,
+              "waiting": sample and sample.waiting, "generated_tokens": sample and sample.generated,
+              "prompt_tokens": sample and sample.prompt, "spec_acceptance": sample and sample.spec_acceptance}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        def show(value):
+            if value is None:
+                return "unknown"
+            return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else str(value)
+        for key in ("up", "profile", "running", "waiting", "generated_tokens", "prompt_tokens", "spec_acceptance",
+                    "error"):
+            if key != "error" or error:
+                print(f"{key:<17} {show(report[key])}")
+    return EXIT_OK if sample else EXIT_FAILURE

@@ -10,9 +10,18 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from gpuwarden.model import KINDS, Severity
+from gpuwarden.model import KINDS, Severity, normalize_pci
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range is full; this is outside it
@@ -155,11 +164,76 @@ class AlertsConfig(Section):
     send_timeout: Duration = 30.0
 
 
+class EngineTarget(Section):
+    """Which processes are the engine: what a kill kills."""
+
+    kind: Literal["port", "pidfile", "cmdline", "unit", "cgroup", "docker"] = "port"
+    pidfile: Path | None = None
+    pattern: str | None = None  # cmdline: a regular expression searched in the command line
+    unit: str | None = None  # unit: a systemd unit, killed as its whole cgroup
+    cgroup: Path | None = None  # cgroup: a cgroup v2 directory
+    container: str | None = None  # docker: a container name or id
+    docker_socket: Path = Path("/var/run/docker.sock")
+
+    @model_validator(mode="after")
+    def _needs(self) -> EngineTarget:
+        needed = {"pidfile": "pidfile", "cmdline": "pattern", "unit": "unit", "cgroup": "cgroup",
+                  "docker": "container"}.get(self.kind)
+        if needed and getattr(self, needed) is None:
+            raise ValueError(f"target kind {self.kind!r} needs {needed!r}")
+        if self.pattern is not None:
+            re.compile(self.pattern)
+        return self
+
+
+class EngineConfig(Section):
+    name: str
+    metrics_url: str
+    profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = "auto"
+    gpus: list[str] = []  # PCI addresses; empty: learned from the device files its processes hold
+    scrape_interval: Duration = 5.0
+    scrape_timeout: Duration = 5.0
+    max_body_bytes: int = 8 << 20
+    stall_multiple: float = Field(default=4.0, gt=0)
+    min_stall: Duration = 30.0
+    max_stall: Duration = 1800.0
+    unresponsive_after: int = Field(default=3, ge=1)  # failed scrapes in a row, process alive
+    crash_loop_exits: int = Field(default=3, ge=2)
+    crash_loop_window: Duration = 600.0
+    on_stall: Literal["kill", "alert"] = "kill"
+    on_gpu_fault: Literal["kill", "alert"] = "kill"
+    kill_grace: Duration = 10.0
+    kill_budget: int = Field(default=3, ge=0)
+    kill_budget_window: Duration = 3600.0
+    dry_run: bool = False
+    target: EngineTarget = EngineTarget()
+
+    @field_validator("gpus")
+    @classmethod
+    def _pci(cls, value: list[str]) -> list[str]:
+        return [normalize_pci(v) for v in value]
+
+
+class EnginesConfig(Section):
+    discover: bool = True  # with no [[engine]]: find running engine servers and watch them with defaults
+    discover_interval: Duration = 30.0
+
+
 class Config(Section):
     daemon: DaemonConfig = DaemonConfig()
     exporter: ExporterConfig = ExporterConfig()
     kernel: KernelConfig = KernelConfig()
     alerts: AlertsConfig = AlertsConfig()
+    engines: EnginesConfig = EnginesConfig()
+    engine: list[EngineConfig] = []
+
+    @field_validator("engine")
+    @classmethod
+    def _unique_names(cls, value: list[EngineConfig]) -> list[EngineConfig]:
+        names = [e.name for e in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be unique: {names}")
+        return value
 
 
 def load(path: Path | None) -> tuple[Config, Path | None]:

@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import logsetup
+from gpuwarden import logsetup, policy
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
+from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.discovery import discover
 from gpuwarden.kernel.watch import KernelWatch
@@ -47,6 +48,8 @@ class Daemon:
         self.supervisor = Supervisor(self._crashed, self._component_state)
         self.store: Store | None = None
         self.alerter: Alerter | None = None
+        self.engines: EngineWatch | None = None
+        self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
         self.kernel_source = "none"
         self.gpus: list = []
@@ -65,7 +68,24 @@ class Daemon:
             self.metrics.inc("gpuwarden_events_total", event.kind, str(event.severity), by=event.count)
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
+            self._act(event)
         return ids
+
+    def _act(self, event: Event) -> None:
+        """The policy's kills for a stored event, started in the background."""
+        if not self.engines:
+            return
+        for engine, reason in policy.kills(event, self.engines.views()):
+            task = asyncio.get_running_loop().create_task(self.engines.kill(engine, reason))
+            self._actions.add(task)
+            task.add_done_callback(self._actions.discard)
+
+    def resolve(self, dedupe_key: str, message: str) -> None:
+        if self.alerter:
+            self.alerter.resolve(dedupe_key, message)
+
+    def metric(self, name: str, value: float, *labels: str) -> None:
+        self.metrics.set(name, value, *labels)
 
     def set_count(self, row_id: int, event: Event) -> None:
         """A stored event's storm closed at `event.count` lines."""
@@ -97,6 +117,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.store = Store(self.config.daemon.state_dir / "gpuwarden.db")
         self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics)
+        self.engines = EngineWatch(self.config.engines, self.config.engine, self)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -133,6 +154,7 @@ class Daemon:
         self.gpus = gpus
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
+        self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("loop_lag", lambda: _Loop("loop_lag", self._watch_loop_lag))
         self.supervisor.start("status", lambda: _Loop("status", self._report_status))
         if self.notifier.watchdog_seconds:
@@ -163,6 +185,7 @@ class Daemon:
             exporter_changed = new.exporter != self.config.exporter
             self.config = new
             self.alerter.configure(new.alerts, targets)
+            self.engines = self.engines.reconfigured(new.engines, new.engine)
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

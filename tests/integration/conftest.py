@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import JOURNALD, Daemon, NotifySocket, Receiver, wait_for, write_kmsg
+from helpers import JOURNALD, Daemon, FakeEngine, NotifySocket, Receiver, wait_for, write_kmsg
 
 
 @pytest.fixture
@@ -58,3 +58,18 @@ def receiver():
     r = Receiver().start()
     yield r
     r.stop()
+
+
+@pytest.fixture
+def fake_engine(tmp_path, corpus):
+    made: list[FakeEngine] = []
+
+    def make(mode: str = "progress", *flags: str, dump: str = "vllm-01.prom", profile: str = "vllm",
+             port: int | None = None) -> FakeEngine:
+        engine = FakeEngine(tmp_path, corpus / "metrics" / dump, profile, mode, *flags, port=port)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.kill()

@@ -177,3 +177,57 @@ class Receiver:
 
     def json_bodies(self, path: str | None = None) -> list[dict]:
         return [json.loads(r["body"]) for r in self.received if path is None or r["path"].startswith(path)]
+
+
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+
+
+class FakeEngine:
+    """tests/integration/fake_engine.py as a real process tree in its own session, as systemd starts one."""
+
+    def __init__(self, tmp: Path, dump: Path, profile: str = "vllm", mode: str = "progress", *flags: str,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.pid_file = tmp / f"engine-{self.port}.pids"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FAKE_ENGINE), "--port", str(self.port), "--dump", str(dump), "--profile", profile,
+             "--mode", mode, "--pids", str(self.pid_file), *flags], start_new_session=True)
+        wait_for(self._answers, 15, what="the fake engine's /metrics")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def _answers(self) -> bool:
+        try:
+            http_get(self.url, timeout=1)
+            return True
+        except OSError:
+            return False
+
+    def pids(self) -> list[int]:
+        return [int(x) for x in self.pid_file.read_text().split()]
+
+    def alive(self) -> list[int]:
+        return [pid for pid in self.pids() if _alive(pid)]
+
+    def set_mode(self, mode: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{self.port}/mode/{mode}", method="POST"),
+                               timeout=2).read()
+
+    def kill(self) -> None:
+        for pid in self.alive():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
+
+def _alive(pid: int) -> bool:
+    """True while the pid runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

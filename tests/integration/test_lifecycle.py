@@ -13,7 +13,7 @@ def test_ready_watchdog_status_and_stopping(daemon_factory, notify_socket):
     ready = notify_socket.wait("READY=1")
     first = notify_socket.wait("WATCHDOG=1", after=ready)
     notify_socket.wait("WATCHDOG=1", after=first + 1, timeout=3)  # pings keep coming, every 0.5 s
-    notify_socket.wait("STATUS=kernel source file; 0 GPUs; 5/5 components up")
+    notify_socket.wait("STATUS=kernel source file; 0 GPUs; 6/6 components up")
     assert "found no GPUs" in d.log() and "kernel source: file" in d.log()
     assert "gpuwarden_build_info" in d.wait_serving()
     start = time.monotonic()

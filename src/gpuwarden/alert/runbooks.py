@@ -22,6 +22,16 @@ RUNBOOKS: dict[str, str] = {
     "oops": (
         "A kernel oops in a GPU driver leaves it in an unknown state: drain the box and reboot soon; do not "
         "unload or reload the driver."),
+    "stall": (
+        "The engine stopped generating with requests in flight. gpuwarden killed it (or, with on_stall = "
+        "\"alert\", left it to you): restart it, and find the request that hung in the engine's log at the time "
+        "of this alert. If the GPU faults next, the kill came too late: lower min_stall."),
+    "engine": "The engine stopped answering /metrics while its processes run: check its log; restart it if hung.",
+    "crash_loop": (
+        "The engine keeps dying. A power cut during its first compile leaves zero-byte files in the torch, "
+        "inductor or triton caches: look for them (find ~/.cache -size 0 -type f), move the cache aside (do not "
+        "delete it) and let the engine recompile."),
+    "kill_refused": "gpuwarden did not kill the engine again (kill budget spent): look at it by hand now.",
     "daemon": "gpuwarden itself had trouble: see `journalctl -u gpuwarden` and `gpuwarden events`.",
     "kmsg": "Kernel messages were lost before gpuwarden read them: check `dmesg` by hand for GPU faults.",
 }
@@ -30,6 +40,10 @@ KIND_RUNBOOK: dict[str, str] = {
     "watchdog_error": "daemon",
     "kmsg_overrun": "kmsg",
     "kernel_oops": "oops",
+    "engine_unresponsive": "engine",
+    "engine_crash_loop": "crash_loop",
+    "engine_exited": "crash_loop",
+    "kill_refused": "kill_refused",
     "device_lost": "device_lost",
     "reset_failed": "device_lost",
 }

@@ -1,0 +1,1 @@
+"""Actions on the host: killing stuck engines (and, later, the sysfs guard and cache quarantine)."""

@@ -1,0 +1,1 @@
+"""Engine watch: profiles, scraping, stall detection, discovery, and the stuck-engine killer's targets."""

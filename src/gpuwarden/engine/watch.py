@@ -1,0 +1,260 @@
+"""The engines component: scrape each engine, detect stalls, exits and crash loops, and kill on request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import psutil
+
+from gpuwarden.act.killer import KillBudget, kill
+from gpuwarden.config import EngineConfig, EnginesConfig
+from gpuwarden.engine.discovery import discover
+from gpuwarden.engine.metrics import EngineSample
+from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percent, gpus_in_use, roots
+from gpuwarden.engine.scraper import ScrapeError, Scraper
+from gpuwarden.engine.stall import StallDetector
+from gpuwarden.model import Event, Severity
+from gpuwarden.policy import EngineView
+
+log = logging.getLogger(__name__)
+
+SPINNING_PERCENT = 90.0  # a process at this share of a core with no progress: the classic hang
+_INSPECT_DEADLINE = 10.0
+
+
+class Sink(Protocol):
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
+    def resolve(self, dedupe_key: str, message: str) -> None: ...
+    def metric(self, name: str, value: float, *labels: str) -> None: ...
+    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+
+
+@dataclass
+class EngineState:
+    config: EngineConfig
+    scraper: Scraper
+    detector: StallDetector
+    budget: KillBudget
+    tracker: Tracker = field(default_factory=Tracker)
+    procs: list[psutil.Process] = field(default_factory=list)
+    gpus: frozenset[str] | None = None
+    cpu: float | None = None
+    failures: int = 0
+    unresponsive: bool = False
+    exits: deque[float] = field(default_factory=deque)
+    killing: bool = False
+    last_kill: float = -1e9
+    sample: EngineSample | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def view(self) -> EngineView:
+        return EngineView(self.name, self.gpus, self.config.on_stall, self.config.on_gpu_fault)
+
+
+def target_spec(config: EngineConfig) -> TargetSpec:
+    t = config.target
+    port = urlsplit(config.metrics_url).port or 80
+    return TargetSpec(t.kind, port=port, pidfile=t.pidfile, pattern=t.pattern, unit=t.unit, cgroup=t.cgroup,
+                      container=t.container, docker_socket=t.docker_socket)
+
+
+def new_state(config: EngineConfig) -> EngineState:
+    return EngineState(
+        config, Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes),
+        StallDetector(config.stall_multiple, config.min_stall, config.max_stall),
+        KillBudget(config.kill_budget, config.kill_budget_window),
+        gpus=frozenset(config.gpus) if config.gpus else None)
+
+
+class EngineWatch:
+    name = "engines"
+
+    def __init__(self, settings: EnginesConfig, engines: list[EngineConfig], sink: Sink) -> None:
+        self.settings, self.sink = settings, sink
+        self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
+        self._tasks: asyncio.TaskGroup | None = None
+
+    def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig]) -> EngineWatch:
+        """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
+        stay (a reload must not reset how often an engine may be killed)."""
+        new = EngineWatch(settings, engines, self.sink)
+        for name, state in new.engines.items():
+            if name in self.engines:
+                state.budget, state.tracker = self.engines[name].budget, self.engines[name].tracker
+        return new
+
+    def views(self) -> list[EngineView]:
+        return [s.view() for s in self.engines.values()]
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            self._tasks = tasks
+            for state in self.engines.values():
+                tasks.create_task(self._watch(state))
+            if not self.engines and self.settings.discover:
+                tasks.create_task(self._discover())
+
+    async def _discover(self) -> None:
+        first = True
+        while True:
+            found = await asyncio.to_thread(discover)
+            for f in found:
+                if f.name not in self.engines:
+                    log.info("discovered %s serving on port %d (pid %d): watching %s", f.profile, f.port, f.pid,
+                             f.metrics_url)
+                    state = self.engines[f.name] = new_state(
+                        EngineConfig(name=f.name, metrics_url=f.metrics_url, profile=f.profile))
+                    self._tasks.create_task(self._watch(state))
+            if first and not found:
+                log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI)")
+            first = False
+            await asyncio.sleep(self.settings.discover_interval)
+
+    # --- one engine ---------------------------------------------------------------------------------
+
+    async def _watch(self, state: EngineState) -> None:
+        loop = asyncio.get_running_loop()
+        interval = state.config.scrape_interval
+        tick = loop.time()
+        try:
+            while True:
+                await self._poll(state)
+                tick += interval
+                await asyncio.sleep(max(0.0, tick - loop.time()))
+        finally:
+            await state.scraper.close()
+
+    async def _poll(self, state: EngineState) -> None:
+        name = state.name
+        try:
+            sample = await state.scraper.scrape()
+        except ScrapeError as exc:
+            sample = None
+            state.failures += 1
+            self.sink.count("gpuwarden_engine_scrape_failures_total", name, exc.reason)
+            error = str(exc)
+        had_procs = bool(state.procs)
+        await self._inspect(state)
+        now = time.monotonic()
+        if had_procs and not state.procs:
+            self._exited(state, now)
+        if sample is None:
+            self.sink.metric("gpuwarden_engine_up", 0, name)
+            if state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive:
+                state.unresponsive = True
+                self._record(Event("engine_unresponsive", Severity.WARNING,
+                                   f"{name} has not answered /metrics {state.failures} times in a row ({error}) "
+                                   "while its processes run", time.time(), engine=name,
+                                   evidence={"error": error, "failures": state.failures}))
+            return
+        if state.unresponsive:
+            self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
+        state.failures, state.unresponsive, state.sample = 0, False, sample
+        self._export(state, sample)
+        verdict = state.detector.observe(sample, now)
+        self.sink.metric("gpuwarden_engine_stalled", 1 if verdict.stalled else 0, name)
+        self.sink.metric("gpuwarden_engine_stall_threshold_seconds", verdict.threshold, name)
+        if verdict.new and verdict.stalled:
+            self._record(self._stall_event(state, sample, verdict))
+        elif verdict.new:
+            self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
+
+    async def _inspect(self, state: EngineState) -> None:
+        """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline."""
+        def look():
+            procs = state.tracker.refresh(roots(target_spec(state.config)))
+            gpus = frozenset(state.config.gpus) if state.config.gpus else gpus_in_use(procs)
+            return procs, cpu_percent(procs), gpus
+        try:
+            state.procs, state.cpu, gpus = await asyncio.wait_for(asyncio.to_thread(look), _INSPECT_DEADLINE)
+        except TimeoutError:
+            log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
+            return
+        state.gpus = frozenset(gpus) if gpus else None
+        if state.cpu is not None:
+            self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
+
+    def _export(self, state: EngineState, sample: EngineSample) -> None:
+        name = state.name
+        self.sink.metric("gpuwarden_engine_up", 1, name)
+        for metric, value in (("gpuwarden_engine_requests_running", sample.running),
+                              ("gpuwarden_engine_requests_waiting", sample.waiting),
+                              ("gpuwarden_engine_generated_tokens_total", sample.generated)):
+            if value is not None:
+                self.sink.metric(metric, value, name)
+
+    def _stall_event(self, state: EngineState, sample: EngineSample, verdict) -> Event:
+        spinning = state.cpu is not None and state.cpu >= SPINNING_PERCENT
+        message = (f"{state.name}: {sample.running:.0f} request(s) running and no token generated for "
+                   f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
+        if spinning:
+            message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
+        figures = {"running": sample.running, "waiting": sample.waiting, "generated_tokens": sample.progress,
+                   "stalled_seconds": round(verdict.stalled_for, 1), "threshold_seconds": round(verdict.threshold, 1),
+                   "typical_request_seconds": verdict.typical, "cpu_percent": state.cpu}
+        return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
+                     gpu=_only(state.gpus), evidence={"figures": figures, "spinning": spinning, "runbook": "stall"})
+
+    def _exited(self, state: EngineState, now: float) -> None:
+        if now - state.last_kill < state.config.kill_grace + 10:
+            return  # we killed it: not news
+        cfg = state.config
+        state.exits.append(now)
+        while state.exits and now - state.exits[0] > cfg.crash_loop_window:
+            state.exits.popleft()
+        self._record(Event("engine_exited", Severity.WARNING, f"{state.name}'s processes are gone", time.time(),
+                           engine=state.name, evidence={"exits_in_window": len(state.exits)}))
+        if len(state.exits) >= cfg.crash_loop_exits:
+            self._record(Event("engine_crash_loop", Severity.CRITICAL,
+                               f"{state.name} exited {len(state.exits)} times within {cfg.crash_loop_window:.0f} s",
+                               time.time(), engine=state.name, evidence={"exits": len(state.exits)}))
+            state.exits.clear()
+
+    def _record(self, event: Event) -> None:
+        self.sink.record([event])
+
+    # --- killing ------------------------------------------------------------------------------------
+
+    async def kill(self, name: str, reason: str) -> None:
+        state = self.engines.get(name)
+        if state is None or state.killing:
+            return
+        cfg = state.config
+        if not cfg.dry_run and not state.budget.allow():
+            self._record(Event("kill_refused", Severity.CRITICAL,
+                               f"{name} should be killed ({reason}) but its kill budget ({cfg.kill_budget} per "
+                               f"{cfg.kill_budget_window:.0f} s) is spent: act by hand", time.time(), engine=name,
+                               evidence={"reason": reason}))
+            return
+        state.killing = True
+        try:
+            await self._inspect(state)
+            if not state.procs:
+                log.warning("%s should be killed (%s) but none of its processes was found", name, reason)
+                return
+            if not cfg.dry_run:
+                state.budget.spend()
+                state.last_kill = time.monotonic()
+            report = await asyncio.to_thread(kill, state.procs, cfg.kill_grace, cfg.dry_run)
+            if not cfg.dry_run:
+                self.sink.count("gpuwarden_engine_kills_total", name)
+            severity = Severity.CRITICAL if report.survivors else Severity.WARNING
+            self._record(Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
+                               engine=name, gpu=_only(state.gpus),
+                               evidence={"reason": reason, "terminated": report.terminated, "killed": report.killed,
+                                         "survivors": report.survivors, "dry_run": report.dry_run}))
+        finally:
+            state.killing = False
+
+
+def _only(gpus: frozenset[str] | None) -> str | None:
+    return next(iter(gpus)) if gpus and len(gpus) == 1 else None

@@ -1,0 +1,154 @@
+"""A stand-in inference engine for tests: a real process serving /metrics over loopback with live counters,
+seeded from a real dump in the shared corpus. POST /mode/<mode> switches what it does:
+
+- progress: 2 requests running, 40 tokens a second, a request of 0.3 s finishing every 0.3 s
+- stall: requests running, counters frozen (with --spin, a child process spins a core meanwhile)
+- idle: nothing running
+- slow: 1 request running, one token every 1.5 s
+- hang: /metrics stops answering (the handler sleeps)
+
+--orphans forks a child that forks a grandchild and exits (the grandchild is orphaned); --ignore-term makes
+every process of the tree ignore SIGTERM; --pids FILE records the pids of the whole tree.
+"""
+
+import argparse
+import http.server
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+LIVE = {  # profile -> (running, waiting, generated, latency histogram)
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+             "vllm:e2e_request_latency_seconds"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:generation_tokens_total",
+               "sglang:e2e_request_latency_seconds"),
+    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:tokens_predicted_total",
+                 None),
+}
+
+
+class Engine:
+    def __init__(self, dump: str, profile: str):
+        with open(dump) as f:
+            self.lines = f.read().splitlines()
+        self.names = LIVE[profile]
+        self.mode, self.running, self.tokens, self.lat_sum, self.lat_count = "progress", 2.0, 1000.0, 0.0, 0.0
+        self.lock = threading.Lock()
+        self.spinner = None
+
+    def tick(self, dt: float):
+        with self.lock:
+            if self.mode == "progress":
+                self.running, self.tokens = 2.0, self.tokens + 40 * dt
+                self.lat_sum, self.lat_count = self.lat_sum + 0.3 * (dt / 0.3), self.lat_count + dt / 0.3
+            elif self.mode == "slow":
+                self.running = 1.0
+            elif self.mode == "idle":
+                self.running = 0.0
+
+    def render(self) -> str:
+        running, waiting, generated, latency = self.names
+        values = {running: self.running, waiting: 0.0, generated: self.tokens}
+        if latency:
+            values[f"{latency}_sum"], values[f"{latency}_count"] = self.lat_sum, self.lat_count
+        out, seen = [], set()
+        for line in self.lines:
+            name = re.split(r"[{ ]", line, maxsplit=1)[0]
+            if name in values and not line.startswith("#"):
+                if name not in seen:
+                    labels = line[len(name):].rsplit(" ", 1)[0]
+                    out.append(f"{name}{labels} {values[name]}")
+                    seen.add(name)
+            else:
+                out.append(line)
+        out += [f"{n} {v}" for n, v in values.items() if n not in seen]
+        return "\n".join(out) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--dump", required=True)
+    p.add_argument("--profile", default="vllm")
+    p.add_argument("--mode", default="progress")
+    p.add_argument("--spin", action="store_true")
+    p.add_argument("--orphans", action="store_true")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--pids")
+    p.add_argument("rest", nargs="*")  # e.g. "vllm serve": what discovery looks for in the command line
+    args = p.parse_args()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    engine = Engine(args.dump, args.profile)
+    engine.mode = args.mode
+    pids = [os.getpid()]
+    worker = subprocess.Popen([sys.executable, "-c", "import time, signal, sys\n"
+                               + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if args.ignore_term else "")
+                               + "while True: time.sleep(1)"])
+    pids.append(worker.pid)
+    if args.orphans:
+        r, w = os.pipe()
+        if os.fork() == 0:  # child: fork the grandchild, tell its pid, exit
+            grandchild = os.fork()
+            if grandchild == 0:
+                if args.ignore_term:
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                while True:
+                    time.sleep(1)
+            os.write(w, str(grandchild).encode())
+            os._exit(0)
+        pids.append(int(os.read(r, 32)))
+        os.wait()
+
+    def set_mode(mode):
+        with engine.lock:
+            engine.mode = mode
+        if mode == "stall" and args.spin and engine.spinner is None:
+            engine.spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            with open(args.pids, "a") as f:
+                f.write(f"{engine.spinner.pid}\n")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if engine.mode == "hang":
+                time.sleep(3600)
+            body = engine.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            set_mode(self.path.rsplit("/", 1)[-1])
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True
+    if args.pids:
+        with open(args.pids, "w") as f:
+            f.write("".join(f"{pid}\n" for pid in pids))
+    set_mode(args.mode)
+
+    def ticker():
+        while True:
+            time.sleep(0.1)
+            engine.tick(0.1)
+            if engine.mode == "slow" and int(time.time() / 1.5) != int((time.time() - 0.1) / 1.5):
+                with engine.lock:
+                    engine.tokens += 1
+
+    threading.Thread(target=ticker, daemon=True).start()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The stuck-engine killer end to end: real engine processes on loopback, the real daemon, real signals."""
+
+import json
+import subprocess
+import time
+
+import pytest
+from helpers import GPUWARDEN, wait_for, write_kmsg
+
+INTERVAL, MIN_STALL = 0.5, 2.0
+
+
+def engine_config(engine, name="fake", **settings) -> str:
+    opts = {"scrape_interval": f'"{INTERVAL}s"', "min_stall": f'"{MIN_STALL}s"', "kill_grace": '"1s"'}
+    opts.update(settings)
+    return (f'[[engine]]\nname = "{name}"\nmetrics_url = "{engine.url}"\n'
+            + "".join(f"{k} = {v}\n" for k, v in opts.items()))
+
+
+def events_of(d, kind):
+    return [e for e in d.events() if e["kind"] == kind]
+
+
+def wait_event(d, kind, timeout=20):
+    return wait_for(lambda: next(iter(events_of(d, kind)), None), timeout, interval=0.2, what=f"a {kind} event")
+
+
+def test_a_stalled_engine_is_killed_with_its_whole_tree_orphans_included(daemon_factory, fake_engine):
+    engine = fake_engine("progress", "--orphans", "--spin")
+    assert len(engine.pids()) == 3  # engine, worker child, orphaned grandchild
+    d = daemon_factory(engine_config(engine)).start()
+    d.wait_serving()
+    time.sleep(3)  # normal work: tokens move, requests complete
+    assert not events_of(d, "engine_stall")
+    engine.set_mode("stall")
+    stalled_at = time.monotonic()
+    killed = wait_event(d, "engine_killed")
+    elapsed = time.monotonic() - stalled_at
+    stall = events_of(d, "engine_stall")[0]
+    figures = stall["evidence"]["figures"]
+    assert figures["running"] == 2 and figures["threshold_seconds"] == MIN_STALL
+    assert figures["stalled_seconds"] <= MIN_STALL + INTERVAL + 0.25  # threshold plus one scrape interval
+    assert stall["evidence"]["spinning"] and "spins at" in stall["message"]
+    assert "killed fake" in killed["message"] and "(stalled)" in killed["message"]
+    wait_for(lambda: not engine.alive(), 10, what="every process of the tree to be gone")
+    print(f"stall to kill: {elapsed:.2f} s (threshold {MIN_STALL} s, interval {INTERVAL} s)")
+    assert d.stop() == 0
+
+
+def test_idle_and_slow_but_progressing_engines_are_never_killed(daemon_factory, fake_engine):
+    idle, slow = fake_engine("idle"), fake_engine("slow")
+    d = daemon_factory(engine_config(idle, "idle") + engine_config(slow, "slow")).start()
+    d.wait_serving()
+    time.sleep(4 * MIN_STALL)
+    assert not events_of(d, "engine_stall") and not events_of(d, "engine_killed")
+    assert idle.alive() == idle.pids() and slow.alive() == slow.pids()
+    metrics = d.metrics()
+    assert 'gpuwarden_engine_requests_running{engine="idle"} 0.0' in metrics
+    assert 'gpuwarden_engine_requests_running{engine="slow"} 1.0' in metrics
+    assert d.stop() == 0
+
+
+def test_a_tree_that_ignores_sigterm_dies_by_sigkill(daemon_factory, fake_engine):
+    engine = fake_engine("stall", "--ignore-term", "--orphans")
+    d = daemon_factory(engine_config(engine)).start()
+    killed = wait_event(d, "engine_killed")
+    assert len(killed["evidence"]["killed"]) == 3 and killed["evidence"]["terminated"] == [], killed
+    assert "needed SIGKILL" in killed["message"]
+    wait_for(lambda: not engine.alive(), 10, what="the SIGTERM-proof tree to be gone")
+    assert d.stop() == 0
+
+
+def test_dry_run_kills_nothing(daemon_factory, fake_engine):
+    engine = fake_engine("stall", "--orphans")
+    d = daemon_factory(engine_config(engine, dry_run="true")).start()
+    killed = wait_event(d, "engine_killed")
+    assert killed["evidence"]["dry_run"] and killed["message"].startswith("dry run: would kill fake: 3 processes")
+    time.sleep(2)
+    assert engine.alive() == engine.pids()
+    assert "gpuwarden_engine_kills_total" not in d.metrics()
+    assert d.stop() == 0
+
+
+def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
+    first = fake_engine("stall")
+    d = daemon_factory(engine_config(first, kill_budget="1")).start()
+    wait_event(d, "engine_killed")
+    wait_for(lambda: not first.alive(), 10, what="the first engine to die")
+    second = fake_engine("progress")  # the engine restarted, same port
+    d.write_config(engine_config(second, kill_budget="1"))
+    d.proc.send_signal(1)  # SIGHUP: the reload keeps the budget that was spent
+    d.wait_log("reloaded")
+    second.set_mode("stall")
+    refused = wait_event(d, "kill_refused")
+    assert "kill budget (1 per 3600 s) is spent" in refused["message"]
+    assert second.alive() == second.pids()
+    assert len(events_of(d, "engine_killed")) == 1
+    assert d.stop() == 0
+
+
+@pytest.mark.root
+def test_sq_intr_on_the_engines_gpu_kills_it_at_once(daemon_factory, fake_engine):
+    mine, other = fake_engine("progress"), fake_engine("progress")
+    config = (engine_config(mine, "mine", gpus='["0000:03:00.0"]', min_stall='"10m"')
+              + engine_config(other, "other", gpus='["0000:83:00.0"]', min_stall='"10m"'))
+    d = daemon_factory(config, kernel='source = "kmsg"').start()
+    d.wait_serving()
+    write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    killed = wait_event(d, "engine_killed")
+    assert killed["engine"] == "mine" and "kernel reported sq_intr on 0000:03:00.0" in killed["message"]
+    wait_for(lambda: not mine.alive(), 10, what="the engine on the faulting GPU to die")
+    time.sleep(1)
+    assert other.alive() == other.pids()
+    assert d.stop() == 0
+
+
+def test_an_engine_that_stops_answering_is_unresponsive(daemon_factory, fake_engine):
+    engine = fake_engine("progress")
+    d = daemon_factory(engine_config(engine, scrape_timeout='"300ms"', on_stall='"alert"')).start()
+    d.wait_serving()
+    engine.set_mode("hang")
+    event = wait_event(d, "engine_unresponsive")
+    assert "has not answered /metrics 3 times" in event["message"] and "timeout" in event["message"]
+    assert 'gpuwarden_engine_scrape_failures_total{engine="fake",reason="timeout"}' in d.metrics()
+    assert d.stop() == 0
+
+
+def test_exits_and_a_crash_loop(daemon_factory, fake_engine, tmp_path):
+    engine = fake_engine("progress")
+    port = engine.port
+    d = daemon_factory(engine_config(engine, crash_loop_exits="3", unresponsive_after="100")).start()
+    d.wait_serving()
+    for exits in range(1, 4):
+        time.sleep(1.5)
+        engine.kill()  # it dies by itself, as far as gpuwarden knows
+        wait_for(lambda n=exits: len(events_of(d, "engine_exited")) == n, 10, what="an engine_exited event")
+        engine = fake_engine("progress", port=port)  # restarted on the same port
+    loop = wait_event(d, "engine_crash_loop")
+    assert "exited 3 times" in loop["message"]
+    assert d.stop() == 0
+
+
+def test_discovery_finds_a_running_engine_server(daemon_factory, fake_engine):
+    engine = fake_engine("progress", "vllm", "serve", "Qwen/Qwen3-0.6B")
+    d = daemon_factory("[engines]\ndiscover_interval = \"1s\"\n").start()
+    d.wait_log(f"discovered vllm serving on port {engine.port}")
+    wait_for(lambda: f'gpuwarden_engine_up{{engine="vllm-{engine.port}"}} 1.0' in d.metrics(), 15,
+             what="the discovered engine's metrics")
+    assert d.stop() == 0
+
+
+def test_probe_reports_a_live_engine(fake_engine):
+    engine = fake_engine("progress", dump="sglang-01.prom", profile="sglang")
+    out = subprocess.run([*GPUWARDEN, "probe", "--json", engine.url], capture_output=True, text=True, timeout=30)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0 and report["up"] and report["profile"] == "sglang"
+    assert report["running"] == 2.0 and report["waiting"] == 0.0 and report["generated_tokens"] >= 1000

@@ -1,0 +1,128 @@
+"""Target resolution and the killer's safety rules, on real processes."""
+
+import http.server
+import json
+import os
+import socketserver
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpuwarden.act.killer import kill
+from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, roots
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", "gpuwarden-test-sleeper"]
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen(SLEEPER, start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_pidfile_and_cmdline_targets(tmp_path, sleeper):
+    (tmp_path / "engine.pid").write_text(f"{sleeper.pid}\n")
+    assert [p.pid for p in roots(TargetSpec("pidfile", pidfile=tmp_path / "engine.pid"))] == [sleeper.pid]
+    assert roots(TargetSpec("pidfile", pidfile=tmp_path / "missing.pid")) == []
+    assert [p.pid for p in roots(TargetSpec("cmdline", pattern="gpuwarden-test-sleeper"))] == [sleeper.pid]
+
+
+def test_never_pid_1_itself_or_its_ancestors(sleeper):
+    me = psutil.Process()
+    protected = [psutil.Process(1), me, *me.parents()]
+    assert not any(is_killable(p) for p in protected)
+    report = kill([*protected, psutil.Process(sleeper.pid)], grace=5)
+    assert [entry.split()[0] for entry in report.terminated] == [str(sleeper.pid)]
+    assert me.is_running()
+
+
+@pytest.mark.root
+def test_cgroup_target_kills_every_process_in_the_cgroup(sleeper):
+    base = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.procs").exists() \
+        else Path("/sys/fs/cgroup")
+    group = base / f"gpuwarden-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        other = subprocess.Popen(SLEEPER)
+        for pid in (sleeper.pid, other.pid):
+            (group / "cgroup.procs").write_text(str(pid))
+        found = roots(TargetSpec("cgroup", cgroup=group))
+        assert sorted(p.pid for p in found) == sorted([sleeper.pid, other.pid])
+        report = kill(Tracker().refresh(found), grace=5)
+        assert report.count == 2
+        other.wait(5)
+    finally:
+        group.rmdir()
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def test_docker_target_asks_the_engine_api_for_host_pids(tmp_path, sleeper):
+    """No Docker engine runs here: a real HTTP server on a unix socket answers the one call gpuwarden makes
+    (GET /containers/{id}/top), with the Docker Engine API's response shape."""
+    seen = []
+
+    class DockerAPI(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            body = json.dumps({"Titles": ["PID"], "Processes": [[str(sleeper.pid)]]}).encode()
+            self.send_response(200 if self.path.startswith("/containers/vllm/top") else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+        def address_string(self):
+            return "docker"
+
+    sock = tmp_path / "docker.sock"
+    server = _UnixHTTPServer(str(sock), DockerAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        found = roots(TargetSpec("docker", container="vllm", docker_socket=sock))
+        assert [p.pid for p in found] == [sleeper.pid]
+        assert seen == ["/containers/vllm/top?ps_args=-o+pid"]
+        assert roots(TargetSpec("docker", container="nope", docker_socket=sock)) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_gpus_from_the_device_files_a_process_holds(tmp_path):
+    """No GPU here: a /proc/<pid>/fd with links to DRM and NVIDIA nodes and the sysfs and procfs entries that
+    map them to PCI addresses are built by hand, as the kernel lays them out."""
+    proc, sys_root = tmp_path / "proc", tmp_path / "sys"
+    fd = proc / "4242" / "fd"
+    fd.mkdir(parents=True)
+    os.symlink("/dev/dri/renderD129", fd / "5")
+    os.symlink("/dev/nvidia1", fd / "6")
+    os.symlink("/dev/kfd", fd / "7")
+    os.symlink("/tmp/model.safetensors", fd / "8")
+    pci_dev = sys_root / "devices/pci0000:80/0000:80:01.0/0000:83:00.0"
+    pci_dev.mkdir(parents=True)
+    (sys_root / "class/drm/renderD129").mkdir(parents=True)
+    os.symlink(pci_dev, sys_root / "class/drm/renderD129/device")
+    info = proc / "driver/nvidia/gpus/0000:41:00.0"
+    info.mkdir(parents=True)
+    (info / "information").write_text("Model: \t\t NVIDIA H200\nDevice Minor: \t 1\nBus Location: \t 0000:41:00.0\n")
+
+    class P:
+        pid = 4242
+
+    assert gpus_in_use([P()], proc, sys_root) == {"0000:83:00.0", "0000:41:00.0"}
+    only_kfd = proc / "77" / "fd"
+    only_kfd.mkdir(parents=True)
+    os.symlink("/dev/kfd", only_kfd / "3")
+    P.pid = 77
+    assert gpus_in_use([P()], proc, sys_root) is None  # /dev/kfd alone does not say which GPU: all of them
