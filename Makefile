@@ -20,6 +20,7 @@ test: test-deps $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/kernel_bench.py
+	$(VENV)/bin/python bench/engine_bench.py
 
 system-deps:
 	@bash .ci/apt-needs $(BUILD_NEEDS)
