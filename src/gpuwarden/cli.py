@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from datetime import datetime
@@ -61,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
     probe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
+
+    guard = sub.add_parser("guard", help="the recovery guard outside the daemon: status, apply, release")
+    guard.add_argument("action", choices=("status", "apply", "release"))
+    guard.add_argument("--json", action="store_true")
+    guard.set_defaults(handler=cmd_guard)
 
     sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
@@ -195,3 +201,35 @@ def cmd_probe(args: argparse.Namespace) -> int:
             if key != "error" or error:
                 print(f"{key:<17} {show(report[key])}")
     return EXIT_OK if sample else EXIT_FAILURE
+
+
+def cmd_guard(args: argparse.Namespace) -> int:
+    from gpuwarden.act.guard import Guard, GuardError, paths_for, release, status
+    from gpuwarden.gpu.discovery import discover
+
+    config, _ = configuration.load(args.config)
+    sysfs = config.daemon.sysfs_root
+    devices = config.guard.devices or [g.pci for g in discover(sysfs)]
+    paths = paths_for(devices, sysfs)
+    if not paths:
+        print("no GPU to guard (none found; set [guard] devices to choose)", file=sys.stderr)
+        return EXIT_OK if args.action == "status" else EXIT_FAILURE
+    try:
+        if args.action == "apply":
+            Guard.new(sysfs).ensure(paths)
+        elif args.action == "release":
+            if os.geteuid() != 0:
+                raise GuardError("releasing the recovery guard needs root")
+            for path, guarded in status(paths, sysfs):
+                if guarded:
+                    release(path)
+    except GuardError as exc:
+        print(f"gpuwarden guard {args.action}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    rows = status(paths, sysfs)
+    if args.json:
+        print(json.dumps([{"path": str(p), "intact": ok} for p, ok in rows]))
+    else:
+        for path, ok in rows:
+            print(f"{'intact ' if ok else 'missing'}  {path}")
+    return EXIT_OK

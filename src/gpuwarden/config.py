@@ -71,6 +71,7 @@ def default_state_dir() -> Path:
 
 class DaemonConfig(Section):
     state_dir: Path = Field(default_factory=default_state_dir)
+    sysfs_root: Path = Path("/sys")  # where GPUs are discovered and guarded (tests point it elsewhere)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     loop_lag_warn: Duration = 1.0
     status_interval: Duration = 30.0
@@ -219,6 +220,17 @@ class EnginesConfig(Section):
     discover_interval: Duration = 30.0
 
 
+class GuardConfig(Section):
+    enabled: bool | None = None  # default: on when running as root
+    devices: list[str] = []  # PCI addresses; replaces the discovered GPUs when set
+    verify_interval: Duration = 10.0
+
+    @field_validator("devices")
+    @classmethod
+    def _pci(cls, value: list[str]) -> list[str]:
+        return [normalize_pci(v) for v in value]
+
+
 class Config(Section):
     daemon: DaemonConfig = DaemonConfig()
     exporter: ExporterConfig = ExporterConfig()
@@ -226,6 +238,7 @@ class Config(Section):
     alerts: AlertsConfig = AlertsConfig()
     engines: EnginesConfig = EnginesConfig()
     engine: list[EngineConfig] = []
+    guard: GuardConfig = GuardConfig()
 
     @field_validator("engine")
     @classmethod

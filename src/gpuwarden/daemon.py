@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -11,12 +12,14 @@ from pathlib import Path
 
 from gpuwarden import config as configuration
 from gpuwarden import logsetup, policy
+from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.discovery import discover
+from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.model import Event, Severity
 from gpuwarden.sdnotify import Notifier
@@ -49,6 +52,7 @@ class Daemon:
         self.store: Store | None = None
         self.alerter: Alerter | None = None
         self.engines: EngineWatch | None = None
+        self.guard: GuardWatch | None = None
         self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
         self.kernel_source = "none"
@@ -148,17 +152,32 @@ class Daemon:
         log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
 
     def _start_components(self) -> None:
-        gpus = discover()
+        gpus = discover(self.config.daemon.sysfs_root)
         log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
                  if gpus else "no GPUs")
         self.gpus = gpus
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
+        self.supervisor.start("uevents", lambda: UeventWatch(self, self._guarded_devices, self._pci_changed))
+        guard = self.config.guard
+        if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
+            self.guard = GuardWatch(guard, self.config.daemon.sysfs_root, lambda: list(self._guarded_devices()),
+                                    self)
+            self.supervisor.start("guard", lambda: self.guard)
         self.supervisor.start("loop_lag", lambda: _Loop("loop_lag", self._watch_loop_lag))
         self.supervisor.start("status", lambda: _Loop("status", self._report_status))
         if self.notifier.watchdog_seconds:
             self.supervisor.start("watchdog", lambda: _Loop("watchdog", self._ping_watchdog))
+
+    def _guarded_devices(self) -> set[str]:
+        return set(self.config.guard.devices or (g.pci for g in self.gpus))
+
+    def _pci_changed(self) -> None:
+        """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
+        self.gpus = discover(self.config.daemon.sysfs_root)
+        if self.guard:
+            self.guard.recheck.set()
 
     def _kernel_watch(self) -> KernelWatch:
         watch = KernelWatch(self.config.kernel, self, self.store.cursor("journal"))

@@ -59,6 +59,10 @@ FAMILIES: dict[str, Family] = {
     "gpuwarden_engine_scrape_failures_total": Family("counter", "Failed /metrics scrapes, by reason.",
                                                      ("engine", "reason")),
     "gpuwarden_engine_kills_total": Family("counter", "Times gpuwarden killed the engine.", ("engine",)),
+    "gpuwarden_guard_paths": Family("gauge", "Sysfs files under the recovery guard, intact or missing.",
+                                    ("state",)),
+    "gpuwarden_uevents_total": Family("counter", "Kernel uevents seen, by subsystem and action.",
+                                      ("subsystem", "action")),
     "gpuwarden_kmsg_overruns_total": Family("counter", "Times /dev/kmsg overwrote records before they were read."),
 }
 

@@ -91,9 +91,10 @@ class Daemon:
             f'[daemon]\nstate_dir = "{self.state}"\nstatus_interval = "1s"\n'
             f'[exporter]\nport = {self.port}\n[kernel]\n{self._kernel}\n{extra}')
 
-    def start(self) -> Daemon:
+    def start(self, *prefix: str) -> Daemon:
+        """Start it; `prefix` runs it under another command that execs it (e.g. `unshare -m`)."""
         self.stderr = self.stderr_path.open("ab")
-        self.proc = subprocess.Popen([*GPUWARDEN, "--config", str(self.config_path), "run"], env=self.env,
+        self.proc = subprocess.Popen([*prefix, *GPUWARDEN, "--config", str(self.config_path), "run"], env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=self.stderr)
         return self
 

@@ -1,0 +1,56 @@
+"""The guard component: keep the recovery guard on every GPU while the daemon runs, and say when it was lost."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from gpuwarden.act.guard import Guard, GuardError, paths_for, status
+from gpuwarden.config import GuardConfig
+from gpuwarden.model import Event, Severity
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
+    def metric(self, name: str, value: float, *labels: str) -> None: ...
+
+
+class GuardWatch:
+    name = "guard"
+
+    def __init__(self, config: GuardConfig, sysfs_root: Path, devices: Callable[[], list[str]], sink: Sink) -> None:
+        self.config, self.sysfs_root, self.devices, self.sink = config, sysfs_root, devices, sink
+        self.recheck = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            guard = Guard.new(self.sysfs_root)
+        except GuardError as exc:
+            log.error("recovery guard not applied: %s", exc)
+            return
+        try:
+            while True:
+                paths = paths_for(self.devices(), self.sysfs_root)
+                lost = await asyncio.to_thread(guard.ensure, paths)
+                if lost:
+                    self.sink.record([Event(
+                        "guard_lost", Severity.WARNING,
+                        f"the recovery guard on {len(lost)} file(s) was gone (driver reload, PCI rescan, or an "
+                        "umount) and is applied again", time.time(), evidence={"paths": [str(p) for p in lost]})])
+                intact = sum(ok for _, ok in await asyncio.to_thread(status, paths, self.sysfs_root))
+                self.sink.metric("gpuwarden_guard_paths", intact, "intact")
+                self.sink.metric("gpuwarden_guard_paths", len(paths) - intact, "missing")
+                self.recheck.clear()
+                try:
+                    await asyncio.wait_for(self.recheck.wait(), self.config.verify_interval)
+                except TimeoutError:
+                    pass
+        finally:
+            released = guard.release_all()
+            log.info("recovery guard released from %d file(s)", len(released))

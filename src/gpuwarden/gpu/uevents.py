@@ -1,0 +1,92 @@
+"""Kernel uevents for GPUs, through pyudev's kernel netlink source (it works with no udevd).
+
+Uevents come after the fact: an `unbind` uevent cannot stop the unbind, it only reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from gpuwarden.model import Event, Severity, normalize_pci
+
+log = logging.getLogger(__name__)
+
+_PCI_IN_PATH = re.compile(r"/([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)")
+GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct cards)
+REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel panic: reboot and wait 10 minutes "
+                  "instead")
+
+
+class Sink(Protocol):
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
+    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+
+
+def is_gpu(props: Mapping[str, str], known: set[str]) -> bool:
+    pci_class = props.get("PCI_CLASS", "").rjust(6, "0")  # hex without leading zeros: "30000" is 0x030000
+    return pci_class[:2] in GPU_CLASSES or _address(props) in known
+
+
+def _address(props: Mapping[str, str]) -> str | None:
+    slot = props.get("PCI_SLOT_NAME")
+    if slot:
+        return normalize_pci(slot)
+    found = _PCI_IN_PATH.findall(props.get("DEVPATH", ""))
+    return normalize_pci(found[-1]) if found else None
+
+
+def classify(props: Mapping[str, str], now: float, known: set[str] = frozenset()) -> Event | None:
+    """The event a uevent means, or None. Pure: tested on recorded uevent properties."""
+    subsystem, action = props.get("SUBSYSTEM"), props.get("ACTION")
+    evidence = {"uevent": dict(props)}
+    if subsystem == "pci" and action in ("unbind", "bind", "remove") and is_gpu(props, known):
+        gpu = _address(props)
+        if action == "remove":
+            return Event("device_removed", Severity.CRITICAL, f"GPU {gpu} was removed from the PCI bus; "
+                         f"{REBOOT_INSTEAD}", now, gpu=gpu, evidence={**evidence, "runbook": "device_lost"})
+        what = "unbound from its driver" if action == "unbind" else "bound to a driver again"
+        return Event("unbind_attempt", Severity.CRITICAL, f"GPU {gpu} was {what}; {REBOOT_INSTEAD}", now, gpu=gpu,
+                     evidence={**evidence, "runbook": "device_lost"})
+    if subsystem == "drm" and action == "change" and "WEDGED" in props:
+        gpu = _address(props)
+        method = props["WEDGED"]
+        severity = Severity.WARNING if method == "none" else Severity.CRITICAL
+        return Event("gpu_wedged", severity, f"GPU {gpu or '?'} reported itself wedged (recovery: {method})", now,
+                     gpu=gpu, evidence={**evidence, "runbook": "reset" if method == "none" else "device_lost"})
+    return None
+
+
+class UeventWatch:
+    name = "uevents"
+
+    def __init__(self, sink: Sink, known: Callable[[], set[str]], on_pci_change: Callable[[], None]) -> None:
+        self.sink, self.known, self.on_pci_change = sink, known, on_pci_change
+
+    async def run(self) -> None:
+        import pyudev
+
+        monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
+        monitor.filter_by("pci")
+        monitor.filter_by("drm")
+        monitor.start()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(monitor.fileno(), self._drain, monitor)
+        try:
+            await asyncio.Future()  # runs until cancelled; the reader does the work
+        finally:
+            loop.remove_reader(monitor.fileno())
+
+    def _drain(self, monitor) -> None:
+        while (device := monitor.poll(timeout=0)) is not None:
+            props = dict(device.properties)
+            self.sink.count("gpuwarden_uevents_total", props.get("SUBSYSTEM", "?"), props.get("ACTION", "?"))
+            event = classify(props, time.time(), self.known())
+            if event:
+                self.sink.record([event])
+            if props.get("SUBSYSTEM") == "pci" and props.get("ACTION") in ("add", "bind", "remove", "unbind"):
+                self.on_pci_change()
