@@ -31,6 +31,7 @@ system-deps:
 
 test-deps: system-deps
 	@bash .ci/apt-needs $(TEST_NEEDS)
+	@bash .ci/apt-needs --package libfuse2
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
     probe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
+
+    status = sub.add_parser("status", help="a table of every GPU's latest reading")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status)
 
     guard = sub.add_parser("guard", help="the recovery guard outside the daemon: status, apply, release")
     guard.add_argument("action", choices=("status", "apply", "release"))
@@ -208,7 +213,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
     from gpuwarden.gpu.discovery import discover
 
     config, _ = configuration.load(args.config)
-    sysfs = config.daemon.sysfs_root
+    sysfs = config.gpu.sysfs_root
     devices = config.guard.devices or [g.pci for g in discover(sysfs)]
     paths = paths_for(devices, sysfs)
     if not paths:
@@ -233,3 +238,63 @@ def cmd_guard(args: argparse.Namespace) -> int:
         for path, ok in rows:
             print(f"{'intact ' if ok else 'missing'}  {path}")
     return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One fresh reading of every GPU, through the same readers as the daemon (no daemon needed)."""
+    from gpuwarden.gpu.discovery import discover
+    from gpuwarden.gpu.recorder import FlightRecorder
+    from gpuwarden.gpu.watch import GpuWatch
+
+    config, _ = configuration.load(args.config)
+    gpus = discover(config.gpu.sysfs_root)
+
+    class Quiet:  # status only reads: events and metrics of this one reading go nowhere
+        def record(self, events, cursor=None):
+            return []
+
+        def resolve(self, *a):
+            pass
+
+        def replace_series(self, *a):
+            pass
+
+        def count(self, *a, **k):
+            pass
+
+    async def read_all():
+        watch = GpuWatch(config.gpu, lambda: gpus, Quiet(), FlightRecorder())
+        if config.gpu.nvml:
+            from gpuwarden.gpu import nvidia
+
+            watch.nvml = nvidia.load()
+            watch._nv_handles = nvidia.handles(watch.nvml) if watch.nvml else {}
+        return await watch.sample_once()
+
+    samples = asyncio.run(read_all()) if gpus else {}
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in samples.values()], default=str))
+        return EXIT_OK
+    if not gpus:
+        print("no GPUs found")
+        return EXIT_OK
+    print(f"{'gpu':<13} {'vendor':<6} {'model':<22} {'state':<12} {'power':>8} {'cap':>6} {'temp °C':<22} "
+          f"{'fan':>6} {'sclk MHz':>8} {'busy':>5} {'vram used':>10} {'pcie':<12}")
+    for gpu in gpus:
+        s = samples.get(gpu.pci)
+        if s is None:
+            print(f"{gpu.pci:<13} {gpu.vendor:<6} {'-':<22} {'no reader' if gpu.driver else 'no driver'}")
+            continue
+        temps = " ".join(f"{k}={v:.0f}" for k, v in s.temperatures.items()) or "-"
+        fan = s.fan_state or (f"{s.fan_rpm:.0f}" if s.fan_rpm is not None else "-")
+        print(f"{s.gpu:<13} {s.vendor:<6} {(s.model or '-')[:22]:<22} {s.state:<12} {_w(s.power_watts):>8} "
+              f"{_w(s.power_cap_watts):>6} {temps:<22} {fan:>6} "
+              f"{(f'{s.sclk_hz / 1e6:.0f}' if s.sclk_hz else '-'):>8} "
+              f"{(f'{s.busy_ratio:.0%}' if s.busy_ratio is not None else '-'):>5} "
+              f"{(f'{s.vram_used_bytes / 2**30:.1f} GiB' if s.vram_used_bytes is not None else '-'):>10} "
+              f"{(f'{s.pcie_speed_gts:g}GT/s x{s.pcie_width}' if s.pcie_speed_gts else '-'):<12}")
+    return EXIT_OK
+
+
+def _w(watts: float | None) -> str:
+    return f"{watts:.0f} W" if watts is not None else "-"

@@ -71,7 +71,6 @@ def default_state_dir() -> Path:
 
 class DaemonConfig(Section):
     state_dir: Path = Field(default_factory=default_state_dir)
-    sysfs_root: Path = Path("/sys")  # where GPUs are discovered and guarded (tests point it elsewhere)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     loop_lag_warn: Duration = 1.0
     status_interval: Duration = 30.0
@@ -220,6 +219,28 @@ class EnginesConfig(Section):
     discover_interval: Duration = 30.0
 
 
+class GpuConfig(Section):
+    sysfs_root: Path = Path("/sys")  # where GPUs are found, read and guarded
+    interval: Duration = 1.0
+    read_deadline: Duration = 3.0  # a read that takes longer: gpu_unresponsive, and it is abandoned
+    recorder_window: Duration = 900.0  # telemetry kept in memory for incident reports
+    nvml: bool = True  # read NVIDIA GPUs through NVML when its library is there
+    edge_warn_celsius: float = 90.0
+    edge_critical_celsius: float = 100.0
+    junction_warn_celsius: float = 100.0
+    junction_critical_celsius: float = 110.0
+    mem_warn_celsius: float = 95.0
+    mem_critical_celsius: float = 105.0
+    power_over_cap_ratio: float = 1.05  # power above cap x this
+    power_spike_watts: float = 200.0  # a jump this big between two samples
+    psu_guard_watts: float | None = None  # all GPUs together above this
+    fan_hot_celsius: float = 70.0  # fan at 0 while the hottest sensor is above this
+    clock_low_ratio: float = 0.5  # sclk below this share of its maximum while busy
+    busy_ratio: float = 0.8  # "under load"
+    asymmetry_power_cap_watts: float = 5.0
+    asymmetry_clock_ratio: float = 0.15
+
+
 class GuardConfig(Section):
     enabled: bool | None = None  # default: on when running as root
     devices: list[str] = []  # PCI addresses; replaces the discovered GPUs when set
@@ -238,6 +259,7 @@ class Config(Section):
     alerts: AlertsConfig = AlertsConfig()
     engines: EnginesConfig = EnginesConfig()
     engine: list[EngineConfig] = []
+    gpu: GpuConfig = GpuConfig()
     guard: GuardConfig = GuardConfig()
 
     @field_validator("engine")

@@ -19,7 +19,9 @@ from gpuwarden.config import Config, ConfigError
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.discovery import discover
+from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.uevents import UeventWatch
+from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.model import Event, Severity
 from gpuwarden.sdnotify import Notifier
@@ -30,6 +32,7 @@ log = logging.getLogger("gpuwarden")
 
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
 _LAG_PROBE = 0.25
+_REDISCOVER_SECONDS = 5.0
 
 
 class _Loop:
@@ -53,6 +56,7 @@ class Daemon:
         self.alerter: Alerter | None = None
         self.engines: EngineWatch | None = None
         self.guard: GuardWatch | None = None
+        self.recorder = FlightRecorder(config.gpu.recorder_window)
         self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
         self.kernel_source = "none"
@@ -90,6 +94,9 @@ class Daemon:
 
     def metric(self, name: str, value: float, *labels: str) -> None:
         self.metrics.set(name, value, *labels)
+
+    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None:
+        self.metrics.replace(name, series)
 
     def set_count(self, row_id: int, event: Event) -> None:
         """A stored event's storm closed at `event.count` lines."""
@@ -152,17 +159,19 @@ class Daemon:
         log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
 
     def _start_components(self) -> None:
-        gpus = discover(self.config.daemon.sysfs_root)
+        gpus = discover(self.config.gpu.sysfs_root)
+        self._discovered_at = time.monotonic()
         log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
                  if gpus else "no GPUs")
         self.gpus = gpus
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
+        self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder))
         self.supervisor.start("uevents", lambda: UeventWatch(self, self._guarded_devices, self._pci_changed))
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
-            self.guard = GuardWatch(guard, self.config.daemon.sysfs_root, lambda: list(self._guarded_devices()),
+            self.guard = GuardWatch(guard, self.config.gpu.sysfs_root, lambda: list(self._guarded_devices()),
                                     self)
             self.supervisor.start("guard", lambda: self.guard)
         self.supervisor.start("loop_lag", lambda: _Loop("loop_lag", self._watch_loop_lag))
@@ -170,12 +179,19 @@ class Daemon:
         if self.notifier.watchdog_seconds:
             self.supervisor.start("watchdog", lambda: _Loop("watchdog", self._ping_watchdog))
 
+    def _current_gpus(self) -> list:
+        """The GPUs, looked for again every few seconds: a GPU can vanish without a uevent reaching us."""
+        if time.monotonic() - self._discovered_at > _REDISCOVER_SECONDS:
+            self.gpus = discover(self.config.gpu.sysfs_root)
+            self._discovered_at = time.monotonic()
+        return self.gpus
+
     def _guarded_devices(self) -> set[str]:
         return set(self.config.guard.devices or (g.pci for g in self.gpus))
 
     def _pci_changed(self) -> None:
         """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
-        self.gpus = discover(self.config.daemon.sysfs_root)
+        self.gpus = discover(self.config.gpu.sysfs_root)
         if self.guard:
             self.guard.recheck.set()
 

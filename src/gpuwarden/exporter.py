@@ -63,6 +63,22 @@ FAMILIES: dict[str, Family] = {
                                     ("state",)),
     "gpuwarden_uevents_total": Family("counter", "Kernel uevents seen, by subsystem and action.",
                                       ("subsystem", "action")),
+    **{name: Family("gauge", doc, ("gpu", "vendor", "model", *extra)) for name, doc, extra in (
+        ("gpuwarden_gpu_power_watts", "GPU power (amdgpu power1_average, else power1_input; NVML 1 s average).", ()),
+        ("gpuwarden_gpu_power_cap_watts", "GPU power cap.", ()),
+        ("gpuwarden_gpu_temperature_celsius", "GPU temperature by sensor (edge, junction, mem; gpu).", ("sensor",)),
+        ("gpuwarden_gpu_fan_rpm", "GPU fan speed.", ()),
+        ("gpuwarden_gpu_busy_ratio", "GPU busy share, 0 to 1.", ()),
+        ("gpuwarden_gpu_voltage_volts", "GPU core voltage.", ()),
+        ("gpuwarden_gpu_clock_hz", "GPU clocks (sclk, mclk).", ("clock",)),
+        ("gpuwarden_gpu_vram_bytes", "GPU memory (total, used, visible_total).", ("kind",)),
+        ("gpuwarden_gpu_pcie_link_speed_gigatransfers", "PCIe link speed in GT/s (current, max).", ("link",)),
+        ("gpuwarden_gpu_pcie_link_width", "PCIe link width in lanes (current, max).", ("link",)),
+        ("gpuwarden_gpu_reader_up", "1 when the GPU's last read finished in time.", ()),
+    )},
+    "gpuwarden_gpu_read_duration_seconds": Family("gauge", "How long the GPU's last read took.", ("gpu",)),
+    "gpuwarden_gpu_read_errors_total": Family("counter", "GPU reads that failed or timed out, by state.",
+                                              ("gpu", "state")),
     "gpuwarden_kmsg_overruns_total": Family("counter", "Times /dev/kmsg overwrote records before they were read."),
 }
 
@@ -83,6 +99,11 @@ class SelfMetrics:
     def set(self, name: str, value: float, *labels: str) -> None:
         with self._lock:
             self._values[name][labels] = value
+
+    def replace(self, name: str, series: dict[tuple[str, ...], float]) -> None:
+        """All series of one family at once: series of a GPU that went away disappear with it."""
+        with self._lock:
+            self._values[name] = dict(series)
 
     def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
         with self._lock:

@@ -63,3 +63,39 @@ def normalize_pci(address: str) -> str:
         raise ValueError(f"not a PCI address: {address!r}")
     domain, bus, dev, fn = m.groups()
     return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn or '0')}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU. None: not supported or not readable now (`problems` says which)."""
+
+    gpu: str
+    vendor: str
+    model: str | None
+    time: float
+    state: str = "ok"  # ok | not_readable (busy, suspended, resetting) | gone (off the bus, removed)
+    power_watts: float | None = None
+    power_source: str | None = None  # which sensor gave power_watts (power1_average, power1_input, nvml)
+    power_instant_watts: float | None = None
+    power_cap_watts: float | None = None
+    power_cap_max_watts: float | None = None
+    temperatures: dict[str, float] = field(default_factory=dict)  # sensor -> °C (edge, junction, mem, gpu)
+    fan_rpm: float | None = None
+    fan_pwm_ratio: float | None = None
+    fan_state: str | None = None  # "passive" for cards without a fan
+    sclk_hz: float | None = None
+    mclk_hz: float | None = None
+    sclk_max_hz: float | None = None
+    voltage_mv: float | None = None
+    busy_ratio: float | None = None
+    vram_total_bytes: float | None = None
+    vram_used_bytes: float | None = None
+    vram_visible_total_bytes: float | None = None
+    pcie_speed_gts: float | None = None
+    pcie_width: int | None = None
+    pcie_max_speed_gts: float | None = None
+    pcie_max_width: int | None = None
+    perf_level: str | None = None
+    overdrive: dict[str, dict[str, float]] = field(default_factory=dict)  # pp_od_clk_voltage sections
+    throttle: tuple[str, ...] = ()
+    problems: dict[str, str] = field(default_factory=dict)  # file or call -> "busy", "gone", ...

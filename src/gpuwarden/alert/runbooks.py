@@ -32,6 +32,14 @@ RUNBOOKS: dict[str, str] = {
         "inductor or triton caches: look for them (find ~/.cache -size 0 -type f), move the cache aside (do not "
         "delete it) and let the engine recompile."),
     "kill_refused": "gpuwarden did not kill the engine again (kill budget spent): look at it by hand now.",
+    "thermal": "Check airflow, fan curves and dust; lower the power cap until the cause is fixed.",
+    "power": "Check the power cap (and that it was set on every card) and what the PSU can feed all GPUs at once.",
+    "fan": "A stopped fan on a hot GPU: stop the load on it now and check the fan and its header.",
+    "clock": "Clocks stay low under load: check throttle reasons, temperatures, the power cap and perf level.",
+    "pcie_link": "The link trains below its maximum under load: reseat the card and riser, check the slot in BIOS.",
+    "asymmetry": (
+        "Same-model GPUs differ in a setting: a setting written to several cards at once can reach only one. "
+        "Write it to each card again and check per-card telemetry under load (the read-back can lie)."),
     "daemon": "gpuwarden itself had trouble: see `journalctl -u gpuwarden` and `gpuwarden events`.",
     "kmsg": "Kernel messages were lost before gpuwarden read them: check `dmesg` by hand for GPU faults.",
 }

@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VENDORS = {"0x1002": "amd", "0x10de": "nvidia", "0x8086": "intel"}
+GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct and data-centre cards)
+
+
+def is_gpu_class(pci_class: str) -> bool:
+    """`0x030000` (sysfs) or `30000` (uevent PCI_CLASS, hex without leading zeros)."""
+    return pci_class.removeprefix("0x").rjust(6, "0")[:2] in GPU_CLASSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +29,7 @@ def discover(sysfs_root: Path = Path("/sys")) -> list[Gpu]:
             vendor = (device / "vendor").read_text().strip()
         except OSError:
             continue  # gone while we looked
-        if not pci_class.startswith("0x03") or vendor not in VENDORS:
+        if not is_gpu_class(pci_class) or vendor not in VENDORS:
             continue
         driver = device / "driver"
         gpus.append(Gpu(device.name, VENDORS[vendor], driver.resolve().name if driver.exists() else None))

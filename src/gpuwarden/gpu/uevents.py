@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from gpuwarden.gpu.discovery import is_gpu_class
 from gpuwarden.model import Event, Severity, normalize_pci
 
 log = logging.getLogger(__name__)
 
 _PCI_IN_PATH = re.compile(r"/([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)")
-GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct cards)
 REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel panic: reboot and wait 10 minutes "
                   "instead")
 
@@ -28,8 +28,7 @@ class Sink(Protocol):
 
 
 def is_gpu(props: Mapping[str, str], known: set[str]) -> bool:
-    pci_class = props.get("PCI_CLASS", "").rjust(6, "0")  # hex without leading zeros: "30000" is 0x030000
-    return pci_class[:2] in GPU_CLASSES or _address(props) in known
+    return is_gpu_class(props.get("PCI_CLASS", "")) or _address(props) in known
 
 
 def _address(props: Mapping[str, str]) -> str | None:

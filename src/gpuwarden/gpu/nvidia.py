@@ -1,0 +1,134 @@
+"""Read NVIDIA GPUs through NVML (nvidia-ml-py, module `pynvml`). No driver, no NVML: the reader is off.
+
+Synchronous: the caller runs it off the event loop with a deadline. The module is passed in so that tests can
+hand over a stand-in at the library boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+from gpuwarden.model import GpuSample, normalize_pci
+
+log = logging.getLogger(__name__)
+
+# nvmlClocksEventReasons bits (nvml.h), the ones that mean "slowed down"
+THROTTLE_BITS = {0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
+                 0x40: "hw_thermal", 0x80: "hw_power_brake"}
+
+
+def load() -> ModuleType | None:
+    """pynvml, initialised; None when there is no NVIDIA driver (or no nvidia-ml-py)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        log.info("NVML not available (%s): the NVIDIA reader is off", exc)
+        return None
+    return pynvml
+
+
+def handles(nvml: ModuleType) -> dict[str, object]:
+    """PCI address -> device handle, for every NVIDIA GPU."""
+    out = {}
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        bus_id = nvml.nvmlDeviceGetPciInfo(handle).busId
+        out[normalize_pci(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)] = handle
+    return out
+
+
+def read(nvml: ModuleType, handle: object, pci: str, now: float) -> GpuSample:
+    problems: dict[str, str] = {}
+    lost = False
+
+    def call(name: str, *args):
+        nonlocal lost
+        try:
+            return getattr(nvml, name)(handle, *args)
+        except nvml.NVMLError as exc:
+            if isinstance(exc, nvml.NVMLError_GpuIsLost):
+                lost = True
+                problems[name] = "gone"
+            elif not isinstance(exc, nvml.NVMLError_NotSupported):
+                problems[name] = str(exc)
+            return None
+
+    name = call("nvmlDeviceGetName")
+    power = call("nvmlDeviceGetPowerUsage")  # mW; a 1 s average on Ampere and newer
+    limit = call("nvmlDeviceGetEnforcedPowerLimit")
+    limit_max = call("nvmlDeviceGetPowerManagementLimitConstraints")
+    temp = call("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+    fan = call("nvmlDeviceGetFanSpeed")  # NotSupported on passive cards (H100/H200): not a failure
+    sm = call("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)
+    mem = call("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)
+    sm_max = call("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
+    util = call("nvmlDeviceGetUtilizationRates")
+    memory = call("nvmlDeviceGetMemoryInfo")
+    gen, width = call("nvmlDeviceGetCurrPcieLinkGeneration"), call("nvmlDeviceGetCurrPcieLinkWidth")
+    gen_max, width_max = call("nvmlDeviceGetMaxPcieLinkGeneration"), call("nvmlDeviceGetMaxPcieLinkWidth")
+    reasons = call("nvmlDeviceGetCurrentClocksEventReasons") or 0
+    instant = _instant_power(nvml, handle)
+    return GpuSample(
+        gpu=pci, vendor="nvidia", model=name.decode() if isinstance(name, bytes) else name, time=now,
+        state="gone" if lost else "ok",
+        power_watts=power / 1000 if power is not None else None,
+        power_source="nvml" if power is not None else None,
+        power_instant_watts=instant,
+        power_cap_watts=limit / 1000 if limit is not None else None,
+        power_cap_max_watts=limit_max[1] / 1000 if limit_max else None,
+        temperatures={"gpu": float(temp)} if temp is not None else {},
+        fan_pwm_ratio=fan / 100 if fan is not None else None,
+        fan_state=None if fan is not None or lost else "passive",
+        sclk_hz=sm * 1e6 if sm is not None else None,
+        mclk_hz=mem * 1e6 if mem is not None else None,
+        sclk_max_hz=sm_max * 1e6 if sm_max is not None else None,
+        busy_ratio=util.gpu / 100 if util is not None else None,
+        vram_total_bytes=float(memory.total) if memory is not None else None,
+        vram_used_bytes=float(memory.used) if memory is not None else None,
+        pcie_speed_gts=_GEN_GTS.get(gen), pcie_width=width,
+        pcie_max_speed_gts=_GEN_GTS.get(gen_max), pcie_max_width=width_max,
+        throttle=tuple(label for bit, label in THROTTLE_BITS.items() if reasons & bit),
+        problems=problems)
+
+
+_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+
+def _instant_power(nvml: ModuleType, handle: object) -> float | None:
+    """NVML_FI_DEV_POWER_INSTANT (mW), where the driver has it: the 1 s average hides spikes."""
+    field_id = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+    if field_id is None:
+        return None
+    try:
+        [value] = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+    except nvml.NVMLError:
+        return None
+    if getattr(value, "nvmlReturn", 1) != 0:
+        return None
+    return value.value.uiVal / 1000
+
+
+def xid_events(nvml: ModuleType, timeout_ms: int = 1000) -> list[tuple[str, int]]:
+    """Wait up to `timeout_ms` for critical Xid events: [(pci, xid)]. Blocking: run it in its own thread.
+
+    The event set is made once and kept on the module (NVML event sets are per process)."""
+    event_set = getattr(nvml, "_gpuwarden_event_set", None)
+    if event_set is None:
+        event_set = nvml.nvmlEventSetCreate()
+        for handle in handles(nvml).values():
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+            except nvml.NVMLError as exc:
+                log.info("NVML Xid events not available for a GPU: %s", exc)
+        nvml._gpuwarden_event_set = event_set
+    try:
+        data = nvml.nvmlEventSetWait_v2(event_set, timeout_ms)
+    except nvml.NVMLError_Timeout:
+        return []
+    bus_id = nvml.nvmlDeviceGetPciInfo(data.device).busId
+    return [(normalize_pci(bus_id.decode() if isinstance(bus_id, bytes) else bus_id), int(data.eventData))]

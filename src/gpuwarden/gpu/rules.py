@@ -1,0 +1,133 @@
+"""Telemetry rules, pure: the latest samples of every GPU in, conditions that began or ended out.
+
+A condition is raised once when it begins (or gets worse) and resolved once when it ends; `Change.event` is
+None for a resolution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+from gpuwarden.config import GpuConfig
+from gpuwarden.model import Event, GpuSample, Severity
+
+W, C = Severity.WARNING, Severity.CRITICAL
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    key: str  # the condition: "thermal:0000:03:00.0:junction"
+    dedupe_key: str  # the alert key it resolves
+    event: Event | None  # None: the condition ended
+    message: str = ""
+
+
+class TelemetryRules:
+    def __init__(self, config: GpuConfig) -> None:
+        self.c = config
+        self._active: dict[str, tuple[Severity, str]] = {}  # condition key -> (severity, dedupe key)
+        self._previous_power: dict[str, float] = {}
+
+    def evaluate(self, samples: dict[str, GpuSample], now: float) -> list[Change]:
+        found: dict[str, Event] = {}
+        for s in samples.values():
+            if s.state != "ok":
+                continue
+            for key, event in self._per_gpu(s, now):
+                found[key] = event
+        for key, event in self._host(samples, now):
+            found[key] = event
+        return self._diff(found)
+
+    def _per_gpu(self, s: GpuSample, now: float):
+        c = self.c
+        limits = {"edge": (c.edge_warn_celsius, c.edge_critical_celsius),
+                  "junction": (c.junction_warn_celsius, c.junction_critical_celsius),
+                  "mem": (c.mem_warn_celsius, c.mem_critical_celsius),
+                  "gpu": (c.edge_warn_celsius, c.edge_critical_celsius)}
+        for sensor, value in s.temperatures.items():
+            warn, crit = limits.get(sensor, (None, None))
+            if warn is not None and value >= warn:
+                severity = C if value >= crit else W
+                yield f"thermal:{s.gpu}:{sensor}", self._event("thermal", severity, s, now,
+                                                               f"{sensor} temperature {value:.0f} °C",
+                                                               {f"{sensor}_celsius": value})
+        over_cap = s.power_cap_watts and s.power_watts is not None and \
+            s.power_watts > s.power_cap_watts * c.power_over_cap_ratio
+        if over_cap:
+            yield f"power:{s.gpu}:cap", self._event("power", W, s, now, f"power {s.power_watts:.0f} W above its cap "
+                                                    f"{s.power_cap_watts:.0f} W", {"power_watts": s.power_watts})
+        spike_from = self._previous_power.get(s.gpu)
+        peak = s.power_instant_watts or s.power_watts
+        if peak is not None:
+            if spike_from is not None and peak - spike_from >= c.power_spike_watts:
+                yield f"power:{s.gpu}:spike", self._event("power", W, s, now,
+                                                          f"power jumped {spike_from:.0f} -> {peak:.0f} W",
+                                                          {"power_watts": peak})
+            self._previous_power[s.gpu] = peak
+        hottest = max(s.temperatures.values(), default=None)
+        stopped = s.fan_rpm == 0 or (s.fan_rpm is None and s.fan_pwm_ratio == 0)
+        if stopped and s.fan_state != "passive" and hottest is not None and hottest >= c.fan_hot_celsius:
+            yield f"fan:{s.gpu}", self._event("fan", C, s, now, f"fan stopped at {hottest:.0f} °C",
+                                              {"fan_rpm": s.fan_rpm, "hottest_celsius": hottest})
+        busy = s.busy_ratio is not None and s.busy_ratio >= c.busy_ratio
+        if busy and s.sclk_hz and s.sclk_max_hz and s.sclk_hz < s.sclk_max_hz * c.clock_low_ratio:
+            yield f"clock:{s.gpu}:low", self._event(
+                "clock", W, s, now, f"shader clock {s.sclk_hz / 1e6:.0f} MHz under load, max "
+                f"{s.sclk_max_hz / 1e6:.0f} MHz", {"sclk_hz": s.sclk_hz, "busy_ratio": s.busy_ratio})
+        slowing = [t for t in s.throttle if t in ("hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake")]
+        if slowing:
+            yield f"clock:{s.gpu}:throttle", self._event("clock", W, s, now, f"throttling: {', '.join(slowing)}",
+                                                         {"throttle": list(slowing)})
+        below = (s.pcie_speed_gts and s.pcie_max_speed_gts and s.pcie_speed_gts < s.pcie_max_speed_gts) or \
+                (s.pcie_width and s.pcie_max_width and s.pcie_width < s.pcie_max_width)
+        if below and busy:  # idle GPUs train their link down to save power: only under load is it a finding
+            yield f"pcie_link:{s.gpu}", self._event(
+                "pcie_link", W, s, now, f"PCIe link at {s.pcie_speed_gts} GT/s x{s.pcie_width} under load, "
+                f"capable of {s.pcie_max_speed_gts} GT/s x{s.pcie_max_width}",
+                {"pcie_speed_gts": s.pcie_speed_gts, "pcie_width": s.pcie_width})
+
+    def _host(self, samples: dict[str, GpuSample], now: float):
+        c = self.c
+        ok = [s for s in samples.values() if s.state == "ok"]
+        total = sum(s.power_watts or 0 for s in ok)
+        if c.psu_guard_watts and total > c.psu_guard_watts:
+            yield "power:host:psu", Event("power", W, f"all GPUs together draw {total:.0f} W, above the PSU "
+                                          f"guard {c.psu_guard_watts:.0f} W", now,
+                                          evidence={"figures": {"total_watts": total}})
+        for a, b in combinations(sorted(ok, key=lambda s: s.gpu), 2):
+            if not a.model or a.model != b.model:
+                continue
+            differences = []
+            if a.power_cap_watts and b.power_cap_watts and \
+                    abs(a.power_cap_watts - b.power_cap_watts) > c.asymmetry_power_cap_watts:
+                differences.append(f"power caps {a.power_cap_watts:.0f} W vs {b.power_cap_watts:.0f} W")
+            if a.overdrive != b.overdrive:
+                differences.append("overdrive settings differ")
+            both_busy = all(s.busy_ratio is not None and s.busy_ratio >= c.busy_ratio for s in (a, b))
+            if both_busy and a.sclk_hz and b.sclk_hz and \
+                    abs(a.sclk_hz - b.sclk_hz) / max(a.sclk_hz, b.sclk_hz) > c.asymmetry_clock_ratio:
+                differences.append(f"clocks under load {a.sclk_hz / 1e6:.0f} vs {b.sclk_hz / 1e6:.0f} MHz")
+            if differences:
+                yield f"config_asymmetry:{a.gpu}:{b.gpu}", Event(
+                    "config_asymmetry", W, f"{a.model} GPUs {a.gpu} and {b.gpu} differ: {'; '.join(differences)} "
+                    "(a setting written to both may have reached only one)", now,
+                    evidence={"gpus": [a.gpu, b.gpu], "differences": differences, "runbook": "asymmetry"})
+
+    @staticmethod
+    def _event(kind: str, severity: Severity, s: GpuSample, now: float, what: str, figures: dict) -> Event:
+        return Event(kind, severity, f"{what} on {s.gpu}", now, gpu=s.gpu,
+                     evidence={"figures": figures, "runbook": kind})
+
+    def _diff(self, found: dict[str, Event]) -> list[Change]:
+        changes = []
+        for key, event in found.items():
+            before = self._active.get(key)
+            if before is None or event.severity > before[0]:
+                changes.append(Change(key, event.dedupe_key, event))
+            self._active[key] = (max(event.severity, before[0]) if before else event.severity, event.dedupe_key)
+        for key in [k for k in self._active if k not in found]:
+            _, dedupe_key = self._active.pop(key)
+            changes.append(Change(key, dedupe_key, None, f"{key.split(':', 1)[0]} back to normal: {key}"))
+        return changes

@@ -1,0 +1,92 @@
+"""The NVML reader at the library boundary: a stand-in for the `pynvml` module (no NVIDIA GPU here; the real
+one was read on an H200, see the README). Return shapes and error classes follow nvidia-ml-py 13."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpuwarden.gpu import nvidia
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NotSupported(NVMLError):
+    pass
+
+
+class GpuIsLost(NVMLError):
+    pass
+
+
+class Timeout(NVMLError):
+    pass
+
+
+def fake_nvml(fan_supported=True, lost=False):
+    def unless_lost(value):
+        def call(handle, *args):
+            if lost:
+                raise GpuIsLost("GPU is lost")
+            return value(*args) if callable(value) else value
+        return call
+
+    def fan(handle):
+        if not fan_supported:
+            raise NotSupported("Not Supported")
+        return 41
+
+    return SimpleNamespace(
+        NVMLError=NVMLError, NVMLError_NotSupported=NotSupported, NVMLError_GpuIsLost=GpuIsLost,
+        NVMLError_Timeout=Timeout, NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
+        NVML_FI_DEV_POWER_INSTANT=186,
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: "h0",
+        nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=b"00000000:3B:00.0"),
+        nvmlDeviceGetName=unless_lost("NVIDIA H200"),
+        nvmlDeviceGetPowerUsage=unless_lost(123456), nvmlDeviceGetEnforcedPowerLimit=unless_lost(700000),
+        nvmlDeviceGetPowerManagementLimitConstraints=unless_lost([200000, 700000]),
+        nvmlDeviceGetTemperature=unless_lost(lambda sensor: 36), nvmlDeviceGetFanSpeed=fan,
+        nvmlDeviceGetClockInfo=unless_lost(lambda clock: {1: 1980, 2: 3201}[clock]),
+        nvmlDeviceGetMaxClockInfo=unless_lost(lambda clock: 1980),
+        nvmlDeviceGetUtilizationRates=unless_lost(SimpleNamespace(gpu=87, memory=40)),
+        nvmlDeviceGetMemoryInfo=unless_lost(SimpleNamespace(total=150 * 2**30, used=120 * 2**30)),
+        nvmlDeviceGetCurrPcieLinkGeneration=unless_lost(5), nvmlDeviceGetCurrPcieLinkWidth=unless_lost(16),
+        nvmlDeviceGetMaxPcieLinkGeneration=unless_lost(5), nvmlDeviceGetMaxPcieLinkWidth=unless_lost(16),
+        nvmlDeviceGetCurrentClocksEventReasons=unless_lost(0x4 | 0x40),
+        nvmlDeviceGetFieldValues=lambda h, ids: [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=401000))],
+    )
+
+
+def test_a_passive_h200_reads_fully():
+    nvml = fake_nvml(fan_supported=False)
+    [(pci, handle)] = nvidia.handles(nvml).items()
+    s = nvidia.read(nvml, handle, pci, 1.0)
+    assert pci == "0000:3b:00.0" and s.model == "NVIDIA H200" and s.state == "ok" and s.problems == {}
+    assert (s.power_watts, s.power_instant_watts, s.power_cap_watts, s.power_cap_max_watts) == (
+        pytest.approx(123.456), 401.0, 700.0, 700.0)
+    assert s.temperatures == {"gpu": 36.0} and s.fan_state == "passive" and s.fan_pwm_ratio is None
+    assert (s.sclk_hz, s.mclk_hz, s.busy_ratio) == (1980e6, 3201e6, 0.87)
+    assert (s.pcie_speed_gts, s.pcie_width, s.pcie_max_speed_gts) == (32.0, 16, 32.0)
+    assert s.throttle == ("sw_power_cap", "hw_thermal")
+
+
+def test_a_fan_is_read_where_there_is_one():
+    s = nvidia.read(fake_nvml(), "h0", "0000:3b:00.0", 1.0)
+    assert s.fan_pwm_ratio == 0.41 and s.fan_state is None
+
+
+def test_a_lost_gpu_is_gone_not_a_crash():
+    s = nvidia.read(fake_nvml(lost=True), "h0", "0000:3b:00.0", 1.0)
+    assert s.state == "gone" and s.power_watts is None and "nvmlDeviceGetPowerUsage" in s.problems
+    assert s.fan_state is None  # not "passive": we do not know
+
+
+def test_no_library_means_the_reader_is_off(monkeypatch):
+    import pynvml
+
+    def missing():
+        raise pynvml.NVMLError_LibraryNotFound(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", missing)
+    assert nvidia.load() is None

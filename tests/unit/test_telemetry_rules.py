@@ -1,0 +1,78 @@
+from gpuwarden.config import GpuConfig
+from gpuwarden.gpu.rules import TelemetryRules
+from gpuwarden.model import GpuSample, Severity
+
+
+def s(gpu="0000:03:00.0", model="Radeon RX 7900 XTX", **kw):
+    base = {"temperatures": {"edge": 50.0, "junction": 60.0}, "power_watts": 250.0, "power_cap_watts": 327.0,
+            "fan_rpm": 1400.0, "busy_ratio": 0.95, "sclk_hz": 2.4e9, "sclk_max_hz": 2.9e9, "pcie_speed_gts": 16.0,
+            "pcie_width": 16, "pcie_max_speed_gts": 16.0, "pcie_max_width": 16}
+    base.update(kw)
+    return GpuSample(gpu=gpu, vendor="amd", model=model, time=0.0, **base)
+
+
+def run(rules, *samples, now=0.0):
+    return rules.evaluate({x.gpu: x for x in samples}, now)
+
+
+def test_normal_gpus_raise_nothing():
+    assert run(TelemetryRules(GpuConfig()), s(), s("0000:83:00.0")) == []
+
+
+def test_junction_warning_then_critical_then_resolved():
+    rules = TelemetryRules(GpuConfig())
+    [warn] = run(rules, s(temperatures={"junction": 101.0}))
+    assert (warn.event.kind, warn.event.severity) == ("thermal", Severity.WARNING)
+    assert run(rules, s(temperatures={"junction": 102.0})) == []  # still the same condition
+    [crit] = run(rules, s(temperatures={"junction": 111.0}))
+    assert crit.event.severity == Severity.CRITICAL
+    [ended] = run(rules, s(temperatures={"junction": 80.0}))
+    assert ended.event is None and ended.dedupe_key == "thermal:0000:03:00.0"
+
+
+def test_power_over_cap_and_spike_and_psu_guard():
+    rules = TelemetryRules(GpuConfig(psu_guard_watts=500))
+    run(rules, s(power_watts=100.0), s("0000:83:00.0", power_watts=100.0))
+    changes = run(rules, s(power_watts=360.0), s("0000:83:00.0", power_watts=330.0))
+    messages = sorted(c.event.message for c in changes)
+    assert any("above its cap 327 W on 0000:03:00.0" in m for m in messages)
+    assert any("power jumped 100 -> 360 W" in m for m in messages)
+    assert any("all GPUs together draw 690 W" in m for m in messages)
+
+
+def test_fan_stopped_while_hot_but_passive_cards_are_fine():
+    rules = TelemetryRules(GpuConfig())
+    [fan] = run(rules, s(fan_rpm=0.0, temperatures={"junction": 85.0}))
+    assert (fan.event.kind, fan.event.severity) == ("fan", Severity.CRITICAL)
+    assert run(TelemetryRules(GpuConfig()), s(fan_rpm=None, fan_state="passive", temperatures={"gpu": 80.0})) == []
+
+
+def test_clock_stuck_low_under_load_and_throttling():
+    rules = TelemetryRules(GpuConfig())
+    [low] = run(rules, s(sclk_hz=0.8e9))
+    assert low.event.kind == "clock" and "800 MHz under load" in low.event.message
+    assert run(TelemetryRules(GpuConfig()), s(sclk_hz=0.8e9, busy_ratio=0.1)) == []  # idle: low clocks are normal
+    [throttle] = run(TelemetryRules(GpuConfig()), s(throttle=("hw_thermal",)))
+    assert "throttling: hw_thermal" in throttle.event.message
+
+
+def test_pcie_link_below_max_counts_only_under_load():
+    assert run(TelemetryRules(GpuConfig()), s(pcie_speed_gts=2.5, busy_ratio=0.0)) == []
+    [link] = run(TelemetryRules(GpuConfig()), s(pcie_speed_gts=5.0, pcie_width=8))
+    assert link.event.kind == "pcie_link" and "5.0 GT/s x8 under load" in link.event.message
+
+
+def test_asymmetry_between_same_model_gpus():
+    rules = TelemetryRules(GpuConfig())
+    [asym] = run(rules, s(power_cap_watts=327.0), s("0000:83:00.0", power_cap_watts=300.0,
+                                                    overdrive={"OD_SCLK_OFFSET": {"": -150.0}}))
+    assert asym.event.kind == "config_asymmetry" and asym.event.severity == Severity.WARNING
+    assert "power caps 327 W vs 300 W" in asym.event.message and "overdrive settings differ" in asym.event.message
+    # different models are not compared; similar clocks under load are fine
+    assert run(TelemetryRules(GpuConfig()), s(), s("0000:83:00.0", model="other", power_cap_watts=300.0)) == []
+    [clocks] = run(TelemetryRules(GpuConfig()), s(), s("0000:83:00.0", sclk_hz=1.8e9))
+    assert "clocks under load 2400 vs 1800 MHz" in clocks.event.message
+
+
+def test_samples_that_are_not_ok_are_not_judged():
+    assert run(TelemetryRules(GpuConfig()), s(state="gone", temperatures={"junction": 150.0})) == []
