@@ -78,6 +78,13 @@ def add_gpu(root: Path, bdf: str, card: str, overrides: dict | None = None, hwmo
     os.symlink(driver, dev / "driver")
     (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
     os.symlink(dev, root / "bus/pci/devices" / bdf)
+    for cls, name, target in (("hwmon", hw.name, hw), ("drm", f"card{hwmon_index}", dev)):
+        (root / "class" / cls).mkdir(parents=True, exist_ok=True)
+        if cls == "drm":
+            (dev / "drm" / name).mkdir(parents=True)
+            os.symlink(dev, dev / "drm" / name / "device")
+            target = dev / "drm" / name
+        os.symlink(target, root / "class" / cls / name)
     files = {"vendor": "0x1002", "device": spec["device"], "class": spec["class"],
              "uevent": f"DRIVER=amdgpu\nPCI_CLASS={int(spec['class'], 16):X}\nPCI_SLOT_NAME={bdf}\n",
              **({"product_name": spec["product_name"]} if "product_name" in spec else {}), **spec["files"]}

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
                 Severity.CRITICAL: apprise.NotifyType.FAILURE}
 _TICK = 0.25
+_EXPORT_EVERY = 20  # ticks between outbox counts for the exporter (a query: not four times a second)
 
 
 class Alerter:
@@ -98,11 +99,14 @@ class Alerter:
                 self.store.delivered(row.id)
 
     async def _tick(self) -> None:
+        ticks = 0
         while True:
             now = time.time()
             for out in self.storm.due(now):
                 self._enqueue(out, now)
-            self._export_pending()
+            if ticks % _EXPORT_EVERY == 0:
+                self._export_pending()
+            ticks += 1
             await asyncio.sleep(_TICK)
 
     def _enqueue(self, out, now: float) -> None:

@@ -8,6 +8,7 @@ mean "not readable now" (reset, suspend, runtime-suspended); EREMOTEIO, ETIME an
 from __future__ import annotations
 
 import errno
+import os
 import re
 from pathlib import Path
 
@@ -20,32 +21,34 @@ _OD_VALUE = re.compile(r"^\s*(?:(\d+):\s*)?(-?\d+(?:\.\d+)?)\s*(?:mhz|mv)\b", re
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?)\s*GT/s")
 
 
-class _Reader:
-    """File reads that record why a file could not be read."""
+def _read_raw(path: str, problems: dict[str, str]) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # not supported on this ASIC (or the GPU went away: the next plan will say)
+    except OSError as exc:
+        problems[os.path.basename(path)] = _state(exc)
+        return None
+    try:
+        return os.read(fd, 65536).decode("ascii", "replace").strip()
+    except OSError as exc:
+        problems[os.path.basename(path)] = _state(exc)
+        return None
+    finally:
+        os.close(fd)
 
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.problems: dict[str, str] = {}
 
-    def text(self, path: Path) -> str | None:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                return f.read(65536).decode("ascii", "replace").strip()
-        except FileNotFoundError:
-            return None  # not supported on this ASIC
-        except OSError as exc:
-            name = str(path.relative_to(self.base)) if path.is_relative_to(self.base) else str(path)
-            self.problems[name] = "gone" if exc.errno in GONE else "busy" if exc.errno in BUSY else \
-                f"error {errno.errorcode.get(exc.errno, exc.errno)}"
-            return None
+def _state(exc: OSError) -> str:
+    if exc.errno in GONE:
+        return "gone"
+    return "busy" if exc.errno in BUSY else f"error {errno.errorcode.get(exc.errno, exc.errno)}"
 
-    def number(self, path: Path, scale: float = 1.0) -> float | None:
-        raw = self.text(path)
-        try:
-            return float(raw) * scale if raw is not None else None
-        except ValueError:
-            self.problems[path.name] = "unparsable"
-            return None
+
+def _number(raw: str | None, scale: float = 1.0) -> float | None:
+    try:
+        return float(raw) * scale if raw is not None else None
+    except ValueError:
+        return None
 
 
 def hwmon_dir(device: Path) -> Path | None:
@@ -55,64 +58,109 @@ def hwmon_dir(device: Path) -> Path | None:
     return None
 
 
-def read(device: Path, pci: str, now: float, model: str | None = None) -> GpuSample:
-    r = _Reader(device)
-    hw = hwmon_dir(device)
-    values: dict = {}
-    if hw is not None:
-        values["temperatures"] = _labelled(r, hw, "temp", 0.001)
-        average, instant = r.number(hw / "power1_average", 1e-6), r.number(hw / "power1_input", 1e-6)
-        if average is not None:
-            values.update(power_watts=average, power_source="power1_average", power_instant_watts=instant)
-        elif instant is not None:
-            values.update(power_watts=instant, power_source="power1_input", power_instant_watts=instant)
-        values["power_cap_watts"] = r.number(hw / "power1_cap", 1e-6)
-        values["power_cap_max_watts"] = r.number(hw / "power1_cap_max", 1e-6)
-        values["fan_rpm"] = r.number(hw / "fan1_input")
-        pwm = r.number(hw / "pwm1")
-        values["fan_pwm_ratio"] = pwm / 255 if pwm is not None else None
-        clocks = _labelled(r, hw, "freq", 1.0)
-        values["sclk_hz"], values["mclk_hz"] = clocks.get("sclk"), clocks.get("mclk")
-        volts = _labelled(r, hw, "in", 1.0)
+# sample field <- (file in the hwmon directory or, with a leading "/", in the device directory, scale)
+_NUMBERS = {
+    "power1_average": ("power1_average", 1e-6), "power1_input": ("power1_input", 1e-6),
+    "power_cap_watts": ("power1_cap", 1e-6), "power_cap_max_watts": ("power1_cap_max", 1e-6),
+    "fan_rpm": ("fan1_input", 1.0), "pwm": ("pwm1", 1.0),
+    "busy": ("/gpu_busy_percent", 1.0), "vram_total_bytes": ("/mem_info_vram_total", 1.0),
+    "vram_used_bytes": ("/mem_info_vram_used", 1.0), "vram_visible_total_bytes": ("/mem_info_vis_vram_total", 1.0),
+}
+_TEXTS = {"current_link_speed", "max_link_speed", "current_link_width", "max_link_width",
+          "power_dpm_force_performance_level", "pp_od_clk_voltage", "pp_dpm_sclk", "pp_dpm_mclk"}
+# Settings rather than readings: read every SLOW_EVERY-th round, the last values kept in between.
+_SLOW = {"power_cap_watts", "power_cap_max_watts", "vram_total_bytes", "vram_visible_total_bytes",
+         "max_link_speed", "max_link_width", "power_dpm_force_performance_level", "pp_od_clk_voltage"}
+SLOW_EVERY = 10
+
+
+class AmdReader:
+    """Reads one GPU. The files it has are found once (amdgpu creates only what the ASIC supports) and looked
+    for again every `replan_seconds`, or when one vanished; a round then costs one open and read per file."""
+
+    def __init__(self, device: Path, pci: str, replan_seconds: float = 60.0) -> None:
+        self.device, self.pci, self.replan_seconds = device, pci, replan_seconds
+        self._planned_at: float | None = None
+
+    def _plan(self, now: float) -> None:
+        hw = hwmon_dir(self.device)
+        self.numbers = {}
+        for field, (name, scale) in _NUMBERS.items():
+            path = self.device / name[1:] if name.startswith("/") else (hw / name if hw else None)
+            if path is not None and path.exists():
+                self.numbers[field] = (str(path), scale)
+        self.labelled = {prefix: self._labels(hw, prefix) for prefix in ("temp", "freq", "in")} if hw else {}
+        self.texts = {name: str(self.device / name) for name in _TEXTS if (self.device / name).exists()}
+        product = self.device / "product_name"
+        self.model = product.read_text().strip() if product.exists() else None
+        self._planned_at = now
+        self._rounds = 0
+        self._slow: dict[str, object] = {}
+
+    @staticmethod
+    def _labels(hw: Path, prefix: str) -> dict[str, str]:
+        """label -> path of `<prefix>N_input`, with `<prefix>N_label` read once."""
+        out = {}
+        for path in sorted(hw.glob(f"{prefix}*_input")):
+            index = path.name[len(prefix):-len("_input")]
+            label_file = hw / f"{prefix}{index}_label"
+            label = label_file.read_text().strip() if label_file.exists() else f"{prefix}{index}"
+            out[label] = str(path)
+        return out
+
+    def read(self, now: float) -> GpuSample:
+        if self._planned_at is None or now - self._planned_at > self.replan_seconds:
+            self._plan(now)
+        problems: dict[str, str] = {}
+        fresh = self._rounds % SLOW_EVERY == 0
+        self._rounds += 1
+        n = {field: _number(_read_raw(path, problems), scale) if fresh or field not in _SLOW else self._slow[field]
+             for field, (path, scale) in self.numbers.items()}
+        t = {name: _read_raw(path, problems) if fresh or name not in _SLOW else self._slow[name]
+             for name, path in self.texts.items()}
+        if fresh:
+            self._slow = {k: v for k, v in (*n.items(), *t.items()) if k in _SLOW}
+        labelled = {prefix: {label: v for label, path in paths.items()
+                             if (v := _number(_read_raw(path, problems))) is not None}
+                    for prefix, paths in self.labelled.items()}
+        if any(v is None for v in n.values()) and not problems:
+            self._planned_at = None  # a file vanished: look again next round
+        values: dict = {"temperatures": {k: v / 1000 for k, v in labelled.get("temp", {}).items()}}
+        if n.get("power1_average") is not None:
+            values.update(power_watts=n["power1_average"], power_source="power1_average",
+                          power_instant_watts=n.get("power1_input"))
+        elif n.get("power1_input") is not None:
+            values.update(power_watts=n["power1_input"], power_source="power1_input",
+                          power_instant_watts=n["power1_input"])
+        for field in ("power_cap_watts", "power_cap_max_watts", "fan_rpm", "vram_total_bytes", "vram_used_bytes",
+                      "vram_visible_total_bytes"):
+            values[field] = n.get(field)
+        values["fan_pwm_ratio"] = n["pwm"] / 255 if n.get("pwm") is not None else None
+        values["busy_ratio"] = n["busy"] / 100 if n.get("busy") is not None else None
+        clocks, volts = labelled.get("freq", {}), labelled.get("in", {})
+        current, highest = _dpm(t.get("pp_dpm_sclk"))
+        values["sclk_hz"] = clocks.get("sclk") or current
+        values["sclk_max_hz"] = highest
+        values["mclk_hz"] = clocks.get("mclk") or _dpm(t.get("pp_dpm_mclk"))[0]
         values["voltage_mv"] = volts.get("vddgfx", next(iter(volts.values()), None))
-    current, highest = _dpm(r, device / "pp_dpm_sclk")
-    values["sclk_hz"] = values.get("sclk_hz") or current
-    values["sclk_max_hz"] = highest
-    if values.get("mclk_hz") is None:
-        values["mclk_hz"] = _dpm(r, device / "pp_dpm_mclk")[0]
-    busy = r.number(device / "gpu_busy_percent")
-    values["busy_ratio"] = busy / 100 if busy is not None else None
-    values["vram_total_bytes"] = r.number(device / "mem_info_vram_total")
-    values["vram_used_bytes"] = r.number(device / "mem_info_vram_used")
-    values["vram_visible_total_bytes"] = r.number(device / "mem_info_vis_vram_total")
-    values["pcie_speed_gts"] = _speed(r.text(device / "current_link_speed"))
-    values["pcie_max_speed_gts"] = _speed(r.text(device / "max_link_speed"))
-    values["pcie_width"] = _int(r.text(device / "current_link_width"))
-    values["pcie_max_width"] = _int(r.text(device / "max_link_width"))
-    values["perf_level"] = r.text(device / "power_dpm_force_performance_level")
-    od = r.text(device / "pp_od_clk_voltage")
-    values["overdrive"] = parse_overdrive(od) if od else {}
-    problems = r.problems
-    state = "gone" if "gone" in problems.values() else "not_readable" if "busy" in problems.values() else "ok"
-    return GpuSample(gpu=pci, vendor="amd", model=model or r.text(device / "product_name"), time=now, state=state,
-                     problems=problems, **{k: v for k, v in values.items() if v is not None})
+        values["pcie_speed_gts"] = _speed(t.get("current_link_speed"))
+        values["pcie_max_speed_gts"] = _speed(t.get("max_link_speed"))
+        values["pcie_width"] = _int(t.get("current_link_width"))
+        values["pcie_max_width"] = _int(t.get("max_link_width"))
+        values["perf_level"] = t.get("power_dpm_force_performance_level")
+        values["overdrive"] = parse_overdrive(t["pp_od_clk_voltage"]) if t.get("pp_od_clk_voltage") else {}
+        state = "gone" if "gone" in problems.values() else "not_readable" if "busy" in problems.values() else "ok"
+        return GpuSample(gpu=self.pci, vendor="amd", model=self.model, time=now, state=state, problems=problems,
+                         **{k: v for k, v in values.items() if v is not None})
 
 
-def _labelled(r: _Reader, hw: Path, prefix: str, scale: float) -> dict[str, float]:
-    """`temp2_input` with `temp2_label` = junction -> {"junction": value * scale}."""
-    out = {}
-    for path in sorted(hw.glob(f"{prefix}*_input")):
-        index = path.name[len(prefix):-len("_input")]
-        label = r.text(hw / f"{prefix}{index}_label") or f"{prefix}{index}"
-        value = r.number(path, scale)
-        if value is not None:
-            out[label] = value
-    return out
+def read(device: Path, pci: str, now: float) -> GpuSample:
+    """One reading of one GPU (for one-off use; the daemon keeps an AmdReader per GPU)."""
+    return AmdReader(device, pci).read(now)
 
 
-def _dpm(r: _Reader, path: Path) -> tuple[float | None, float | None]:
+def _dpm(text: str | None) -> tuple[float | None, float | None]:
     """(current, highest) level of a pp_dpm_* file, in Hz."""
-    text = r.text(path)
     if not text:
         return None, None
     levels = [(float(m.group(1)) * 1e6, bool(m.group(2))) for line in text.splitlines() if (m := _LEVEL.match(line))]

@@ -1,18 +1,20 @@
 """The GPU telemetry component: read every GPU each interval without ever blocking the loop, record, export,
 and apply the telemetry rules.
 
-Each read runs in its own daemon thread (a read of a dying GPU can hang in D state forever: such a thread is
-abandoned and never joined). A GPU has at most one read outstanding; one that misses `read_deadline` is
-`gpu_unresponsive`, and the other GPUs keep being read.
+Each GPU has its own worker thread, a daemon thread: a read of a dying GPU can hang in D state forever, and
+such a thread is abandoned, never joined. A GPU has at most one read outstanding; one that misses
+`read_deadline` is `gpu_unresponsive`, and the other GPUs keep being read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from gpuwarden.config import GpuConfig
@@ -33,27 +35,45 @@ class Sink(Protocol):
     def count(self, name: str, *labels: str, by: float = 1) -> None: ...
 
 
-def detached(fn: Callable, *args) -> asyncio.Future:
-    """Run `fn` in a daemon thread; the future gets its result. The thread is never waited for."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
+class Worker:
+    """One daemon thread that runs the reads of one GPU, one at a time."""
 
-    def settle(result, error):
-        if not future.done():
-            future.set_exception(error) if error else future.set_result(result)
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True, name=f"read-{name}").start()
 
-    def work():
-        try:
-            result, error = fn(*args), None
-        except Exception as exc:
-            result, error = None, exc
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:
-            pass  # the loop closed while this read hung
+    def submit(self, fn: Callable, *args) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put((loop, future, fn, args))
+        return future
 
-    threading.Thread(target=work, daemon=True, name=f"read-{getattr(fn, '__name__', 'gpu')}").start()
-    return future
+    def _run(self) -> None:
+        while True:
+            loop, future, fn, args = self._jobs.get()
+            # Reads take turns: eight Python threads fighting for the GIL cost four times the CPU of the reads
+            # themselves. A read that hangs keeps its turn, so the others stop waiting for it after _TURN.
+            turn = _turns.acquire(timeout=_TURN)
+            try:
+                result, error = fn(*args), None
+            except Exception as exc:
+                result, error = None, exc
+            finally:
+                if turn:
+                    _turns.release()
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:
+                pass  # the loop closed while this read hung
+
+
+_turns = threading.Lock()
+_TURN = 0.05
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if not future.done():
+        future.set_exception(error) if error else future.set_result(result)
 
 
 class GpuWatch:
@@ -70,6 +90,8 @@ class GpuWatch:
         self.nvml = None
         self._nv_handles: dict[str, object] = {}
         self._durations: dict[str, float] = {}
+        self._readers: dict[str, Callable[[float], GpuSample]] = {}
+        self._workers: dict[str, Worker] = {}
 
     async def run(self) -> None:
         if self.config.nvml:
@@ -98,7 +120,8 @@ class GpuWatch:
         started = []
         for pci, gpu in gpus.items():
             if pci not in self._pending and (reader := self._reader(gpu)):
-                future = detached(*reader, pci, now)
+                worker = self._workers.get(pci) or self._workers.setdefault(pci, Worker(pci))
+                future = worker.submit(reader, now)
                 self._pending[pci] = (future, loop.time())
                 started.append(future)
         if started:
@@ -126,12 +149,18 @@ class GpuWatch:
                 self.sink.resolve(change.dedupe_key, change.message)
         return samples
 
-    def _reader(self, gpu: Gpu):
+    def _reader(self, gpu: Gpu) -> Callable[[float], GpuSample] | None:
+        if gpu.pci in self._readers:
+            return self._readers[gpu.pci]
+        reader = None
         if gpu.vendor == "amd" and gpu.driver == "amdgpu":
-            return (amd.read, self.config.sysfs_root / "bus/pci/devices" / gpu.pci)
-        if gpu.vendor == "nvidia" and gpu.pci in self._nv_handles:
-            return (nvidia.read, self.nvml, self._nv_handles[gpu.pci])
-        return None
+            reader = amd.AmdReader(self.config.sysfs_root / "bus/pci/devices" / gpu.pci, gpu.pci).read
+        elif gpu.vendor == "nvidia" and gpu.pci in self._nv_handles:
+            nvml, handle = self.nvml, self._nv_handles[gpu.pci]
+            reader = partial(nvidia.read, nvml, handle, gpu.pci)
+        if reader:
+            self._readers[gpu.pci] = reader
+        return reader
 
     def _finished(self, pci: str, gpu: Gpu | None, future: asyncio.Future, took: float) -> GpuSample | None:
         if pci in self._unresponsive:
@@ -157,6 +186,7 @@ class GpuWatch:
         for pci in set(self._seen) - set(gpus) - self._missing:
             self._missing.add(pci)
             self.recorder.forget(pci)
+            self._readers.pop(pci, None)
             self.sink.record([Event("gpu_missing", Severity.CRITICAL, f"GPU {pci} ({self._seen[pci].vendor}) "
                                     "disappeared from the PCI bus", now, gpu=pci, evidence={"runbook": "device_lost"})])
 
