@@ -55,6 +55,8 @@ def fake_nvml(fan_supported=True, lost=False):
         nvmlDeviceGetMaxPcieLinkGeneration=unless_lost(5), nvmlDeviceGetMaxPcieLinkWidth=unless_lost(16),
         nvmlDeviceGetCurrentClocksEventReasons=unless_lost(0x4 | 0x40),
         nvmlDeviceGetFieldValues=lambda h, ids: [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=401000))],
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=4242, usedGpuMemory=2**30)],
+        nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
     )
 
 
@@ -90,3 +92,7 @@ def test_no_library_means_the_reader_is_off(monkeypatch):
 
     monkeypatch.setattr(pynvml, "nvmlInit", missing)
     assert nvidia.load() is None
+
+
+def test_processes_map_to_their_gpu():
+    assert nvidia.gpus_of_processes(fake_nvml()) == {4242: "0000:3b:00.0"}

@@ -19,6 +19,7 @@ from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percent, gpus_in_use, roots
 from gpuwarden.engine.scraper import ScrapeError, Scraper
 from gpuwarden.engine.stall import StallDetector
+from gpuwarden.gpu import nvidia
 from gpuwarden.model import Event, Severity
 from gpuwarden.policy import EngineView
 
@@ -82,6 +83,7 @@ class EngineWatch:
         self.settings, self.sink = settings, sink
         self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
         self._tasks: asyncio.TaskGroup | None = None
+        self._nvml = None  # loaded on first use; False when there is no NVIDIA driver
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig]) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -172,7 +174,7 @@ class EngineWatch:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline."""
         def look():
             procs = state.tracker.refresh(roots(target_spec(state.config)))
-            gpus = frozenset(state.config.gpus) if state.config.gpus else gpus_in_use(procs)
+            gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
             return procs, cpu_percent(procs), gpus
         try:
             state.procs, state.cpu, gpus = await asyncio.wait_for(asyncio.to_thread(look), _INSPECT_DEADLINE)
@@ -182,6 +184,16 @@ class EngineWatch:
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpu is not None:
             self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
+
+    def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
+        """From the device files they hold open, and for NVIDIA from NVML's process lists."""
+        found = gpus_in_use(procs) or set()
+        if self._nvml is None:
+            self._nvml = nvidia.load() or False
+        if self._nvml:
+            by_pid = nvidia.gpus_of_processes(self._nvml)
+            found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
+        return found or None
 
     def _export(self, state: EngineState, sample: EngineSample) -> None:
         name = state.name

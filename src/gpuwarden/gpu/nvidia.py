@@ -132,3 +132,15 @@ def xid_events(nvml: ModuleType, timeout_ms: int = 1000) -> list[tuple[str, int]
         return []
     bus_id = nvml.nvmlDeviceGetPciInfo(data.device).busId
     return [(normalize_pci(bus_id.decode() if isinstance(bus_id, bytes) else bus_id), int(data.eventData))]
+
+
+def gpus_of_processes(nvml: ModuleType) -> dict[int, str]:
+    """pid -> PCI address of the NVIDIA GPU it runs on (NVML's compute and graphics process lists)."""
+    out = {}
+    for pci, handle in handles(nvml).items():
+        for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                out.update({p.pid: pci for p in getattr(nvml, call)(handle)})
+            except nvml.NVMLError:
+                continue
+    return out

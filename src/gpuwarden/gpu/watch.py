@@ -1,9 +1,9 @@
 """The GPU telemetry component: read every GPU each interval without ever blocking the loop, record, export,
 and apply the telemetry rules.
 
-Each GPU has its own worker thread, a daemon thread: a read of a dying GPU can hang in D state forever, and
-such a thread is abandoned, never joined. A GPU has at most one read outstanding; one that misses
-`read_deadline` is `gpu_unresponsive`, and the other GPUs keep being read.
+Reads run in a daemon worker thread: a read of a dying GPU can hang in D state forever, and such a thread is
+abandoned, never joined. A GPU has at most one read outstanding; one that misses `read_deadline` is
+`gpu_unresponsive` and stays with its hung thread, and the other GPUs keep being read by a fresh one.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ class Sink(Protocol):
 
 
 class Worker:
-    """One daemon thread that runs the reads of one GPU, one at a time."""
+    """A daemon thread that runs one job at a time; `current` names the GPU it is reading now."""
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.current: str | None = None
         threading.Thread(target=self._run, daemon=True, name=f"read-{name}").start()
 
     def submit(self, fn: Callable, *args) -> asyncio.Future:
@@ -51,29 +52,33 @@ class Worker:
     def _run(self) -> None:
         while True:
             loop, future, fn, args = self._jobs.get()
-            # Reads take turns: eight Python threads fighting for the GIL cost four times the CPU of the reads
-            # themselves. A read that hangs keeps its turn, so the others stop waiting for it after _TURN.
-            turn = _turns.acquire(timeout=_TURN)
             try:
-                result, error = fn(*args), None
+                result, error = fn(self, *args), None
             except Exception as exc:
                 result, error = None, exc
-            finally:
-                if turn:
-                    _turns.release()
             try:
                 loop.call_soon_threadsafe(_settle, future, result, error)
             except RuntimeError:
                 pass  # the loop closed while this read hung
 
 
-_turns = threading.Lock()
-_TURN = 0.05
-
-
 def _settle(future: asyncio.Future, result, error) -> None:
     if not future.done():
         future.set_exception(error) if error else future.set_result(result)
+
+
+def _read_all(worker: Worker, readers: list[tuple[str, Callable[[float], GpuSample]]], now: float) -> list:
+    """Read the GPUs one after the other: [(pci, sample or exception, seconds)]."""
+    out = []
+    for pci, reader in readers:
+        worker.current = pci
+        start = time.perf_counter()
+        try:
+            out.append((pci, reader(now), time.perf_counter() - start))
+        except Exception as exc:
+            out.append((pci, exc, time.perf_counter() - start))
+    worker.current = None
+    return out
 
 
 class GpuWatch:
@@ -83,7 +88,9 @@ class GpuWatch:
                  recorder: FlightRecorder) -> None:
         self.config, self.gpus, self.sink, self.recorder = config, gpus, sink, recorder
         self.rules = TelemetryRules(config)
-        self._pending: dict[str, tuple[asyncio.Future, float]] = {}
+        self._worker = Worker("gpus")
+        self._batch: tuple[asyncio.Future, float] | None = None
+        self._stuck: dict[str, asyncio.Future] = {}  # GPU -> the abandoned read that hangs on it
         self._unresponsive: set[str] = set()
         self._seen: dict[str, Gpu] = {}
         self._missing: set[str] = set()
@@ -91,7 +98,6 @@ class GpuWatch:
         self._nv_handles: dict[str, object] = {}
         self._durations: dict[str, float] = {}
         self._readers: dict[str, Callable[[float], GpuSample]] = {}
-        self._workers: dict[str, Worker] = {}
 
     async def run(self) -> None:
         if self.config.nvml:
@@ -113,34 +119,34 @@ class GpuWatch:
             await asyncio.sleep(max(0.0, tick - loop.time()))
 
     async def sample_once(self) -> dict[str, GpuSample]:
+        """One round. The healthy GPUs are read one after the other by one worker (eight threads fighting for
+        the GIL cost four times the CPU of the reads). When a read misses the deadline, the GPU it was on is
+        left behind with that worker, which is abandoned, and a fresh worker reads the others from then on."""
         loop = asyncio.get_running_loop()
         now = time.time()
         gpus = {g.pci: g for g in self.gpus()}
         self._check_missing(gpus, now)
-        started = []
-        for pci, gpu in gpus.items():
-            if pci not in self._pending and (reader := self._reader(gpu)):
-                worker = self._workers.get(pci) or self._workers.setdefault(pci, Worker(pci))
-                future = worker.submit(reader, now)
-                self._pending[pci] = (future, loop.time())
-                started.append(future)
-        if started:
-            await asyncio.wait(started, timeout=min(self.config.interval, self.config.read_deadline))
         samples = {}
-        for pci, (future, begun) in list(self._pending.items()):
+        for pci, future in list(self._stuck.items()):
+            if future.done():  # the hung read came back at last
+                del self._stuck[pci]
+                self._unresponsive.discard(pci)
+                self.sink.resolve(f"gpu_unresponsive:{pci}", f"GPU {pci} answers reads again")
+        if self._batch is None:
+            readers = [(pci, r) for pci, g in gpus.items() if pci not in self._stuck and (r := self._reader(g))]
+            if readers:
+                self._batch = (self._worker.submit(_read_all, readers, now), loop.time())
+        if self._batch is not None:
+            future, begun = self._batch
+            await asyncio.wait([future], timeout=min(self.config.interval, self.config.read_deadline))
             took = loop.time() - begun
             if future.done():
-                del self._pending[pci]
-                sample = self._finished(pci, gpus.get(pci), future, took)
-                if sample:
-                    samples[pci] = sample
-            elif took > self.config.read_deadline and pci not in self._unresponsive:
-                self._unresponsive.add(pci)
-                self.sink.record([Event("gpu_unresponsive", Severity.CRITICAL,
-                                        f"reading GPU {pci} has not returned for {took:.1f} s: the driver or the GPU "
-                                        "hangs (the read is abandoned)", now, gpu=pci,
-                                        evidence={"read_seconds": round(took, 2), "runbook": "device_lost"})])
-                self.sink.count("gpuwarden_gpu_read_errors_total", pci, "timeout")
+                self._batch = None
+                for pci, result, seconds in future.result():
+                    if (sample := self._finished(pci, result, seconds)) is not None:
+                        samples[pci] = sample
+            elif took > self.config.read_deadline:
+                self._abandon(self._worker.current, future, took, now)
         self._export(samples, gpus)
         for change in self.rules.evaluate(samples or self.recorder.latest(), now):
             if change.event:
@@ -148,6 +154,18 @@ class GpuWatch:
             else:
                 self.sink.resolve(change.dedupe_key, change.message)
         return samples
+
+    def _abandon(self, pci: str | None, future: asyncio.Future, took: float, now: float) -> None:
+        self._batch, self._worker = None, Worker("gpus")
+        if pci is None:
+            return
+        self._stuck[pci] = future
+        self._unresponsive.add(pci)
+        self.sink.record([Event("gpu_unresponsive", Severity.CRITICAL,
+                                f"reading GPU {pci} has not returned for {took:.1f} s: the driver or the GPU "
+                                "hangs (the read is abandoned)", now, gpu=pci,
+                                evidence={"read_seconds": round(took, 2), "runbook": "device_lost"})])
+        self.sink.count("gpuwarden_gpu_read_errors_total", pci, "timeout")
 
     def _reader(self, gpu: Gpu) -> Callable[[float], GpuSample] | None:
         if gpu.pci in self._readers:
@@ -162,20 +180,16 @@ class GpuWatch:
             self._readers[gpu.pci] = reader
         return reader
 
-    def _finished(self, pci: str, gpu: Gpu | None, future: asyncio.Future, took: float) -> GpuSample | None:
-        if pci in self._unresponsive:
-            self._unresponsive.discard(pci)
-            self.sink.resolve(f"gpu_unresponsive:{pci}", f"GPU {pci} answers reads again")
-        if future.exception() is not None:
-            log.warning("reading GPU %s failed: %s", pci, future.exception())
+    def _finished(self, pci: str, result, seconds: float) -> GpuSample | None:
+        if isinstance(result, Exception):
+            log.warning("reading GPU %s failed: %s", pci, result)
             self.sink.count("gpuwarden_gpu_read_errors_total", pci, "error")
             return None
-        sample: GpuSample = future.result()
-        for state in set(sample.problems.values()):
+        for state in set(result.problems.values()):
             self.sink.count("gpuwarden_gpu_read_errors_total", pci, state)
-        self.recorder.add(sample)
-        self._durations[pci] = took
-        return sample
+        self.recorder.add(result)
+        self._durations[pci] = seconds
+        return result
 
     def _check_missing(self, gpus: dict[str, Gpu], now: float) -> None:
         for pci, gpu in gpus.items():
