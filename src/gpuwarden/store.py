@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from gpuwarden.model import Event, Severity
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS = {
     1: """
@@ -29,12 +29,25 @@ _MIGRATIONS = {
         message TEXT NOT NULL,
         evidence TEXT NOT NULL,
         count INTEGER NOT NULL DEFAULT 1,
-        dedupe_key TEXT NOT NULL,
-        alerted INTEGER NOT NULL DEFAULT 0  -- 1 once the alerter has sent, grouped or suppressed it
+        dedupe_key TEXT NOT NULL
     );
     CREATE INDEX events_time ON events(time);
-    CREATE INDEX events_unalerted ON events(alerted) WHERE alerted = 0;
     CREATE TABLE cursors (source TEXT PRIMARY KEY, cursor TEXT NOT NULL, updated REAL NOT NULL);
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        event_id INTEGER REFERENCES events(id),
+        target TEXT NOT NULL,
+        created REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt REAL NOT NULL,
+        payload TEXT NOT NULL
+    );
+    """,
+    # 2: alerts. Events before it count as alerted (nothing re-alerts history); the v1 outbox was never used.
+    2: """
+    ALTER TABLE events ADD COLUMN alerted INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX events_unalerted ON events(alerted) WHERE alerted = 0;
+    DROP TABLE outbox;
     CREATE TABLE outbox (
         id INTEGER PRIMARY KEY,
         alert_id TEXT NOT NULL,
@@ -99,8 +112,8 @@ class Store:
             with self._transaction() as db:
                 ids = [
                     db.execute(
-                        "INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, count, dedupe_key)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, count, dedupe_key,"
+                        " alerted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                         (e.time, e.kind, str(e.severity), e.gpu, e.engine, e.message,
                          json.dumps(e.evidence, default=str), e.count, e.dedupe_key),
                     ).lastrowid

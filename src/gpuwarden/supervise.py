@@ -65,6 +65,8 @@ class Supervisor:
                 self._set(name, state, False)
                 raise
             except Exception as exc:
+                while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]  # a component's TaskGroup wraps what actually failed
                 if time.monotonic() - started >= self.stable_after:
                     delay, state.failures_in_row = self.backoff, 0
                 state.restarts += 1

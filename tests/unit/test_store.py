@@ -59,3 +59,19 @@ def test_locked_database_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="locked by another process"):
         store.add_events([event()])
     holder.execute("ROLLBACK")
+
+
+def test_a_version_1_store_is_migrated_and_keeps_its_events(tmp_path):
+    from gpuwarden.store import _MIGRATIONS
+
+    db = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)
+    db.executescript(_MIGRATIONS[1])
+    db.execute("INSERT INTO events (time, kind, severity, message, evidence, dedupe_key) "
+               "VALUES (1.0, 'sq_intr', 'warning', 'old', '{}', 'sq_intr:host')")
+    db.execute("PRAGMA user_version=1")
+    db.close()
+    store = Store(tmp_path / "gw.db")
+    assert [e["message"] for e in store.events()] == ["old"]
+    assert store.unalerted_events(since=0) == []  # history is not alerted again
+    store.add_events([event()])
+    assert [e.kind for _, e in store.unalerted_events(since=0)] == ["sq_intr"]

@@ -57,3 +57,27 @@ def test_crash_loop_makes_the_supervisor_unhealthy():
         return healthy
 
     assert asyncio.run(scenario()) is False
+
+
+class GroupFailure:
+    name = "group"
+
+    async def run(self):
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._fail())
+
+    async def _fail(self):
+        raise ValueError("the real reason")
+
+
+def test_a_failure_inside_a_task_group_is_reported_by_its_real_cause():
+    crashes = []
+
+    async def scenario():
+        sup = Supervisor(lambda n, e: crashes.append(repr(e)), lambda *a: None, backoff=10)
+        sup.start("group", GroupFailure)
+        await asyncio.sleep(0.05)
+        await sup.stop()
+
+    asyncio.run(scenario())
+    assert crashes == ["ValueError('the real reason')"]
