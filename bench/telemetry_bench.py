@@ -27,30 +27,16 @@ from fakesysfs import build  # noqa: E402
 from gpuwarden.config import GpuConfig  # noqa: E402
 from gpuwarden.gpu.discovery import discover  # noqa: E402
 from gpuwarden.gpu.recorder import FlightRecorder  # noqa: E402
-from gpuwarden.gpu.watch import GpuWatch  # noqa: E402
+from gpuwarden.gpu.watch import GpuWatch, NullSink  # noqa: E402
 
 CARDS = ["rdna3", "rdna3", "rdna3", "rdna3", "mi300", "mi300", "rdna4", "rdna4"]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-class _Null:
-    def record(self, events, cursor=None):
-        return []
-
-    def resolve(self, *a):
-        pass
-
-    def replace_series(self, *a):
-        pass
-
-    def count(self, *a, **k):
-        pass
-
-
 def round_cost(sysfs: Path, rounds: int = 200) -> tuple[float, float]:
     """(CPU ms, wall ms) of one sampling round of every GPU, median over `rounds`."""
     gpus = discover(sysfs)
-    watch = GpuWatch(GpuConfig(sysfs_root=sysfs, nvml=False), lambda: gpus, _Null(), FlightRecorder())
+    watch = GpuWatch(GpuConfig(sysfs_root=sysfs, nvml=False), lambda: gpus, NullSink(), FlightRecorder())
     cpu, wall = [], []
 
     async def go():

@@ -244,26 +244,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     """One fresh reading of every GPU, through the same readers as the daemon (no daemon needed)."""
     from gpuwarden.gpu.discovery import discover
     from gpuwarden.gpu.recorder import FlightRecorder
-    from gpuwarden.gpu.watch import GpuWatch
+    from gpuwarden.gpu.watch import GpuWatch, NullSink
 
     config, _ = configuration.load(args.config)
     gpus = discover(config.gpu.sysfs_root)
 
-    class Quiet:  # status only reads: events and metrics of this one reading go nowhere
-        def record(self, events, cursor=None):
-            return []
-
-        def resolve(self, *a):
-            pass
-
-        def replace_series(self, *a):
-            pass
-
-        def count(self, *a, **k):
-            pass
-
     async def read_all():
-        watch = GpuWatch(config.gpu, lambda: gpus, Quiet(), FlightRecorder())
+        watch = GpuWatch(config.gpu, lambda: gpus, NullSink(), FlightRecorder())
         if config.gpu.nvml:
             from gpuwarden.gpu import nvidia
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -55,6 +56,7 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+PciAddress = Annotated[str, AfterValidator(normalize_pci)]  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
 SeverityName = Literal["info", "warning", "critical"]
 
 
@@ -190,7 +192,7 @@ class EngineConfig(Section):
     name: str
     metrics_url: str
     profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = "auto"
-    gpus: list[str] = []  # PCI addresses; empty: learned from the device files its processes hold
+    gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
     scrape_interval: Duration = 5.0
     scrape_timeout: Duration = 5.0
     max_body_bytes: int = 8 << 20
@@ -208,10 +210,6 @@ class EngineConfig(Section):
     dry_run: bool = False
     target: EngineTarget = EngineTarget()
 
-    @field_validator("gpus")
-    @classmethod
-    def _pci(cls, value: list[str]) -> list[str]:
-        return [normalize_pci(v) for v in value]
 
 
 class EnginesConfig(Section):
@@ -243,13 +241,9 @@ class GpuConfig(Section):
 
 class GuardConfig(Section):
     enabled: bool | None = None  # default: on when running as root
-    devices: list[str] = []  # PCI addresses; replaces the discovered GPUs when set
+    devices: list[PciAddress] = []  # PCI addresses; replaces the discovered GPUs when set
     verify_interval: Duration = 10.0
 
-    @field_validator("devices")
-    @classmethod
-    def _pci(cls, value: list[str]) -> list[str]:
-        return [normalize_pci(v) for v in value]
 
 
 class Config(Section):

@@ -35,6 +35,22 @@ class Sink(Protocol):
     def count(self, name: str, *labels: str, by: float = 1) -> None: ...
 
 
+class NullSink:
+    """For one-off readings (`gpuwarden status`, benchmarks): events and metrics go nowhere."""
+
+    def record(self, events, cursor=None):
+        return []
+
+    def resolve(self, *args):
+        pass
+
+    def replace_series(self, *args):
+        pass
+
+    def count(self, *args, **kwargs):
+        pass
+
+
 class Worker:
     """A daemon thread that runs one job at a time; `current` names the GPU it is reading now."""
 
