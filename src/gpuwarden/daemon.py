@@ -31,7 +31,7 @@ from gpuwarden.supervise import Supervisor
 log = logging.getLogger("gpuwarden")
 
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
-_LAG_PROBE = 0.25
+_LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
 _REDISCOVER_SECONDS = 5.0
 
 

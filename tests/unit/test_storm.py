@@ -55,3 +55,14 @@ def test_resolved_only_when_the_alert_was_sent_and_once():
     resolved = storm.resolve("thermal:0000:03:00.0", "junction 71 °C, back to normal", 5.0)
     assert resolved.resolved == "junction 71 °C, back to normal" and resolved.subject == "GPU 0000:03:00.0"
     assert storm.resolve("thermal:0000:03:00.0", "again", 6.0) is None
+
+
+def test_next_due_is_the_earliest_window_or_cooldown():
+    storm = StormControl(cooldown=60, group_window=5)
+    assert storm.next_due() is None
+    storm.offer(ev(), 1, 10.0)
+    assert storm.next_due() == 15.0
+    storm.due(15.0)
+    assert storm.next_due() is None  # nothing suppressed: no follow-up to wait for
+    storm.offer(ev(), 2, 20.0)
+    assert storm.next_due() == 75.0

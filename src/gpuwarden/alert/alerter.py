@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 
 NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
                 Severity.CRITICAL: apprise.NotifyType.FAILURE}
-_TICK = 0.25
-_EXPORT_EVERY = 20  # ticks between outbox counts for the exporter (a query: not four times a second)
+_EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 
 
 class Alerter:
@@ -38,6 +37,7 @@ class Alerter:
     def __init__(self, config: AlertsConfig, targets: list[Target], store: Store, metrics: SelfMetrics) -> None:
         self.store, self.metrics = store, metrics
         self.storm = StormControl()
+        self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
         self.configure(config, targets)
 
@@ -55,12 +55,14 @@ class Alerter:
             if not self.storm.offer(event, event_id, now):
                 suppressed.append(event_id)
                 self.metrics.inc("gpuwarden_alerts_suppressed_total", str(event.severity), by=event.count)
+        self._changed.set()
         if suppressed:
             self.store.mark_alerted(suppressed)
 
     def repeated(self, event: Event) -> None:
         """A stored event's storm grew to `event.count` lines."""
         self.storm.repeated(event.dedupe_key, event.count - 1, time.time())
+        self._changed.set()
         self.metrics.inc("gpuwarden_alerts_suppressed_total", str(event.severity), by=event.count - 1)
 
     def resolve(self, dedupe_key: str, message: str) -> None:
@@ -99,15 +101,23 @@ class Alerter:
                 self.store.delivered(row.id)
 
     async def _tick(self) -> None:
-        ticks = 0
+        """Send what is due, then sleep until the storm control's next due time or a new event, at most
+        _EXPORT seconds (the outbox counts for the exporter): no wake-ups while nothing happens."""
+        exported = 0.0
         while True:
             now = time.time()
             for out in self.storm.due(now):
                 self._enqueue(out, now)
-            if ticks % _EXPORT_EVERY == 0:
+            if now - exported >= _EXPORT:
                 self._export_pending()
-            ticks += 1
-            await asyncio.sleep(_TICK)
+                exported = now
+            due = self.storm.next_due()
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), _EXPORT if due is None else
+                                       min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
+            except TimeoutError:
+                pass
 
     def _enqueue(self, out, now: float) -> None:
         message = compose(out, self.config.hostname, f"gw-{uuid.uuid4().hex[:12]}")

@@ -98,6 +98,12 @@ class StormControl:
                 out.append(message)
         return out
 
+    def next_due(self) -> float | None:
+        """When `due` will next have something: a group window closing, or a cooldown ending on repeats."""
+        times = [g.opened + self.group_window for g in self._groups.values()]
+        times += [k.last_sent + self.cooldown for k in self._keys.values() if k.suppressed]
+        return min(times, default=None)
+
     def _take_repeats(self, dedupe_key: str, message: Outgoing, now: float) -> None:
         key = self._keys[dedupe_key]
         if key.suppressed:
