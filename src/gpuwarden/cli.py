@@ -251,11 +251,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def read_all():
         watch = GpuWatch(config.gpu, lambda: gpus, NullSink(), FlightRecorder())
-        if config.gpu.nvml:
-            from gpuwarden.gpu import nvidia
-
-            watch.nvml = nvidia.load()
-            watch._nv_handles = nvidia.handles(watch.nvml) if watch.nvml else {}
+        watch.open_nvml()
         return await watch.sample_once()
 
     samples = asyncio.run(read_all()) if gpus else {}

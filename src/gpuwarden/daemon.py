@@ -159,11 +159,10 @@ class Daemon:
         log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
 
     def _start_components(self) -> None:
-        gpus = discover(self.config.gpu.sysfs_root)
-        self._discovered_at = time.monotonic()
+        gpus = self._discover()
         log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
                  if gpus else "no GPUs")
-        self.gpus = gpus
+        self.guard = None
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
@@ -179,11 +178,15 @@ class Daemon:
         if self.notifier.watchdog_seconds:
             self.supervisor.start("watchdog", lambda: _Loop("watchdog", self._ping_watchdog))
 
+    def _discover(self) -> list:
+        self.gpus = discover(self.config.gpu.sysfs_root)
+        self._discovered_at = time.monotonic()
+        return self.gpus
+
     def _current_gpus(self) -> list:
         """The GPUs, looked for again every few seconds: a GPU can vanish without a uevent reaching us."""
         if time.monotonic() - self._discovered_at > _REDISCOVER_SECONDS:
-            self.gpus = discover(self.config.gpu.sysfs_root)
-            self._discovered_at = time.monotonic()
+            self._discover()
         return self.gpus
 
     def _guarded_devices(self) -> set[str]:
@@ -191,7 +194,7 @@ class Daemon:
 
     def _pci_changed(self) -> None:
         """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
-        self.gpus = discover(self.config.gpu.sysfs_root)
+        self._discover()
         if self.guard:
             self.guard.recheck.set()
 

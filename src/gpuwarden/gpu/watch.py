@@ -115,12 +115,16 @@ class GpuWatch:
         self._durations: dict[str, float] = {}
         self._readers: dict[str, Callable[[float], GpuSample]] = {}
 
-    async def run(self) -> None:
+    def open_nvml(self) -> None:
+        """Load NVML (when configured and there) and find the NVIDIA GPUs. Blocking: run off the loop."""
         if self.config.nvml:
-            self.nvml = await asyncio.to_thread(nvidia.load)
+            self.nvml = nvidia.load()
             if self.nvml:
-                self._nv_handles = await asyncio.to_thread(nvidia.handles, self.nvml)
+                self._nv_handles = nvidia.handles(self.nvml)
                 log.info("NVML reader on: %d NVIDIA GPU(s)", len(self._nv_handles))
+
+    async def run(self) -> None:
+        await asyncio.to_thread(self.open_nvml)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._sample_forever())
             if self.nvml and self._nv_handles:

@@ -114,11 +114,7 @@ class JournalSource(Source):
 
     def __init__(self, cursor: str | None, lookback: float, tick: float = 1.0, path: str | None = None) -> None:
         super().__init__(tick)
-        from systemd import journal
-
-        self._journal = journal
-        self.reader = journal.Reader(path=path) if path else journal.Reader()
-        self.reader.add_match(_TRANSPORT="kernel")
+        self.reader = _kernel_reader(path)
         self._position(cursor, lookback)
 
     def _position(self, cursor: str | None, lookback: float) -> None:
@@ -139,12 +135,10 @@ class JournalSource(Source):
     @staticmethod
     def has_kernel_entries(path: str | None = None) -> bool:
         try:
-            from systemd import journal
-        except ImportError:
+            reader = _kernel_reader(path)
+        except (ImportError, OSError):
             return False
         try:
-            reader = journal.Reader(path=path) if path else journal.Reader()
-            reader.add_match(_TRANSPORT="kernel")
             reader.this_boot()
             reader.seek_tail()
             return bool(reader.get_previous())
@@ -177,6 +171,15 @@ class JournalSource(Source):
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _kernel_reader(path: str | None):
+    """A journal reader of kernel entries (matches go before any seek)."""
+    from systemd import journal
+
+    reader = journal.Reader(path=path) if path else journal.Reader()
+    reader.add_match(_TRANSPORT="kernel")
+    return reader
 
 
 def _from_entry(entry: dict) -> KernelRecord:
