@@ -73,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     guard.add_argument("--json", action="store_true")
     guard.set_defaults(handler=cmd_guard)
 
+    quarantine = sub.add_parser("quarantine", help="move poisoned compile caches aside (renamed, never deleted)")
+    quarantine.add_argument("dirs", nargs="*", type=Path,
+                            help="cache directories to move (default: those of [cache] dirs with zero-byte files)")
+    quarantine.add_argument("--reason", default="manual", help="goes into the new name (default: manual)")
+    quarantine.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
+    quarantine.set_defaults(handler=cmd_quarantine)
+
     sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
     return parser
@@ -238,6 +245,29 @@ def cmd_guard(args: argparse.Namespace) -> int:
         for path, ok in rows:
             print(f"{'intact ' if ok else 'missing'}  {path}")
     return EXIT_OK
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    """Named directories are moved as asked; with none, the configured caches that hold zero-byte files."""
+    from gpuwarden.act.quarantine import Poisoned, cache_dirs, moved_event, scan
+
+    config, _ = configuration.load(args.config)
+    if args.dirs:
+        found = {p.dir: p for p in scan(args.dirs)}
+        poisoned = [found.get(d, Poisoned(d, 0)) for d in args.dirs]
+    else:
+        poisoned = scan(cache_dirs(config.cache))
+    event = moved_event(poisoned, args.reason, time.time(), args.dry_run or config.cache.dry_run)
+    if event is None:
+        print("no zero-byte file in the compile caches; nothing moved")
+        return EXIT_OK
+    print(event.message)
+    store = Store(config.daemon.state_dir / "gpuwarden.db")
+    try:
+        store.add_events([event])
+    finally:
+        store.close()
+    return EXIT_FAILURE if event.evidence["failed"] else EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:

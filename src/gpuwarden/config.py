@@ -246,6 +246,12 @@ class GuardConfig(Section):
 
 
 
+class CacheConfig(Section):
+    dirs: list[Path] | None = None  # compile caches to watch; default: the usual ones of root and login users
+    on_crash_loop: Literal["quarantine", "alert"] = "quarantine"
+    dry_run: bool = False  # say what would be moved, move nothing
+
+
 class Config(Section):
     daemon: DaemonConfig = DaemonConfig()
     exporter: ExporterConfig = ExporterConfig()
@@ -255,6 +261,7 @@ class Config(Section):
     engine: list[EngineConfig] = []
     gpu: GpuConfig = GpuConfig()
     guard: GuardConfig = GuardConfig()
+    cache: CacheConfig = CacheConfig()
 
     @field_validator("engine")
     @classmethod

@@ -13,6 +13,7 @@ from pathlib import Path
 from gpuwarden import config as configuration
 from gpuwarden import logsetup, policy
 from gpuwarden.act.guard_watch import GuardWatch
+from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
@@ -80,13 +81,26 @@ class Daemon:
         return ids
 
     def _act(self, event: Event) -> None:
-        """The policy's kills for a stored event, started in the background."""
-        if not self.engines:
-            return
-        for engine, reason in policy.kills(event, self.engines.views()):
-            task = asyncio.get_running_loop().create_task(self.engines.kill(engine, reason))
-            self._actions.add(task)
-            task.add_done_callback(self._actions.discard)
+        """The policy's actions for a stored event, started in the background."""
+        for engine, reason in policy.kills(event, self.engines.views()) if self.engines else ():
+            self._background(self.engines.kill(engine, reason))
+        if reason := policy.quarantines(event):
+            self._background(self._quarantine(reason))
+
+    def _background(self, action: Awaitable[None]) -> None:
+        task = asyncio.get_running_loop().create_task(action)
+        self._actions.add(task)
+        task.add_done_callback(self._actions.discard)
+
+    async def _quarantine(self, reason: str) -> None:
+        """Move poisoned compile caches aside (a scan can take a while: off the loop)."""
+        cfg = self.config.cache
+        dry_run = cfg.dry_run or cfg.on_crash_loop == "alert"
+        event = await asyncio.to_thread(quarantine_all, cache_dirs(cfg), reason, time.time(), dry_run)
+        if event:
+            self.record([event])
+        else:
+            log.info("%s: no zero-byte file in the compile caches", reason)
 
     def resolve(self, dedupe_key: str, message: str) -> None:
         if self.alerter:

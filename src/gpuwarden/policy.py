@@ -1,5 +1,6 @@
 """Which events make gpuwarden act, pure: an engine that stalls, and a GPU fault under an engine, get the
-engine killed (or only alerted, as each engine's config says)."""
+engine killed (or only alerted, as each engine's config says); an engine in a crash loop gets its poisoned
+compile caches moved aside."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from gpuwarden.model import Event, Severity
 # Kernel faults after which an engine on that GPU is killed at once: the GPU is hanging or faulting and a
 # hung engine is how GPUs get lost. Xids count when their catalog severity is critical (79, 119, 95...).
 GPU_FAULT_KINDS = frozenset({"sq_intr", "ring_timeout", "page_fault"})
+# Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
+QUARANTINE_KINDS = frozenset({"engine_crash_loop"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,11 @@ def kills(event: Event, engines: list[EngineView]) -> list[tuple[str, str]]:
         return [(e.name, f"kernel reported {event.kind}{where}") for e in engines
                 if e.on_gpu_fault == "kill" and _uses(e, event.gpu)]
     return []
+
+
+def quarantines(event: Event) -> str | None:
+    """The reason to quarantine poisoned caches after this event, or None."""
+    return event.kind.replace("engine_", "") if event.kind in QUARANTINE_KINDS else None
 
 
 def _uses(engine: EngineView, gpu: str | None) -> bool:

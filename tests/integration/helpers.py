@@ -77,6 +77,7 @@ class Daemon:
         self.state = tmp / "state"
         self.config_path = tmp / "gpuwarden.toml"
         self.log_file = tmp / "kern.log"
+        self.caches = tmp / "cache"
         self.log_file.touch()
         kernel = kernel or f'source = "file"\nfile = "{self.log_file}"'
         self.write_config(config, kernel)
@@ -89,7 +90,8 @@ class Daemon:
             self._kernel = kernel
         self.config_path.write_text(
             f'[daemon]\nstate_dir = "{self.state}"\nstatus_interval = "1s"\n'
-            f'[exporter]\nport = {self.port}\n[kernel]\n{self._kernel}\n{extra}')
+            f'[exporter]\nport = {self.port}\n[cache]\ndirs = ["{self.caches}"]\n'  # never the machine's own caches
+            f'[kernel]\n{self._kernel}\n{extra}')
 
     def start(self, *prefix: str) -> Daemon:
         """Start it; `prefix` runs it under another command that execs it (e.g. `unshare -m`)."""

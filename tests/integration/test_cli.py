@@ -44,3 +44,29 @@ def test_events_on_an_empty_store(tmp_path):
     result = run("--config", str(cfg), "events", "--since", "1h")
     assert result.returncode == 0 and "no events since 1h ago" in result.stderr
     assert run("--config", str(cfg), "events", "--since", "soon").returncode == 2
+
+
+def test_quarantine_moves_the_poisoned_caches_and_records_it(tmp_path):
+    caches = [tmp_path / "vllm", tmp_path / "triton", tmp_path / "clean"]
+    for cache in caches:
+        (cache / "sub").mkdir(parents=True)
+        (cache / "sub" / "done.bin").write_bytes(b"compiled")
+    (caches[0] / "sub" / "cut.py").touch()
+    (caches[1] / "cut.hsaco").touch()
+    cfg = tmp_path / "gw.toml"
+    dirs = json.dumps([str(c) for c in caches])
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}/state"\n[cache]\ndirs = {dirs}\n')
+    dry = run("--config", str(cfg), "quarantine", "--dry-run")
+    assert dry.returncode == 0 and "would move" in dry.stdout and all(c.exists() for c in caches)
+    result = run("--config", str(cfg), "quarantine", "--reason", "power cut")
+    assert result.returncode == 0, result.stderr
+    assert not caches[0].exists() and not caches[1].exists() and caches[2].exists()
+    [vllm] = tmp_path.glob("vllm.BROKEN-*-power-cut")
+    assert sorted(p.name for p in (vllm / "sub").iterdir()) == ["cut.py", "done.bin"]
+    events = [json.loads(line) for line in run("--config", str(cfg), "events", "--json").stdout.splitlines()]
+    moved = [e for e in events if e["kind"] == "cache_poisoned" and not e["evidence"]["dry_run"]]
+    assert [m["zero_byte_files"] for m in moved[0]["evidence"]["moved"]] == [1, 1]
+    again = run("--config", str(cfg), "quarantine")
+    assert again.returncode == 0 and "nothing moved" in again.stdout
+    named = run("--config", str(cfg), "quarantine", str(caches[2]))  # a named directory moves as asked
+    assert named.returncode == 0 and not caches[2].exists() and "0 zero-byte" in named.stdout

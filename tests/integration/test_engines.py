@@ -125,10 +125,16 @@ def test_an_engine_that_stops_answering_is_unresponsive(daemon_factory, fake_eng
     assert d.stop() == 0
 
 
-def test_exits_and_a_crash_loop(daemon_factory, fake_engine, tmp_path):
+def test_exits_and_a_crash_loop_quarantine_the_poisoned_cache(daemon_factory, fake_engine, tmp_path):
     engine = fake_engine("progress")
     port = engine.port
-    d = daemon_factory(engine_config(engine, crash_loop_exits="3", unresponsive_after="100")).start()
+    d = daemon_factory(engine_config(engine, crash_loop_exits="3", unresponsive_after="100"))
+    inductor = d.caches / "inductor"
+    (inductor / "fx").mkdir(parents=True)
+    (inductor / "fx" / "kernel.py").write_text("# compiled\n")
+    for name in ("a.so", "b.json"):
+        (inductor / "fx" / name).touch()  # cut by a power loss
+    d.start()
     d.wait_serving()
     for exits in range(1, 4):
         time.sleep(1.5)
@@ -137,6 +143,11 @@ def test_exits_and_a_crash_loop(daemon_factory, fake_engine, tmp_path):
         engine = fake_engine("progress", port=port)  # restarted on the same port
     loop = wait_event(d, "engine_crash_loop")
     assert "exited 3 times" in loop["message"]
+    moved = wait_event(d, "cache_poisoned")
+    [broken] = d.caches.parent.glob("cache.BROKEN-*-crash_loop")
+    assert not d.caches.exists()
+    assert sorted(p.name for p in (broken / "inductor/fx").iterdir()) == ["a.so", "b.json", "kernel.py"]
+    assert moved["evidence"]["moved"][0]["zero_byte_files"] == 2 and str(broken) in moved["message"]
     assert d.stop() == 0
 
 

@@ -30,7 +30,11 @@ RUNBOOKS: dict[str, str] = {
     "crash_loop": (
         "The engine keeps dying. A power cut during its first compile leaves zero-byte files in the torch, "
         "inductor or triton caches: look for them (find ~/.cache -size 0 -type f), move the cache aside (do not "
-        "delete it) and let the engine recompile."),
+        "delete it) and let the engine recompile: `gpuwarden quarantine` does that for the configured caches."),
+    "cache_poisoned": (
+        "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
+        "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
+        "(the first start takes longer), then delete the BROKEN folder once it runs."),
     "kill_refused": "gpuwarden did not kill the engine again (kill budget spent): look at it by hand now.",
     "thermal": "Check airflow, fan curves and dust; lower the power cap until the cause is fixed.",
     "power": "Check the power cap (and that it was set on every card) and what the PSU can feed all GPUs at once.",
