@@ -64,10 +64,56 @@ CARDS = {
 }
 
 
-def add_gpu(root: Path, bdf: str, card: str, overrides: dict | None = None, hwmon_index: int = 0) -> Path:
-    """One amdgpu GPU under `root` (a fake /sys); `overrides` replaces or (with None) removes files."""
+# PCI config space (PCI Express Base Specification; include/uapi/linux/pci_regs.h)
+ENDPOINT, ROOT_PORT, UPSTREAM, DOWNSTREAM = 0x0, 0x4, 0x5, 0x6  # PCI Express capability: device/port type
+ATOMIC_ROUTING, ATOMIC_COMPLETER = 1 << 6, 1 << 7 | 1 << 8  # Device Capabilities 2: routing; 32 + 64-bit completer
+MEM64_PREFETCH, MEM = 0x14220C, 0x40200  # `resource` flags: IORESOURCE_MEM | PREFETCH | MEM_64 ..., plain MEM
+
+
+def config_space(vendor: int, device: int, port_type: int, devcap2: int = 0) -> bytes:
+    """256 bytes as root reads them: header, a power-management capability, then PCI Express (version 2)."""
+    data = bytearray(256)
+    data[0:4] = vendor.to_bytes(2, "little") + device.to_bytes(2, "little")
+    data[0x06] = 0x10  # status: has a capability list
+    data[0x34] = 0x50
+    data[0x50:0x52] = bytes([0x01, 0x64])  # power management, next at 0x64
+    data[0x64:0x66] = bytes([0x10, 0x00])  # PCI Express, last
+    data[0x66:0x68] = (0x2 | port_type << 4).to_bytes(2, "little")
+    data[0x64 + 0x24:0x64 + 0x28] = devcap2.to_bytes(4, "little")
+    return bytes(data)
+
+
+def resource_file(bars: dict[int, tuple[int, int]]) -> str:
+    """A device's `resource`: one `start end flags` line per resource, {index: (size, flags)} for the BARs."""
+    lines, base, unused = [], 0x7000000000, " ".join(["0x" + "0" * 16] * 3)
+    for index in range(13):
+        size, flags = bars.get(index, (0, 0))
+        lines.append(f"0x{base:016x} 0x{base + size - 1:016x} 0x{flags:016x}" if size else unused)
+        base += max(size, 1 << 20)
+    return "\n".join(lines) + "\n"
+
+
+def add_bridge(root: Path, parent: str, bdf: str, vendor: int, device: int, port_type: int, speed: str = "16.0",
+               max_speed: str = "16.0", width: int = 16, max_width: int = 16, devcap2: int = 0) -> str:
+    """A root port or switch port at /sys/devices/<parent>/<bdf>; returns the new parent path for what is below."""
+    dev = root / "devices" / parent / bdf
+    dev.mkdir(parents=True)
+    for name, value in (("vendor", f"0x{vendor:04x}"), ("device", f"0x{device:04x}"), ("class", "0x060400"),
+                        ("current_link_speed", f"{speed} GT/s PCIe"), ("max_link_speed", f"{max_speed} GT/s PCIe"),
+                        ("current_link_width", width), ("max_link_width", max_width)):
+        (dev / name).write_text(f"{value}\n")
+    (dev / "config").write_bytes(config_space(vendor, device, port_type, devcap2))
+    (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    os.symlink(dev, root / "bus/pci/devices" / bdf)
+    return f"{parent}/{bdf}"
+
+
+def add_gpu(root: Path, bdf: str, card: str, overrides: dict | None = None, hwmon_index: int = 0,
+            parent: str = "pci0000:00", bar0: int | None = None) -> Path:
+    """One amdgpu GPU under `root` (a fake /sys) at /sys/devices/<parent>/<bdf>; `overrides` replaces or (with
+    None) removes files; `bar0` is the VRAM BAR's size (default: all of the CPU-visible VRAM)."""
     spec = CARDS[card]
-    dev = root / "devices/pci0000:00" / bdf
+    dev = root / "devices" / parent / bdf
     hw = dev / "hwmon" / f"hwmon{hwmon_index}"
     hw.mkdir(parents=True)
     (hw / "name").write_text("amdgpu\n")
@@ -85,7 +131,7 @@ def add_gpu(root: Path, bdf: str, card: str, overrides: dict | None = None, hwmo
             os.symlink(dev, dev / "drm" / name / "device")
             target = dev / "drm" / name
         os.symlink(target, root / "class" / cls / name)
-    files = {"vendor": "0x1002", "device": spec["device"], "class": spec["class"],
+    files = {"numa_node": 0, "vendor": "0x1002", "device": spec["device"], "class": spec["class"],
              "uevent": f"DRIVER=amdgpu\nPCI_CLASS={int(spec['class'], 16):X}\nPCI_SLOT_NAME={bdf}\n",
              **({"product_name": spec["product_name"]} if "product_name" in spec else {}), **spec["files"]}
     hwmon = dict(spec["hwmon"])
@@ -96,6 +142,10 @@ def add_gpu(root: Path, bdf: str, card: str, overrides: dict | None = None, hwmo
         for name, value in entries.items():
             if value is not None:
                 (folder / name).write_text(f"{value}\n" if not str(value).endswith("\n") else str(value))
+    (dev / "config").write_bytes(config_space(0x1002, int(spec["device"], 16), ENDPOINT))
+    bar0 = bar0 or int(files.get("mem_info_vis_vram_total") or 256 << 20)
+    (dev / "resource").write_text(resource_file({0: (bar0, MEM64_PREFETCH), 2: (2 << 20, MEM64_PREFETCH),
+                                                 5: (1 << 20, MEM)}))
     return dev
 
 

@@ -80,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     quarantine.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
     quarantine.set_defaults(handler=cmd_quarantine)
 
+    doctor = sub.add_parser("doctor", help="preflight: BARs, PCIe paths, AtomicOps, NUMA, IOMMU, settings, caches")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(handler=cmd_doctor)
+
     sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
     return parser
@@ -270,21 +274,39 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if event.evidence["failed"] else EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is wrong, 1 when a finding is at warning or above."""
+    from gpuwarden import doctor
+    from gpuwarden.gpu.discovery import discover
+    from gpuwarden.gpu.watch import read_once
+    from gpuwarden.model import Severity
+
+    config, _ = configuration.load(args.config)
+    facts = doctor.collect(config, read_once(config.gpu, discover(config.gpu.sysfs_root)))
+    findings = doctor.diagnose(facts, config.gpu)
+    if args.json:
+        print(json.dumps([{**dataclasses.asdict(f), "severity": str(f.severity)} for f in findings]))
+    else:
+        if not facts.gpus:
+            print("no GPUs found")
+        for f in findings:
+            print(f"{str(f.severity).upper():<8} {f.check:<12} {f.subject:<13} {f.what}")
+            if f.advice:
+                print(f"{'':<35}-> {f.advice}")
+        counts = {s: sum(f.severity == s for f in findings) for s in Severity}
+        print(f"\n{counts[Severity.CRITICAL]} critical, {counts[Severity.WARNING]} warning(s), "
+              f"{counts[Severity.INFO]} note(s)")
+    return EXIT_FAILURE if doctor.worst(findings) >= Severity.WARNING else EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """One fresh reading of every GPU, through the same readers as the daemon (no daemon needed)."""
     from gpuwarden.gpu.discovery import discover
-    from gpuwarden.gpu.recorder import FlightRecorder
-    from gpuwarden.gpu.watch import GpuWatch, NullSink
+    from gpuwarden.gpu.watch import read_once
 
     config, _ = configuration.load(args.config)
     gpus = discover(config.gpu.sysfs_root)
-
-    async def read_all():
-        watch = GpuWatch(config.gpu, lambda: gpus, NullSink(), FlightRecorder())
-        watch.open_nvml()
-        return await watch.sample_once()
-
-    samples = asyncio.run(read_all()) if gpus else {}
+    samples = read_once(config.gpu, gpus)
     if args.json:
         print(json.dumps([dataclasses.asdict(s) for s in samples.values()], default=str))
         return EXIT_OK

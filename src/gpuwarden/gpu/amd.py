@@ -12,13 +12,13 @@ import os
 import re
 from pathlib import Path
 
+from gpuwarden.gpu.pci import link_speed
 from gpuwarden.model import GpuSample
 
 BUSY = {errno.EBUSY, errno.EPERM, errno.EAGAIN}
 GONE = {errno.EREMOTEIO, errno.ETIME, errno.ENODEV, errno.EIO}
 _LEVEL = re.compile(r"^\s*\d+:\s*(\d+(?:\.\d+)?)\s*mhz\s*(\*)?\s*$", re.I)
 _OD_VALUE = re.compile(r"^\s*(?:(\d+):\s*)?(-?\d+(?:\.\d+)?)\s*(?:mhz|mv)\b", re.I)
-_SPEED = re.compile(r"^(\d+(?:\.\d+)?)\s*GT/s")
 
 
 def _read_raw(path: str, problems: dict[str, str]) -> str | None:
@@ -143,8 +143,8 @@ class AmdReader:
         values["sclk_max_hz"] = highest
         values["mclk_hz"] = clocks.get("mclk") or _dpm(t.get("pp_dpm_mclk"))[0]
         values["voltage_mv"] = volts.get("vddgfx", next(iter(volts.values()), None))
-        values["pcie_speed_gts"] = _speed(t.get("current_link_speed"))
-        values["pcie_max_speed_gts"] = _speed(t.get("max_link_speed"))
+        values["pcie_speed_gts"] = link_speed(t.get("current_link_speed"))
+        values["pcie_max_speed_gts"] = link_speed(t.get("max_link_speed"))
         values["pcie_width"] = _int(t.get("current_link_width"))
         values["pcie_max_width"] = _int(t.get("max_link_width"))
         values["perf_level"] = t.get("power_dpm_force_performance_level")
@@ -188,11 +188,6 @@ def parse_overdrive(text: str) -> dict[str, dict[str, float]]:
         if m := _OD_VALUE.match(stripped):
             sections[current][m.group(1) or ""] = float(m.group(2))
     return sections
-
-
-def _speed(text: str | None) -> float | None:
-    m = _SPEED.match(text or "")
-    return float(m.group(1)) if m else None
 
 
 def _int(text: str | None) -> int | None:

@@ -277,3 +277,16 @@ def series_of(samples: dict[str, GpuSample]) -> dict[str, dict[tuple[str, ...], 
         for sensor, value in s.temperatures.items():
             out["gpuwarden_gpu_temperature_celsius"][(*base, sensor)] = value
     return out
+
+
+def read_once(config: GpuConfig, gpus: list[Gpu]) -> dict[str, GpuSample]:
+    """One fresh reading of `gpus` through the daemon's readers, outside the daemon (status, doctor)."""
+    if not gpus:
+        return {}
+
+    async def read_all():
+        watch = GpuWatch(config, lambda: gpus, NullSink(), FlightRecorder())
+        watch.open_nvml()
+        return await watch.sample_once()
+
+    return asyncio.run(read_all())
