@@ -84,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(handler=cmd_doctor)
 
+    incidents = sub.add_parser("incidents", help="the incident reports (state_dir/incidents)")
+    incidents.add_argument("--json", action="store_true", help="one JSON object per line")
+    incidents.set_defaults(handler=cmd_incidents)
+
     sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
     return parser
@@ -297,6 +301,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"\n{counts[Severity.CRITICAL]} critical, {counts[Severity.WARNING]} warning(s), "
               f"{counts[Severity.INFO]} note(s)")
     return EXIT_FAILURE if doctor.worst(findings) >= Severity.WARNING else EXIT_OK
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+    from gpuwarden.report import listing
+
+    config, _ = configuration.load(args.config)
+    rows = listing(config.daemon.state_dir / "incidents")
+    for row in rows:
+        if args.json:
+            print(json.dumps(row))
+        else:
+            stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+            print(f"{stamp}  {row['kind']:<16} {row['subject']:<13} {row['events']:>3} event(s) "
+                  f"{row['actions']:>2} action(s)  {row['picture'] or 'no picture'}  {row['folder']}")
+    if not rows and not args.json:
+        print("no incident reports", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:

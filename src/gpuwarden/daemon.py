@@ -7,11 +7,12 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import logsetup, policy
+from gpuwarden import logsetup, policy, report
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.alert.alerter import Alerter
@@ -58,6 +59,8 @@ class Daemon:
         self.engines: EngineWatch | None = None
         self.guard: GuardWatch | None = None
         self.recorder = FlightRecorder(config.gpu.recorder_window)
+        self.recent_lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
+        self.incidents = report.Incidents(config.daemon.state_dir / "incidents", self._incident)
         self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
         self.kernel_source = "none"
@@ -71,6 +74,8 @@ class Daemon:
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
         """Store events durably, then count and log them."""
         ids = self.store.add_events(events, cursor)
+        for event, event_id in zip(events, ids, strict=True):
+            self.incidents.offer(event, event_id)
         if self.alerter and events:
             self.alerter.submit(events, ids)
         for event in events:
@@ -122,6 +127,18 @@ class Daemon:
         if by:
             self.metrics.inc(name, *labels, by=by)
 
+    def kernel_lines(self, now: float, texts: list[str]) -> None:
+        self.recent_lines.extend((now, text) for text in texts)
+
+    def _incident(self, trigger_id: int, opened: float) -> dict:
+        """An incident bundle's content, gathered now (on the loop: the recorder and the lines live here)."""
+        since = opened - report.BEFORE
+        events = self.store.events(since=since)
+        trigger = next(e for e in events if e["id"] == trigger_id)
+        telemetry = {gpu: self.recorder.history(gpu) for gpu in self.recorder.latest()}
+        return report.bundle(trigger, events, [line for line in self.recent_lines if line[0] >= since], telemetry,
+                             self.engines.samples() if self.engines else {}, self.config.alerts.hostname)
+
     def polled(self, source: str) -> None:
         self.metrics.set("gpuwarden_source_last_success_timestamp_seconds", time.time(), source)
 
@@ -141,7 +158,8 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         self.store = Store(self.config.daemon.state_dir / "gpuwarden.db")
-        self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics)
+        self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics,
+                               self.incidents.folder_for)
         self.engines = EngineWatch(self.config.engines, self.config.engine, self)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,6 +174,7 @@ class Daemon:
         log.info("stopping")
         self.notifier.stopping()
         await self.supervisor.stop()
+        self.incidents.stop()
         if self.exporter:
             self.exporter.stop()
         self.store.close()

@@ -157,8 +157,9 @@ class Receiver:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
-                received.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))  # ntfy posts attachments raw
+                received.append({"path": self.path, "headers": dict(self.headers), "raw": raw,
+                                 "body": raw.decode(errors="replace")})
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()

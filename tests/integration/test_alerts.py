@@ -5,6 +5,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+import urllib.parse
 
 from helpers import GPUWARDEN, wait_for
 
@@ -48,7 +49,8 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     assert "alert id: gw-" in hook["message"]
 
     [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
-    ntfy_text = ntfy["body"] + json.dumps(ntfy["headers"])
+    assert ntfy["raw"].startswith(b"\x89PNG")  # the incident's timeline.png; title and message go in the query
+    ntfy_text = urllib.parse.unquote_plus(ntfy["path"])
     assert "device_lost on box1" in ntfy_text and "device lost from bus!" in ntfy_text
     wait_for(lambda: 'gpuwarden_alerts_sent_total{severity="critical",target="1:json://127.0.0.1:' in d.metrics(),
              5, what="the sent counter")
@@ -153,3 +155,41 @@ def _outbox_rows(db) -> int:
             return conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
     except sqlite3.Error:
         return -1
+
+
+def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_picture(daemon_factory, receiver,
+                                                                                       tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from fakesysfs import build
+
+    sysfs = build(tmp_path / "sys", {"0000:03:00.0": "rdna3", "0000:06:00.0": "rdna3"})
+    gpu = f'[gpu]\nsysfs_root = "{sysfs}"\ninterval = "200ms"\nnvml = false\n[guard]\nenabled = false\n'
+    d = daemon_factory(alerts_config(receiver) + gpu).start()
+    d.wait_serving()
+    time.sleep(2)  # some telemetry in the flight recorder
+    append(d, "Dec 02 16:22:27 host kernel: amdgpu 0000:03:00.0: amdgpu: sq_intr: error, se 0, data 0x0\n")
+    append(d, LOST.format(bus="03"))
+    wait_for(lambda: receiver.json_bodies("/hook"), 40, what="the alert")
+    [hook] = receiver.json_bodies("/hook")
+    [folder] = (d.state / "incidents").iterdir()
+    assert folder.name.endswith("-device_lost") and f"`{folder}`" in hook["message"]
+    [attachment] = hook["attachments"]
+    png = base64.b64decode(attachment["base64"])
+    assert attachment["filename"] == "timeline.png" and png == (folder / "timeline.png").read_bytes()
+    assert Image.open(io.BytesIO(png)).size == (1100, 800)
+    content = json.loads((folder / "incident.json").read_text())
+    assert content["trigger"]["kind"] == "device_lost" and content["trigger"]["gpu"] == "0000:03:00.0"
+    assert any("device lost from bus!" in line["line"] for line in content["kernel_lines"])
+    assert {e["kind"] for e in content["events"]} >= {"sq_intr", "device_lost"}
+    points = content["telemetry"]["0000:03:00.0"]
+    assert len(points) >= 5 and points[-1]["power_watts"] == 272.0 and points[-1]["temperature_celsius"] == 67.0
+    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--json"], capture_output=True,
+                            text=True, check=True).stdout
+    [row] = [json.loads(line) for line in listed.splitlines()]
+    assert (row["kind"], row["subject"], row["picture"]) == ("device_lost", "0000:03:00.0",
+                                                             str(folder / "timeline.png"))
+    assert d.stop() == 0

@@ -13,6 +13,8 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import apprise
 
@@ -22,6 +24,7 @@ from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity
+from gpuwarden.report import picture
 from gpuwarden.store import OutboxRow, Store
 
 log = logging.getLogger(__name__)
@@ -29,13 +32,15 @@ log = logging.getLogger(__name__)
 NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
                 Severity.CRITICAL: apprise.NotifyType.FAILURE}
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
+_PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
 
 
 class Alerter:
     name = "alerts"
 
-    def __init__(self, config: AlertsConfig, targets: list[Target], store: Store, metrics: SelfMetrics) -> None:
-        self.store, self.metrics = store, metrics
+    def __init__(self, config: AlertsConfig, targets: list[Target], store: Store, metrics: SelfMetrics,
+                 incident_for: Callable[[list[int]], Path | None] = lambda ids: None) -> None:
+        self.store, self.metrics, self.incident_for = store, metrics, incident_for
         self.storm = StormControl()
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
@@ -120,9 +125,11 @@ class Alerter:
                 pass
 
     def _enqueue(self, out, now: float) -> None:
-        message = compose(out, self.config.hostname, f"gw-{uuid.uuid4().hex[:12]}")
+        incident = None if out.resolved else self.incident_for(out.event_ids)
+        message = compose(out, self.config.hostname, f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
-        payload = {"title": message.title, "body": message.body, "resolved": message.resolved}
+        payload = {"title": message.title, "body": message.body, "resolved": message.resolved,
+                   "incident": incident and str(incident)}
         self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
         log.info("alert %s: %s -> %s", message.alert_id, message.title, ", ".join(wanted) or "no target")
         for name in wanted:
@@ -168,16 +175,26 @@ class Alerter:
 
     async def _send(self, target: Target, row: OutboxRow) -> str | None:
         """None on success, else what went wrong (without the URL: it holds secrets)."""
+        folder = row.payload.get("incident")
+        attach = await self._picture(Path(folder), row.created) if folder and target.takes_attachments else None
         return await send(target, row.payload["title"], row.payload["body"],
                           apprise.NotifyType.SUCCESS if row.payload["resolved"]
-                          else NOTIFY_TYPES[Severity.parse(row.severity)], self.config.send_timeout)
+                          else NOTIFY_TYPES[Severity.parse(row.severity)], self.config.send_timeout, attach)
+
+    @staticmethod
+    async def _picture(folder: Path, created: float) -> str | None:
+        """The incident's timeline.png, waiting for it up to _PICTURE_WAIT after the alert was made."""
+        while (found := picture(folder)) is None and time.time() - created < _PICTURE_WAIT:
+            await asyncio.sleep(0.25)
+        return str(found) if found else None
 
 
-async def send(target: Target, title: str, body: str, notify_type: str, timeout: float) -> str | None:
+async def send(target: Target, title: str, body: str, notify_type: str, timeout: float,
+               attach: str | None = None) -> str | None:
     try:
         result = await asyncio.wait_for(asyncio.to_thread(
             target.apprise.notify, body=body, title=title, notify_type=notify_type,
-            body_format=apprise.NotifyFormat.MARKDOWN, timeout=timeout), timeout + 5)
+            body_format=apprise.NotifyFormat.MARKDOWN, timeout=timeout, attach=attach), timeout + 5)
     except TimeoutError:
         return f"no answer within {timeout:.0f} s"
     return None if result else f"apprise: {getattr(result, 'status', 'failure')!s}".lower()

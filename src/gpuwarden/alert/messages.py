@@ -23,7 +23,7 @@ class Message:
     tags: frozenset[str]
 
 
-def compose(out: Outgoing, host: str, alert_id: str) -> Message:
+def compose(out: Outgoing, host: str, alert_id: str, incident: str | None = None) -> Message:
     tags = {out.subject.split(" ", 1)[-1]} | {e.kind for e in out.events}
     tags |= {k.split(":", 1)[0] for k in out.repeats}
     if out.resolved:
@@ -46,6 +46,9 @@ def compose(out: Outgoing, host: str, alert_id: str) -> Message:
     runbooks = dict.fromkeys(filter(None, (runbook_for(e.kind, e.evidence.get("runbook")) for e in out.events)))
     if runbooks:
         sections.append("**What to do**\n" + "\n".join(f"- {r}" for r in runbooks))
+    if incident:
+        sections.append(f"**Incident report**: `{incident}` (incident.json; timeline.png attached where the "
+                        "target takes attachments)")
     sections.append(f"alert id: {alert_id}")
     return Message(alert_id, title, "\n\n".join(sections), out.severity, False, frozenset(tags))
 

@@ -19,6 +19,10 @@ class Target:
     min_severity: Severity
     tags: frozenset[str]
 
+    @property
+    def takes_attachments(self) -> bool:
+        return all(getattr(server, "attachment_support", False) for server in self.apprise)
+
     def wants(self, severity: Severity, tags: frozenset[str]) -> bool:
         return severity >= self.min_severity and (not self.tags or bool(self.tags & tags))
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -93,6 +93,10 @@ class EngineWatch:
             if name in self.engines:
                 state.budget, state.tracker = self.engines[name].budget, self.engines[name].tracker
         return new
+
+    def samples(self) -> dict[str, dict]:
+        """Each engine's last scrape (for incident reports); None where none succeeded yet."""
+        return {name: asdict(s.sample) if s.sample else None for name, s in self.engines.items()}
 
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]

@@ -20,6 +20,7 @@ class Sink(Protocol):
     def set_count(self, row_id: int, event: Event) -> None: ...
     def count(self, name: str, *labels: str, by: float = 1) -> None: ...
     def polled(self, source: str) -> None: ...
+    def kernel_lines(self, now: float, texts: list[str]) -> None: ...
 
 
 def classifier_for(config: KernelConfig) -> Classifier:
@@ -66,6 +67,7 @@ class KernelWatch:
                 bursts: list[Burst] = []
                 for record in batch:
                     bursts += self.classifier.feed(record, now)
+                sink.kernel_lines(now, [r.text for r in batch])
                 flushed = self.classifier.flush(now)
                 bursts += flushed.new
                 if source.overruns > seen_overruns:

@@ -1,0 +1,223 @@
+"""Incident reports: on a critical event, a folder `state_dir/incidents/<time>-<kind>/` with `incident.json`
+(the event, the kernel lines around it, the flight recorder's telemetry per GPU, the engines' last metrics,
+what gpuwarden did and how it went) and `timeline.png`.
+
+The bundle is pure (`bundle`); `Incidents` is the daemon's edge that gathers and writes it. The picture is
+drawn by `python -m gpuwarden.report <folder>` in a child process, so matplotlib never loads into the daemon
+(its memory, and a slow or failing plot, stay out of the event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.model import Event, GpuSample, Severity
+
+log = logging.getLogger(__name__)
+
+ACTION_KINDS = frozenset({"engine_killed", "kill_refused", "cache_poisoned"})  # what gpuwarden did, and how
+BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go into the bundle
+SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
+WINDOW = 60.0  # the incident stays open this long: critical events join it, and it is written again at the end
+KERNEL_LINES = 2000  # the daemon keeps this many recent kernel lines for the bundles
+PICTURE, BUNDLE, FAILED = "timeline.png", "incident.json", "render-error.txt"
+_TELEMETRY = ("power_watts", "sclk_hz", "busy_ratio", "state")
+
+
+def folder_name(event: Event) -> str:
+    return f"{datetime.fromtimestamp(event.time).strftime('%Y%m%d-%H%M%S')}-{event.kind}"
+
+
+def bundle(trigger: dict[str, Any], events: list[dict[str, Any]], kernel_lines: list[tuple[float, str]],
+           telemetry: dict[str, list[GpuSample]], engines: dict[str, dict[str, Any]], host: str) -> dict[str, Any]:
+    """incident.json's content. `events` are store rows (the trigger among them); times are epoch seconds."""
+    return {
+        "host": host,
+        "trigger": trigger,
+        "events": [e for e in events if e["kind"] not in ACTION_KINDS],
+        "actions": [e for e in events if e["kind"] in ACTION_KINDS],
+        "kernel_lines": [{"time": t, "line": text} for t, text in kernel_lines],
+        "telemetry": {gpu: [_point(s) for s in samples] for gpu, samples in telemetry.items()},
+        "engines": engines,
+    }
+
+
+def _point(s: GpuSample) -> dict[str, Any]:
+    point = {"time": s.time, **{k: getattr(s, k) for k in _TELEMETRY}}
+    point["temperature_celsius"] = max(s.temperatures.values(), default=None)
+    return point
+
+
+class Incidents:
+    """Opens an incident on a critical event; events within WINDOW of it join it. Writes the bundle after
+    SETTLE and again when the window closes, each time followed by a fresh picture."""
+
+    def __init__(self, folder: Path, gather: Callable[[float, float], dict[str, Any]],
+                 settle: float = SETTLE, window: float = WINDOW) -> None:
+        self.folder, self.gather, self.settle, self.window = folder, gather, settle, window
+        self._open: tuple[float, Path] | None = None  # (opened at, folder)
+        self._by_event: dict[int, Path] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def offer(self, event: Event, event_id: int) -> None:
+        now = time.time()
+        if self._open and now - self._open[0] > self.window:
+            self._open = None
+        if self._open is None and event.severity == Severity.CRITICAL:
+            path = _unique(self.folder / folder_name(event))
+            self._open = (now, path)
+            task = asyncio.get_running_loop().create_task(self._write_twice(event, event_id, path))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._open:
+            self._by_event[event_id] = self._open[1]
+
+    def folder_for(self, event_ids: list[int]) -> Path | None:
+        """The incident that these events belong to (an alert names it or attaches its picture)."""
+        return next((self._by_event[i] for i in event_ids if i in self._by_event), None)
+
+    async def _write_twice(self, trigger: Event, trigger_id: int, path: Path) -> None:
+        opened = time.time()
+        for wait in (self.settle, self.window - self.settle):
+            await asyncio.sleep(wait)
+            try:
+                await asyncio.to_thread(self._write, path, self.gather(trigger_id, opened))
+                await render_in_child(path)
+            except Exception:
+                log.exception("incident report %s could not be written", path)
+        self._by_event = {i: p for i, p in self._by_event.items() if p != path}
+
+    @staticmethod
+    def _write(path: Path, content: dict[str, Any]) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / FAILED).unlink(missing_ok=True)
+        _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
+        log.info("incident report written: %s", path)
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+def _unique(path: Path) -> Path:
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+async def render_in_child(path: Path, timeout: float = 60.0) -> bool:
+    """Draw `path`/timeline.png in a child process; on failure write render-error.txt (alerts stop waiting)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpuwarden.report", str(path),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        err = f"no picture within {timeout:.0f} s".encode()
+    if proc.returncode == 0:
+        return True
+    (path / FAILED).write_bytes(err[-4000:])
+    log.error("incident picture for %s failed: %s", path, err.decode(errors="replace").strip()[-300:])
+    return False
+
+
+def picture(path: Path) -> Path | bool | None:
+    """The incident's picture, None while it is being drawn, False when drawing failed."""
+    if (path / PICTURE).exists():
+        return path / PICTURE
+    return False if (path / FAILED).exists() else None
+
+
+def listing(folder: Path) -> list[dict[str, Any]]:
+    """Every incident under `folder`, oldest first; an unreadable bundle is listed as such, not skipped."""
+    rows = []
+    for path in sorted(p for p in folder.glob("*") if p.is_dir()):
+        try:
+            content = json.loads((path / BUNDLE).read_text())
+            trigger = content["trigger"]
+        except (OSError, ValueError, KeyError) as exc:
+            rows.append({"folder": str(path), "time": path.stat().st_mtime, "kind": "?", "subject": "?",
+                         "events": 0, "actions": 0, "picture": None, "error": str(exc)})
+            continue
+        found = picture(path)
+        rows.append({"folder": str(path), "time": trigger["time"], "kind": trigger["kind"],
+                     "subject": trigger["gpu"] or trigger["engine"] or "host", "events": len(content["events"]),
+                     "actions": len(content["actions"]), "picture": str(found) if found else None})
+    return rows
+
+
+# --- the picture (child process only: imports matplotlib) -------------------------------------------------
+
+GPU_COLOURS = ("tab:blue", "tab:purple", "tab:brown", "tab:gray", "tab:olive", "tab:cyan", "tab:pink", "black")
+PANELS = (("power_watts", "power (W)", 1.0), ("temperature_celsius", "hottest sensor (°C)", 1.0),
+          ("sclk_hz", "shader clock (MHz)", 1e-6))
+
+
+def render(content: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    trigger = content["trigger"]
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(11, 8), sharex=True, constrained_layout=True)
+    for ax, (key, label, scale) in zip(axes, PANELS, strict=True):
+        for (gpu, points), colour in zip(sorted(content["telemetry"].items()), GPU_COLOURS * 2, strict=False):
+            xs = [datetime.fromtimestamp(p["time"]) for p in points if p[key] is not None]
+            ys = [p[key] * scale for p in points if p[key] is not None]
+            if xs:
+                ax.plot(xs, ys, label=gpu, linewidth=1.4, color=colour)
+            lost = [datetime.fromtimestamp(p["time"]) for p in points if p["state"] != "ok"]
+            if lost:  # readings that failed: the GPU was busy resetting, or gone
+                ax.plot(lost, [0] * len(lost), "x", color=colour, markersize=4, label=f"{gpu} unreadable")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    marks = [(e, "tab:red" if e["id"] == trigger["id"] else "tab:orange", "-" if e["severity"] == "critical" else ":")
+             for e in content["events"]] + [(a, "tab:green", "--") for a in content["actions"]]
+    for event, colour, style in marks:
+        x = datetime.fromtimestamp(event["time"])
+        for ax in axes:
+            ax.axvline(x, color=colour, linestyle=style, linewidth=1.6 if colour == "tab:red" else 1.0)
+        axes[0].annotate(event["kind"], (x, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=8,
+                         color=colour, ha="right", va="top")
+    if any(ax.get_legend_handles_labels()[0] for ax in axes):
+        axes[0].legend(loc="lower left", fontsize=8, ncols=2)
+    axes[-1].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    when = datetime.fromtimestamp(trigger["time"]).strftime("%Y-%m-%d %H:%M:%S")
+    fig.suptitle(f"{trigger['kind']} on {trigger['gpu'] or trigger['engine'] or content['host']} at {when} "
+                 f"({content['host']})\nred: the event; orange: other events; green: what gpuwarden did",
+                 fontsize=11)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0])
+    render(json.loads((folder / BUNDLE).read_text()), folder / PICTURE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

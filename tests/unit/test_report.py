@@ -1,0 +1,86 @@
+"""Incident bundles and their picture: the JSON is complete and valid, the PNG is a real, non-trivial chart."""
+
+import json
+import time
+
+from PIL import Image
+
+from gpuwarden import report
+from gpuwarden.model import Event, GpuSample, Severity
+
+T0 = time.mktime((2026, 12, 2, 16, 22, 28, 0, 0, -1))
+GPUS = ("0000:03:00.0", "0000:06:00.0")
+
+
+def row(event_id, kind, severity, at, gpu=None, engine=None, message=""):
+    return {"id": event_id, "time": at, "kind": kind, "severity": severity, "gpu": gpu, "engine": engine,
+            "message": message or kind, "evidence": {}, "count": 1}
+
+
+def samples(gpu, dies):
+    """Two minutes of a GPU at 1 s: under load at 272 W, 54 °C; one of them drops off the bus at T0."""
+    out = []
+    for i in range(120):
+        at = T0 - 90 + i
+        gone = dies and at >= T0
+        out.append(GpuSample(gpu, "amd", "Radeon RX 7900 XTX", at, state="gone" if gone else "ok",
+                             power_watts=None if gone else 260 + (i % 7) * 2,
+                             temperatures={} if gone else {"edge": 54.0, "junction": 67.0 + i % 3},
+                             sclk_hz=None if gone else 2.4e9 + (i % 5) * 1e7, busy_ratio=0.97))
+    return out
+
+
+def incident():
+    trigger = row(7, "device_lost", "critical", T0, gpu=GPUS[0], message="device lost from bus")
+    events = [row(5, "sq_intr", "warning", T0 - 40, gpu=GPUS[0]), trigger,
+              row(8, "reset_failed", "critical", T0 + 1, gpu=GPUS[0]),
+              row(9, "engine_killed", "warning", T0 + 2, engine="vllm", message="killed vllm: 3 processes")]
+    lines = [(T0 - 40, "amdgpu 0000:03:00.0: amdgpu: sq_intr: error, se 0, data 0x0"),
+             (T0, "amdgpu 0000:03:00.0: amdgpu: device lost from bus!")]
+    telemetry = {gpu: samples(gpu, gpu == GPUS[0]) for gpu in GPUS}
+    engines = {"vllm": {"profile": "vllm", "running": 2.0, "generated": 10234.0}}
+    return report.bundle(trigger, events, lines, telemetry, engines, "box1")
+
+
+def test_the_bundle_holds_event_lines_telemetry_engines_and_actions():
+    content = json.loads(json.dumps(incident()))  # what incident.json holds is plain JSON
+    assert content["trigger"]["kind"] == "device_lost" and content["host"] == "box1"
+    assert [e["kind"] for e in content["events"]] == ["sq_intr", "device_lost", "reset_failed"]
+    assert [a["kind"] for a in content["actions"]] == ["engine_killed"]
+    assert content["kernel_lines"][1]["line"].endswith("device lost from bus!")
+    points = content["telemetry"][GPUS[0]]
+    assert len(points) == 120 and points[0]["power_watts"] == 260 and points[0]["temperature_celsius"] == 67.0
+    assert points[-1]["state"] == "gone" and points[-1]["power_watts"] is None
+    assert content["engines"]["vllm"]["running"] == 2.0
+
+
+def test_the_timeline_picture_is_a_real_chart(tmp_path):
+    out = tmp_path / "timeline.png"
+    report.render(incident(), out)
+    image = Image.open(out)
+    assert image.format == "PNG" and image.size == (1100, 800)
+    assert out.stat().st_size > 20_000
+    rgb = image.convert("RGB")
+    colours = rgb.getcolors(maxcolors=1 << 20)
+    assert len(colours) > 200  # lines, text, anti-aliasing: not a blank or flat image
+    background = max(colours)[1]
+    assert background == (255, 255, 255) and max(colours)[0] < 0.95 * 1100 * 800
+    red = sum(n for n, (r, g, b) in colours if r > 180 and g < 80 and b < 80)  # the trigger's line (tab:red)
+    assert red > 500
+
+
+def test_listing_and_a_failed_render(tmp_path):
+    folder = tmp_path / "incidents" / "20261202-162228-device_lost"
+    folder.mkdir(parents=True)
+    (folder / report.BUNDLE).write_text(json.dumps(incident()))
+    (folder / report.FAILED).write_text("boom")
+    (tmp_path / "incidents" / "broken").mkdir()
+    rows = report.listing(tmp_path / "incidents")
+    assert [r["kind"] for r in rows] == ["device_lost", "?"]
+    assert rows[0]["picture"] is None and rows[0]["events"] == 3 and rows[0]["subject"] == GPUS[0]
+    assert report.picture(folder) is False
+
+
+def test_folder_names_are_time_and_kind():
+    event = Event("device_lost", Severity.CRITICAL, "x", T0, gpu=GPUS[0])
+    assert report.folder_name(event) == "20261202-162228-device_lost"
