@@ -79,6 +79,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def daemon_steady(tmp: Path, sysfs: Path, seconds: float) -> tuple[float, float]:
+    """`gpuwarden run` on `sysfs` with the exporter off, the kernel source an idle file, no engines."""
+    config = tmp / "gw.toml"
+    (tmp / "empty.log").touch()
+    config.write_text(f'[daemon]\nstate_dir = "{tmp}/state"\n[exporter]\nenabled = false\n'
+                      f'[kernel]\nsource = "file"\nfile = "{tmp}/empty.log"\n[engines]\ndiscover = false\n'
+                      f'[gpu]\nsysfs_root = "{sysfs}"\ninterval = "1s"\nnvml = false\n[guard]\nenabled = false\n')
+    daemon = subprocess.Popen([sys.executable, "-m", "gpuwarden", "--config", str(config), "run"],
+                              stderr=subprocess.DEVNULL)
+    try:
+        return steady(daemon.pid, seconds)
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
@@ -89,19 +105,10 @@ def main() -> None:
         print("## One sampling round, 8 fake GPUs (median of 200)\n")
         print(f"| CPU ms | wall ms |\n|---:|---:|\n| {cpu_ms:.2f} | {wall_ms:.2f} |\n")
 
-        config = Path(tmp) / "gw.toml"
-        (Path(tmp) / "empty.log").touch()
-        config.write_text(f'[daemon]\nstate_dir = "{tmp}/state"\n[exporter]\nenabled = false\n'
-                          f'[kernel]\nsource = "file"\nfile = "{tmp}/empty.log"\n[engines]\ndiscover = false\n'
-                          f'[gpu]\nsysfs_root = "{sysfs}"\ninterval = "1s"\nnvml = false\n[guard]\nenabled = false\n')
-        daemon = subprocess.Popen([sys.executable, "-m", "gpuwarden", "--config", str(config), "run"],
-                                  stderr=subprocess.DEVNULL)
-        try:
-            gw = steady(daemon.pid, args.seconds)
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
-        rows = [("gpuwarden run (8 GPUs read every 1 s, rules, recorder; kernel and engine watch idle)", *gw)]
+        rows = [("gpuwarden run (8 GPUs read every 1 s, rules, recorder; kernel and engine watch idle)",
+                 *daemon_steady(Path(tmp), sysfs, args.seconds)),
+                ("gpuwarden run with no GPU (the other components' loops)",
+                 *daemon_steady(Path(tmp), Path(tmp) / "no-sys", args.seconds))]
         exporter = shutil.which("prometheus-node-exporter")
         if exporter:
             port = free_port()

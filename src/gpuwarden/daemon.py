@@ -130,13 +130,13 @@ class Daemon:
     def kernel_lines(self, now: float, texts: list[str]) -> None:
         self.recent_lines.extend((now, text) for text in texts)
 
-    def _incident(self, trigger_id: int, opened: float) -> dict:
+    def _incident(self, trigger: Event, trigger_id: int, opened: float) -> dict:
         """An incident bundle's content, gathered now (on the loop: the recorder and the lines live here)."""
         since = opened - report.BEFORE
         events = self.store.events(since=since)
-        trigger = next(e for e in events if e["id"] == trigger_id)
         telemetry = {gpu: self.recorder.history(gpu) for gpu in self.recorder.latest()}
-        return report.bundle(trigger, events, [line for line in self.recent_lines if line[0] >= since], telemetry,
+        lines = [line for line in self.recent_lines if line[0] >= since]
+        return report.bundle(report.row(trigger, trigger_id), events, lines, telemetry,
                              self.engines.samples() if self.engines else {}, self.config.alerts.hostname)
 
     def polled(self, source: str) -> None:

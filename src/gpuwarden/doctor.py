@@ -87,7 +87,7 @@ def _numa(text: str) -> int | None:
 def diagnose(facts: Facts, config: GpuConfig) -> list[Finding]:
     findings = []
     for g in facts.gpus:
-        findings += [_summary(g, facts), *_bar(g), *_links(g, config), *_root_port(g, len(facts.gpus))]
+        findings += [_summary(g), *_bar(g), *_links(g, config), *_root_port(g, len(facts.gpus))]
     findings += [*_placement(facts.gpus), *_telemetry(facts, config), *_guard(facts.guard), *_caches(facts.poisoned)]
     return findings
 
@@ -96,7 +96,7 @@ def worst(findings: list[Finding]) -> Severity:
     return max((f.severity for f in findings), default=I)
 
 
-def _summary(g: GpuFacts, facts: Facts) -> Finding:
+def _summary(g: GpuFacts) -> Finding:
     s, top = g.sample, g.chain[0]
     parts = [f"{g.gpu.vendor} {s.model if s and s.model else _ids(top)}", f"driver {g.gpu.driver or 'none'}",
              f"NUMA node {g.numa_node if g.numa_node is not None else 'unknown'}", g.root_complex]
@@ -168,7 +168,8 @@ def _is_link(node: PciNode, index: int) -> bool:
 
 def _root_port(g: GpuFacts, gpu_count: int) -> list[Finding]:
     if len(g.chain) < 2:
-        return []  # integrated in the root complex (an APU): no port to judge
+        return [Finding(I, "atomics", g.gpu.pci, "no root port above it (an integrated GPU, or a virtual machine's "
+                        "flat PCI bus): its path and AtomicOps are not judged")]
     root, switches, findings = g.chain[-1], g.chain[1:-1], []
     chipset = _chipset(root, switches)
     if chipset:

@@ -37,6 +37,13 @@ def folder_name(event: Event) -> str:
     return f"{datetime.fromtimestamp(event.time).strftime('%Y%m%d-%H%M%S')}-{event.kind}"
 
 
+def row(event: Event, event_id: int) -> dict[str, Any]:
+    """An event as the store lists it."""
+    return {"id": event_id, "time": event.time, "kind": event.kind, "severity": str(event.severity),
+            "gpu": event.gpu, "engine": event.engine, "message": event.message, "evidence": event.evidence,
+            "count": event.count}
+
+
 def bundle(trigger: dict[str, Any], events: list[dict[str, Any]], kernel_lines: list[tuple[float, str]],
            telemetry: dict[str, list[GpuSample]], engines: dict[str, dict[str, Any]], host: str) -> dict[str, Any]:
     """incident.json's content. `events` are store rows (the trigger among them); times are epoch seconds."""
@@ -61,7 +68,7 @@ class Incidents:
     """Opens an incident on a critical event; events within WINDOW of it join it. Writes the bundle after
     SETTLE and again when the window closes, each time followed by a fresh picture."""
 
-    def __init__(self, folder: Path, gather: Callable[[float, float], dict[str, Any]],
+    def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
                  settle: float = SETTLE, window: float = WINDOW) -> None:
         self.folder, self.gather, self.settle, self.window = folder, gather, settle, window
         self._open: tuple[float, Path] | None = None  # (opened at, folder)
@@ -90,8 +97,8 @@ class Incidents:
         for wait in (self.settle, self.window - self.settle):
             await asyncio.sleep(wait)
             try:
-                await asyncio.to_thread(self._write, path, self.gather(trigger_id, opened))
-                await render_in_child(path)
+                await asyncio.to_thread(self._write, path, self.gather(trigger, trigger_id, opened))
+                await render_in_child(path, self.folder.parent / "matplotlib")
             except Exception:
                 log.exception("incident report %s could not be written", path)
         self._by_event = {i: p for i, p in self._by_event.items() if p != path}
@@ -122,10 +129,12 @@ def _atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-async def render_in_child(path: Path, timeout: float = 60.0) -> bool:
-    """Draw `path`/timeline.png in a child process; on failure write render-error.txt (alerts stop waiting)."""
+async def render_in_child(path: Path, cache: Path, timeout: float = 60.0) -> bool:
+    """Draw `path`/timeline.png in a child process; on failure write render-error.txt (alerts stop waiting).
+    matplotlib keeps its font cache in `cache` (a service may have no usable HOME)."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpuwarden.report", str(path),
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                                                env={**os.environ, "MPLCONFIGDIR": str(cache)})
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import weakref
 from pathlib import Path
 
 from gpuwarden.gpu.pci import link_speed
@@ -21,21 +22,13 @@ _LEVEL = re.compile(r"^\s*\d+:\s*(\d+(?:\.\d+)?)\s*mhz\s*(\*)?\s*$", re.I)
 _OD_VALUE = re.compile(r"^\s*(?:(\d+):\s*)?(-?\d+(?:\.\d+)?)\s*(?:mhz|mv)\b", re.I)
 
 
-def _read_raw(path: str, problems: dict[str, str]) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None  # not supported on this ASIC (or the GPU went away: the next plan will say)
-    except OSError as exc:
-        problems[os.path.basename(path)] = _state(exc)
-        return None
-    try:
-        return os.read(fd, 65536).decode("ascii", "replace").strip()
-    except OSError as exc:
-        problems[os.path.basename(path)] = _state(exc)
-        return None
-    finally:
-        os.close(fd)
+def _close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
 
 
 def _state(exc: OSError) -> str:
@@ -76,13 +69,32 @@ SLOW_EVERY = 10
 
 class AmdReader:
     """Reads one GPU. The files it has are found once (amdgpu creates only what the ASIC supports) and looked
-    for again every `replan_seconds`, or when one vanished; a round then costs one open and read per file."""
+    for again every `replan_seconds`, or when one vanished. Each file stays open and a round reads it again at
+    offset 0 (kernfs then regenerates it): one pread per file instead of open, read and close. A descriptor of a
+    removed node answers ENODEV: that is "gone", and the next round plans afresh."""
 
     def __init__(self, device: Path, pci: str, replan_seconds: float = 60.0) -> None:
         self.device, self.pci, self.replan_seconds = device, pci, replan_seconds
         self._planned_at: float | None = None
+        self._fds: dict[str, int] = {}
+        weakref.finalize(self, _close_all, self._fds)
+
+    def _read(self, path: str, problems: dict[str, str]) -> str | None:
+        fd = self._fds.get(path)
+        try:
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return os.pread(fd, 65536, 0).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            return None  # not supported on this ASIC (or the GPU went away: the next plan will say)
+        except OSError as exc:
+            problems[os.path.basename(path)] = _state(exc)
+            if exc.errno in GONE:
+                self._planned_at = None
+            return None
 
     def _plan(self, now: float) -> None:
+        _close_all(self._fds)
         hw = hwmon_dir(self.device)
         self.numbers = {}
         for field, (name, scale) in _NUMBERS.items():
@@ -114,14 +126,15 @@ class AmdReader:
         problems: dict[str, str] = {}
         fresh = self._rounds % SLOW_EVERY == 0
         self._rounds += 1
-        n = {field: _number(_read_raw(path, problems), scale) if fresh or field not in _SLOW else self._slow[field]
+        n = {field: _number(self._read(path, problems), scale) if fresh or field not in _SLOW else self._slow[field]
              for field, (path, scale) in self.numbers.items()}
-        t = {name: _read_raw(path, problems) if fresh or name not in _SLOW else self._slow[name]
+        t = {name: self._read(path, problems) if fresh or name not in _SLOW else self._slow[name]
              for name, path in self.texts.items()}
         if fresh:
             self._slow = {k: v for k, v in (*n.items(), *t.items()) if k in _SLOW}
+            self._overdrive = parse_overdrive(t["pp_od_clk_voltage"]) if t.get("pp_od_clk_voltage") else {}
         labelled = {prefix: {label: v for label, path in paths.items()
-                             if (v := _number(_read_raw(path, problems))) is not None}
+                             if (v := _number(self._read(path, problems))) is not None}
                     for prefix, paths in self.labelled.items()}
         if any(v is None for v in n.values()) and not problems:
             self._planned_at = None  # a file vanished: look again next round
@@ -148,7 +161,7 @@ class AmdReader:
         values["pcie_width"] = _int(t.get("current_link_width"))
         values["pcie_max_width"] = _int(t.get("max_link_width"))
         values["perf_level"] = t.get("power_dpm_force_performance_level")
-        values["overdrive"] = parse_overdrive(t["pp_od_clk_voltage"]) if t.get("pp_od_clk_voltage") else {}
+        values["overdrive"] = self._overdrive
         state = "gone" if "gone" in problems.values() else "not_readable" if "busy" in problems.values() else "ok"
         return GpuSample(gpu=self.pci, vendor="amd", model=self.model, time=now, state=state, problems=problems,
                          **{k: v for k, v in values.items() if v is not None})
