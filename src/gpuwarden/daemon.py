@@ -20,6 +20,7 @@ from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
+from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import discover
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.uevents import UeventWatch
@@ -126,6 +127,9 @@ class Daemon:
     def count(self, name: str, *labels: str, by: float = 1) -> None:
         if by:
             self.metrics.inc(name, *labels, by=by)
+
+    def gpus_behind(self, port: str) -> list[str]:
+        return pci.behind(self.config.gpu.sysfs_root, port, [g.pci for g in self.gpus])
 
     def kernel_lines(self, now: float, texts: list[str]) -> None:
         self.recent_lines.extend((now, text) for text in texts)

@@ -88,7 +88,8 @@ def diagnose(facts: Facts, config: GpuConfig) -> list[Finding]:
     findings = []
     for g in facts.gpus:
         findings += [_summary(g), *_bar(g), *_links(g, config), *_root_port(g, len(facts.gpus))]
-    findings += [*_placement(facts.gpus), *_telemetry(facts, config), *_guard(facts.guard), *_caches(facts.poisoned)]
+    findings += [*_placement(facts.gpus), *_iommu(facts.gpus), *_telemetry(facts, config), *_guard(facts.guard),
+                 *_caches(facts.poisoned)]
     return findings
 
 
@@ -100,6 +101,8 @@ def _summary(g: GpuFacts) -> Finding:
     s, top = g.sample, g.chain[0]
     parts = [f"{g.gpu.vendor} {s.model if s and s.model else _ids(top)}", f"driver {g.gpu.driver or 'none'}",
              f"NUMA node {g.numa_node if g.numa_node is not None else 'unknown'}", g.root_complex]
+    if len(g.chain) > 1:
+        parts.append(f"root port {g.chain[-1].bdf} ({'chipset' if _chipset(g.chain[-1], g.chain[1:-1]) else 'CPU'})")
     if g.bars:
         parts.append(f"largest BAR {_size(max(size for _, size, _ in g.bars))}")
     if top.max_speed_gts:
@@ -221,12 +224,21 @@ def _placement(gpus: list[GpuFacts]) -> list[Finding]:
             split = "; ".join(f"{what} {k}: {', '.join(v)}" for k, v in sorted(groups.items()))
             findings.append(Finding(I, check, "host", f"the GPUs are split across {len(groups)} {what}s ({split})",
                                     advice))
-    translated = sorted(g.gpu.pci for g in gpus if g.iommu in ("DMA", "DMA-FQ"))
-    if translated and len(gpus) > 1:
-        findings.append(Finding(I, "iommu", "host", f"the IOMMU translates GPU DMA ({', '.join(translated)})",
-                                "ROCm recommends iommu=pt (passthrough) on the kernel command line for multi-GPU "
-                                "peer-to-peer; if P2P transfers hang or crawl, try it."))
     return findings
+
+
+def _iommu(gpus: list[GpuFacts]) -> list[Finding]:
+    """The IOMMU mode the GPUs' groups run in: none, passthrough (identity) or translated (DMA, DMA-FQ)."""
+    if not gpus:
+        return []
+    modes = defaultdict(list)
+    for g in gpus:
+        modes[g.iommu or "no IOMMU group"].append(g.gpu.pci)
+    what = "IOMMU mode: " + "; ".join(f"{mode} ({', '.join(pcis)})" for mode, pcis in sorted(modes.items()))
+    translated = any(mode in ("DMA", "DMA-FQ") for mode in modes)
+    return [Finding(I, "iommu", "host", what,
+                    "ROCm recommends iommu=pt (passthrough) on the kernel command line for multi-GPU peer-to-peer; "
+                    "if P2P transfers hang or crawl, try it." if translated and len(gpus) > 1 else "")]
 
 
 def _telemetry(facts: Facts, config: GpuConfig) -> list[Finding]:

@@ -4,7 +4,7 @@ board yields its finding and exit code 1; a sound board exits 0."""
 import json
 import subprocess
 
-from helpers import GPUWARDEN
+from helpers import GPUWARDEN, wait_for
 
 from fakesysfs import (
     ATOMIC_COMPLETER,
@@ -53,6 +53,29 @@ def test_a_sound_two_gpu_board_exits_0(tmp_path):
     assert [f["what"] for f in bars] == ["large BAR active: the CPU sees all 24 GiB of VRAM (BAR 24 GiB)"] * 2
     summary = next(f for f in findings if f["check"] == "gpu" and f["subject"] == "0000:03:00.0")
     assert "Radeon RX 7900 XTX" in summary["what"] and "NUMA node 0" in summary["what"]
+    assert "root port 0000:00:01.1 (CPU)" in summary["what"]
+    [iommu] = [f for f in findings if f["check"] == "iommu"]
+    assert iommu["what"] == "IOMMU mode: no IOMMU group (0000:03:00.0, 0000:06:00.0)"
+
+
+def test_gpus_split_over_numa_nodes_root_complexes_and_a_translating_iommu(tmp_path):
+    sysfs = tmp_path / "sys"
+    radeon_behind(sysfs, "0000:00:01.1", 0x01, "0000:03:00.0")
+    parent = add_bridge(sysfs, "pci0000:80", "0000:80:01.1", *AMD_ROOT, ROOT_PORT, devcap2=ATOMIC_COMPLETER)
+    add_gpu(sysfs, "0000:83:00.0", "rdna3", parent=parent, hwmon_index=7, overrides={"numa_node": 1})
+    for bdf, group in (("0000:03:00.0", 12), ("0000:83:00.0", 40)):
+        folder = sysfs / "kernel/iommu_groups" / str(group)
+        folder.mkdir(parents=True)
+        (folder / "type").write_text("DMA-FQ\n")
+        (sysfs / "bus/pci/devices" / bdf / "iommu_group").symlink_to(folder)
+    code, findings = doctor(tmp_path, sysfs)
+    notes = {f["check"]: f for f in findings if f["subject"] == "host"}
+    assert code == 0 and problems(findings) == []  # notes, not warnings: the layout may be deliberate
+    assert notes["numa"]["what"] == ("the GPUs are split across 2 NUMA nodes (NUMA node 0: 0000:03:00.0; "
+                                     "NUMA node 1: 0000:83:00.0)")
+    assert "pci0000:00: 0000:03:00.0; root complex pci0000:80: 0000:83:00.0" in notes["root_complex"]["what"]
+    assert notes["iommu"]["what"] == "IOMMU mode: DMA-FQ (0000:03:00.0, 0000:83:00.0)"
+    assert "iommu=pt" in notes["iommu"]["advice"]
 
 
 def test_a_256_mb_bar_against_a_full_32_gb_bar(tmp_path):
@@ -127,3 +150,26 @@ def test_zero_byte_cache_files_and_the_table_output(tmp_path):
                            text=True, timeout=60)
     assert table.returncode == 1 and "WARNING  cache" in table.stdout and "gpuwarden quarantine" in table.stdout
     assert "0 critical, 1 warning(s)" in table.stdout
+
+
+def test_an_aer_storm_on_a_pch_root_port_names_the_gpu_behind_it(daemon_factory, corpus, tmp_path):
+    """Corpus 007: a fatal AER on Intel PCH root port 00:1c.4 ([8086:a114]) with an amdgpu at 06:00.0 below it."""
+    sysfs = tmp_path / "sys"
+    port = add_bridge(sysfs, "pci0000:00", "0000:00:1c.4", 0x8086, 0xA114, ROOT_PORT, speed="8.0", max_speed="8.0",
+                      width=4, max_width=4)
+    add_gpu(sysfs, "0000:06:00.0", "rdna3", parent=port)
+    d = daemon_factory(f'[gpu]\nsysfs_root = "{sysfs}"\nnvml = false\n[guard]\nenabled = false\n').start()
+    d.wait_serving()
+    d.log_file.write_text((corpus / "kernel/007-amd-pcie-aer-uncorrected-fatal-malformed-tlp.log").read_text())
+    events = wait_for(lambda: [e for e in d.events() if e["kind"] in ("pcie_aer", "device_lost")] or None, 15,
+                      what="the AER events")
+    assert {e["gpu"] for e in events} == {"0000:06:00.0"}
+    assert all(e["evidence"]["pci"] == "0000:00:1c.4" and e["evidence"]["gpus_behind"] == ["0000:06:00.0"]
+               for e in events)
+    assert "(GPU 0000:06:00.0 behind it)" in events[0]["message"]
+    assert d.stop() == 0
+    code, findings = doctor(tmp_path, sysfs)
+    chipset = next(f for f in findings if f["check"] == "chipset")
+    assert code == 1 and {f["check"] for f in problems(findings)} == {"link", "atomics"}  # x4 Gen3, no AtomicOps
+    assert chipset["severity"] == "info"  # a single GPU on a chipset port: a note
+    assert chipset["what"].startswith("attached to a chipset port (Intel PCH root port 0000:00:1c.4)")

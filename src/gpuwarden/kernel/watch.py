@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from gpuwarden.config import KernelConfig
@@ -21,6 +23,7 @@ class Sink(Protocol):
     def count(self, name: str, *labels: str, by: float = 1) -> None: ...
     def polled(self, source: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
+    def gpus_behind(self, port: str) -> list[str]: ...
 
 
 def classifier_for(config: KernelConfig) -> Classifier:
@@ -74,6 +77,8 @@ class KernelWatch:
                     lost = source.overruns - seen_overruns
                     sink.count("gpuwarden_kmsg_overruns_total", by=lost)
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
+                for burst in bursts:
+                    burst.event = behind_port(burst.event, sink.gpus_behind)
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
                 if events or cursor:
@@ -90,6 +95,17 @@ class KernelWatch:
                 sink.polled(f"kernel_{source.name}")
         finally:
             source.close()
+
+
+def behind_port(event: Event, gpus_behind: Callable[[str], list[str]]) -> Event:
+    """A line that names a PCIe port rather than a GPU (AER: `pcieport 0000:00:1c.4`) is about the GPUs behind
+    that port: the event names them (`gpu` when there is one)."""
+    port = event.evidence.get("pci")
+    if event.gpu or not port or not (gpus := gpus_behind(port)):
+        return event
+    return replace(event, gpu=gpus[0] if len(gpus) == 1 else None,
+                   message=f"{event.message} (GPU {', '.join(gpus)} behind it)",
+                   evidence={**event.evidence, "gpus_behind": gpus})
 
 
 def _overrun_event(now: float, lost: int) -> Event:
