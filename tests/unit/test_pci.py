@@ -1,7 +1,20 @@
-"""Config-space and `resource` parsing, on byte layouts built from the PCI Express specification."""
+"""Config-space and `resource` parsing on byte layouts built from the PCI Express specification, and which GPUs
+sit behind a port."""
 
-from fakesysfs import ATOMIC_COMPLETER, ATOMIC_ROUTING, ROOT_PORT, UPSTREAM, config_space, resource_file
-from gpuwarden.gpu.pci import PcieCap, bar_sizes, link_speed, pcie_capability
+from fakesysfs import (
+    ATOMIC_COMPLETER,
+    ATOMIC_ROUTING,
+    DOWNSTREAM,
+    ROOT_PORT,
+    UPSTREAM,
+    add_bridge,
+    add_gpu,
+    config_space,
+    resource_file,
+)
+from gpuwarden.gpu.pci import PcieCap, bar_sizes, behind, link_speed, pcie_capability
+from gpuwarden.kernel.watch import behind_port
+from gpuwarden.model import Event, Severity
 
 
 def test_the_capability_walk_finds_port_type_and_atomics():
@@ -37,3 +50,27 @@ def test_bar_sizes_from_the_resource_file():
 def test_link_speed_text():
     assert link_speed("32.0 GT/s PCIe") == 32.0 and link_speed("2.5 GT/s PCIe") == 2.5
     assert link_speed("Unknown") is None and link_speed(None) is None
+
+
+def test_gpus_behind_a_port(tmp_path):
+    port = add_bridge(tmp_path, "pci0000:00", "0000:00:01.1", 0x1022, 0x1483, ROOT_PORT)
+    below = add_bridge(tmp_path, port, "0000:01:00.0", 0x1002, 0x1478, UPSTREAM)
+    below = add_bridge(tmp_path, below, "0000:02:00.0", 0x1002, 0x1479, DOWNSTREAM)
+    add_gpu(tmp_path, "0000:03:00.0", "rdna3", parent=below)
+    add_gpu(tmp_path, "0000:83:00.0", "mi300", hwmon_index=5)
+    gpus = ["0000:03:00.0", "0000:83:00.0"]
+    assert behind(tmp_path, "0000:00:01.1", gpus) == ["0000:03:00.0"]
+    assert behind(tmp_path, "0000:83:00.0", gpus) == ["0000:83:00.0"]  # a line from the GPU itself
+    assert behind(tmp_path, "0000:00:1c.4", gpus) == []
+
+
+def test_an_event_at_a_port_names_the_gpu_behind_it():
+    line = "pcieport 0000:00:1c.4: AER: Uncorrected (Fatal) error received: id=00e4"
+    event = Event("pcie_aer", Severity.CRITICAL, "fatal uncorrected PCIe error at 0000:00:1c.4", 1.0,
+                  evidence={"line": line, "pci": "0000:00:1c.4"})
+    one = behind_port(event, lambda port: ["0000:06:00.0"])
+    assert one.gpu == "0000:06:00.0" and one.evidence["gpus_behind"] == ["0000:06:00.0"]
+    assert one.message.endswith("(GPU 0000:06:00.0 behind it)") and one.dedupe_key == "pcie_aer:0000:06:00.0"
+    two = behind_port(event, lambda port: ["0000:06:00.0", "0000:07:00.0"])
+    assert two.gpu is None and two.evidence["gpus_behind"] == ["0000:06:00.0", "0000:07:00.0"]
+    assert behind_port(event, lambda port: []) is event
