@@ -201,14 +201,24 @@ def render(content: dict[str, Any], out: Path) -> None:
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    marks = [(e, "tab:red" if e["id"] == trigger["id"] else "tab:orange", "-" if e["severity"] == "critical" else ":")
-             for e in content["events"]] + [(a, "tab:green", "--") for a in content["actions"]]
-    for event, colour, style in marks:
-        x = datetime.fromtimestamp(event["time"])
+    marks: dict[tuple[int, str], list[dict]] = {}  # events of one second share one line and one label
+    for e in content["events"]:
+        marks.setdefault((int(e["time"]), "tab:red" if e["id"] == trigger["id"] else "tab:orange"), []).append(e)
+    for a in content["actions"]:
+        marks.setdefault((int(a["time"]), "tab:green"), []).append(a)
+    for (second, colour), events in sorted(marks.items()):
+        x = datetime.fromtimestamp(second)
+        style = "--" if colour == "tab:green" else "-" if any(e["severity"] == "critical" for e in events) else ":"
         for ax in axes:
             ax.axvline(x, color=colour, linestyle=style, linewidth=1.6 if colour == "tab:red" else 1.0)
-        axes[0].annotate(event["kind"], (x, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=8,
-                         color=colour, ha="right", va="top")
+        axes[0].annotate(", ".join(dict.fromkeys(e["kind"] for e in events)), (x, 1), rotation=90, fontsize=8,
+                         xycoords=("data", "axes fraction"), color=colour, va="top",
+                         ha="left" if colour == "tab:red" else "right")
+    times = [p["time"] for points in content["telemetry"].values() for p in points] + [s for s, _ in marks]
+    axes[-1].set_xlim(datetime.fromtimestamp(min([*times, trigger["time"] - 60])),
+                      datetime.fromtimestamp(max([*times, trigger["time"] + 30])))  # never a zero-width axis
+    if not any(content["telemetry"].values()):
+        axes[1].text(0.5, 0.5, "no GPU telemetry recorded", transform=axes[1].transAxes, ha="center", color="gray")
     if any(ax.get_legend_handles_labels()[0] for ax in axes):
         axes[0].legend(loc="lower left", fontsize=8, ncols=2)
     axes[-1].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
