@@ -118,8 +118,9 @@ class _Collector:
         return []  # collect() is cheap, but there is no need to run it at registration
 
     def collect(self):
-        for name, series in self._metrics.snapshot().items():
-            family = FAMILIES[name]
+        snapshot = self._metrics.snapshot()
+        for name in [n for n in FAMILIES if n in snapshot]:  # declaration order, not the order of first use
+            series, family = snapshot[name], FAMILIES[name]
             cls = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
             metric = cls(name.removesuffix("_total"), family.doc, labels=family.labels)
             for labels, value in sorted(series.items()):
