@@ -62,24 +62,10 @@ def collect(config: Config, samples: dict[str, GpuSample]) -> Facts:
     root = config.gpu.sysfs_root
     gpus = []
     for gpu in discover(root):
-        path = pci.device_dir(root, gpu.pci)
-        gpus.append(GpuFacts(gpu, pci.upstream(root, gpu.pci), pci.bar_sizes(_read(path / "resource")),
-                             _numa(_read(path / "numa_node")), pci.root_complex(root, gpu.pci),
-                             pci.iommu_type(root, gpu.pci), samples.get(gpu.pci)))
+        gpus.append(GpuFacts(gpu, pci.upstream(root, gpu.pci), pci.bars(root, gpu.pci), pci.numa_node(root, gpu.pci),
+                             pci.root_complex(root, gpu.pci), pci.iommu_type(root, gpu.pci), samples.get(gpu.pci)))
     paths = guard.paths_for(config.guard.devices or [g.gpu.pci for g in gpus], root)
     return Facts(gpus, guard.status(paths, root) if paths else [], scan(cache_dirs(config.cache)), time.time())
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _numa(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if text.lstrip("-").isdigit() and int(text) >= 0 else None
 
 
 # --- judging --------------------------------------------------------------------------------------------

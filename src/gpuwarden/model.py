@@ -28,6 +28,8 @@ KINDS = frozenset(
     guard_lost cache_poisoned watchdog_error kmsg_overrun smu_error kill_refused""".split()
 )
 
+ACTION_KINDS = frozenset({"engine_killed", "cache_poisoned"})  # events that say what gpuwarden itself did
+
 
 @dataclass(frozen=True, slots=True)
 class Event:

@@ -20,11 +20,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.model import ACTION_KINDS, Event, GpuSample, Severity
 
 log = logging.getLogger(__name__)
 
-ACTION_KINDS = frozenset({"engine_killed", "kill_refused", "cache_poisoned"})  # what gpuwarden did, and how
+OUTCOMES = ACTION_KINDS | {"kill_refused"}  # what gpuwarden did, and a kill it was not allowed to do
 BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go into the bundle
 SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
 WINDOW = 60.0  # the incident stays open this long: critical events join it, and it is written again at the end
@@ -50,8 +50,8 @@ def bundle(trigger: dict[str, Any], events: list[dict[str, Any]], kernel_lines: 
     return {
         "host": host,
         "trigger": trigger,
-        "events": [e for e in events if e["kind"] not in ACTION_KINDS],
-        "actions": [e for e in events if e["kind"] in ACTION_KINDS],
+        "events": [e for e in events if e["kind"] not in OUTCOMES],
+        "actions": [e for e in events if e["kind"] in OUTCOMES],
         "kernel_lines": [{"time": t, "line": text} for t, text in kernel_lines],
         "telemetry": {gpu: [_point(s) for s in samples] for gpu, samples in telemetry.items()},
         "engines": engines,

@@ -7,9 +7,8 @@ from datetime import datetime
 
 from gpuwarden.alert.runbooks import runbook_for
 from gpuwarden.alert.storm import Outgoing
-from gpuwarden.model import Severity
+from gpuwarden.model import ACTION_KINDS, Severity
 
-ACTION_KINDS = frozenset({"engine_killed", "cache_poisoned"})  # what gpuwarden itself did
 _EVIDENCE_LINES = 12
 
 

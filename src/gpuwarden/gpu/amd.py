@@ -13,7 +13,7 @@ import re
 import weakref
 from pathlib import Path
 
-from gpuwarden.gpu.pci import link_speed
+from gpuwarden.gpu.pci import link_speed, link_width
 from gpuwarden.model import GpuSample
 
 BUSY = {errno.EBUSY, errno.EPERM, errno.EAGAIN}
@@ -158,8 +158,8 @@ class AmdReader:
         values["voltage_mv"] = volts.get("vddgfx", next(iter(volts.values()), None))
         values["pcie_speed_gts"] = link_speed(t.get("current_link_speed"))
         values["pcie_max_speed_gts"] = link_speed(t.get("max_link_speed"))
-        values["pcie_width"] = _int(t.get("current_link_width"))
-        values["pcie_max_width"] = _int(t.get("max_link_width"))
+        values["pcie_width"] = link_width(t.get("current_link_width"))
+        values["pcie_max_width"] = link_width(t.get("max_link_width"))
         values["perf_level"] = t.get("power_dpm_force_performance_level")
         values["overdrive"] = self._overdrive
         state = "gone" if "gone" in problems.values() else "not_readable" if "busy" in problems.values() else "ok"
@@ -202,6 +202,3 @@ def parse_overdrive(text: str) -> dict[str, dict[str, float]]:
             sections[current][m.group(1) or ""] = float(m.group(2))
     return sections
 
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None

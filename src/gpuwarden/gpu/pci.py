@@ -55,6 +55,11 @@ def link_speed(text: str | None) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def link_width(text: str | None) -> int | None:
+    """Lanes from sysfs text such as `16`; None for garbage."""
+    return int(text) if text and text.isdigit() else None
+
+
 def pcie_capability(config: bytes) -> PcieCap | None:
     """The PCI Express capability of a config-space dump, or None when it is not there (or not readable)."""
     if len(config) < 0x40 or not _u16(config, 0x06) & 0x10:
@@ -88,7 +93,7 @@ def bar_sizes(resource: str) -> list[tuple[int, int, bool]]:
 def read_node(path: Path) -> PciNode:
     return PciNode(path.name, _hex(path / "vendor"), _hex(path / "device"), _hex(path / "class"),
                    link_speed(_text(path / "current_link_speed")), link_speed(_text(path / "max_link_speed")),
-                   _int(path / "current_link_width"), _int(path / "max_link_width"),
+                   link_width(_text(path / "current_link_width")), link_width(_text(path / "max_link_width")),
                    pcie_capability(_bytes(path / "config")))
 
 
@@ -104,6 +109,16 @@ def upstream(sysfs_root: Path, bdf: str) -> list[PciNode]:
         chain.append(read_node(path))
         path = path.parent
     return chain
+
+
+def bars(sysfs_root: Path, bdf: str) -> list[tuple[int, int, bool]]:
+    return bar_sizes(_text(device_dir(sysfs_root, bdf) / "resource") or "")
+
+
+def numa_node(sysfs_root: Path, bdf: str) -> int | None:
+    """The device's NUMA node; None where the kernel says -1 (unknown)."""
+    text = _text(device_dir(sysfs_root, bdf) / "numa_node") or ""
+    return int(text) if text.isdigit() else None
 
 
 def behind(sysfs_root: Path, port: str, devices: list[str]) -> list[str]:
@@ -149,7 +164,3 @@ def _hex(path: Path) -> int | None:
     except ValueError:
         return None
 
-
-def _int(path: Path) -> int | None:
-    text = _text(path)
-    return int(text) if text and text.isdigit() else None
