@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwarden.engine.scraper import Scraper
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus" / "metrics"
+CORPUS = ROOT / "tests" / "corpus" / "metrics"
 FAKE_ENGINE = ROOT / "tests" / "integration" / "fake_engine.py"
 
 

@@ -30,7 +30,7 @@ from gpuwarden.kernel.classifier import Classifier
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.records import KernelRecord
 
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "kernel"
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus" / "kernel"
 NAIVE_PATTERN = (r"sq_intr|ring .* timeout|GPU reset|Recovery Failed|device lost|page fault|Xid|fallen off the bus|"
                  r"AER|BUG:|Oops")
 

@@ -34,5 +34,5 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     if not CORPUS.is_dir():
-        pytest.fail(f"the shared corpus is missing at {CORPUS}")
+        pytest.fail(f"the test corpus is missing at {CORPUS}")
     return CORPUS

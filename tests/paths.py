@@ -1,6 +1,6 @@
-"""Where the tests find the checkout and the shared corpus (beside the checkout, as in CI)."""
+"""Where the tests find the checkout and the test corpus (in the repository: tests/corpus, see its README)."""
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus"
+CORPUS = ROOT / "tests" / "corpus"

@@ -1,5 +1,5 @@
 """A stand-in inference engine for tests: a real process serving /metrics over loopback with live counters,
-seeded from a real dump in the shared corpus. POST /mode/<mode> switches what it does:
+seeded from a real dump in the test corpus. POST /mode/<mode> switches what it does:
 
 - progress: 2 requests running, 40 tokens a second, a request of 0.3 s finishing every 0.3 s
 - stall: requests running, counters frozen (with --spin, a child process spins a core meanwhile)

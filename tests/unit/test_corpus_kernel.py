@@ -1,4 +1,4 @@
-"""Every real kernel log in the shared corpus gives what its expected.json says."""
+"""Every real kernel log in the test corpus (tests/corpus) gives what its expected.json says."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Every engine dump in the shared corpus gives what its expected.json says."""
+"""Every engine dump in the test corpus (tests/corpus) gives what its expected.json says."""
 
 import json
 
