@@ -48,12 +48,12 @@ NOISE = [
     "perf: interrupt took too long (2502 > 2500), lowering kernel.perf_event_max_sample_rate to 79750",
     "systemd-journald[412]: Data hash table of /var/log/journal/x/system.journal has a fill level at 75.0",
     "br-1a2b3c: port 2(veth9f8e7d) entered blocking state",
-    "amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0",
+    "amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0",
     "[drm] PCIE GART of 512M enabled (table at 0x000000801FB00000).",
     "kfd kfd: amdgpu: added device 1002:7550",
 ]
 FAULTS = [
-    "amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1, priv 1, wave_id {i}, simd_id 0",
+    "amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1, priv 1, wave_id {i}, simd_id 0",
     "NVRM: Xid (PCI:0000:41:00): 13, pid=2924364, name=pt_main_thread, Graphics SM Warp Exception on (GPC {i})",
     "amdgpu 0000:83:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:144 vmid:3 pasid:{i})",
 ]
@@ -136,7 +136,7 @@ def gpuwarden_latency(writes: int, source: str) -> list[float]:
             latencies = []
             for i in range(writes):
                 start = time.perf_counter()
-                write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
+                write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
                 while True:
                     row = db.execute("SELECT max(id) FROM events").fetchone()[0]
                     if row and row > last:
@@ -160,7 +160,7 @@ def naive_latency(writes: int) -> list[float]:
         latencies = []
         for i in range(writes):
             start = time.perf_counter()
-            write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
+            write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
             ready, _, _ = select.select([pipeline.stdout], [], [], 5)
             if not ready:
                 raise RuntimeError("journalctl | grep printed nothing within 5 s")

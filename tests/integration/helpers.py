@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -134,8 +135,16 @@ class Daemon:
         return rc
 
 
+TEST_GPU = "ffff:fe:1f.7"  # the only GPU address tests write into the host's kernel log: no real machine has it
+_PCI_IN_TEXT = re.compile(r"\b([0-9a-fA-F]{4,8}):[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
+
+
 def write_kmsg(text: str, level: int = 3) -> None:
-    """One record in the real kernel log, as a driver's line would appear there."""
+    """One record in the real kernel log, as a driver's line would appear there. A gpuwarden running on this
+    box reads it too, so a line may name only a PCI address in the impossible `ffff` domain."""
+    for domain in _PCI_IN_TEXT.findall(text):
+        if domain.lower() != "ffff":
+            raise ValueError(f"refusing to write a plausible real GPU address into the kernel log: {text!r}")
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write(f"<{level}>{text}\n")
 

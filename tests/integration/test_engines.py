@@ -101,13 +101,13 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
 @pytest.mark.root
 def test_sq_intr_on_the_engines_gpu_kills_it_at_once(daemon_factory, fake_engine):
     mine, other = fake_engine("progress"), fake_engine("progress")
-    config = (engine_config(mine, "mine", gpus='["0000:03:00.0"]', min_stall='"10m"')
+    config = (engine_config(mine, "mine", gpus='["ffff:fe:1f.7"]', min_stall='"10m"')
               + engine_config(other, "other", gpus='["0000:83:00.0"]', min_stall='"10m"'))
     d = daemon_factory(config, kernel='source = "kmsg"').start()
     d.wait_serving()
-    write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
     killed = wait_event(d, "engine_killed")
-    assert killed["engine"] == "mine" and "kernel reported sq_intr on 0000:03:00.0" in killed["message"]
+    assert killed["engine"] == "mine" and "kernel reported sq_intr on ffff:fe:1f.7" in killed["message"]
     wait_for(lambda: not mine.alive(), 10, what="the engine on the faulting GPU to die")
     time.sleep(1)
     assert other.alive() == other.pids()

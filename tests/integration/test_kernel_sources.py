@@ -29,10 +29,10 @@ async def collect(source, want: set[str], timeout: float = 10.0) -> list:
 @pytest.mark.root
 def test_kmsg_source_delivers_new_records_with_their_device():
     t = tag()
-    write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: before start {t}")  # older than the source: not delivered
+    write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: before start {t}")  # older than the source: not delivered
     source = KmsgSource(tick=0.1)
     source.start()
-    lines = [f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout {t} {i}" for i in range(3)]
+    lines = [f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout {t} {i}" for i in range(3)]
     for line in lines:
         write_kmsg(line)
     seen = asyncio.run(collect(source, set(lines)))
@@ -47,7 +47,7 @@ def test_kmsg_source_delivers_new_records_with_their_device():
 def test_journal_source_delivers_kernel_records_with_cursors(journald):
     t = tag()
     source = JournalSource(cursor=None, lookback=0, tick=0.1)
-    lines = [f"amdgpu 0000:03:00.0: amdgpu: sq_intr: error {t} {i}" for i in range(3)]
+    lines = [f"amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error {t} {i}" for i in range(3)]
     for line in lines:
         write_kmsg(line)
     seen = asyncio.run(collect(source, set(lines)))
@@ -62,10 +62,10 @@ def test_daemon_stores_a_kmsg_fault_as_an_event(daemon_factory):
     d = daemon_factory(kernel='source = "kmsg"').start()
     d.wait_log("kernel source: kmsg")
     t = tag()
-    write_kmsg(f"amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=2 {t}")
+    write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=2 {t}")
     event = wait_for(lambda: next((e for e in d.events() if t in e["evidence"]["line"]), None), 10,
                      what="the stored event")
-    assert (event["kind"], event["severity"], event["gpu"]) == ("ring_timeout", "warning", "0000:03:00.0")
+    assert (event["kind"], event["severity"], event["gpu"]) == ("ring_timeout", "warning", "ffff:fe:1f.7")
     assert 'gpuwarden_events_total{kind="ring_timeout",severity="warning"}' in d.metrics()
     assert d.stop() == 0
 
@@ -76,12 +76,12 @@ def test_restart_resumes_from_the_journal_cursor_without_loss_or_repeats(daemon_
     d.start()
     d.wait_log("kernel source: journal")
     t = tag()
-    before = f"amdgpu 0000:03:00.0: amdgpu: GPU reset begin! {t} while running"
+    before = f"amdgpu ffff:fe:1f.7: amdgpu: GPU reset begin! {t} while running"
     write_kmsg(before)
     wait_for(lambda: any(t in e["evidence"]["line"] for e in d.events()), 10, what="the first event")
     assert d.stop() == 0
 
-    while_down = f"amdgpu 0000:03:00.0: amdgpu: device lost from bus! {t} while down"
+    while_down = f"amdgpu ffff:fe:1f.7: amdgpu: device lost from bus! {t} while down"
     write_kmsg(while_down)
     time.sleep(0.5)  # journald has it before the daemon comes back
     d.start()
