@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,8 @@ log = logging.getLogger("gpuwarden")
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
 _LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
 _REDISCOVER_SECONDS = 5.0
+_STOP_GRACE = 3.0  # components get this long to end after their cancellation
+_STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 
 
 class _Loop:
@@ -167,7 +170,7 @@ class Daemon:
         self.engines = EngineWatch(self.config.engines, self.config.engine, self)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self._stop_signal)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         self._start_components()
         await asyncio.sleep(0)  # let each component's task build its component before we say READY
@@ -177,7 +180,11 @@ class Daemon:
         await self._stopping.wait()
         log.info("stopping")
         self.notifier.stopping()
-        await self.supervisor.stop()
+        deadline = threading.Timer(_STOP_DEADLINE, _exit_now, (f"not stopped after {_STOP_DEADLINE:.0f} s",))
+        deadline.daemon = True
+        deadline.start()
+        if stuck := await self.supervisor.stop(_STOP_GRACE):
+            log.error("stopping without waiting for %s", ", ".join(stuck))
         self.incidents.stop()
         if self.exporter:
             self.exporter.stop()
@@ -185,6 +192,12 @@ class Daemon:
         return 0
 
     def stop(self) -> None:
+        self._stopping.set()
+
+    def _stop_signal(self) -> None:
+        """The first SIGTERM/SIGINT stops in order; a second one while stopping ends the process at once."""
+        if self._stopping.is_set():
+            _exit_now("a second stop signal while stopping")
         self._stopping.set()
 
     def _start_exporter(self) -> None:
@@ -302,3 +315,10 @@ class Daemon:
             else:
                 log.error("not pinging the watchdog: %s, loop lag %.2f s", self.supervisor.summary(), self.lag)
             await asyncio.sleep(period)
+
+
+def _exit_now(why: str) -> None:
+    """The hard end of a stop that hangs: the recovery guard was released when its component was cancelled."""
+    log.critical("exiting now: %s", why)
+    logging.shutdown()
+    os._exit(1)

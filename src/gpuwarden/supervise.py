@@ -44,9 +44,11 @@ class Supervisor:
         self.unhealthy_after = unhealthy_after
         self._tasks: dict[str, asyncio.Task] = {}
         self._states: dict[str, _State] = {}
+        self._stopping = False
 
     def start(self, name: str, factory: Callable[[], Component]) -> None:
         """`factory` builds a fresh component for every (re)start, so a restart never reuses broken state."""
+        self._stopping = False
         self._states[name] = _State()
         self._tasks[name] = asyncio.create_task(self._keep_running(name, factory), name=name)
 
@@ -65,6 +67,11 @@ class Supervisor:
                 self._set(name, state, False)
                 raise
             except Exception as exc:
+                if self._stopping:
+                    # failing while being stopped (a component that turned its cancellation into an error):
+                    # that is the stop, not a crash; nothing is restarted
+                    self._set(name, state, False)
+                    raise asyncio.CancelledError from exc
                 while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
                     exc = exc.exceptions[0]  # a component's TaskGroup wraps what actually failed
                 if time.monotonic() - started >= self.stable_after:
@@ -91,10 +98,18 @@ class Supervisor:
         return f"{len(self._states) - len(down)}/{len(self._states)} components up" + (
             f" (down: {', '.join(down)})" if down else "")
 
-    async def stop(self, timeout: float = 3.0) -> None:
+    async def stop(self, timeout: float = 3.0) -> list[str]:
+        """Cancel every component and wait up to `timeout`; nothing is restarted from now on. Returns the
+        components still running (they swallowed their cancellation): the caller decides how to end them."""
+        self._stopping = True
         for task in self._tasks.values():
             task.cancel()
+        stuck: list[str] = []
         if self._tasks:
-            await asyncio.wait(self._tasks.values(), timeout=timeout)
+            _, pending = await asyncio.wait(self._tasks.values(), timeout=timeout)
+            stuck = sorted(t.get_name() for t in pending)
+            for name in stuck:
+                log.error("component %s did not stop within %.0f s", name, timeout)
         self._tasks.clear()
         self._states.clear()
+        return stuck

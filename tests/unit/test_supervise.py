@@ -81,3 +81,60 @@ def test_a_failure_inside_a_task_group_is_reported_by_its_real_cause():
 
     asyncio.run(scenario())
     assert crashes == ["ValueError('the real reason')"]
+
+
+class FailsWhenCancelled:
+    """Turns its cancellation into an error, as a component whose cleanup fails does (a store already closed)."""
+
+    name = "fails_when_cancelled"
+
+    def __init__(self, starts):
+        self.starts = starts
+
+    async def run(self):
+        self.starts.append(1)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("store is closed") from None
+
+
+def test_a_stopping_supervisor_restarts_nothing_and_reports_no_crash():
+    crashes, starts = [], []
+
+    async def scenario():
+        sup = Supervisor(lambda n, e: crashes.append(n), lambda *a: None, backoff=0.0)
+        sup.start("c", lambda: FailsWhenCancelled(starts))
+        await asyncio.sleep(0.05)
+        stuck = await sup.stop(timeout=5)
+        await asyncio.sleep(0.1)  # a restart would have happened by now
+        return stuck
+
+    assert asyncio.run(scenario()) == []
+    assert starts == [1] and crashes == []
+
+
+class SwallowsCancellation:
+    name = "swallows"
+
+    async def run(self):
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+
+
+def test_stop_returns_at_its_deadline_and_names_a_component_that_will_not_end():
+    async def scenario():
+        sup = Supervisor(lambda n, e: None, lambda *a: None)
+        sup.start("swallows", SwallowsCancellation)
+        sup.start("steady", lambda: Steady([]))
+        await asyncio.sleep(0.05)
+        return await sup.stop(timeout=0.5)
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(scenario()) == ["swallows"]
+    finally:
+        loop.close()  # the task that will not end is left pending (asyncio.run would wait for it forever)
