@@ -21,6 +21,7 @@ class Component(Protocol):
 @dataclass
 class _State:
     up: bool = False
+    done: bool = False  # returned on its own: nothing to do (no engine to watch), not down
     restarts: int = 0
     failures_in_row: int = 0
 
@@ -61,6 +62,7 @@ class Supervisor:
                 self._set(name, state, True)
                 await component.run()
                 log.info("component %s finished", name)
+                state.done = True
                 self._set(name, state, False)
                 return
             except asyncio.CancelledError:
@@ -94,7 +96,7 @@ class Supervisor:
         return all(s.failures_in_row < self.unhealthy_after for s in self._states.values())
 
     def summary(self) -> str:
-        down = [n for n, s in self._states.items() if not s.up]
+        down = [n for n, s in self._states.items() if not s.up and not s.done]
         return f"{len(self._states) - len(down)}/{len(self._states)} components up" + (
             f" (down: {', '.join(down)})" if down else "")
 

@@ -75,3 +75,98 @@ def test_a_version_1_store_is_migrated_and_keeps_its_events(tmp_path):
     assert store.unalerted_events(since=0) == []  # history is not alerted again
     store.add_events([event()])
     assert [e.kind for _, e in store.unalerted_events(since=0)] == ["sq_intr"]
+
+
+HOLD = ("import sqlite3, sys\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "db.execute('BEGIN EXCLUSIVE')\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n")
+
+
+def hold_lock(path):
+    """A real second process holding the database's write lock until its stdin closes."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def wait_until(predicate, timeout=30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_a_locked_store_keeps_events_and_cursor_in_memory_and_writes_them_once_free(tmp_path):
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+    health = []
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), health.append)
+        holder = hold_lock(path)
+        ids = store.add_events([event("ring_timeout", t=1.0), event("sq_intr", t=2.0)], cursor=("journal", "c=7"))
+        store.set_count(ids[0], 12)
+        while not health:
+            await asyncio.sleep(0.02)
+        seen_while_locked = ([e["kind"] for e in store.events()], store.cursor("journal"), store.pending)
+        holder.stdin.close()
+        holder.wait(10)
+        while health[-1] is not None:
+            await asyncio.sleep(0.02)
+        store.close()
+        return ids, seen_while_locked
+
+    ids, (kinds, cursor, pending) = asyncio.run(scenario())
+    assert "locked by another process" in health[0] and health[-1] is None
+    assert kinds == ["ring_timeout", "sq_intr"] and cursor == "c=7" and pending == 2
+    fresh = Store(path)
+    assert [(e["id"], e["kind"], e["count"]) for e in fresh.events()] == [(ids[0], "ring_timeout", 12),
+                                                                          (ids[1], "sq_intr", 1)]
+    assert fresh.cursor("journal") == "c=7"
+
+
+def test_an_id_taken_by_another_process_is_remapped(tmp_path):
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None)
+        other = Store(path)  # `gpuwarden quarantine` recording an event while the daemon runs
+        [theirs] = other.add_events([event("cache_poisoned")])
+        [ours] = store.add_events([event("sq_intr")])
+        store.set_count(ours, 5)
+        store.close()
+        return theirs, ours
+
+    theirs, ours = asyncio.run(scenario())
+    assert theirs == ours  # both were handed the same next id
+    rows = {e["kind"]: e for e in Store(path).events()}
+    assert rows["cache_poisoned"]["count"] == 1 and rows["sq_intr"]["count"] == 5
+    assert rows["sq_intr"]["id"] != rows["cache_poisoned"]["id"]
+
+
+def test_a_truncated_database_is_reported_as_truncated(tmp_path):
+    import os
+
+    path = tmp_path / "gw.db"
+    store = Store(path)
+    store.add_events([event(evidence={"pad": "x" * 4000}) for _ in range(40)])
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    os.truncate(path, 8192)  # a copy cut short, or a disk that filled up mid-write
+    with pytest.raises(StoreError, match=r"database is truncated \(8192 bytes; its header says \d+\)"):
+        Store(path).events()

@@ -138,3 +138,23 @@ def test_stop_returns_at_its_deadline_and_names_a_component_that_will_not_end():
         assert loop.run_until_complete(scenario()) == ["swallows"]
     finally:
         loop.close()  # the task that will not end is left pending (asyncio.run would wait for it forever)
+
+
+class NothingToDo:
+    name = "idle"
+
+    async def run(self):
+        return
+
+
+def test_a_component_with_nothing_to_do_is_not_down():
+    async def scenario():
+        sup = Supervisor(lambda n, e: None, lambda *a: None)
+        sup.start("engines", NothingToDo)
+        sup.start("steady", lambda: Steady([]))
+        await asyncio.sleep(0.05)
+        summary = sup.summary()
+        await sup.stop()
+        return summary
+
+    assert asyncio.run(scenario()) == "2/2 components up"

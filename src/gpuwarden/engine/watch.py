@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -21,12 +22,15 @@ from gpuwarden.engine.scraper import ScrapeError, Scraper
 from gpuwarden.engine.stall import StallDetector
 from gpuwarden.gpu import nvidia
 from gpuwarden.model import Event, Severity
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 90.0  # a process at this share of a core with no progress: the classic hang
 _INSPECT_DEADLINE = 10.0
+_INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
+_NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
 
 
 class Sink(Protocol):
@@ -181,9 +185,10 @@ class EngineWatch:
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
             return procs, cpu_percent(procs), gpus
         try:
-            state.procs, state.cpu, gpus = await asyncio.wait_for(asyncio.to_thread(look), _INSPECT_DEADLINE)
-        except TimeoutError:
-            log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
+            state.procs, state.cpu, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
+        except (TimeoutError, Busy) as exc:
+            log.warning("looking at %s's processes took longer than %.0f s%s", state.name, _INSPECT_DEADLINE,
+                        f" ({exc})" if str(exc) else "")
             return
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpu is not None:
@@ -194,8 +199,11 @@ class EngineWatch:
         found = gpus_in_use(procs) or set()
         if self._nvml is None:
             self._nvml = nvidia.load() or False
-        if self._nvml:
-            by_pid = nvidia.gpus_of_processes(self._nvml)
+        if self._nvml and _NVML_CALL.acquire(blocking=False):
+            try:
+                by_pid = nvidia.gpus_of_processes(self._nvml)
+            finally:
+                _NVML_CALL.release()
             found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
         return found or None
 
