@@ -2,6 +2,7 @@ import sqlite3
 
 import pytest
 
+from faults import LockHolder
 from gpuwarden.model import Event, Severity
 from gpuwarden.store import SCHEMA_VERSION, Store, StoreError
 
@@ -77,33 +78,6 @@ def test_a_version_1_store_is_migrated_and_keeps_its_events(tmp_path):
     assert [e.kind for _, e in store.unalerted_events(since=0)] == ["sq_intr"]
 
 
-HOLD = ("import sqlite3, sys\n"
-        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-        "db.execute('BEGIN EXCLUSIVE')\n"
-        "print('held', flush=True)\n"
-        "sys.stdin.read()\n")
-
-
-def hold_lock(path):
-    """A real second process holding the database's write lock until its stdin closes."""
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline() == "held\n"
-    return proc
-
-
-def wait_until(predicate, timeout=30.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def test_a_locked_store_keeps_events_and_cursor_in_memory_and_writes_them_once_free(tmp_path):
     import asyncio
 
@@ -114,14 +88,13 @@ def test_a_locked_store_keeps_events_and_cursor_in_memory_and_writes_them_once_f
 
     async def scenario():
         store = QueuedStore(path, asyncio.get_running_loop(), health.append)
-        holder = hold_lock(path)
+        holder = LockHolder(path)
         ids = store.add_events([event("ring_timeout", t=1.0), event("sq_intr", t=2.0)], cursor=("journal", "c=7"))
         store.set_count(ids[0], 12)
         while not health:
             await asyncio.sleep(0.02)
         seen_while_locked = ([e["kind"] for e in store.events()], store.cursor("journal"), store.pending)
-        holder.stdin.close()
-        holder.wait(10)
+        holder.release()
         while health[-1] is not None:
             await asyncio.sleep(0.02)
         store.close()

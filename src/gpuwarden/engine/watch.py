@@ -186,10 +186,11 @@ class EngineWatch:
             return procs, cpu_percent(procs), gpus
         try:
             state.procs, state.cpu, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
-        except (TimeoutError, Busy) as exc:
-            log.warning("looking at %s's processes took longer than %.0f s%s", state.name, _INSPECT_DEADLINE,
-                        f" ({exc})" if str(exc) else "")
+        except TimeoutError:
+            log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
+        except Busy:
+            return  # the look-up of the last scrape (or of a kill) is still under way: its answer will do
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpu is not None:
             self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)

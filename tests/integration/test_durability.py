@@ -1,0 +1,242 @@
+"""Fault injection with real parts (issue 14): a store locked by another process or on a full disk, a
+slowloris /metrics, a 7.7 MB /metrics, SIGTERM while a send hangs and a component fails, an apprise config file.
+
+Deadlines here are generous bounds for "it finished at all", never measures of speed.
+"""
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import GPUWARDEN, free_port, wait_for
+
+from faults import LockHolder
+
+RING = "Dec 02 16:22:28 host kernel: amdgpu 0000:{bus}:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1\n"
+HOSTILE = Path(__file__).with_name("hostile_server.py")
+
+
+def append(d, text: str) -> None:
+    with d.log_file.open("a") as log:
+        log.write(text)
+
+
+def alerts(receiver) -> str:
+    return (f'[alerts]\ngroup_window = "0s"\nretry_initial = "200ms"\nretry_max = "500ms"\nhostname = "box1"\n'
+            f'urls = ["json://127.0.0.1:{receiver.port}/hook"]\n')
+
+
+def status_lines(notify_socket) -> list[str]:
+    notify_socket._pump()
+    return [line for m in notify_socket.messages for line in m.split("\n") if line.startswith("STATUS=")]
+
+
+def longest_block(d) -> float:
+    """The longest event-loop block the daemon logged (0 when none)."""
+    return max((float(x) for x in re.findall(r"event loop was blocked for ([\d.]+) s", d.log())), default=0.0)
+
+
+class Hostile:
+    """tests/integration/hostile_server.py as a real process."""
+
+    def __init__(self, mode: str, *args: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, str(HOSTILE), str(self.port), mode, *args],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline() == "ready\n"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def hostile():
+    made = []
+
+    def make(mode, *args):
+        made.append(Hostile(mode, *args))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.stop()
+
+
+def faults_while_unwritable(d, receiver, engine, notify_socket, why: str) -> None:
+    """Three ring timeouts while the store cannot be written: each is logged, alerted and acted on at once,
+    and STATUS and an alert say that the store is unwritable."""
+    for bus in ("05", "06", "07"):
+        append(d, RING.format(bus=bus))
+    for bus in ("05", "06", "07"):
+        wait_for(lambda bus=bus: re.search(rf"warning ring_timeout: .* on 0000:{bus}:00.0", d.log()), 20,
+                 what=f"the ring timeout on {bus} logged")
+    wait_for(lambda: not engine.alive(), 20, what="the engine on the faulting GPU killed")
+    titles = lambda: {b["title"] for b in receiver.json_bodies()}  # noqa: E731
+    wait_for(lambda: {f"[WARNING] ring_timeout on box1: GPU 0000:{bus}:00.0" for bus in ("05", "06", "07")}
+             <= titles(), 20, what="the three ring-timeout alerts")
+    wait_for(lambda: any(t.startswith("[WARNING] store_unwritable on box1") for t in titles()), 20,
+             what="the store-unwritable alert")
+    wait_for(lambda: any("STORE UNWRITABLE" in s and why in s for s in status_lines(notify_socket)), 10,
+             what="STATUS saying the store is unwritable")
+    assert "gpuwarden_store_writable 0.0" in d.metrics()
+    assert d.proc.poll() is None
+
+
+def all_stored_afterwards(d, notify_socket) -> None:
+    def stored():
+        kinds = [(e["kind"], e["gpu"]) for e in d.events()]
+        return all(("ring_timeout", f"0000:{bus}:00.0") in kinds for bus in ("05", "06", "07")) and \
+            any(k == "engine_killed" for k, _ in kinds) and any(k == "store_unwritable" for k, _ in kinds)
+    wait_for(stored, 60, interval=0.5, what="every event written once the store works again")
+    seen = len(status_lines(notify_socket))
+    wait_for(lambda: any("STORE UNWRITABLE" not in s for s in status_lines(notify_socket)[seen:]), 10,
+             what="STATUS without the store line")
+    assert "gpuwarden_store_writable 1.0" in d.metrics()
+    assert longest_block(d) < 4.0  # a write used to hold the loop for the 5 s busy timeout
+
+
+def engine_on(engine, bus: str) -> str:
+    return (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "1s"\n'
+            f'gpus = ["0000:{bus}:00.0"]\nkill_grace = "1s"\n')
+
+
+def test_a_store_locked_by_another_process_loses_no_fault(daemon_factory, receiver, fake_engine, notify_socket):
+    engine = fake_engine("progress")
+    d = daemon_factory(alerts(receiver) + engine_on(engine, "05"), env={"NOTIFY_SOCKET": notify_socket.path})
+    d.start()
+    d.wait_serving()
+    holder = LockHolder(d.state / "gpuwarden.db")
+    try:
+        faults_while_unwritable(d, receiver, engine, notify_socket, "locked by another process")
+    finally:
+        holder.release()
+    all_stored_afterwards(d, notify_socket)
+    assert d.stop() == 0
+
+
+@pytest.mark.root
+def test_a_full_disk_loses_no_fault(daemon_factory, receiver, fake_engine, notify_socket, tmp_path):
+    engine = fake_engine("progress")
+    d = daemon_factory(alerts(receiver) + engine_on(engine, "05"), env={"NOTIFY_SOCKET": notify_socket.path})
+    d.state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d.state)], check=True)
+    try:
+        d.start()
+        d.wait_serving()
+        filler = d.state / "filler"
+        with filler.open("wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+            while True:  # every free byte of the 1 MB tmpfs
+                f.write(b"\0" * 4096)
+        faults_while_unwritable(d, receiver, engine, notify_socket, "disk is full")
+        filler.unlink()
+        all_stored_afterwards(d, notify_socket)
+        assert d.stop() == 0
+    finally:
+        if d.proc and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        subprocess.run(["umount", str(d.state)], check=True)
+
+
+def test_a_slowloris_metrics_endpoint_fails_at_the_scrape_timeout(daemon_factory, hostile):
+    slow = hostile("slowloris")
+    d = daemon_factory(f'[[engine]]\nname = "slow"\nmetrics_url = "{slow.url}"\nscrape_interval = "1s"\n'
+                       f'scrape_timeout = "2s"\nunresponsive_after = 2\n').start()
+    d.wait_serving()
+    failures = 'gpuwarden_engine_scrape_failures_total{engine="slow",reason="timeout"} '
+    wait_for(lambda: failures in d.metrics(), 30, what="a timed-out scrape")
+    wait_for(lambda: re.search(re.escape(failures) + r"[2-9]", d.metrics()), 30, what="a second one")
+    assert 'gpuwarden_engine_up{engine="slow"} 0.0' in d.metrics()
+    # the server process listens on the engine's port, so it counts as the engine's process: it is alive
+    wait_for(lambda: any(e["kind"] == "engine_unresponsive" for e in d.events()), 30, what="engine_unresponsive")
+    assert d.stop() == 0
+
+
+def big_body(path: Path, matching: int, padding: int) -> Path:
+    """A 7.7 MB /metrics: `matching` series of vLLM's running gauge, `padding` series of another metric."""
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{model_name="m",replica="r{i:06d}"}} 1' for i in range(matching)]
+    lines += [f'other_exporter_bytes{{device="sd{i:06d}",mount="/srv/data/{i:06d}"}} 4096'
+              for i in range(padding)]
+    lines += ["vllm:num_requests_waiting 0", "vllm:generation_tokens_total 1000"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("matching", "padding", "up"), [(110_000, 0, False), (2, 110_000, True)],
+                         ids=["110000-series-refused", "large-body-parsed-off-the-loop"])
+def test_a_7_7_mb_metrics_body(daemon_factory, hostile, tmp_path, matching, padding, up):
+    body = big_body(tmp_path / "metrics.prom", matching, padding)
+    assert 6_000_000 < body.stat().st_size < 8 << 20  # under the 8 MiB body cap
+    server = hostile("body", str(body))
+    d = daemon_factory(f'[[engine]]\nname = "big"\nmetrics_url = "{server.url}"\nprofile = "vllm"\n'
+                       f'scrape_interval = "1s"\nscrape_timeout = "20s"\n').start()
+    d.wait_serving()
+    if up:
+        wait_for(lambda: 'gpuwarden_engine_requests_running{engine="big"} 2.0' in d.metrics(), 60,
+                 what="the engine's sample from the large body")
+    else:
+        wait_for(lambda: 'gpuwarden_engine_scrape_failures_total{engine="big",reason="too_large"}' in d.metrics(),
+                 60, what="the body refused for its series")
+    time.sleep(3)  # a few more scrapes
+    assert longest_block(d) < 1.0  # parsing 110,000 series on the loop blocked it for seconds per scrape
+    assert d.stop() == 0
+
+
+def test_sigterm_ends_the_daemon_while_a_send_hangs_and_a_component_fails(daemon_factory, hostile):
+    silent = hostile("silent")  # takes the alert's POST and never answers
+    engine = hostile("silent")  # /metrics never answers while its process runs: engine_unresponsive is alerted
+    d = daemon_factory(f'[alerts]\ngroup_window = "0s"\nsend_timeout = "10m"\n'
+                       f'urls = ["json://127.0.0.1:{silent.port}/hook"]\n'
+                       f'[[engine]]\nname = "hung"\nmetrics_url = "{engine.url}"\nscrape_interval = "1s"\n'
+                       f'scrape_timeout = "1s"\nunresponsive_after = 1\n',
+                       kernel='source = "file"\nfile = "/"\n')  # a directory: the kernel component keeps failing
+    d.start()
+    d.wait_serving()
+    d.wait_log("alert gw-", timeout=30)
+    d.wait_log("component kernel failed", timeout=30)
+    time.sleep(1)  # the send is under way in its thread
+    d.proc.send_signal(signal.SIGTERM)
+    rc = d.proc.wait(60)  # the send alone would hold a stop for its 10 minutes
+    assert rc == 0, d.log()
+    log = d.log()
+    assert "stopping" in log and "restarting in" not in log.split("stopping", 1)[1]
+
+
+APPRISE_YAML = "urls:\n  - json://127.0.0.1:{port}/from-file:\n    - tag: device_lost\n"
+
+
+def test_an_apprise_config_file_delivers_and_a_broken_one_on_reload_keeps_the_old(daemon_factory, receiver,
+                                                                                  notify_socket, tmp_path):
+    apprise_file = tmp_path / "apprise.yml"
+    apprise_file.write_text(APPRISE_YAML.format(port=receiver.port))
+    config = f'[alerts]\ngroup_window = "0s"\nhostname = "box1"\nconfig_file = "{apprise_file}"\n'
+    d = daemon_factory(config, env={"NOTIFY_SOCKET": notify_socket.path})
+    check = subprocess.run([*GPUWARDEN, "check", "--config", str(d.config_path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    test_alert = subprocess.run([*GPUWARDEN, "test-alert", "--config", str(d.config_path)], capture_output=True,
+                                text=True, timeout=60)
+    assert test_alert.returncode == 0 and ": ok" in test_alert.stdout, test_alert.stdout + test_alert.stderr
+    d.start()
+    ready = notify_socket.wait("READY=1", timeout=20)
+    d.wait_serving()
+    append(d, "Dec 02 16:22:28 host kernel: amdgpu 0000:09:00.0: amdgpu: device lost from bus!\n")
+    wait_for(lambda: any(b["title"].startswith("[CRITICAL] device_lost") for b in receiver.json_bodies("/from-file")),
+             20, what="the alert through the apprise config file")
+
+    apprise_file.write_text("urls:\n  - notaservice://nothing\n")  # apprise reads it, nothing usable in it
+    d.proc.send_signal(signal.SIGHUP)
+    reloading = notify_socket.wait("RELOADING=1", after=ready + 1)
+    failed = notify_socket.wait("STATUS=reload failed, old configuration kept", after=reloading + 1)
+    notify_socket.wait("READY=1", after=failed)
+    assert d.proc.poll() is None
+    assert d.stop() == 0
