@@ -240,3 +240,29 @@ def test_an_apprise_config_file_delivers_and_a_broken_one_on_reload_keeps_the_ol
     notify_socket.wait("READY=1", after=failed)
     assert d.proc.poll() is None
     assert d.stop() == 0
+
+
+def test_with_no_engine_to_watch_status_says_nothing_is_down(daemon_factory, notify_socket):
+    d = daemon_factory("[engines]\ndiscover = false\n", env={"NOTIFY_SOCKET": notify_socket.path}).start()
+    d.wait_serving()
+    d.wait_log("component engines finished")
+    seen = len(status_lines(notify_socket))
+    wait_for(lambda: len(status_lines(notify_socket)) > seen + 1, 10, what="two more STATUS lines")
+    last = status_lines(notify_socket)[-1]
+    assert "down" not in last and re.search(r"(\d+)/\1 components up", last), last
+    assert d.stop() == 0
+
+
+def test_a_truncated_database_is_reported_as_truncated(daemon_factory):
+    d = daemon_factory().start()
+    d.wait_serving()
+    for i in range(30):  # a few pages of events
+        append(d, RING.format(bus=f"{i + 10:02x}"))
+    wait_for(lambda: len(d.events()) >= 30, 30, what="the events stored")
+    assert d.stop() == 0
+    db = d.state / "gpuwarden.db"
+    db.write_bytes(db.read_bytes()[:4096 + 100])  # a copy cut short
+    d.start()
+    assert d.proc.wait(30) == 1
+    assert "database is truncated (4196 bytes; its header says" in d.log()
+    assert "locked by another process" not in d.log()
