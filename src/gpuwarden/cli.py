@@ -111,10 +111,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     logging.getLogger("gpuwarden").info("gpuwarden %s starting with %s", __version__, path or "built-in defaults")
     try:
-        return asyncio.run(Daemon(config, args.config).run())
+        rc = asyncio.run(Daemon(config, args.config).run())
     except OSError as exc:
         logging.getLogger("gpuwarden").error("cannot run: %s", exc)
         return EXIT_FAILURE
+    # Stopped: the store is closed and the guard released. What still runs is abandoned I/O (a send that hangs
+    # in apprise's own thread pool) that a normal interpreter exit would wait for: end here instead.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

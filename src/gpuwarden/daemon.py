@@ -280,9 +280,12 @@ class Daemon:
     async def reload(self) -> None:
         async with self._reload_lock:
             self.notifier.reloading()
-            try:
+            def load():  # off the loop: `listen` may need a name look-up, a config_file is read
                 new, path = configuration.load(self.config_arg)
-                targets = build_targets(new.alerts)
+                return new, path, build_targets(new.alerts)
+            try:
+                async with asyncio.timeout(_STOP_DEADLINE):
+                    new, path, targets = await asyncio.to_thread(load)
             except Exception as exc:  # ConfigError, or anything a target's library raises: READY=1 must follow
                 if not isinstance(exc, ConfigError):
                     log.exception("reload failed")
@@ -299,7 +302,10 @@ class Daemon:
                 if self.exporter:
                     self.exporter.stop()
                     self.exporter = None
-                self._start_exporter()
+                try:
+                    self._start_exporter()
+                except OSError as exc:  # the components must come back all the same
+                    log.error("the exporter cannot serve on the new address: %s", exc)
             logsetup.setup(new.daemon.log_level)
             self._start_components()
             await asyncio.sleep(0)

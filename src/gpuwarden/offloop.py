@@ -65,4 +65,5 @@ class OffLoop:
             with self._lock:
                 self._running.discard(key)
             raise
-        return await asyncio.wait_for(future, deadline)
+        async with asyncio.timeout(deadline):  # not wait_for: on 3.11 it can swallow a cancellation
+            return await future

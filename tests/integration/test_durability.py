@@ -196,7 +196,7 @@ def test_sigterm_ends_the_daemon_while_a_send_hangs_and_a_component_fails(daemon
     silent = hostile("silent")  # takes the alert's POST and never answers
     engine = hostile("silent")  # /metrics never answers while its process runs: engine_unresponsive is alerted
     d = daemon_factory(f'[alerts]\ngroup_window = "0s"\nsend_timeout = "10m"\n'
-                       f'urls = ["json://127.0.0.1:{silent.port}/hook"]\n'
+                       f'urls = ["json://127.0.0.1:{silent.port}/hook?rto=600"]\n'  # read timeout: 10 minutes
                        f'[[engine]]\nname = "hung"\nmetrics_url = "{engine.url}"\nscrape_interval = "1s"\n'
                        f'scrape_timeout = "1s"\nunresponsive_after = 1\n',
                        kernel='source = "file"\nfile = "/"\n')  # a directory: the kernel component keeps failing

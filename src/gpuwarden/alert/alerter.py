@@ -130,11 +130,7 @@ class Alerter:
                 exported = now
             due = self.storm.next_due()
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), _EXPORT if due is None else
-                                       min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
-            except TimeoutError:
-                pass
+            await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
 
     def _enqueue(self, out, now: float) -> None:
         incident = None if out.resolved else self.incident_for(out.event_ids)
@@ -166,10 +162,7 @@ class Alerter:
             if row is None or row.next_attempt > now:
                 wake.clear()
                 timeout = 1.0 if row is None else min(row.next_attempt - now, 1.0)
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout)
-                except TimeoutError:
-                    pass
+                await _woken(wake, timeout)
                 continue
             if now - row.created > self.config.give_up_after:
                 log.error("alert %s to %s undeliverable after %d attempts: giving up", row.alert_id,
@@ -211,6 +204,16 @@ class Alerter:
         while (found := picture(folder)) is None and time.time() - created < _PICTURE_WAIT:
             await asyncio.sleep(0.25)
         return str(found) if found else None
+
+
+async def _woken(event: asyncio.Event, timeout: float) -> None:
+    """Until `event` is set or `timeout` passes. Not wait_for: on Python 3.11 a cancellation that arrives as the
+    event is set is swallowed, and the component would not stop (seen when an alert came in with SIGTERM)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        pass
 
 
 async def send(target: Target, title: str, body: str, notify_type: str, timeout: float,
