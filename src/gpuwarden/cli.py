@@ -208,16 +208,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
     report = {"url": args.url, "up": sample is not None, "error": error,
               "profile": sample and sample.profile, "running": sample and sample.running,
               "waiting": sample and sample.waiting, "generated_tokens": sample and sample.generated,
-              "prompt_tokens": sample and sample.prompt, "spec_acceptance": sample and sample.spec_acceptance}
+              "tokens_processed": sample and sample.progress,
+              "progress": sample and ("per step" if sample.per_step else "per finished request"),
+              "spec_acceptance": sample and sample.spec_acceptance, "families": sample and list(sample.families)}
     if args.json:
         print(json.dumps(report))
     else:
         def show(value):
             if value is None:
                 return "unknown"
+            if isinstance(value, list):
+                return ", ".join(value)
             return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else str(value)
-        for key in ("up", "profile", "running", "waiting", "generated_tokens", "prompt_tokens", "spec_acceptance",
-                    "error"):
+        for key in ("up", "profile", "running", "waiting", "generated_tokens", "tokens_processed", "progress",
+                    "spec_acceptance", "families", "error"):
             if key != "error" or error:
                 print(f"{key:<17} {show(report[key])}")
     return EXIT_OK if sample else EXIT_FAILURE

@@ -204,6 +204,9 @@ class EngineConfig(Section):
     crash_loop_window: Duration = 600.0
     on_stall: Literal["kill", "alert"] = "kill"
     on_gpu_fault: Literal["kill", "alert"] = "kill"
+    # /metrics hanging for the stall threshold while the processes live: kill when requests were running at its
+    # last answer (as stuck as a stall), alert when it was idle
+    on_unresponsive: Literal["kill", "alert"] = "kill"
     kill_grace: Duration = 10.0
     kill_budget: int = Field(default=3, ge=0)
     kill_budget_window: Duration = 3600.0

@@ -1,4 +1,7 @@
-"""Kill a resolved set of processes: SIGTERM, a grace period, SIGKILL for what is left, then confirm.
+"""Kill a resolved set of processes as systemd stops a unit: SIGTERM then SIGCONT to every process (a stopped
+process acts on SIGTERM only once continued), a grace period for those that can act on it, SIGKILL for what
+is left, then confirm. A process that cannot act on SIGTERM (still stopped after SIGCONT, as one held in a
+ptrace stop is) gets SIGKILL without waiting out the grace; a zombie or a vanished one counts as gone.
 
 Synchronous (psutil waits): run it off the event loop. Only processes that `is_killable` accepts are touched.
 """
@@ -49,9 +52,10 @@ def kill(procs: list[psutil.Process], grace: float, dry_run: bool = False) -> Ki
     if dry_run:
         return KillReport([describe(p) for p in procs], [], [], True)
     names = {p.pid: describe(p) for p in procs}
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    gone, alive = _wait(procs, grace)
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for proc in procs:
+            _signal(proc, sig)
+    gone, alive = _wait(procs, grace, until_stuck=True)
     for proc in alive:
         _signal(proc, signal.SIGKILL)
     dead, survivors = _wait(alive, 5.0)
@@ -59,15 +63,27 @@ def kill(procs: list[psutil.Process], grace: float, dry_run: bool = False) -> Ki
                       [names[p.pid] for p in survivors], False)
 
 
-def _wait(procs: list[psutil.Process], timeout: float) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """(gone, alive) after at most `timeout`. A zombie is gone: it waits only for its parent to reap it."""
+def _wait(procs: list[psutil.Process], timeout: float,
+          until_stuck: bool = False) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(gone, alive) after at most `timeout`, or as soon as every live one is stopped when `until_stuck`
+    (waiting longer cannot help it). A zombie is gone: it waits only for its parent to reap it."""
     deadline = time.monotonic() + timeout
     alive = list(procs)
     while True:
-        alive = [p for p in alive if is_running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return [p for p in procs if p not in alive], alive
         time.sleep(0.05)
+        alive = [p for p in alive if is_running(p)]
+        if not alive or time.monotonic() >= deadline or (until_stuck and all(_stopped(p) for p in alive)):
+            return [p for p in procs if p not in alive], alive
+
+
+_STOPPED = {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+
+
+def _stopped(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() in _STOPPED
+    except psutil.Error:
+        return False
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

@@ -198,15 +198,15 @@ def _ancestors() -> set[int]:
     return {p.pid for p in psutil.Process().parents()}
 
 
-def cpu_percent(procs: list[psutil.Process]) -> float | None:
-    """The busiest process's CPU since the last call (psutil needs two looks: the first says 0)."""
+def cpu_percents(procs: list[psutil.Process]) -> list[float]:
+    """Each process's share of a core since the last call (psutil needs two looks: the first says 0)."""
     values = []
     for proc in procs:
         try:
             values.append(proc.cpu_percent(None))
         except psutil.Error:
             continue
-    return max(values) if values else None
+    return values
 
 
 _RENDER = re.compile(r"^/dev/dri/(renderD\d+|card\d+)$")

@@ -16,16 +16,17 @@ from gpuwarden.act.killer import KillBudget, kill
 from gpuwarden.config import EngineConfig, EnginesConfig
 from gpuwarden.engine.discovery import discover
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percent, gpus_in_use, roots
+from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, roots
 from gpuwarden.engine.scraper import ScrapeError, Scraper
-from gpuwarden.engine.stall import StallDetector
+from gpuwarden.engine.stall import StallDetector, Verdict
 from gpuwarden.gpu import nvidia
 from gpuwarden.model import Event, Severity
 from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
 
-SPINNING_PERCENT = 90.0  # a process at this share of a core with no progress: the classic hang
+SPINNING_PERCENT = 90.0  # near a full core: with no progress, the classic hang
+IDLE_PERCENT = 5.0  # a process below this is waiting (an API server behind a hung engine), not part of the spin
 _INSPECT_DEADLINE = 10.0
 
 
@@ -45,8 +46,9 @@ class EngineState:
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
     gpus: frozenset[str] | None = None
-    cpu: float | None = None
+    cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
     failures: int = 0
+    answered: float | None = None  # monotonic time of the last successful scrape
     unresponsive: bool = False
     exits: deque[float] = field(default_factory=deque)
     killing: bool = False
@@ -57,8 +59,13 @@ class EngineState:
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def cpu(self) -> float | None:
+        return max(self.cpus) if self.cpus else None
+
     def view(self) -> EngineView:
-        return EngineView(self.name, self.gpus, self.config.on_stall, self.config.on_gpu_fault)
+        cfg = self.config
+        return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive)
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
@@ -153,24 +160,24 @@ class EngineWatch:
         now = time.monotonic()
         if had_procs and not state.procs:
             self._exited(state, now)
+        spinning = is_spinning(state.cpus)
         if sample is None:
             self.sink.metric("gpuwarden_engine_up", 0, name)
-            if state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive:
+            silent_for = now - (state.answered or now)
+            if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
+                    and silent_for >= state.detector.threshold(spinning)):
                 state.unresponsive = True
-                self._record(Event("engine_unresponsive", Severity.WARNING,
-                                   f"{name} has not answered /metrics {state.failures} times in a row ({error}) "
-                                   "while its processes run", time.time(), engine=name,
-                                   evidence={"error": error, "failures": state.failures}))
+                self._record(self._unresponsive_event(state, error, silent_for))
             return
         if state.unresponsive:
             self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
-        state.failures, state.unresponsive, state.sample = 0, False, sample
+        state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
         self._export(state, sample)
-        verdict = state.detector.observe(sample, now)
+        verdict = state.detector.observe(sample, now, spinning)
         self.sink.metric("gpuwarden_engine_stalled", 1 if verdict.stalled else 0, name)
         self.sink.metric("gpuwarden_engine_stall_threshold_seconds", verdict.threshold, name)
         if verdict.new and verdict.stalled:
-            self._record(self._stall_event(state, sample, verdict))
+            self._record(self._stall_event(state, sample, verdict, spinning))
         elif verdict.new:
             self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
 
@@ -179,14 +186,14 @@ class EngineWatch:
         def look():
             procs = state.tracker.refresh(roots(target_spec(state.config)))
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, cpu_percent(procs), gpus
+            return procs, cpu_percents(procs), gpus
         try:
-            state.procs, state.cpu, gpus = await asyncio.wait_for(asyncio.to_thread(look), _INSPECT_DEADLINE)
+            state.procs, state.cpus, gpus = await asyncio.wait_for(asyncio.to_thread(look), _INSPECT_DEADLINE)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
         state.gpus = frozenset(gpus) if gpus else None
-        if state.cpu is not None:
+        if state.cpus:
             self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
@@ -208,17 +215,34 @@ class EngineWatch:
             if value is not None:
                 self.sink.metric(metric, value, name)
 
-    def _stall_event(self, state: EngineState, sample: EngineSample, verdict) -> Event:
-        spinning = state.cpu is not None and state.cpu >= SPINNING_PERCENT
-        message = (f"{state.name}: {sample.running:.0f} request(s) running and no token generated for "
+    def _stall_event(self, state: EngineState, sample: EngineSample, verdict: Verdict, spinning: bool) -> Event:
+        message = (f"{state.name}: {sample.running:.0f} request(s) running and no token processed for "
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
-            message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
-        figures = {"running": sample.running, "waiting": sample.waiting, "generated_tokens": sample.progress,
-                   "stalled_seconds": round(verdict.stalled_for, 1), "threshold_seconds": round(verdict.threshold, 1),
-                   "typical_request_seconds": verdict.typical, "cpu_percent": state.cpu}
+            message += f"; its processes spin at {state.cpu:.0f} % CPU: the classic hang"
+        figures = {"running": sample.running, "waiting": sample.waiting, "tokens_processed": sample.progress,
+                   "generated_tokens": sample.generated, "stalled_seconds": round(verdict.stalled_for, 1),
+                   "threshold_seconds": round(verdict.threshold, 1),
+                   f"typical_{'token' if verdict.per_step else 'request'}_seconds": verdict.typical,
+                   "cpu_percent": state.cpu}
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
                      gpu=_only(state.gpus), evidence={"figures": figures, "spinning": spinning, "runbook": "stall"})
+
+    def _unresponsive_event(self, state: EngineState, error: str, silent_for: float) -> Event:
+        """/metrics hangs or fails while the engine's processes live. Whether requests were running when it last
+        answered decides whether this is as stuck as a stall (the policy kills) or an idle engine (alert)."""
+        last = state.sample
+        running = last.running if last else None
+        was = (f"{running:.0f} request(s) were running when it last answered" if running
+               else "no request was running when it last answered" if last else "it has never answered")
+        message = (f"{state.name} has not answered /metrics for {silent_for:.0f} s ({state.failures} tries, "
+                   f"last: {error}) while its {len(state.procs)} process(es) live; {was}")
+        figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,
+                   "cpu_percent": state.cpu, "processes": len(state.procs)}
+        return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
+                     engine=state.name, gpu=_only(state.gpus),
+                     evidence={"error": error, "figures": figures, "requests_running": running or 0,
+                               "runbook": "stall"})
 
     def _exited(self, state: EngineState, now: float) -> None:
         if now - state.last_kill < state.config.kill_grace + 10:
@@ -270,6 +294,13 @@ class EngineWatch:
                                          "survivors": report.survivors, "dry_run": report.dry_run}))
         finally:
             state.killing = False
+
+
+def is_spinning(cpus: list[float]) -> bool:
+    """Every engine process that uses the CPU at all runs near a full core (the seed incident: both processes
+    at 200 % and no throughput). A hung GPU's waiters spin; a stopped or frozen process does not."""
+    busy = [c for c in cpus if c >= IDLE_PERCENT]
+    return bool(busy) and all(c >= SPINNING_PERCENT for c in busy)
 
 
 def _only(gpus: frozenset[str] | None) -> str | None:
