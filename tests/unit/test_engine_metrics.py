@@ -37,7 +37,7 @@ def test_label_values_with_braces_and_quotes(corpus):
 def test_request_timing_when_progress_moves_only_as_requests_end(corpus):
     sample = parse((corpus / "metrics/sglang-01.prom").read_text())  # an SGLang without realtime_tokens_total
     assert not sample.per_step
-    assert (sample.timing_sum, sample.timing_count) == (3.116093850019932e6, 11228.0)
+    assert sample.timing == (3.116093850019932e6, 11228.0) and sample.first_token is None
 
 
 def test_llamacpp_progress_is_the_per_step_decode_counter(corpus):

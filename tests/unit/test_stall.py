@@ -2,8 +2,9 @@ from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.stall import StallDetector
 
 
-def sample(running, progress, lat_sum=None, lat_count=None, per_step=False):
-    return EngineSample("vllm", running, 0.0, progress, progress, per_step, lat_sum, lat_count)
+def sample(running, progress, lat_sum=None, lat_count=None, per_step=False, first_token=None):
+    timing = (lat_sum, lat_count) if lat_sum is not None else None
+    return EngineSample("vllm", running, 0.0, progress, progress, per_step, timing, first_token)
 
 
 def run(det, samples, start=0.0, step=1.0):
@@ -57,6 +58,14 @@ def test_a_per_step_counter_takes_the_per_token_timing():
     run(det, [sample(1, 100 * i, lat_sum=0.02 * 100 * i, lat_count=100 * i, per_step=True) for i in range(1, 10)])
     assert det.typical == 0.02 and det.threshold() == 30
 
+
+def test_a_per_step_counter_allows_for_a_prefill_as_long_as_usual():
+    """vLLM counts a prompt's tokens once its prefill is done: a prefill may take as long as a first token
+    usually takes (12 s here), so the threshold covers that."""
+    det = StallDetector(stall_multiple=4, min_stall=30, max_stall=1800)
+    run(det, [sample(1, 100 * i, 0.02 * 100 * i, 100 * i, per_step=True, first_token=(12.0 * i, i))
+              for i in range(1, 10)])
+    assert det.typical == 12.0 and det.threshold() == 48
 
 def test_while_a_process_spins_the_floor_applies():
     det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)

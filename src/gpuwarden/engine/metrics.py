@@ -22,8 +22,8 @@ class EngineSample:
     generated: float | None
     progress: float | None  # the stall signal: tokens (or steps) processed so far
     per_step: bool  # the progress counter moves on every engine step, not only when a request ends
-    timing_sum: float | None  # seconds per token (per_step) or per request, as a histogram's sum and count
-    timing_count: float | None
+    timing: tuple[float, float] | None  # seconds per token (per_step) or per request: (sum, count)
+    first_token: tuple[float, float] | None = None  # seconds to a first token (per_step only): (sum, count)
     spec_accepted: float | None = None
     spec_draft: float | None = None
     families: tuple[str, ...] = ()  # the sample names this reading came from
@@ -61,7 +61,6 @@ def parse(text: str, profile: str = "auto") -> EngineSample:
     first = lambda names: next((values[n] for n in names if n in values), None)  # noqa: E731
     progress = next((p for p in chosen.progress if any(n in values for n in p.names)), None)
     per_step = progress.per_step if progress else False
-    timing = _timing(values, chosen.token_timing if per_step else chosen.request_timing)
     return EngineSample(
         profile=chosen.name,
         running=first(chosen.running),
@@ -69,8 +68,8 @@ def parse(text: str, profile: str = "auto") -> EngineSample:
         generated=first(chosen.generated),
         progress=sum(values.get(n, 0.0) for n in progress.names) if progress else None,
         per_step=per_step,
-        timing_sum=timing[0] if timing else None,
-        timing_count=timing[1] if timing else None,
+        timing=_timing(values, chosen.token_timing if per_step else chosen.request_timing),
+        first_token=_timing(values, chosen.first_token_timing) if per_step else None,
         spec_accepted=first(chosen.spec_accepted),
         spec_draft=first(chosen.spec_draft),
         families=tuple(sorted(values)),

@@ -6,8 +6,9 @@ engine index or label set) are summed. Progress and timing list alternatives, ne
 Progress is any token processed (prompt or generated): a long prefill is progress too. A counter that moves
 on every engine step (`per_step`) proves progress within a step's time; one that moves only when a request
 ends proves it only within a request's time, so the stall threshold follows the matching timing: seconds per
-token for a per-step counter, seconds per request otherwise. Each choice below was checked against the
-engine's source; the comment says where.
+token for a per-step counter (and the time to a first token, where an engine counts a prefill only once it
+is done), seconds per request otherwise. Each choice below was checked against the engine's source; the
+comment says where.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ class Profile:
     generated: tuple[str, ...]  # counter of generated tokens (shown and exported; not the stall signal)
     progress: tuple[Progress, ...]  # the first whose names are present is the stall signal
     token_timing: tuple[Timing, ...] = ()  # seconds per generated token
+    first_token_timing: tuple[Timing, ...] = ()  # seconds to a first token: how long a prefill may take
     request_timing: tuple[Timing, ...] = ()  # seconds per finished request
     spec_accepted: tuple[str, ...] = ()
     spec_draft: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()  # substrings of a server's command line, for discovery
 
     def names(self) -> set[str]:
-        timings = (*self.token_timing, *self.request_timing)
+        timings = (*self.token_timing, *self.first_token_timing, *self.request_timing)
         return {*self.running, *self.waiting, *self.generated, *self.spec_accepted, *self.spec_draft,
                 *(n for p in self.progress for n in p.names), *(t.sum for t in timings),
                 *(t.count for t in timings)}
@@ -59,11 +61,12 @@ PROFILES: tuple[Profile, ...] = (
         running=("vllm:num_requests_running",),
         waiting=("vllm:num_requests_waiting",),
         generated=("vllm:generation_tokens_total",),
-        # V1 (v1/metrics/loggers.py) adds each step's IterationStats: prompt tokens of the prefill chunks and
-        # generated tokens of that step.
+        # V1 (v1/metrics/stats.py, loggers.py) adds each step's IterationStats: the tokens generated in that
+        # step, and a request's prompt tokens when its (chunked) prefill completes with its first token.
         progress=(Progress(("vllm:generation_tokens_total", "vllm:prompt_tokens_total"), per_step=True),),
         token_timing=(_histogram("vllm:inter_token_latency_seconds"),  # V1 >= 0.10
                       _histogram("vllm:time_per_output_token_seconds")),
+        first_token_timing=(_histogram("vllm:time_to_first_token_seconds"),),
         request_timing=(_histogram("vllm:e2e_request_latency_seconds"),),
         spec_accepted=("vllm:spec_decode_num_accepted_tokens_total",),
         spec_draft=("vllm:spec_decode_num_draft_tokens_total",),
@@ -81,6 +84,7 @@ PROFILES: tuple[Profile, ...] = (
                   Progress(("sglang:generation_tokens_total", "sglang:prompt_tokens_total"), per_step=False)),
         token_timing=(_histogram("sglang:inter_token_latency_seconds"),
                       _histogram("sglang:time_per_output_token_seconds")),
+        first_token_timing=(_histogram("sglang:time_to_first_token_seconds"),),
         request_timing=(_histogram("sglang:e2e_request_latency_seconds"),),
         spec_accepted=("sglang:spec_accept_length",),
         commands=("sglang.launch_server", "sglang serve"),

@@ -2,9 +2,10 @@
 
 A stall: requests running and the progress counter not increasing for longer than the threshold,
 `clamp(stall_multiple x typical time, min_stall, max_stall)`. The typical time matches what the progress
-counter proves: seconds per token when it moves on every engine step, seconds per request when it moves only
-as requests end; both come from the engine's own timing (histograms or sum/count counters) over its recent
-increments. Without timing the floor applies. While an engine process spins at a full core with no progress
+counter proves: when it moves on every engine step, the longer of seconds per token and seconds to a first
+token (a prefill may be counted only once done); when it moves only as requests end, seconds per request.
+Each comes from the engine's own timing (histograms or sum/count counters) over its recent increments.
+Without timing the floor applies. While an engine process spins at a full core with no progress
 (the classic hang) the floor applies too, however long requests usually take.
 
 Idle (nothing running) is never a stall. A counter that goes down (the engine restarted, or a broken
@@ -31,20 +32,40 @@ class Verdict:
     per_step: bool  # the typical time is per token (the progress counter moves every step)
 
 
+class RecentMean:
+    """The mean of a (sum, count) timing over its recent increments: what the engine does now, not since start."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+        self._increments: deque[tuple[float, float]] = deque(maxlen=_RECENT)
+
+    def learn(self, current: tuple[float, float] | None) -> None:
+        if current is None:
+            return
+        last = self._last
+        if last and current[1] > last[1] and current[0] >= last[0]:
+            self._increments.append((current[0] - last[0], current[1] - last[1]))
+        self._last = current
+
+    @property
+    def mean(self) -> float | None:
+        count = sum(c for _, c in self._increments)
+        return sum(s for s, _ in self._increments) / count if count else None
+
+
 class StallDetector:
     def __init__(self, stall_multiple: float = 4.0, min_stall: float = 30.0, max_stall: float = 1800.0) -> None:
         self.stall_multiple, self.min_stall, self.max_stall = stall_multiple, min_stall, max_stall
         self._progress: float | None = None
         self._since: float | None = None  # last progress, or when running started
-        self._timing: tuple[float, float] | None = None
-        self._increments: deque[tuple[float, float]] = deque(maxlen=_RECENT)
+        self._timing, self._first_token = RecentMean(), RecentMean()
         self._per_step = False
         self.stalled = False
 
     @property
     def typical(self) -> float | None:
-        count = sum(c for _, c in self._increments)
-        return sum(s for s, _ in self._increments) / count if count else None
+        means = [m for m in (self._timing.mean, self._first_token.mean) if m is not None]
+        return max(means) if means else None
 
     def threshold(self, spinning: bool = False) -> float:
         typical = self.typical
@@ -65,14 +86,9 @@ class StallDetector:
 
     def _learn_timing(self, sample: EngineSample) -> None:
         if sample.per_step != self._per_step:  # the kind of timing changed: what was learnt does not apply
-            self._per_step, self._timing = sample.per_step, None
-            self._increments.clear()
-        if sample.timing_sum is None or sample.timing_count is None:
-            return
-        current = (sample.timing_sum, sample.timing_count)
-        if self._timing and current[1] > self._timing[1] and current[0] >= self._timing[0]:
-            self._increments.append((current[0] - self._timing[0], current[1] - self._timing[1]))
-        self._timing = current
+            self._per_step, self._timing, self._first_token = sample.per_step, RecentMean(), RecentMean()
+        self._timing.learn(sample.timing)
+        self._first_token.learn(sample.first_token)
 
     def _verdict(self, stalled: bool, now: float, spinning: bool) -> Verdict:
         new = stalled != self.stalled
