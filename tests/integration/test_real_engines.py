@@ -31,17 +31,13 @@ BAD = {"engine_stall", "engine_unresponsive", "engine_killed", "kill_refused"}
 pytestmark = pytest.mark.root  # ptrace, and killing engine trees
 
 
-@pytest.fixture(scope="module", autouse=True)
-def engines_installed():
-    if why := missing():
-        pytest.fail(why)
-
-
 @pytest.fixture
 def servers(tmp_path):
     started = []
 
     def start(kind, **kw):
+        if why := missing(kind.name):
+            pytest.fail(why)
         server = kind(free_port(), tmp_path / "engines", **kw).start()
         started.append(server)
         return server

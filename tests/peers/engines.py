@@ -41,9 +41,10 @@ GGUF_MODELS = {"tiny": ([], 2048),
                "slow": (["--hidden", "1024", "--layers", "8", "--heads", "16", "--ff", "2816", "--ctx", "4096"], 4096)}
 
 
-def missing() -> str | None:
-    """Why the engines cannot run here, or None."""
-    for path in (VLLM_PYTHON, LLAMA_SERVER, LLAMA_PYTHON):
+def missing(engine: str) -> str | None:
+    """Why this engine ("vllm", "llamacpp") cannot run here, or None."""
+    needs = {"vllm": (VLLM_PYTHON,), "llamacpp": (LLAMA_SERVER, LLAMA_PYTHON)}[engine]
+    for path in needs:
         if not path.exists():
             return f"{path} is missing: run `{INSTALL}` (make test does)"
     return None
