@@ -5,7 +5,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import GPUWARDEN, TEST_GPU, wait_for, write_kmsg
+from helpers import GPUWARDEN, TEST_GPU, free_port, wait_for, write_kmsg
 
 from fakesysfs import build
 
@@ -195,3 +195,10 @@ def test_probe_reports_a_live_engine(fake_engine):
     report = json.loads(out.stdout)
     assert out.returncode == 0 and report["up"] and report["profile"] == "sglang"
     assert report["running"] == 2.0 and report["waiting"] == 0.0 and report["generated_tokens"] >= 1000
+
+
+def test_probe_fails_when_the_engine_is_down():
+    url = f"http://127.0.0.1:{free_port()}/metrics"  # nothing listens there
+    out = subprocess.run([*GPUWARDEN, "probe", "--json", url], capture_output=True, text=True, timeout=30)
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and not report["up"] and report["error"].startswith("refused")
