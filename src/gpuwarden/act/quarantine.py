@@ -193,10 +193,9 @@ def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool
             failures.append({"dir": str(p.dir), "error": exc.strerror or str(exc)})
     files = sum(p.count for p in poisoned)
     verb = "would move" if dry_run else "moved"
-    what = "; ".join(f"{m['dir']} -> {m['to']}" for m in moves) or "nothing"
-    message = f"{files} zero-byte file(s) in compile caches ({reason}): {verb} {what}"
-    if failures:
-        message += "; could not move " + ", ".join(f"{f['dir']} ({f['error']})" for f in failures)
+    said = [f"{verb} " + "; ".join(f"{m['dir']} -> {m['to']}" for m in moves)] if moves else []
+    said += [f"could not move {f['dir']} ({f['error']})" for f in failures]
+    message = f"{files} zero-byte file(s) in compile caches ({reason}): " + ("; ".join(said) or f"{verb} nothing")
     return Event("cache_poisoned", Severity.CRITICAL if failures else Severity.WARNING, message, now,
                  evidence={"moved": moves, "failed": failures, "reason": reason, "dry_run": dry_run,
                            "runbook": "cache_poisoned"})
