@@ -10,6 +10,7 @@ from helpers import GPUWARDEN, Receiver, wait_for
 
 from gpuwarden.config import EngineConfig
 from gpuwarden.engine.watch import target_spec
+from gpuwarden.logsetup import redact
 
 SECRETS = ("hunter2", "s3cret-api-key", "alert-path-token")
 
@@ -87,3 +88,10 @@ def test_the_kill_target_port_comes_from_the_scheme():
     assert port("http://127.0.0.1/metrics") == 80
     assert port("https://127.0.0.1:8443/metrics") == 8443
     assert target_spec(EngineConfig(name="e", metrics_url="http://[::1]:8000/m")).host == "::1"
+
+
+def test_redact_masks_userinfo_and_query_values_of_every_url():
+    text = ('GET http://admin:hunter2@127.0.0.1:8000/metrics?api_key=s3cret&x=1 "HTTP/1.1 200 OK"; '
+            "alert ntfy://tok@ntfy.sh/topic; https://host/path#frag stays")
+    assert redact(text) == ('GET http://***@127.0.0.1:8000/metrics?api_key=***&x=*** "HTTP/1.1 200 OK"; '
+                            "alert ntfy://***@ntfy.sh/topic; https://host/path#frag stays")

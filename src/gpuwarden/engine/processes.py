@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
 
 # What an engine's own process runs: an interpreter or a known server binary (by /proc/<pid>/exe). A shell, a
@@ -62,9 +63,9 @@ def resolve(spec: TargetSpec) -> Resolved:
     serving = _serving(spec.host, spec.port) if spec.port else []
     uid = spec.uid if spec.uid is not None else _only_uid(serving)
     candidates, refused = _candidates(spec, serving)
-    accepted = []
+    accepted, protected = [], _protected()
     for proc in candidates:
-        if why := refusal(proc, uid):
+        if why := refusal(proc, uid, protected):
             refused.append(f"{describe(proc)}: {why}")
         else:
             accepted.append(proc)
@@ -85,9 +86,9 @@ def _candidates(spec: TargetSpec, serving: list[psutil.Process]) -> tuple[list[p
     raise ValueError(f"no process roots for target kind {spec.kind!r}")
 
 
-def refusal(proc: psutil.Process, uid: int | None) -> str | None:
+def refusal(proc: psutil.Process, uid: int | None, protected: set[int] | None = None) -> str | None:
     """Why `proc` may not be an engine's root (None: it may)."""
-    if not is_killable(proc):
+    if not is_killable(proc, protected):
         return "PID 1, gpuwarden, one of its ancestors or a kernel thread"
     if uid is None:
         return "the engine's user is unknown (nothing serves its metrics_url here; set [engine.target] user)"
@@ -239,14 +240,21 @@ class Tracker:
     """Every process seen as part of one engine, kept across scrapes."""
 
     seen: dict[tuple[int, float], psutil.Process] = field(default_factory=dict)
+    uid: int | None = None  # the engine's user as last known: orphans outlive the socket that told it
 
     def refresh(self, found: Resolved) -> list[psutil.Process]:
         """The engine's live processes now: the accepted roots, their descendants, the roots' own process
         groups, and every earlier member still alive; all of them the engine user's and killable."""
         current: dict[tuple[int, float], psutil.Process] = {}
-        ours = (lambda p: owned_by(p, found.uid) and is_killable(p)) if found.uid is not None else (lambda p: False)
+        self.uid = uid = found.uid if found.uid is not None else self.uid
+        protected = _protected()
+        ours = (lambda p: owned_by(p, uid) and is_killable(p, protected)) if uid is not None else (lambda p: False)
+        everyone = list(psutil.process_iter(["ppid"])) if found.roots else []  # one pass over /proc
+        children: dict[int, list[psutil.Process]] = {}
+        for proc in everyone:
+            children.setdefault(proc.info["ppid"], []).append(proc)
         for proc in found.roots:
-            for member in [proc, *_descendants(proc, ours), *filter(ours, _group_members(proc))]:
+            for member in [proc, *_descendants(proc, children, ours), *filter(ours, _group_members(proc, everyone))]:
                 key = _key(member)
                 if key:
                     current[key] = self.seen.get(key, member)
@@ -257,28 +265,24 @@ class Tracker:
         return [p for p in current.values() if is_running(p) and ours(p)]
 
 
-def _descendants(proc: psutil.Process, ours) -> list[psutil.Process]:
+def _descendants(proc: psutil.Process, children: dict[int, list[psutil.Process]], ours) -> list[psutil.Process]:
     """Children, grandchildren, ...; a child that is not `ours` is left out with everything below it."""
     out, todo = [], [proc]
     while todo:
-        try:
-            children = todo.pop().children()
-        except psutil.Error:
-            continue
-        kept = [c for c in children if ours(c)]
+        kept = [c for c in children.get(todo.pop().pid, ()) if ours(c)]
         out += kept
         todo += kept
     return out
 
 
-def _group_members(root: psutil.Process) -> list[psutil.Process]:
+def _group_members(root: psutil.Process, everyone: list[psutil.Process]) -> list[psutil.Process]:
     try:
         if os.getpgid(root.pid) != root.pid:
             return []  # the root shares someone else's group (a shell's): do not take that group
     except OSError:
         return []
     members = []
-    for proc in psutil.process_iter():
+    for proc in everyone:
         try:
             if proc.pid != root.pid and os.getpgid(proc.pid) == root.pid:
                 members.append(proc)
@@ -302,14 +306,13 @@ def is_running(proc: psutil.Process) -> bool:
         return False
 
 
-_PROTECTED = {1, os.getpid()}
 _PF_KTHREAD = 0x00200000  # task flag of kernel threads (include/linux/sched.h)
 
 
-def is_killable(proc: psutil.Process) -> bool:
-    """Never PID 1, this daemon, its ancestors, or kernel threads."""
+def is_killable(proc: psutil.Process, protected: set[int] | None = None) -> bool:
+    """Never PID 1, this daemon, its ancestors (`protected`, looked up when not given), or kernel threads."""
     try:
-        if proc.pid in _PROTECTED or proc.pid in _ancestors():
+        if proc.pid in (protected if protected is not None else _protected()):
             return False
         return not _kernel_thread(proc.pid)
     except psutil.Error:
@@ -325,8 +328,8 @@ def _kernel_thread(pid: int) -> bool:
     return pid == 2 or int(fields[1]) == 2 or bool(int(fields[6]) & _PF_KTHREAD)  # ppid, flags
 
 
-def _ancestors() -> set[int]:
-    return {p.pid for p in psutil.Process().parents()}
+def _protected() -> set[int]:
+    return {1, os.getpid(), *(p.pid for p in psutil.Process().parents())}
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -334,9 +337,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def describe(proc: psutil.Process) -> str:
     """`pid user command` for people, on one line (a command line's control characters are escaped: it is the
-    user's text)."""
+    user's text) and with the secrets of URLs in it masked (it goes into events and alerts)."""
     try:
-        command = _CONTROL.sub(lambda m: repr(m[0])[1:-1], " ".join(proc.cmdline()) or f"[{proc.name()}]")
+        command = _CONTROL.sub(lambda m: repr(m[0])[1:-1], redact(" ".join(proc.cmdline()) or f"[{proc.name()}]"))
         return f"{proc.pid} {proc.username()} {command[:120]}"
     except psutil.Error:
         return str(proc.pid)

@@ -288,7 +288,7 @@ class EngineWatch:
     def _refusal(state: EngineState) -> str | None:
         """Why this kill may not go ahead (None: it may)."""
         if not state.procs and state.refused:
-            return f"its target names only processes it may not kill ({'; '.join(state.refused)})"
+            return f"its target was refused ({'; '.join(state.refused)})"
         if len(state.procs) > state.config.max_kill_processes:
             return (f"its target resolves to {len(state.procs)} processes, more than max_kill_processes "
                     f"({state.config.max_kill_processes})")
