@@ -24,6 +24,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/kernel_bench.py
 	$(VENV)/bin/python bench/engine_bench.py
 	$(VENV)/bin/python bench/telemetry_bench.py
+	$(VENV)/bin/python bench/target_bench.py
 
 system-deps:
 	@bash .ci/apt-needs $(BUILD_NEEDS)

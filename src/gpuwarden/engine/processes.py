@@ -171,11 +171,19 @@ def _writable_by_others(path: Path) -> str | None:
 def _matching(pattern: re.Pattern[str]) -> list[psutil.Process]:
     """Processes whose own executable is an engine's and whose command line holds the pattern (outermost)."""
     found = {}
-    for proc in psutil.process_iter(["cmdline", "exe", "name"]):
-        exe = os.path.basename(proc.info["exe"] or proc.info["name"] or "")
-        if ENGINE_EXECUTABLES.fullmatch(exe) and pattern.search(" ".join(proc.info["cmdline"] or ())):
+    for proc in psutil.process_iter(["cmdline"]):
+        if pattern.search(" ".join(proc.info["cmdline"] or ())) and ENGINE_EXECUTABLES.fullmatch(_exe_name(proc)):
             found[proc.pid] = proc
     return [p for p in found.values() if _ppid(p) not in found]
+
+
+def _exe_name(proc: psutil.Process) -> str:
+    """The name of the file the process executes (/proc/<pid>/exe, read directly: psutil would guess from the
+    argv the process wrote itself when the link cannot be read)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{proc.pid}/exe")).removesuffix(" (deleted)")
+    except OSError:
+        return ""
 
 
 def _unit_cgroup(unit: str) -> Path | None:
