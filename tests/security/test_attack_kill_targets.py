@@ -26,8 +26,8 @@ def events_of(d, kind):
     return [e for e in d.events() if e["kind"] == kind]
 
 
-def wait_event(d, kind, timeout=20):
-    return wait_for(lambda: next(iter(events_of(d, kind)), None), timeout, interval=0.2, what=f"a {kind} event")
+def wait_event(d, kind, timeout=20, interval=0.2):
+    return wait_for(lambda: next(iter(events_of(d, kind)), None), timeout, interval, what=f"a {kind} event")
 
 
 def stalled(d, engine) -> dict:
@@ -162,7 +162,7 @@ def test_a_discovered_engine_is_only_alerted_on(attacker, daemon_factory):
     wait_for(lambda: f'gpuwarden_engine_up{{engine="vllm-{engine.port}"}} 1.0' in d.metrics(), 15,
              what="the discovered engine's metrics")
     engine.set_mode("stall")
-    wait_event(d, "engine_stall", timeout=60)  # default min_stall: 30 s
+    wait_event(d, "engine_stall", timeout=120, interval=1)  # defaults: 30 s min_stall, 5 s scrapes
     time.sleep(3)
     assert not events_of(d, "engine_killed") and engine.alive() == engine.pids()
     assert d.stop() == 0
