@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
@@ -50,9 +51,7 @@ class Attacker:
 
     def end(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+            end_tree(proc)
 
 
 class AttackerEngine:
@@ -176,6 +175,18 @@ def root_process(tmp_path):
 
     yield start
     for proc in made:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+        end_tree(proc)
+
+
+def end_tree(proc: subprocess.Popen) -> None:
+    """Kill a process the test started and every descendant of it (by pid), so no orphan outlives the test."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.Error:
+            pass
+    proc.wait(10)
