@@ -129,7 +129,7 @@ class EngineWatch:
                     # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                     state = self.engines[f.name] = new_state(
                         EngineConfig(name=f.name, metrics_url=f.metrics_url, profile=f.profile, on_stall="alert",
-                                     on_gpu_fault="alert"))
+                                     on_gpu_fault="alert", on_unresponsive="alert"))
                     self._tasks.create_task(self._watch(state))
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI)")
