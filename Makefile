@@ -8,21 +8,29 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # command that must exist -> Debian package that provides it
 BUILD_NEEDS := cc:gcc pkg-config:pkg-config
 TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux \
-	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter
+	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
+	tmux:tmux useradd:passwd pgrep:procps ss:iproute2
 
-.PHONY: run test lint bench install uninstall system-deps test-deps clean
+.PHONY: run test lint bench install uninstall system-deps test-deps peers clean
 
 run: $(VENV)/.installed
 	$(VENV)/bin/gpuwarden run
 
-test: test-deps $(VENV)/.installed
+test: test-deps peers $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/pytest
+
+# Real engines for the end-to-end tests (vLLM, llama.cpp), cached outside the checkout in $(PEERS_CACHE):
+# the first run builds them (about 10 minutes), later runs find them in a second.
+PEERS_CACHE ?= $(or $(GPUWARDEN_PEERS),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpuwarden-peers)
+peers: system-deps
+	@GPUWARDEN_PEERS=$(PEERS_CACHE) PYTHON=$(PYTHON) bash tests/peers/install.sh
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/kernel_bench.py
 	$(VENV)/bin/python bench/engine_bench.py
 	$(VENV)/bin/python bench/telemetry_bench.py
+	$(VENV)/bin/python bench/target_bench.py
 	$(VENV)/bin/python bench/durability_bench.py
 
 system-deps:

@@ -129,19 +129,18 @@ def gpuwarden_latency(writes: int, source: str) -> list[float]:
             daemon = subprocess.Popen([sys.executable, "-m", "gpuwarden", "--config", str(config), "run"],
                                       stderr=stderr)
         try:
-            while f"kernel source: {source}" not in log.read_text():
-                time.sleep(0.05)
+            _wait(lambda: f"kernel source: {source}" in log.read_text() or daemon.poll() is not None, 30,
+                  f"the daemon to open its {source} source")
+            if daemon.poll() is not None:
+                raise SystemExit(f"kernel_bench: the daemon exited ({daemon.returncode}):\n{log.read_text()}")
             db = sqlite3.connect(f"file:{tmp}/gpuwarden.db?mode=ro", uri=True, isolation_level=None)
             last = db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
             latencies = []
             for i in range(writes):
                 start = time.perf_counter()
                 write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
-                while True:
-                    row = db.execute("SELECT max(id) FROM events").fetchone()[0]
-                    if row and row > last:
-                        break
-                    time.sleep(0.0005)
+                row = _wait(lambda after=last: _newer(db, after), 10,
+                            f"the event of write {i} in the store ({source} source)", poll=0.0005)
                 latencies.append(time.perf_counter() - start)
                 last = row
                 time.sleep(0.01)
@@ -149,6 +148,22 @@ def gpuwarden_latency(writes: int, source: str) -> list[float]:
         finally:
             daemon.terminate()
             daemon.wait(10)
+
+
+def _newer(db: sqlite3.Connection, after: int) -> int | None:
+    row = db.execute("SELECT max(id) FROM events").fetchone()[0]
+    return row if row and row > after else None
+
+
+def _wait(predicate, timeout: float, what: str, poll: float = 0.05):
+    """The predicate's first true value, or a clear exit when it never comes (a source that never becomes
+    ready, a journald that is not running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(poll)
+    raise SystemExit(f"kernel_bench: gave up after {timeout:.0f} s waiting for {what}")
 
 
 def naive_latency(writes: int) -> list[float]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from gpuwarden import __version__, logsetup
 from gpuwarden import config as configuration
 from gpuwarden.config import ConfigError, parse_duration
+from gpuwarden.logsetup import redact
 from gpuwarden.store import Store, StoreError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 78
@@ -125,6 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from gpuwarden.alert.targets import build
+    from gpuwarden.engine.watch import target_spec
 
     if args.file and args.config and args.file != args.config:
         print(f"gpuwarden check: two files given ({args.file} and --config {args.config})", file=sys.stderr)
@@ -132,8 +134,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     config, path = configuration.load(args.file or args.config)
     build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
-    print(config.model_dump_json(indent=2))  # SecretStr fields print as '**********'
+    print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
+    for engine in config.engine:
+        print(f"# engine {engine.name}: a kill now would take")
+        _print_processes(*_resolution(target_spec(engine)))
     return EXIT_OK
+
+
+def _resolution(spec) -> tuple[list[str], list[str]]:
+    """What a target resolves to now, as a kill would take it ("pid user command"), and what it refuses."""
+    from gpuwarden.engine.processes import Tracker, describe, resolve
+
+    found = resolve(spec)
+    return [describe(p) for p in Tracker().refresh(found)], found.refused
+
+
+def _print_processes(procs: list[str], refused: list[str]) -> None:
+    for line in procs:
+        print(f"#   {line}")
+    for why in refused:
+        print(f"#   refused {why}")
+    if not procs and not refused:
+        print("#   no process")
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -214,7 +236,15 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from gpuwarden.config import check_metrics_url
     from gpuwarden.engine.scraper import ScrapeError, Scraper
+    from gpuwarden.engine.watch import target_spec
+
+    try:
+        check_metrics_url(args.url)
+    except ValueError as exc:
+        print(f"gpuwarden probe: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
     async def once():
         scraper = Scraper(args.url, args.profile, timeout=args.timeout)
@@ -226,21 +256,29 @@ def cmd_probe(args: argparse.Namespace) -> int:
             await scraper.close()
 
     sample, error = asyncio.run(once())
-    report = {"url": args.url, "up": sample is not None, "error": error,
+    report = {"url": redact(args.url), "up": sample is not None, "error": error,
               "profile": sample and sample.profile, "running": sample and sample.running,
               "waiting": sample and sample.waiting, "generated_tokens": sample and sample.generated,
-              "prompt_tokens": sample and sample.prompt, "spec_acceptance": sample and sample.spec_acceptance}
+              "tokens_processed": sample and sample.progress,
+              "progress": sample and ("per step" if sample.per_step else "per finished request"),
+              "spec_acceptance": sample and sample.spec_acceptance, "families": sample and list(sample.families)}
+    report["processes"], report["refused"] = _resolution(
+        target_spec(configuration.EngineConfig(name="probe", metrics_url=args.url)))
     if args.json:
         print(json.dumps(report))
     else:
         def show(value):
             if value is None:
                 return "unknown"
+            if isinstance(value, list):
+                return ", ".join(value)
             return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else str(value)
-        for key in ("up", "profile", "running", "waiting", "generated_tokens", "prompt_tokens", "spec_acceptance",
-                    "error"):
+        for key in ("up", "profile", "running", "waiting", "generated_tokens", "tokens_processed", "progress",
+                    "spec_acceptance", "families", "error"):
             if key != "error" or error:
                 print(f"{key:<17} {show(report[key])}")
+        print(f"# the processes serving {redact(args.url)}, as a port target would kill them:")
+        _print_processes(report["processes"], report["refused"])
     return EXIT_OK if sample else EXIT_FAILURE
 
 

@@ -41,6 +41,12 @@ _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 
 
+def _describe(action: policy.Kill | policy.Quarantine) -> str:
+    if isinstance(action, policy.Kill):
+        return f"would kill {action.engine}: {action.reason}"
+    return f"would quarantine caches: {action.reason}"
+
+
 class _Loop:
     """A supervised component made of one coroutine function."""
 
@@ -70,6 +76,8 @@ class Daemon:
         self.exporter: Exporter | None = None
         self.kernel_source = "none"
         self.gpus: list = []
+        self.gpus_seen: set[str] = set()  # every GPU discovered since start: a fault may kill only for these
+        self.started = time.monotonic()  # kernel lines logged before this are history
         self.lag = 0.0
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -81,7 +89,8 @@ class Daemon:
         act on them. The store never refuses and never waits: what it cannot write yet it keeps and retries."""
         ids = self.store.add_events(events, cursor)
         for event, event_id in zip(events, ids, strict=True):
-            self.incidents.offer(event, event_id)
+            if event.live:  # history beside today's telemetry would mislead: it is alerted, not bundled
+                self.incidents.offer(event, event_id)
         if self.alerter and events:
             self.alerter.submit(events, ids)
         for event in events:
@@ -93,10 +102,14 @@ class Daemon:
 
     def _act(self, event: Event) -> None:
         """The policy's actions for a stored event, started in the background."""
-        for engine, reason in policy.kills(event, self.engines.views()) if self.engines else ():
-            self._background(self.engines.kill(engine, reason))
-        if reason := policy.quarantines(event):
-            self._background(self._quarantine(reason))
+        views = self.engines.views() if self.engines else []
+        for action in policy.decide(event, views, frozenset(self.gpus_seen)):
+            if isinstance(action, policy.Kill):
+                self._background(self.engines.kill(action.engine, action.reason))
+            elif isinstance(action, policy.Quarantine):
+                self._background(self._quarantine(action.reason))
+            else:
+                log.warning("not acting on %s (%s): %s", event.kind, _describe(action.action), action.why)
 
     def _background(self, action: Awaitable[None]) -> None:
         task = asyncio.get_running_loop().create_task(action)
@@ -248,6 +261,7 @@ class Daemon:
 
     def _discover(self) -> list:
         self.gpus = discover(self.config.gpu.sysfs_root)
+        self.gpus_seen.update(g.pci for g in self.gpus)
         self._discovered_at = time.monotonic()
         return self.gpus
 
@@ -267,7 +281,7 @@ class Daemon:
             self.guard.recheck.set()
 
     def _kernel_watch(self) -> KernelWatch:
-        watch = KernelWatch(self.config.kernel, self, self.store.cursor("journal"))
+        watch = KernelWatch(self.config.kernel, self, self.store.cursor("journal"), live_since=self.started)
         self.kernel_source = watch.source.name
         return watch
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -28,6 +28,8 @@ KINDS = frozenset(
     guard_lost cache_poisoned watchdog_error kmsg_overrun smu_error kill_refused store_unwritable""".split()
 )
 
+HISTORY = "history"  # evidence key of an event that is history, not live
+
 ACTION_KINDS = frozenset({"engine_killed", "cache_poisoned"})  # events that say what gpuwarden itself did
 
 
@@ -43,6 +45,15 @@ class Event:
     engine: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     count: int = 1
+
+    @property
+    def live(self) -> bool:
+        """False for history: a line logged before gpuwarden started (look-back, catch-up). History is alerted
+        and reported, and never acts. Kept in the evidence, so it survives the store."""
+        return HISTORY not in self.evidence
+
+    def as_history(self) -> Event:
+        return replace(self, evidence={**self.evidence, HISTORY: "logged before gpuwarden started"})
 
     @property
     def dedupe_key(self) -> str:

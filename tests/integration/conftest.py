@@ -15,8 +15,8 @@ from helpers import JOURNALD, Daemon, FakeEngine, NotifySocket, Receiver, wait_f
 def daemon_factory(tmp_path):
     made: list[Daemon] = []
 
-    def make(config: str = "", **kw) -> Daemon:
-        d = Daemon(tmp_path, config, **kw)
+    def make(config: str = "", tmp: Path | None = None, **kw) -> Daemon:
+        d = Daemon(tmp or tmp_path, config, **kw)  # several daemons need a folder each
         made.append(d)
         return d
 

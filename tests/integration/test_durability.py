@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from helpers import GPUWARDEN, free_port, wait_for
 
+from fakesysfs import build
 from faults import LockHolder
 
 RING = "Dec 02 16:22:28 host kernel: amdgpu 0000:{bus}:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1\n"
+FAULTING = ("ffff:fe:1f.5", "ffff:fe:1f.6", "ffff:fe:1f.7")  # GPUs no real machine has (fake sysfs below)
 HOSTILE = Path(__file__).with_name("hostile_server.py")
 
 
@@ -74,14 +76,14 @@ def hostile():
 def faults_while_unwritable(d, receiver, engine, notify_socket, why: str) -> None:
     """Three ring timeouts while the store cannot be written: each is logged, alerted and acted on at once,
     and STATUS and an alert say that the store is unwritable."""
-    for bus in ("05", "06", "07"):
-        append(d, RING.format(bus=bus))
-    for bus in ("05", "06", "07"):
-        wait_for(lambda bus=bus: re.search(rf"warning ring_timeout: .* on 0000:{bus}:00.0", d.log()), 20,
-                 what=f"the ring timeout on {bus} logged")
+    for gpu in FAULTING:
+        append(d, RING.replace("0000:{bus}:00.0", gpu))
+    for gpu in FAULTING:
+        wait_for(lambda gpu=gpu: re.search(rf"warning ring_timeout: .* on {gpu}", d.log()), 20,
+                 what=f"the ring timeout on {gpu} logged")
     wait_for(lambda: not engine.alive(), 20, what="the engine on the faulting GPU killed")
     titles = lambda: {b["title"] for b in receiver.json_bodies()}  # noqa: E731
-    wait_for(lambda: {f"[WARNING] ring_timeout on box1: GPU 0000:{bus}:00.0" for bus in ("05", "06", "07")}
+    wait_for(lambda: {f"[WARNING] ring_timeout on box1: GPU {gpu}" for gpu in FAULTING}
              <= titles(), 20, what="the three ring-timeout alerts")
     wait_for(lambda: any(t.startswith("[WARNING] store_unwritable on box1") for t in titles()), 20,
              what="the store-unwritable alert")
@@ -94,7 +96,7 @@ def faults_while_unwritable(d, receiver, engine, notify_socket, why: str) -> Non
 def all_stored_afterwards(d, notify_socket) -> None:
     def stored():
         kinds = [(e["kind"], e["gpu"]) for e in d.events()]
-        return all(("ring_timeout", f"0000:{bus}:00.0") in kinds for bus in ("05", "06", "07")) and \
+        return all(("ring_timeout", gpu) in kinds for gpu in FAULTING) and \
             any(k == "engine_killed" for k, _ in kinds) and any(k == "store_unwritable" for k, _ in kinds)
     wait_for(stored, 60, interval=0.5, what="every event written once the store works again")
     seen = len(status_lines(notify_socket))
@@ -104,14 +106,19 @@ def all_stored_afterwards(d, notify_socket) -> None:
     assert longest_block(d) < 4.0  # a write used to hold the loop for the 5 s busy timeout
 
 
-def engine_on(engine, bus: str) -> str:
+def engine_on(engine, tmp_path) -> str:
+    """The engine on the first faulting GPU, and a Radeon's sysfs (none is here) with the three GPUs, so that
+    the daemon has seen them: a fault acts only for a GPU it has seen."""
+    root = build(tmp_path / "sys", dict.fromkeys(FAULTING, "rdna3"))
     return (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "1s"\n'
-            f'gpus = ["0000:{bus}:00.0"]\nkill_grace = "1s"\n')
+            f'gpus = ["{FAULTING[0]}"]\nkill_grace = "1s"\n'
+            f'[gpu]\nsysfs_root = "{root}"\nnvml = false\n[guard]\nenabled = false\n')
 
 
-def test_a_store_locked_by_another_process_loses_no_fault(daemon_factory, receiver, fake_engine, notify_socket):
+def test_a_store_locked_by_another_process_loses_no_fault(daemon_factory, receiver, fake_engine, notify_socket,
+                                                          tmp_path):
     engine = fake_engine("progress")
-    d = daemon_factory(alerts(receiver) + engine_on(engine, "05"), env={"NOTIFY_SOCKET": notify_socket.path})
+    d = daemon_factory(alerts(receiver) + engine_on(engine, tmp_path), env={"NOTIFY_SOCKET": notify_socket.path})
     d.start()
     d.wait_serving()
     holder = LockHolder(d.state / "gpuwarden.db")
@@ -126,7 +133,7 @@ def test_a_store_locked_by_another_process_loses_no_fault(daemon_factory, receiv
 @pytest.mark.root
 def test_a_full_disk_loses_no_fault(daemon_factory, receiver, fake_engine, notify_socket, tmp_path):
     engine = fake_engine("progress")
-    d = daemon_factory(alerts(receiver) + engine_on(engine, "05"), env={"NOTIFY_SOCKET": notify_socket.path})
+    d = daemon_factory(alerts(receiver) + engine_on(engine, tmp_path), env={"NOTIFY_SOCKET": notify_socket.path})
     d.state.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d.state)], check=True)
     try:

@@ -5,7 +5,9 @@ import subprocess
 import time
 
 import pytest
-from helpers import GPUWARDEN, wait_for, write_kmsg
+from helpers import GPUWARDEN, TEST_GPU, free_port, wait_for, write_kmsg
+
+from fakesysfs import build
 
 INTERVAL, MIN_STALL = 0.5, 2.0
 
@@ -40,7 +42,7 @@ def test_a_stalled_engine_is_killed_with_its_whole_tree_orphans_included(daemon_
     figures = stall["evidence"]["figures"]
     assert figures["running"] == 2 and figures["threshold_seconds"] == MIN_STALL
     assert figures["stalled_seconds"] <= MIN_STALL + INTERVAL + 0.25  # threshold plus one scrape interval
-    assert stall["evidence"]["spinning"] and "spins at" in stall["message"]
+    assert stall["evidence"]["spinning"] and "spins at" in stall["message"], json.dumps(stall)
     assert "killed fake" in killed["message"] and "(stalled)" in killed["message"]
     wait_for(lambda: not engine.alive(), 10, what="every process of the tree to be gone")
     print(f"stall to kill: {elapsed:.2f} s (threshold {MIN_STALL} s, interval {INTERVAL} s)")
@@ -98,19 +100,42 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
     assert d.stop() == 0
 
 
+def fake_gpus(tmp_path, *bdfs) -> str:
+    """A Radeon's sysfs tree (none is here) so that the daemon has seen these GPUs; the guard stays off."""
+    root = build(tmp_path / "sys", dict.fromkeys(bdfs, "rdna3"))
+    return f'[gpu]\nsysfs_root = "{root}"\nnvml = false\n[guard]\nenabled = false\n'
+
+
 @pytest.mark.root
-def test_sq_intr_on_the_engines_gpu_kills_it_at_once(daemon_factory, fake_engine):
+def test_sq_intr_on_the_engines_gpu_kills_it_at_once(daemon_factory, fake_engine, tmp_path):
     mine, other = fake_engine("progress"), fake_engine("progress")
-    config = (engine_config(mine, "mine", gpus='["ffff:fe:1f.7"]', min_stall='"10m"')
-              + engine_config(other, "other", gpus='["0000:83:00.0"]', min_stall='"10m"'))
+    config = (engine_config(mine, "mine", gpus=f'["{TEST_GPU}"]', min_stall='"10m"')
+              + engine_config(other, "other", gpus='["ffff:fe:1f.6"]', min_stall='"10m"')
+              + fake_gpus(tmp_path, TEST_GPU, "ffff:fe:1f.6"))
     d = daemon_factory(config, kernel='source = "kmsg"').start()
     d.wait_serving()
-    write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
     killed = wait_event(d, "engine_killed")
-    assert killed["engine"] == "mine" and "kernel reported sq_intr on ffff:fe:1f.7" in killed["message"]
+    assert killed["engine"] == "mine" and f"kernel reported sq_intr on {TEST_GPU}" in killed["message"]
     wait_for(lambda: not mine.alive(), 10, what="the engine on the faulting GPU to die")
     time.sleep(1)
     assert other.alive() == other.pids()
+    assert d.stop() == 0
+
+
+@pytest.mark.root
+def test_a_fault_on_a_gpu_this_machine_never_had_kills_nothing(daemon_factory, fake_engine, tmp_path):
+    """A line naming a GPU the daemon has not seen (a test suite's, a pasted log's) is alerted, not acted on."""
+    engine = fake_engine("progress")
+    d = daemon_factory(engine_config(engine, min_stall='"10m"') + fake_gpus(tmp_path, "ffff:fe:1f.6"),
+                       kernel='source = "kmsg"').start()
+    d.wait_serving()
+    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    assert wait_event(d, "sq_intr")["gpu"] == TEST_GPU
+    d.wait_log(f"not acting on sq_intr (would kill fake: kernel reported sq_intr on {TEST_GPU}): {TEST_GPU} is "
+               "not a GPU this machine has had")
+    time.sleep(1)
+    assert not events_of(d, "engine_killed") and engine.alive() == engine.pids()
     assert d.stop() == 0
 
 
@@ -120,7 +145,11 @@ def test_an_engine_that_stops_answering_is_unresponsive(daemon_factory, fake_eng
     d.wait_serving()
     engine.set_mode("hang")
     event = wait_event(d, "engine_unresponsive")
-    assert "has not answered /metrics 3 times" in event["message"] and "timeout" in event["message"]
+    assert "has not answered /metrics for" in event["message"] and "timeout" in event["message"]
+    assert event["evidence"]["figures"]["silent_seconds"] >= MIN_STALL  # as long as a stall takes
+    assert event["evidence"]["requests_running"] == 2 and event["severity"] == "critical"
+    killed = wait_event(d, "engine_killed")  # on_unresponsive = "kill" by default: requests were running
+    assert "(unresponsive with requests running)" in killed["message"]
     assert 'gpuwarden_engine_scrape_failures_total{engine="fake",reason="timeout"}' in d.metrics()
     assert d.stop() == 0
 
@@ -166,3 +195,10 @@ def test_probe_reports_a_live_engine(fake_engine):
     report = json.loads(out.stdout)
     assert out.returncode == 0 and report["up"] and report["profile"] == "sglang"
     assert report["running"] == 2.0 and report["waiting"] == 0.0 and report["generated_tokens"] >= 1000
+
+
+def test_probe_fails_when_the_engine_is_down():
+    url = f"http://127.0.0.1:{free_port()}/metrics"  # nothing listens there
+    out = subprocess.run([*GPUWARDEN, "probe", "--json", url], capture_output=True, text=True, timeout=30)
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and not report["up"] and report["error"].startswith("refused")

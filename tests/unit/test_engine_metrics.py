@@ -26,7 +26,7 @@ def test_spec_decode_acceptance(corpus):
 
 def test_created_series_are_ignored(corpus):
     sample = parse((corpus / "metrics/vllm-09.prom").read_text())
-    assert sample.prompt == 0.0  # vllm:prompt_tokens_created (a timestamp) is not added in
+    assert sample.progress == 0.0  # vllm:prompt_tokens_created (a timestamp) is not added in
 
 
 def test_label_values_with_braces_and_quotes(corpus):
@@ -34,9 +34,54 @@ def test_label_values_with_braces_and_quotes(corpus):
     assert (sample.profile, sample.running, sample.waiting) == ("tgi", 0.0, 0.0)
 
 
-def test_latency_histogram_sum_and_count(corpus):
-    sample = parse((corpus / "metrics/sglang-01.prom").read_text())
-    assert (sample.latency_sum, sample.latency_count) == (3.116093850019932e6, 11228.0)
+def test_request_timing_when_progress_moves_only_as_requests_end(corpus):
+    sample = parse((corpus / "metrics/sglang-01.prom").read_text())  # an SGLang without realtime_tokens_total
+    assert not sample.per_step
+    assert sample.timing == (3.116093850019932e6, 11228.0) and sample.first_token is None
+
+
+def test_llamacpp_progress_is_the_per_step_decode_counter(corpus):
+    """tokens_predicted_total moves only when a request ends; n_decode_total moves on every decode."""
+    sample = parse((corpus / "metrics/llamacpp-04.prom").read_text())
+    assert sample.per_step and "llamacpp:n_decode_total" in sample.families
+    older = parse((corpus / "metrics/llamacpp-01.prom").read_text())  # a build without n_decode_total
+    assert not older.per_step and older.progress == 673 + 143
+
+
+def test_detection_reads_the_whole_body(corpus):
+    """prometheus_client's default registry prints python_gc_*, python_info and process_* before any engine
+    family, as a real vLLM does: detection must not stop at the first line."""
+    preamble = ('# HELP python_gc_objects_collected_total Objects collected during gc\n'
+                '# TYPE python_gc_objects_collected_total counter\n'
+                'python_gc_objects_collected_total{generation="0"} 1234.0\n'
+                'python_info{implementation="CPython",major="3",minor="12"} 1.0\n'
+                'process_cpu_seconds_total 12.5\n')
+    body = preamble + (corpus / "metrics/vllm-07.prom").read_text()
+    assert detect(body).name == "vllm"
+    sample = parse(body)
+    assert (sample.profile, sample.running, sample.generated) == ("vllm", 0, 955)
+
+
+def test_progress_is_any_token_processed():
+    """A long prefill moves the prompt counter while the generated-token counter stands still."""
+    def body(prompt, generated):
+        return (f"vllm:num_requests_running 1\nvllm:prompt_tokens_total {prompt}\n"
+                f"vllm:generation_tokens_total {generated}\n")
+    before, after = parse(body(1000, 50)), parse(body(9192, 50))
+    assert before.generated == after.generated and after.progress > before.progress
+
+
+def test_nan_and_infinite_samples_say_nothing():
+    sample = parse("vllm:num_requests_running NaN\nvllm:generation_tokens_total +Inf\n"
+                   "vllm:prompt_tokens_total 5\nvllm:num_requests_waiting 2\n")
+    assert sample.running is None and sample.generated is None and sample.waiting == 2
+    assert sample.progress == 5
+
+
+def test_an_explicit_profile_needs_its_metrics_in_the_body(corpus):
+    with pytest.raises(UnparsableMetrics, match="none of vllm's metrics"):
+        parse((corpus / "metrics/llamacpp-04.prom").read_text(), "vllm")
+    assert parse((corpus / "metrics/vllm-05.prom").read_text(), "vllm").running is None  # declared, no samples
 
 
 def test_unknown_and_malformed_bodies():

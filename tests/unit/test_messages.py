@@ -41,3 +41,10 @@ def test_target_routing_by_severity_and_tags():
     assert t.wants(Severity.CRITICAL, frozenset({"device_lost", "0000:03:00.0"}))
     assert not t.wants(Severity.CRITICAL, frozenset({"sq_intr"}))
     assert not Target("y", None, Severity.CRITICAL, frozenset()).wants(Severity.WARNING, frozenset({"x"}))
+
+
+def test_history_is_marked_and_says_nothing_was_done():
+    old = Event("sq_intr", Severity.WARNING, "SQ interrupt on ffff:fe:1f.7", 1.0, gpu="ffff:fe:1f.7").as_history()
+    m = compose(Outgoing("GPU ffff:fe:1f.7", [old], [1], severity=Severity.WARNING), "box1", "gw-h")
+    assert "- **warning** `sq_intr` (history): SQ interrupt" in m.body
+    assert "logged before gpuwarden started, and history never kills" in m.body.split("**What gpuwarden did**")[1]

@@ -1,44 +1,78 @@
-from gpuwarden.act.killer import KillBudget
+"""The policy, pure: events and plain views in, typed actions out."""
+
 from gpuwarden.model import Event, Severity
-from gpuwarden.policy import EngineView, kills
+from gpuwarden.policy import EngineView, Hold, Kill, Quarantine, decide
 
-A = EngineView("a", frozenset({"0000:03:00.0"}), "kill", "kill")
-B = EngineView("b", frozenset({"0000:83:00.0"}), "alert", "kill")
+GPU_A, GPU_B = "ffff:03:00.0", "ffff:83:00.0"
+A = EngineView("a", frozenset({GPU_A}), "kill", "kill")
+B = EngineView("b", frozenset({GPU_B}), "alert", "kill")
 ANY = EngineView("any", None, "kill", "alert")
+SEEN = frozenset({GPU_A, GPU_B})
 
 
-def ev(kind, gpu=None, engine=None, severity=Severity.WARNING):
-    return Event(kind, severity, kind, 0.0, gpu=gpu, engine=engine)
+def ev(kind, gpu=None, engine=None, severity=Severity.WARNING, **evidence):
+    return Event(kind, severity, kind, 0.0, gpu=gpu, engine=engine, evidence=evidence)
 
 
 def test_a_stall_kills_only_its_engine_and_only_when_configured_to():
-    assert kills(ev("engine_stall", engine="a"), [A, B, ANY]) == [("a", "stalled")]
-    assert kills(ev("engine_stall", engine="b"), [A, B, ANY]) == []
+    assert decide(ev("engine_stall", engine="a"), [A, B, ANY], SEEN) == [Kill("a", "stalled")]
+    assert decide(ev("engine_stall", engine="b"), [A, B, ANY], SEEN) == []
 
 
 def test_a_gpu_fault_kills_the_engines_on_that_gpu():
-    assert kills(ev("sq_intr", gpu="0000:03:00.0"), [A, B]) == [("a", "kernel reported sq_intr on 0000:03:00.0")]
-    assert kills(ev("page_fault", gpu="0000:83:00.0"), [A, B]) == [("b", "kernel reported page_fault on 0000:83:00.0")]
+    assert decide(ev("sq_intr", gpu=GPU_A), [A, B], SEEN) == [Kill("a", f"kernel reported sq_intr on {GPU_A}")]
+    assert decide(ev("page_fault", gpu=GPU_B), [A, B], SEEN) == [Kill("b", f"kernel reported page_fault on {GPU_B}")]
 
 
 def test_unknown_gpus_and_faults_without_a_gpu_match_everything():
     both = EngineView("u", None, "kill", "kill")
-    assert kills(ev("ring_timeout", gpu="0000:03:00.0"), [both]) == [
-        ("u", "kernel reported ring_timeout on 0000:03:00.0")]
-    assert [n for n, _ in kills(ev("sq_intr"), [A, B, both])] == ["a", "b", "u"]
+    assert decide(ev("ring_timeout", gpu=GPU_A), [both], SEEN) == [
+        Kill("u", f"kernel reported ring_timeout on {GPU_A}")]
+    assert [k.engine for k in decide(ev("sq_intr"), [A, B, both], SEEN)] == ["a", "b", "u"]
 
 
 def test_only_critical_xids_and_fault_kinds_count():
-    assert kills(ev("xid", gpu="0000:03:00.0", severity=Severity.CRITICAL), [A]) == [
-        ("a", "kernel reported xid on 0000:03:00.0")]
-    assert kills(ev("xid", gpu="0000:03:00.0", severity=Severity.WARNING), [A]) == []
-    assert kills(ev("pcie_aer", gpu="0000:03:00.0", severity=Severity.CRITICAL), [A]) == []
+    assert decide(ev("xid", gpu=GPU_A, severity=Severity.CRITICAL), [A], SEEN) == [
+        Kill("a", f"kernel reported xid on {GPU_A}")]
+    assert decide(ev("xid", gpu=GPU_A, severity=Severity.WARNING), [A], SEEN) == []
+    assert decide(ev("pcie_aer", gpu=GPU_A, severity=Severity.CRITICAL), [A], SEEN) == []
 
 
-def test_kill_budget():
-    budget = KillBudget(limit=2, window=100)
-    for t in (0, 10):
-        assert budget.allow(t)
-        budget.spend(t)
-    assert not budget.allow(50)
-    assert budget.allow(101)  # the first kill left the window
+def test_history_never_acts():
+    """Journal look-back and catch-up after a restart: alerted and reported, never acted on."""
+    for event in (ev("engine_stall", engine="a"), ev("sq_intr", gpu=GPU_A), ev("engine_crash_loop", engine="a")):
+        actions = decide(event.as_history(), [A], SEEN)
+        assert actions and all(isinstance(a, Hold) and a.why.startswith("history") for a in actions)
+        assert not event.as_history().live and event.live
+
+
+def test_a_fault_on_a_gpu_this_machine_never_had_does_not_kill():
+    """A test suite's or another box's fault line names a GPU that is not here."""
+    everywhere = EngineView("u", None, "kill", "kill")  # its GPUs unknown: any GPU's fault would match
+    [hold] = decide(ev("sq_intr", gpu="0000:03:00.0"), [everywhere], SEEN)
+    assert isinstance(hold, Hold) and "not a GPU this machine has had" in hold.why
+    assert hold.action == Kill("u", "kernel reported sq_intr on 0000:03:00.0")
+
+
+def test_a_gpu_that_is_gone_now_still_counts_when_it_was_seen():
+    """GPUs seen since start, not GPUs present now: the one that fell off the bus is the case that matters."""
+    assert decide(ev("ring_timeout", gpu=GPU_A), [A], frozenset({GPU_A})) == [
+        Kill("a", f"kernel reported ring_timeout on {GPU_A}")]
+
+
+def test_a_box_without_gpus_never_kills_for_a_kernel_gpu_fault():
+    [hold] = decide(ev("sq_intr"), [ANY, A], frozenset())
+    assert isinstance(hold, Hold) and hold.why == "no GPU was ever seen on this machine"
+    assert decide(ev("engine_stall", engine="a"), [A], frozenset()) == [Kill("a", "stalled")]  # not a GPU fault
+
+
+def test_unresponsive_kills_only_when_requests_were_running_and_configured_to():
+    running = ev("engine_unresponsive", engine="a", requests_running=4)
+    assert decide(running, [A], SEEN) == [Kill("a", "unresponsive with requests running")]
+    assert decide(ev("engine_unresponsive", engine="a", requests_running=0), [A], SEEN) == []
+    alert_only = EngineView("a", None, "kill", "kill", on_unresponsive="alert")
+    assert decide(running, [alert_only], SEEN) == []
+
+
+def test_a_crash_loop_quarantines():
+    assert decide(ev("engine_crash_loop", engine="a"), [A], SEEN) == [Quarantine("crash_loop")]

@@ -2,8 +2,9 @@ from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.stall import StallDetector
 
 
-def sample(running, progress, lat_sum=None, lat_count=None):
-    return EngineSample("vllm", running, 0.0, progress, 0.0, progress, lat_sum, lat_count, None, None)
+def sample(running, progress, lat_sum=None, lat_count=None, per_step=False, first_token=None):
+    timing = (lat_sum, lat_count) if lat_sum is not None else None
+    return EngineSample("vllm", running, 0.0, progress, progress, per_step, timing, first_token)
 
 
 def run(det, samples, start=0.0, step=1.0):
@@ -28,34 +29,69 @@ def test_slow_but_progressing_is_not_a_stall():
     assert not any(v.stalled for v in run(det, [sample(3, 100 + i) for i in range(100)], step=1.5))
 
 
-def test_counter_reset_is_neither_progress_nor_a_stall():
+def test_counter_reset_is_not_progress():
     det = StallDetector(min_stall=3)
-    run(det, [sample(1, 500), sample(1, 501)])
+    run(det, [sample(1, 500), sample(1, 501)])  # progress at t=1
     v = det.observe(sample(1, 2), 2.0)  # restarted engine: counter went down
     assert not v.stalled
-    assert [x.stalled for x in run(det, [sample(1, 2)] * 5, start=3.0)] == [False, False, False, True, True]
+    assert [x.stalled for x in run(det, [sample(1, 2)] * 3, start=3.0)] == [False, False, True]  # 4 s > 3 s
+    v = det.observe(sample(1, 3), 6.0)  # counting up again from the lower value is progress
+    assert not v.stalled and v.new
 
 
-def test_threshold_comes_from_the_latency_histogram():
+def test_a_counter_that_drops_on_every_scrape_is_a_stall():
+    det = StallDetector(min_stall=3)
+    verdicts = run(det, [sample(1, 1000 - i) for i in range(6)])
+    assert [v.stalled for v in verdicts] == [False] * 4 + [True, True]
+
+
+def test_threshold_comes_from_the_request_timing():
     det = StallDetector(stall_multiple=4, min_stall=1, max_stall=100)
     run(det, [sample(1, i, lat_sum=2.5 * i, lat_count=i) for i in range(1, 10)])  # 2.5 s per request
-    assert det.typical == 2.5 and det.threshold == 10.0
+    assert det.typical == 2.5 and det.threshold() == 10.0
+
+
+def test_a_per_step_counter_takes_the_per_token_timing():
+    """Progress that moves every step proves the engine alive within a token's time: the floor applies even
+    when a request takes minutes (long-context requests)."""
+    det = StallDetector(stall_multiple=4, min_stall=30, max_stall=1800)
+    run(det, [sample(1, 100 * i, lat_sum=0.02 * 100 * i, lat_count=100 * i, per_step=True) for i in range(1, 10)])
+    assert det.typical == 0.02 and det.threshold() == 30
+
+
+def test_a_per_step_counter_allows_for_a_prefill_as_long_as_usual():
+    """vLLM counts a prompt's tokens once its prefill is done: a prefill may take as long as a first token
+    usually takes (12 s here), so the threshold covers that."""
+    det = StallDetector(stall_multiple=4, min_stall=30, max_stall=1800)
+    run(det, [sample(1, 100 * i, 0.02 * 100 * i, 100 * i, per_step=True, first_token=(12.0 * i, i))
+              for i in range(1, 10)])
+    assert det.typical == 12.0 and det.threshold() == 48
+
+def test_while_a_process_spins_the_floor_applies():
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [sample(1, i, lat_sum=100.0 * i, lat_count=i) for i in range(1, 5)])  # 100 s per request
+    assert det.threshold() == 400 and det.threshold(spinning=True) == 5
+    verdicts = [det.observe(sample(1, 4), 4.0 + i, spinning=True) for i in range(8)]  # last progress at t=3
+    assert [v.stalled for v in verdicts] == [False] * 5 + [True] * 3
+    assert verdicts[5].threshold == 5
 
 
 def test_threshold_is_clamped():
     det = StallDetector(stall_multiple=4, min_stall=30, max_stall=60)
     run(det, [sample(1, i, lat_sum=100.0 * i, lat_count=i) for i in range(1, 5)])
-    assert det.threshold == 60
+    assert det.threshold() == 60
     det = StallDetector(stall_multiple=4, min_stall=30, max_stall=60)
     run(det, [sample(1, i, lat_sum=0.1 * i, lat_count=i) for i in range(1, 5)])
-    assert det.threshold == 30
+    assert det.threshold() == 30
 
 
-def test_without_histogram_typical_comes_from_busy_periods():
-    det = StallDetector(stall_multiple=4, min_stall=1, max_stall=100)
-    for burst in range(3):  # three requests of 3 s each
-        run(det, [sample(1, burst * 10 + i) for i in range(3)] + [sample(0, burst * 10 + 3)], start=burst * 10)
-    assert det.typical == 3.0 and det.threshold == 12.0
+def test_busy_spells_are_not_request_times():
+    """Under continuous load a busy spell is the whole load: it says nothing about how long a request takes,
+    so without timing the threshold stays at the floor however long the engine has been busy."""
+    det = StallDetector(stall_multiple=4, min_stall=30, max_stall=1800)
+    run(det, [sample(4, i) for i in range(3600)])  # an hour of steady traffic, one scrape a second
+    run(det, [sample(0, 3600)] * 3, start=3600)
+    assert det.typical is None and det.threshold() == 30
 
 
 def test_unknown_running_or_progress_gives_no_judgement():
@@ -69,3 +105,4 @@ def test_progress_after_a_stall_ends_it():
     assert det.stalled
     v = det.observe(sample(1, 8), 10.0)
     assert not v.stalled and v.new
+

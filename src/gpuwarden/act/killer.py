@@ -1,4 +1,11 @@
-"""Kill a resolved set of processes: SIGTERM, a grace period, SIGKILL for what is left, then confirm.
+"""Kill a resolved set of processes as systemd stops a unit: SIGTERM then SIGCONT to every process (a stopped
+process acts on SIGTERM only once continued), a grace period for those that can act on it, SIGKILL for what
+is left, then confirm. A zombie or a vanished process counts as gone.
+
+The grace is cut short when waiting cannot help: when every process left is stopped (a thread held in a
+ptrace stop: SIGCONT cannot wake it), or when the whole tree has used no CPU for a second and none is in an
+uninterruptible wait — nothing is shutting down, so something waits for what the stuck engine will never
+give (a real vLLM's API server waits after SIGTERM for its open requests, which a stalled engine never ends).
 
 Synchronous (psutil waits): run it off the event loop. Only processes that `is_killable` accepts are touched.
 """
@@ -49,9 +56,10 @@ def kill(procs: list[psutil.Process], grace: float, dry_run: bool = False) -> Ki
     if dry_run:
         return KillReport([describe(p) for p in procs], [], [], True)
     names = {p.pid: describe(p) for p in procs}
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    gone, alive = _wait(procs, grace)
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for proc in procs:
+            _signal(proc, sig)
+    gone, alive = _wait(procs, grace, until_stuck=True)
     for proc in alive:
         _signal(proc, signal.SIGKILL)
     dead, survivors = _wait(alive, 5.0)
@@ -59,15 +67,48 @@ def kill(procs: list[psutil.Process], grace: float, dry_run: bool = False) -> Ki
                       [names[p.pid] for p in survivors], False)
 
 
-def _wait(procs: list[psutil.Process], timeout: float) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """(gone, alive) after at most `timeout`. A zombie is gone: it waits only for its parent to reap it."""
-    deadline = time.monotonic() + timeout
+def _wait(procs: list[psutil.Process], timeout: float,
+          until_stuck: bool = False) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(gone, alive) after at most `timeout`, or, when `until_stuck`, as soon as waiting cannot help the live
+    ones (see the module's docstring). A zombie is gone: it waits only for its parent to reap it."""
+    now = time.monotonic()
+    deadline, quiet_since, cpu = now + timeout, now, _cpu(procs)
     alive = list(procs)
     while True:
-        alive = [p for p in alive if is_running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return [p for p in procs if p not in alive], alive
         time.sleep(0.05)
+        now = time.monotonic()
+        alive = [p for p in alive if is_running(p)]
+        if not alive or now >= deadline:
+            break
+        if until_stuck:
+            states, spent = [_status(p) for p in alive], _cpu(alive)
+            if spent > cpu or psutil.STATUS_DISK_SLEEP in states:
+                quiet_since, cpu = now, spent
+            if all(s in _STOPPED for s in states) or now - quiet_since >= QUIET:
+                break
+    return [p for p in procs if p not in alive], alive
+
+
+QUIET = 1.0  # seconds without CPU use after SIGTERM after which a tree is taken to wait for nothing
+_STOPPED = {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+
+
+def _status(proc: psutil.Process) -> str:
+    try:
+        return proc.status()
+    except psutil.Error:
+        return psutil.STATUS_DEAD
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

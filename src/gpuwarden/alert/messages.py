@@ -32,8 +32,8 @@ def compose(out: Outgoing, host: str, alert_id: str, incident: str | None = None
     kinds = list(dict.fromkeys([e.kind for e in out.events] + [k.split(":", 1)[0] for k in out.repeats]))
     title = f"[{str(out.severity).upper()}] {', '.join(kinds)} on {host}: {out.subject}"
     sections = []
-    happened = [f"- **{e.severity}** `{e.kind}`: {e.message}" + (f" (x{e.count})" if e.count > 1 else "")
-                for e in out.events if e.kind not in ACTION_KINDS]
+    happened = [f"- **{e.severity}** `{e.kind}`{'' if e.live else ' (history)'}: {e.message}"
+                + (f" (x{e.count})" if e.count > 1 else "") for e in out.events if e.kind not in ACTION_KINDS]
     happened += [f"- `{key.split(':', 1)[0]}`: and {n:,} more since {_clock(since)}"
                  for key, (n, since) in out.repeats.items()]
     sections.append("**What happened**\n" + "\n".join(happened))
@@ -41,6 +41,9 @@ def compose(out: Outgoing, host: str, alert_id: str, incident: str | None = None
     if evidence:
         sections.append("**Evidence**\n```\n" + "\n".join(evidence) + "\n```")
     actions = [f"- {e.message}" for e in out.events if e.kind in ACTION_KINDS]
+    if not all(e.live for e in out.events):
+        actions.append("- nothing about the (history) lines: they were logged before gpuwarden started, "
+                       "and history never kills or moves anything")
     sections.append("**What gpuwarden did**\n" + ("\n".join(actions) or "- recorded the events; no action"))
     runbooks = dict.fromkeys(filter(None, (runbook_for(e.kind, e.evidence.get("runbook")) for e in out.events)))
     if runbooks:

@@ -1,7 +1,14 @@
 """What each engine's /metrics names mean, as data.
 
-Each field lists metric sample names; the first family present wins, and all its series (one per model,
-engine index or label set) are summed. `progress` is the counter that moves while tokens are generated.
+Gauges and counters list sample names: the first family present wins, and all its series (one per model,
+engine index or label set) are summed. Progress and timing list alternatives, newest engine versions first.
+
+Progress is any token processed (prompt or generated): a long prefill is progress too. A counter that moves
+on every engine step (`per_step`) proves progress within a step's time; one that moves only when a request
+ends proves it only within a request's time, so the stall threshold follows the matching timing: seconds per
+token for a per-step counter (and the time to a first token, where an engine counts a prefill only once it
+is done), seconds per request otherwise. Each choice below was checked against the engine's source; the
+comment says where.
 """
 
 from __future__ import annotations
@@ -10,27 +17,41 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    names: tuple[str, ...]  # counters summed: tokens (or steps) processed
+    per_step: bool  # True: moves on every engine step; False: only when a request ends
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    sum: str  # seconds
+    count: str  # tokens or requests
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     prefix: str  # every metric of this engine starts with it: how `auto` recognises the engine
     running: tuple[str, ...]
     waiting: tuple[str, ...]
-    generated: tuple[str, ...]  # counter of generated tokens
-    prompt: tuple[str, ...]
-    latency: str | None  # end-to-end request latency histogram (family name, without _sum/_count)
+    generated: tuple[str, ...]  # counter of generated tokens (shown and exported; not the stall signal)
+    progress: tuple[Progress, ...]  # the first whose names are present is the stall signal
+    token_timing: tuple[Timing, ...] = ()  # seconds per generated token
+    first_token_timing: tuple[Timing, ...] = ()  # seconds to a first token: how long a prefill may take
+    request_timing: tuple[Timing, ...] = ()  # seconds per finished request
     spec_accepted: tuple[str, ...] = ()
     spec_draft: tuple[str, ...] = ()
-    progress: tuple[str, ...] = ()  # the counter that proves forward progress; default `generated`
     commands: tuple[str, ...] = ()  # substrings of a server's command line, for discovery
 
-    @property
-    def progress_names(self) -> tuple[str, ...]:
-        return self.progress or self.generated
-
     def names(self) -> set[str]:
-        hist = {f"{self.latency}_sum", f"{self.latency}_count"} if self.latency else set()
-        return {*self.running, *self.waiting, *self.generated, *self.prompt, *self.spec_accepted,
-                *self.spec_draft, *self.progress, *hist}
+        timings = (*self.token_timing, *self.first_token_timing, *self.request_timing)
+        return {*self.running, *self.waiting, *self.generated, *self.spec_accepted, *self.spec_draft,
+                *(n for p in self.progress for n in p.names), *(t.sum for t in timings),
+                *(t.count for t in timings)}
+
+
+def _histogram(family: str) -> Timing:
+    return Timing(f"{family}_sum", f"{family}_count")
 
 
 PROFILES: tuple[Profile, ...] = (
@@ -40,8 +61,13 @@ PROFILES: tuple[Profile, ...] = (
         running=("vllm:num_requests_running",),
         waiting=("vllm:num_requests_waiting",),
         generated=("vllm:generation_tokens_total",),
-        prompt=("vllm:prompt_tokens_total",),
-        latency="vllm:e2e_request_latency_seconds",
+        # V1 (v1/metrics/stats.py, loggers.py) adds each step's IterationStats: the tokens generated in that
+        # step, and a request's prompt tokens when its (chunked) prefill completes with its first token.
+        progress=(Progress(("vllm:generation_tokens_total", "vllm:prompt_tokens_total"), per_step=True),),
+        token_timing=(_histogram("vllm:inter_token_latency_seconds"),  # V1 >= 0.10
+                      _histogram("vllm:time_per_output_token_seconds")),
+        first_token_timing=(_histogram("vllm:time_to_first_token_seconds"),),
+        request_timing=(_histogram("vllm:e2e_request_latency_seconds"),),
         spec_accepted=("vllm:spec_decode_num_accepted_tokens_total",),
         spec_draft=("vllm:spec_decode_num_draft_tokens_total",),
         commands=("vllm serve", "vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"),
@@ -51,8 +77,15 @@ PROFILES: tuple[Profile, ...] = (
         running=("sglang:num_running_reqs",),
         waiting=("sglang:num_queue_reqs",),
         generated=("sglang:generation_tokens_total",),
-        prompt=("sglang:prompt_tokens_total",),
-        latency="sglang:e2e_request_latency_seconds",
+        # metrics/collector.py: realtime_tokens_total is added by the scheduler at each stats log (every
+        # decode_log_interval steps and every prefill batch); the token totals are added by the tokenizer
+        # manager when a request finishes.
+        progress=(Progress(("sglang:realtime_tokens_total",), per_step=True),
+                  Progress(("sglang:generation_tokens_total", "sglang:prompt_tokens_total"), per_step=False)),
+        token_timing=(_histogram("sglang:inter_token_latency_seconds"),
+                      _histogram("sglang:time_per_output_token_seconds")),
+        first_token_timing=(_histogram("sglang:time_to_first_token_seconds"),),
+        request_timing=(_histogram("sglang:e2e_request_latency_seconds"),),
         spec_accepted=("sglang:spec_accept_length",),
         commands=("sglang.launch_server", "sglang serve"),
     ),
@@ -61,8 +94,11 @@ PROFILES: tuple[Profile, ...] = (
         running=("llamacpp:requests_processing",),
         waiting=("llamacpp:requests_deferred",),
         generated=("llamacpp:tokens_predicted_total",),
-        prompt=("llamacpp:prompt_tokens_total",),
-        latency=None,
+        # tools/server: n_decode_total counts llama_decode calls (prompt batches and generation steps);
+        # tokens_predicted_total and its seconds are added when a slot is released (a request ends).
+        progress=(Progress(("llamacpp:n_decode_total",), per_step=True),
+                  Progress(("llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"), per_step=False)),
+        token_timing=(Timing("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"),),
         commands=("llama-server", "llama.cpp/server"),
     ),
     Profile(
@@ -70,9 +106,11 @@ PROFILES: tuple[Profile, ...] = (
         running=("tgi_batch_current_size",),
         waiting=("tgi_queue_size",),
         generated=("tgi_request_generated_tokens_sum",),  # finished requests only
-        prompt=("tgi_request_input_length_sum",),
-        latency="tgi_request_duration",
-        progress=("tgi_batch_inference_count",),  # one per prefill/decode step: moves while generating
+        # router: one tgi_batch_inference_count per prefill or decode step.
+        progress=(Progress(("tgi_batch_inference_count",), per_step=True),
+                  Progress(("tgi_request_generated_tokens_sum", "tgi_request_input_length_sum"), per_step=False)),
+        token_timing=(_histogram("tgi_request_mean_time_per_token_duration"),),
+        request_timing=(_histogram("tgi_request_duration"),),
         commands=("text-generation-launcher", "text-generation-server"),
     ),
 )

@@ -14,20 +14,22 @@ from urllib.parse import urlsplit
 import psutil
 
 from gpuwarden.act.killer import KillBudget, kill
-from gpuwarden.config import EngineConfig, EnginesConfig
+from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.discovery import discover
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percent, gpus_in_use, roots
+from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
 from gpuwarden.engine.scraper import ScrapeError, Scraper
-from gpuwarden.engine.stall import StallDetector
+from gpuwarden.engine.stall import StallDetector, Verdict
 from gpuwarden.gpu import nvidia
+from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
 
-SPINNING_PERCENT = 90.0  # a process at this share of a core with no progress: the classic hang
+SPINNING_PERCENT = 90.0  # near a full core: with no progress, the classic hang
+IDLE_PERCENT = 5.0  # a process below this is waiting (an API server behind a hung engine), not part of the spin
 _INSPECT_DEADLINE = 10.0
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
@@ -48,9 +50,11 @@ class EngineState:
     budget: KillBudget
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # candidates the target named but may not be killed
     gpus: frozenset[str] | None = None
-    cpu: float | None = None
+    cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
     failures: int = 0
+    answered: float | None = None  # monotonic time of the last successful scrape
     unresponsive: bool = False
     exits: deque[float] = field(default_factory=deque)
     killing: bool = False
@@ -61,15 +65,20 @@ class EngineState:
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def cpu(self) -> float | None:
+        return max(self.cpus) if self.cpus else None
+
     def view(self) -> EngineView:
-        return EngineView(self.name, self.gpus, self.config.on_stall, self.config.on_gpu_fault)
+        cfg = self.config
+        return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive)
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
-    t = config.target
-    port = urlsplit(config.metrics_url).port or 80
-    return TargetSpec(t.kind, port=port, pidfile=t.pidfile, pattern=t.pattern, unit=t.unit, cgroup=t.cgroup,
-                      container=t.container, docker_socket=t.docker_socket)
+    t, url = config.target, urlsplit(config.metrics_url)
+    return TargetSpec(t.kind, port=url.port or SCHEME_PORTS[url.scheme], host=url.hostname, pidfile=t.pidfile,
+                      pattern=t.pattern, unit=t.unit, cgroup=t.cgroup, container=t.container,
+                      docker_socket=t.docker_socket, uid=user_id(t.user) if t.user else None)
 
 
 def new_state(config: EngineConfig) -> EngineState:
@@ -119,10 +128,12 @@ class EngineWatch:
             found = await asyncio.to_thread(discover)
             for f in found:
                 if f.name not in self.engines:
-                    log.info("discovered %s serving on port %d (pid %d): watching %s", f.profile, f.port, f.pid,
-                             f.metrics_url)
+                    log.info("discovered %s serving on port %d (pid %d): watching %s, alerts only", f.profile,
+                             f.port, f.pid, f.metrics_url)
+                    # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                     state = self.engines[f.name] = new_state(
-                        EngineConfig(name=f.name, metrics_url=f.metrics_url, profile=f.profile))
+                        EngineConfig(name=f.name, metrics_url=f.metrics_url, profile=f.profile, on_stall="alert",
+                                     on_gpu_fault="alert", on_unresponsive="alert"))
                     self._tasks.create_task(self._watch(state))
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI)")
@@ -157,42 +168,43 @@ class EngineWatch:
         now = time.monotonic()
         if had_procs and not state.procs:
             self._exited(state, now)
+        spinning = is_spinning(state.cpus)
         if sample is None:
             self.sink.metric("gpuwarden_engine_up", 0, name)
-            if state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive:
+            silent_for = now - (state.answered or now)
+            if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
+                    and silent_for >= state.detector.threshold(spinning)):
                 state.unresponsive = True
-                self._record(Event("engine_unresponsive", Severity.WARNING,
-                                   f"{name} has not answered /metrics {state.failures} times in a row ({error}) "
-                                   "while its processes run", time.time(), engine=name,
-                                   evidence={"error": error, "failures": state.failures}))
+                self._record(self._unresponsive_event(state, redact(error), silent_for))
             return
         if state.unresponsive:
             self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
-        state.failures, state.unresponsive, state.sample = 0, False, sample
+        state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
         self._export(state, sample)
-        verdict = state.detector.observe(sample, now)
+        verdict = state.detector.observe(sample, now, spinning)
         self.sink.metric("gpuwarden_engine_stalled", 1 if verdict.stalled else 0, name)
         self.sink.metric("gpuwarden_engine_stall_threshold_seconds", verdict.threshold, name)
         if verdict.new and verdict.stalled:
-            self._record(self._stall_event(state, sample, verdict))
+            self._record(self._stall_event(state, sample, verdict, spinning))
         elif verdict.new:
             self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
 
     async def _inspect(self, state: EngineState) -> None:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline."""
         def look():
-            procs = state.tracker.refresh(roots(target_spec(state.config)))
+            found = resolve(target_spec(state.config))
+            procs = state.tracker.refresh(found)
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, cpu_percent(procs), gpus
+            return procs, found.refused, cpu_percents(procs), gpus
         try:
-            state.procs, state.cpu, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
+            state.procs, state.refused, state.cpus, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
         except Busy:
             return  # the look-up of the last scrape (or of a kill) is still under way: its answer will do
         state.gpus = frozenset(gpus) if gpus else None
-        if state.cpu is not None:
+        if state.cpus:
             self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
@@ -217,17 +229,34 @@ class EngineWatch:
             if value is not None:
                 self.sink.metric(metric, value, name)
 
-    def _stall_event(self, state: EngineState, sample: EngineSample, verdict) -> Event:
-        spinning = state.cpu is not None and state.cpu >= SPINNING_PERCENT
-        message = (f"{state.name}: {sample.running:.0f} request(s) running and no token generated for "
+    def _stall_event(self, state: EngineState, sample: EngineSample, verdict: Verdict, spinning: bool) -> Event:
+        message = (f"{state.name}: {sample.running:.0f} request(s) running and no token processed for "
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
-            message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
-        figures = {"running": sample.running, "waiting": sample.waiting, "generated_tokens": sample.progress,
-                   "stalled_seconds": round(verdict.stalled_for, 1), "threshold_seconds": round(verdict.threshold, 1),
-                   "typical_request_seconds": verdict.typical, "cpu_percent": state.cpu}
+            message += f"; its processes spin at {state.cpu:.0f} % CPU: the classic hang"
+        figures = {"running": sample.running, "waiting": sample.waiting, "tokens_processed": sample.progress,
+                   "generated_tokens": sample.generated, "stalled_seconds": round(verdict.stalled_for, 1),
+                   "threshold_seconds": round(verdict.threshold, 1),
+                   f"typical_{'token' if verdict.per_step else 'request'}_seconds": verdict.typical,
+                   "cpu_percent": state.cpu}
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
                      gpu=_only(state.gpus), evidence={"figures": figures, "spinning": spinning, "runbook": "stall"})
+
+    def _unresponsive_event(self, state: EngineState, error: str, silent_for: float) -> Event:
+        """/metrics hangs or fails while the engine's processes live. Whether requests were running when it last
+        answered decides whether this is as stuck as a stall (the policy kills) or an idle engine (alert)."""
+        last = state.sample
+        running = last.running if last else None
+        was = (f"{running:.0f} request(s) were running when it last answered" if running
+               else "no request was running when it last answered" if last else "it has never answered")
+        message = (f"{state.name} has not answered /metrics for {silent_for:.0f} s ({state.failures} tries, "
+                   f"last: {error}) while its {len(state.procs)} process(es) live; {was}")
+        figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,
+                   "cpu_percent": state.cpu, "processes": len(state.procs)}
+        return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
+                     engine=state.name, gpu=_only(state.gpus),
+                     evidence={"error": error, "figures": figures, "requests_running": running or 0,
+                               "runbook": "stall"})
 
     def _exited(self, state: EngineState, now: float) -> None:
         if now - state.last_kill < state.config.kill_grace + 10:
@@ -263,6 +292,12 @@ class EngineWatch:
         state.killing = True
         try:
             await self._inspect(state)
+            if refusal := self._refusal(state):
+                self._record(Event("kill_refused", Severity.CRITICAL, f"{name} should be killed ({reason}) but "
+                                   f"{refusal}: act by hand", time.time(), engine=name,
+                                   evidence={"reason": reason, "refused": state.refused,
+                                             "processes": len(state.procs)}))
+                return
             if not state.procs:
                 log.warning("%s should be killed (%s) but none of its processes was found", name, reason)
                 return
@@ -276,9 +311,27 @@ class EngineWatch:
             self._record(Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
                                engine=name, gpu=_only(state.gpus),
                                evidence={"reason": reason, "terminated": report.terminated, "killed": report.killed,
-                                         "survivors": report.survivors, "dry_run": report.dry_run}))
+                                         "survivors": report.survivors, "dry_run": report.dry_run,
+                                         "refused": state.refused}))
         finally:
             state.killing = False
+
+    @staticmethod
+    def _refusal(state: EngineState) -> str | None:
+        """Why this kill may not go ahead (None: it may)."""
+        if not state.procs and state.refused:
+            return f"its target was refused ({'; '.join(state.refused)})"
+        if len(state.procs) > state.config.max_kill_processes:
+            return (f"its target resolves to {len(state.procs)} processes, more than max_kill_processes "
+                    f"({state.config.max_kill_processes})")
+        return None
+
+
+def is_spinning(cpus: list[float]) -> bool:
+    """Every engine process that uses the CPU at all runs near a full core (the seed incident: both processes
+    at 200 % and no throughput). A hung GPU's waiters spin; a stopped or frozen process does not."""
+    busy = [c for c in cpus if c >= IDLE_PERCENT]
+    return bool(busy) and all(c >= SPINNING_PERCENT for c in busy)
 
 
 def _only(gpus: frozenset[str] | None) -> str | None:

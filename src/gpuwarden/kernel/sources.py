@@ -25,6 +25,7 @@ _READ_SIZE = 16384  # /dev/kmsg returns one record per read; a short buffer give
 
 class Source:
     name = "source"
+    kernel_clock = False  # records' timestamps are the kernel's monotonic time of this boot
 
     def __init__(self, tick: float = 1.0) -> None:
         self.tick = tick
@@ -56,6 +57,7 @@ class KmsgSource(Source):
     """/dev/kmsg from its end: only new records. EPIPE (records overwritten unread) is counted."""
 
     name = "kmsg"
+    kernel_clock = True
 
     def __init__(self, path: str = KMSG, tick: float = 1.0) -> None:
         super().__init__(tick)
@@ -111,6 +113,7 @@ class JournalSource(Source):
     """Kernel entries of the systemd journal, resumed from a cursor, through the reader's fd."""
 
     name = "journal"
+    kernel_clock = True
 
     def __init__(self, cursor: str | None, lookback: float, tick: float = 1.0, path: str | None = None) -> None:
         super().__init__(tick)

