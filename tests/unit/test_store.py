@@ -143,3 +143,29 @@ def test_a_truncated_database_is_reported_as_truncated(tmp_path):
     os.truncate(path, 8192)  # a copy cut short, or a disk that filled up mid-write
     with pytest.raises(StoreError, match=r"database is truncated \(8192 bytes; its header says \d+\)"):
         Store(path).events()
+
+
+def test_beyond_its_bound_the_queue_drops_writes_and_counts_them(tmp_path):
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None, limit=2)
+        holder = LockHolder(path)
+        kept = store.add_events([event("ring_timeout")]) + store.add_events([event("sq_intr")])
+        store.add_events([event("page_fault")])  # the third write: over the bound
+        dropped_writes = store.dropped
+        holder.release()
+        while store.pending:
+            await asyncio.sleep(0.02)
+        store.close()
+        return kept, dropped_writes
+
+    kept, dropped_writes = asyncio.run(scenario())
+    assert dropped_writes == 1
+    rows = Store(path).events()
+    assert [(r["id"], r["kind"], r["count"]) for r in rows] == [(kept[0], "ring_timeout", 1),
+                                                                (kept[1], "sq_intr", 1)]
