@@ -99,11 +99,11 @@ class KernelWatch:
 
 def behind_port(event: Event, gpus_behind: Callable[[str], list[str]]) -> Event:
     """A line that names a PCIe port rather than a GPU (AER: `pcieport 0000:00:1c.4`) is about the GPUs behind
-    that port: the event names them (`gpu` when there is one)."""
+    that port: the event names them (`gpu` when there is one, and the GPU the log itself named stays)."""
     port = event.evidence.get("pci")
-    if event.gpu or not port or not (gpus := gpus_behind(port)):
+    if not port or not (gpus := gpus_behind(port)):
         return event
-    return replace(event, gpu=gpus[0] if len(gpus) == 1 else None,
+    return replace(event, gpu=event.gpu or (gpus[0] if len(gpus) == 1 else None),
                    message=f"{event.message} (GPU {', '.join(gpus)} behind it)",
                    evidence={**event.evidence, "gpus_behind": gpus})
 
