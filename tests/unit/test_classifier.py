@@ -198,3 +198,9 @@ def test_nvidia_multiline_fallen_off_the_bus():
 def test_gsp_timeout_and_rm_init_failure():
     assert one("NVRM: GPU4 GSP: Timeout after 6s of waiting for RPC response from GPU4 GSP!").kind == "gsp_error"
     assert one("NVRM: RmInitAdapter failed! (0x22:0x56:884)").kind == "gpu_missing"
+
+
+def test_a_function_offset_in_an_ordinary_message_does_not_open_an_oops():
+    line = ("[3540.4] amdgpu 0000:03:00.0: PM: pci_pm_suspend_noirq(): amdgpu_pmops_suspend_noirq+0x0/0x40 [amdgpu]"
+            " returns -22")
+    assert "kernel_oops" not in kinds(classify_text(line))

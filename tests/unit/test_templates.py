@@ -14,7 +14,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from gpuwarden.kernel.rules import RULES
+from gpuwarden.alert.runbooks import RUNBOOKS
+from gpuwarden.kernel.rules import CORRELATIONS, GHES_RULE, RULES
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "amdgpu-templates.json").read_text())
 
@@ -155,6 +156,14 @@ def test_rules_cite_only_templates_that_exist_in_the_pinned_files():
     files = set(DATA["provenance"]["files"])
     stale = [(path, fmt) for path, fmt in _cited() if path in files and (path, fmt) not in pinned]
     assert not stale, stale
+
+
+def test_every_builtin_rule_carries_its_provenance_and_a_known_runbook():
+    for rule in (*RULES, GHES_RULE):
+        assert rule.sources and all(": " in source for source in rule.sources), rule.name
+        assert rule.runbook in RUNBOOKS, rule.name
+    for corr in CORRELATIONS:
+        assert corr.emit is None or corr.runbook in RUNBOOKS, corr.name
 
 
 def test_the_pinned_data_has_its_provenance():

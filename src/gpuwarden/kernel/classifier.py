@@ -40,6 +40,7 @@ from gpuwarden.kernel.rules import (
     OOPS_HEADERS,
     OOPS_HINTS,
     RULES,
+    TRACE_LINE,
     Correlation,
     Rule,
 )
@@ -49,6 +50,7 @@ _PREFIX = re.compile(r"^\s*([\w-]+) ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]
 _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
                        r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
 _FRAME = re.compile(FRAME)
+_TRACE_LINE = re.compile(TRACE_LINE)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
@@ -133,7 +135,7 @@ class Classifier:
         gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        if gated and (self._oops or _FRAME.search(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
+        if gated and (self._oops or _TRACE_LINE.match(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
@@ -263,7 +265,7 @@ class Classifier:
         header = next((sev for regex, sev in _OOPS_HEADERS if regex.search(text)), None)
         frames = _FRAME.findall(text)
         if self._oops is None:
-            if header is None and not frames:
+            if header is None and not _TRACE_LINE.match(text):
                 return None
             self._oops = _Oops(severity=header)
         oops = self._oops
