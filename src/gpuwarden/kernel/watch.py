@@ -11,7 +11,7 @@ from typing import Protocol
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.rules import Rule
-from gpuwarden.kernel.sources import FileSource, JournalSource, KmsgSource, Source
+from gpuwarden.kernel.sources import FileSource, JournalKmsgSource, JournalSource, KmsgSource, Source
 from gpuwarden.model import Event, Severity
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,13 @@ def classifier_for(config: KernelConfig) -> Classifier:
 
 
 def open_source(config: KernelConfig, cursor: str | None) -> Source:
-    """The configured source; `auto` takes the journal when it holds kernel entries, else /dev/kmsg."""
+    """The configured source; `auto` reads /dev/kmsg live and catches up from the journal when journald holds
+    kernel entries (JournalKmsgSource), else /dev/kmsg alone."""
     choice = config.source
     if choice == "auto":
-        choice = "journal" if JournalSource.has_kernel_entries() else "kmsg"
+        if JournalSource.has_kernel_entries():
+            return JournalKmsgSource(cursor, config.lookback)
+        choice = "kmsg"
     if choice == "journal":
         return JournalSource(cursor, config.lookback)
     if choice == "file":
