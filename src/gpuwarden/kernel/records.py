@@ -15,6 +15,7 @@ class KernelRecord:
     device: str | None = None  # normalised PCI address from the record's device fields
     cursor: str | None = None  # where to resume after this record (journal cursor, or kmsg position)
     seq: int | None = None  # /dev/kmsg sequence number
+    boot: str | None = None  # boot id of a journal entry: its timestamp counts from that boot
 
 
 class MalformedRecord(ValueError):

@@ -229,7 +229,7 @@ RULES: tuple[Rule, ...] = (
        'amdgpu/amdgpu_device.c: "GPU %s begin!\\n"'),
     _r("amd_reset_mode12", r"\b(?i:mode[12]) reset\s*$|GPU (?:psp )?mode1 reset\s*$", "gpu_reset", W, "amd",
        "a full GPU reset (MODE1/MODE2) is running", "reset",
-       "MODE|mode",
+       "MODE1|MODE2|mode1|mode2|Mode1|Mode2",
        'amdgpu/soc21.c: "MODE1 reset\\n"',
        'amdgpu/soc21.c: "MODE2 reset\\n"',
        'amdgpu/amdgpu_device.c: "GPU mode1 reset\\n"',
@@ -303,7 +303,8 @@ RULES: tuple[Rule, ...] = (
        r"Fail(?:ed)? to disable (?:dpm|smu) features|"
        r"Failed to \w+ (?:BACO state|gfxoff)!|\[PrepareMp1\] Failed|SMC failed to set mp1 state",
        "smu_error", W, "amd", "the power-management firmware (SMU) failed a request", "gpu_fault",
-       "SMU|smu_|SMC is not ready|powerplay|Failed to send message|features|BACO state|gfxoff|PrepareMp1|mp1 state",
+       "SMU|smu_|SMC is not ready|powerplay|Failed to send message|dpm features|smu features|BACO state|gfxoff|"
+       "PrepareMp1|mp1 state",
        'pm/swsmu/smu_cmn.c: "SMU: I\'m not done with your previous command: SMN_C2PMSG_66:0x%08X'
        ' SMN_C2PMSG_82:0x%08X"',
        'pm/swsmu/amdgpu_smu.c: "SMC is not ready\\n"',

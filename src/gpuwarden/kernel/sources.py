@@ -132,6 +132,8 @@ class JournalSource(Source):
 
     def _position(self, cursor: str | None, lookback: float, monotonic: tuple[str, float] | None) -> None:
         r = self.reader
+        if not monotonic and (saved := _kmsg_position(cursor)):  # a position saved by `auto`
+            monotonic = (saved[0], saved[2])
         if monotonic:  # (boot id, kernel seconds): entries received from then on, across later boots
             r.seek_monotonic(monotonic[1], monotonic[0])
             return
@@ -213,6 +215,7 @@ def _from_entry(entry: dict) -> KernelRecord:
         timestamp=stamp.total_seconds() if stamp is not None else None,
         device=pci_from_device_field(str(device)) if device else None,
         cursor=entry.get("__CURSOR"),
+        boot=str(entry["_BOOT_ID"]) if entry.get("_BOOT_ID") else None,
     )
 
 
@@ -260,8 +263,9 @@ class JournalKmsgSource(Source):
             return
         self._journal = JournalSource(position, lookback, tick, journal_path)
         if (entry := self._journal.at_cursor) is not None:  # a journal cursor: kmsg resumes after its entry
-            boot, record = str(entry.get("_BOOT_ID", "")), _from_entry(entry)
-            self._floor = record.timestamp + 1e-6 if boot == self.boot and record.timestamp is not None else None
+            record = _from_entry(entry)
+            self._floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
+                else None
         elif not position:
             self._floor = time.clock_gettime(time.CLOCK_MONOTONIC) - lookback
 
@@ -288,7 +292,8 @@ class JournalKmsgSource(Source):
             entry = reader.get_next()
             if not entry:
                 break
-            boot, record = str(entry.get("_BOOT_ID", "")), _from_entry(entry)
+            record = _from_entry(entry)
+            boot = record.boot
             if boot == self.boot and record.timestamp is not None and record.timestamp >= self._handover:
                 break  # kmsg has this one and everything after it
             if self._after and boot == self._after[0] and record.timestamp is not None \
@@ -302,7 +307,7 @@ class JournalKmsgSource(Source):
         return batch
 
     def _live(self, records: list[KernelRecord]) -> list[KernelRecord]:
-        return [replace(r, cursor=f"kmsg:{self.boot}:{r.seq}:{r.timestamp:.6f}") for r in records
+        return [replace(r, cursor=f"kmsg:{self.boot}:{r.seq}:{r.timestamp:.6f}", boot=self.boot) for r in records
                 if not (self._after_seq is not None and r.seq is not None and r.seq <= self._after_seq)
                 and not (self._floor is not None and r.timestamp is not None and r.timestamp < self._floor)]
 
