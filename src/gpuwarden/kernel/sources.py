@@ -253,6 +253,7 @@ class JournalKmsgSource(Source):
         self._after: tuple[str, float] | None = None  # journal: (boot, kernel time) delivered before a restart
         self._journal: JournalSource | None = None
         self._journal_lines = 0
+        self._skipping, self._overruns_skipped = True, 0  # reading through records before the resume point
         if saved and saved[0] == self.boot and oldest and oldest.seq is not None and oldest.seq <= saved[1] + 1:
             self._after_seq = saved[1]
             return
@@ -307,13 +308,20 @@ class JournalKmsgSource(Source):
         return batch
 
     def _live(self, records: list[KernelRecord]) -> list[KernelRecord]:
-        return [replace(r, cursor=f"kmsg:{self.boot}:{r.seq}:{r.timestamp:.6f}", boot=self.boot) for r in records
+        live = [replace(r, cursor=f"kmsg:{self.boot}:{r.seq}:{r.timestamp:.6f}", boot=self.boot) for r in records
                 if not (self._after_seq is not None and r.seq is not None and r.seq <= self._after_seq)
                 and not (self._floor is not None and r.timestamp is not None and r.timestamp < self._floor)]
+        if self._skipping:
+            # Overruns while reading through records delivered before (or older than the lookback) lost none
+            # of ours; the first wanted record, or reaching the ring's end, ends that phase.
+            self._overruns_skipped = self._kmsg.overruns
+            self._skipping = not (live or not records)
+        return live
 
     def _count(self) -> None:
         self.lines = self._journal_lines + self._kmsg.lines
-        self.malformed, self.overruns = self._kmsg.malformed, self._kmsg.overruns
+        self.malformed = self._kmsg.malformed
+        self.overruns = self._kmsg.overruns - self._overruns_skipped
 
     def close(self) -> None:
         self._kmsg.close()

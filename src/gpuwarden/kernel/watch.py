@@ -11,10 +11,12 @@ from typing import Protocol
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.rules import Rule
-from gpuwarden.kernel.sources import FileSource, JournalKmsgSource, JournalSource, KmsgSource, Source
+from gpuwarden.kernel.sources import KMSG, FileSource, JournalKmsgSource, JournalSource, KmsgSource, Source
 from gpuwarden.model import Event, Severity
 
 log = logging.getLogger(__name__)
+
+CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one SQLite write a second is enough
 
 
 class Sink(Protocol):
@@ -41,9 +43,14 @@ def open_source(config: KernelConfig, cursor: str | None) -> Source:
     kernel entries (JournalKmsgSource), else /dev/kmsg alone."""
     choice = config.source
     if choice == "auto":
-        if JournalSource.has_kernel_entries():
-            return JournalKmsgSource(cursor, config.lookback)
-        choice = "kmsg"
+        if not JournalSource.has_kernel_entries():
+            choice = "kmsg"
+        else:
+            try:
+                return JournalKmsgSource(cursor, config.lookback)
+            except OSError as exc:  # /dev/kmsg unreadable (dmesg_restrict without CAP_SYSLOG): the journal alone
+                log.warning("auto: %s unreadable (%s); reading the journal only", KMSG, exc)
+                choice = "journal"
     if choice == "journal":
         return JournalSource(cursor, config.lookback)
     if choice == "file":
@@ -67,6 +74,7 @@ class KernelWatch:
         source, sink = self.source, self.sink
         log.info("kernel source: %s", source.name)
         seen_malformed = seen_overruns = seen_lines = 0
+        saved_at = 0.0
         try:
             async for batch in source.batches():
                 now = time.time()
@@ -84,7 +92,10 @@ class KernelWatch:
                     burst.event = behind_port(burst.event, sink.gpus_behind)
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
+                if cursor and not events and now - saved_at < CURSOR_EVERY:
+                    cursor = None  # a position alone is saved at most every CURSOR_EVERY; with events, always
                 if events or cursor:
+                    saved_at = now if cursor else saved_at
                     ids = sink.record(events, (source.name, cursor) if cursor else None)
                     for burst, row_id in zip(bursts, ids, strict=True):
                         burst.row_id = row_id
