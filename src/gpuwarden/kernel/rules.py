@@ -135,7 +135,11 @@ RULES: tuple[Rule, ...] = (
     _r("amd_sq_intr", r"\bsq_intr: error", "sq_intr", W, "amd",
        "shader wave error interrupt (SQ): a kernel on the GPU faulted", "gpu_fault",
        "sq_intr",
-       'amdkfd/kfd_int_process_v9.c: "sq_intr: error, detail 0x%08x, type %d, sh %d, priv %d, wave_id %d,'
+       'amdkfd/kfd_int_process_v9.c: "sq_intr: error, se %d, data 0x%x, sh %d, priv %d, wave_id %d,'
+       ' simd_id %d, cu_id %d, err_type %d\\n"',
+       'amdkfd/kfd_int_process_v10.c: "sq_intr: error, se %d, data 0x%x, sa %d, priv %d, wave_id %d,'
+       ' simd_id %d, wgp_id %d, err_type %d\\n"',
+       'amdkfd/kfd_int_process_v11.c: "sq_intr: error, detail 0x%08x, type %d, sh %d, priv %d, wave_id %d,'
        ' simd_id %d, wgp_id %d\\n"'),
     _r("amd_ring_timeout", r"\bring \S+ timeout", "ring_timeout", W, "amd",
        "a GPU ring stopped completing jobs (job timeout)", "gpu_fault",
@@ -173,7 +177,7 @@ RULES: tuple[Rule, ...] = (
        'amdkfd/kfd_device_queue_manager.c: "The cp might be in an unrecoverable state due to an unsuccessful'
        ' queues preemption\\n"',
        'amdkfd/kfd_process.c: "Failed to evict process queues\\n"',
-       'amdgpu/amdgpu_amdkfd.c: "Failed to quiesce KFD\\n"'),
+       'amdgpu/amdgpu_amdkfd_gpuvm.c: "Failed to quiesce KFD\\n"'),
     _r("amd_ip_hung", r"IP block:\S+ is hung", "ring_timeout", W, "amd",
        "a GPU IP block is hung", "gpu_fault",
        "is hung",
