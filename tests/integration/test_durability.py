@@ -271,3 +271,41 @@ def test_a_truncated_database_is_reported_as_truncated(daemon_factory):
     assert d.proc.wait(30) == 1
     assert "database is truncated (4196 bytes; its header says" in d.log()
     assert "locked by another process" not in d.log()
+
+
+def test_a_retry_waits_its_backoff_after_a_slow_failed_send(daemon_factory):
+    """The receiver takes 2 s to answer 500; with retry_initial = 1 s the next attempt comes at least 0.8 s
+    (the backoff less its jitter) after the answer, not at once because the send itself took longer."""
+    import http.server
+    import itertools
+    import threading
+
+    arrivals: list[float] = []
+
+    class SlowFailure(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            arrivals.append(time.monotonic())
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(2)
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), SlowFailure)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        d = daemon_factory(f'[alerts]\ngroup_window = "0s"\nretry_initial = "1s"\nretry_max = "1s"\n'
+                           f'urls = ["json://127.0.0.1:{server.server_address[1]}/hook"]\n').start()
+        d.wait_serving()
+        append(d, "Dec 02 16:22:28 host kernel: amdgpu 0000:09:00.0: amdgpu: device lost from bus!\n")
+        wait_for(lambda: len(arrivals) >= 3, 30, what="three attempts")
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        assert all(gap >= 2 + 0.8 for gap in gaps[:2]), gaps  # answer after 2 s, then at least 0.8 s of backoff
+        # what went wrong, as apprise said it (it read "apprise: 1")
+        assert "failed (Failed to send JSON POST notification: Internal server error., error=500.)" in d.log()
+        assert d.stop() == 0
+    finally:
+        server.shutdown()
+        server.server_close()
