@@ -31,6 +31,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/engine_bench.py
 	$(VENV)/bin/python bench/telemetry_bench.py
 	$(VENV)/bin/python bench/target_bench.py
+	$(VENV)/bin/python bench/durability_bench.py
 
 system-deps:
 	@bash .ci/apt-needs $(BUILD_NEEDS)

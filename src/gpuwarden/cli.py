@@ -42,54 +42,63 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuwarden", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
-    parser.add_argument("--config", type=Path, help=f"configuration file (default {configuration.DEFAULT_PATH})")
-    sub = parser.add_subparsers(dest="command")
+    config_help = f"configuration file (default {configuration.DEFAULT_PATH})"
+    parser.add_argument("--config", type=Path, help=config_help)
+    # --config after the subcommand too (`gpuwarden check --config FILE`); SUPPRESS keeps one given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=config_help)
+    subparsers = parser.add_subparsers(dest="command")
 
-    sub.add_parser("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
-    sub.add_parser("check", help="validate the configuration and print it").set_defaults(handler=cmd_check)
+    def command(name: str, **kw) -> argparse.ArgumentParser:
+        return subparsers.add_parser(name, parents=[common], **kw)
 
-    events = sub.add_parser("events", help="recent events from the store")
+    command("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
+    check = command("check", help="validate the configuration and print it")
+    check.add_argument("file", nargs="?", type=Path, help="the configuration file (same as --config)")
+    check.set_defaults(handler=cmd_check)
+
+    events = command("events", help="recent events from the store")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument("--since", default="24h", help="how far back, e.g. 90s, 1h, 2d (default 24h)")
     events.set_defaults(handler=cmd_events)
 
-    replay = sub.add_parser("replay", help="classify saved kernel logs and print the events")
+    replay = command("replay", help="classify saved kernel logs and print the events")
     replay.add_argument("files", nargs="+", help="log files; - reads standard input")
     replay.add_argument("--format", choices=("table", "json"), default="table")
     replay.set_defaults(handler=cmd_replay)
 
-    probe = sub.add_parser("probe", help="scrape an engine's /metrics once and say what it shows")
+    probe = command("probe", help="scrape an engine's /metrics once and say what it shows")
     probe.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
     probe.add_argument("--json", action="store_true")
     probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
     probe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
 
-    status = sub.add_parser("status", help="a table of every GPU's latest reading")
+    status = command("status", help="a table of every GPU's latest reading")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=cmd_status)
 
-    guard = sub.add_parser("guard", help="the recovery guard outside the daemon: status, apply, release")
+    guard = command("guard", help="the recovery guard outside the daemon: status, apply, release")
     guard.add_argument("action", choices=("status", "apply", "release"))
     guard.add_argument("--json", action="store_true")
     guard.set_defaults(handler=cmd_guard)
 
-    quarantine = sub.add_parser("quarantine", help="move poisoned compile caches aside (renamed, never deleted)")
+    quarantine = command("quarantine", help="move poisoned compile caches aside (renamed, never deleted)")
     quarantine.add_argument("dirs", nargs="*", type=Path,
                             help="cache directories to move (default: those of [cache] dirs with zero-byte files)")
     quarantine.add_argument("--reason", default="manual", help="goes into the new name (default: manual)")
     quarantine.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
     quarantine.set_defaults(handler=cmd_quarantine)
 
-    doctor = sub.add_parser("doctor", help="preflight: BARs, PCIe paths, AtomicOps, NUMA, IOMMU, settings, caches")
+    doctor = command("doctor", help="preflight: BARs, PCIe paths, AtomicOps, NUMA, IOMMU, settings, caches")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(handler=cmd_doctor)
 
-    incidents = sub.add_parser("incidents", help="the incident reports (state_dir/incidents)")
+    incidents = command("incidents", help="the incident reports (state_dir/incidents)")
     incidents.add_argument("--json", action="store_true", help="one JSON object per line")
     incidents.set_defaults(handler=cmd_incidents)
 
-    sub.add_parser("test-alert", help="send a test message to every alert target").set_defaults(
+    command("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
     return parser
 
@@ -103,16 +112,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     logging.getLogger("gpuwarden").info("gpuwarden %s starting with %s", __version__, path or "built-in defaults")
     try:
-        return asyncio.run(Daemon(config, args.config).run())
+        rc = asyncio.run(Daemon(config, args.config).run())
     except OSError as exc:
         logging.getLogger("gpuwarden").error("cannot run: %s", exc)
         return EXIT_FAILURE
+    # Stopped: the store is closed and the guard released. What still runs is abandoned I/O (a send that hangs
+    # in apprise's own thread pool) that a normal interpreter exit would wait for: end here instead.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from gpuwarden.alert.targets import build
     from gpuwarden.engine.watch import target_spec
 
-    config, path = configuration.load(args.config)
+    if args.file and args.config and args.file != args.config:
+        print(f"gpuwarden check: two files given ({args.file} and --config {args.config})", file=sys.stderr)
+        return EXIT_USAGE
+    config, path = configuration.load(args.file or args.config)
+    build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
     print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
     for engine in config.engine:

@@ -60,6 +60,23 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _at_least(minimum: float) -> AfterValidator:
+    def check(seconds: float) -> float:
+        if seconds < minimum:
+            raise ValueError(f"must be at least {_show(minimum)} (0 or less would spin, flood or never finish)")
+        return seconds
+    return AfterValidator(check)
+
+
+def _show(seconds: float) -> str:
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+# How often something runs, or how long it may take: zero would spin a core, flood a receiver or time out at once.
+Interval = Annotated[float, BeforeValidator(parse_duration), _at_least(0.1)]
+Period = Annotated[float, BeforeValidator(parse_duration), _at_least(1.0)]
 PciAddress = Annotated[str, AfterValidator(normalize_pci)]  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
 SeverityName = Literal["info", "warning", "critical"]
 
@@ -78,14 +95,37 @@ def default_state_dir() -> Path:
 class DaemonConfig(Section):
     state_dir: Path = Field(default_factory=default_state_dir)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    loop_lag_warn: Duration = 1.0
-    status_interval: Duration = 30.0
+    loop_lag_warn: Interval = 1.0
+    status_interval: Period = 30.0
 
 
 class ExporterConfig(Section):
     enabled: bool = True
-    listen: str = "127.0.0.1"
+    listen: str = "127.0.0.1"  # an address; "host:port" and "[v6]:port" set the port too
     port: int = Field(default=DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _host_port(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(listen := data.get("listen"), str):
+            return data
+        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
+        if not m:
+            return data
+        host, port = m.group(1) or m.group(3), int(m.group(2) or m.group(4))
+        if "port" in data and data["port"] != port:
+            raise ValueError(f"listen {listen!r} names port {port} but port = {data['port']!r}: say it once")
+        return {**data, "listen": host, "port": port}
+
+    @field_validator("listen")
+    @classmethod
+    def _resolvable(cls, value: str) -> str:
+        try:
+            socket.getaddrinfo(value, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise ValueError(f"{value!r} is not an address to listen on ({exc}); use an address such as "
+                             "\"127.0.0.1\", or \"host:port\"") from None
+        return value
 
 
 class KernelRule(Section):
@@ -122,7 +162,7 @@ class KernelConfig(Section):
     source: Literal["auto", "journal", "kmsg", "file"] = "auto"
     file: Path | None = None
     lookback: Duration = 600.0
-    storm_window: Duration = 2.0
+    storm_window: Duration = 2.0  # 0: every line is its own event
     rule: list[KernelRule] = []
     severity: dict[str, SeverityName] = {}
     xid: dict[str, SeverityName] = {}
@@ -164,10 +204,17 @@ class AlertsConfig(Section):
     hostname: str = Field(default_factory=socket.gethostname)
     cooldown: Duration = 600.0
     group_window: Duration = 5.0
-    retry_initial: Duration = 5.0
-    retry_max: Duration = 600.0
-    give_up_after: Duration = 86400.0
-    send_timeout: Duration = 30.0
+    retry_initial: Interval = 5.0
+    retry_max: Interval = 600.0
+    give_up_after: Period = 86400.0
+    send_timeout: Period = 30.0
+
+    @model_validator(mode="after")
+    def _retries(self) -> AlertsConfig:
+        if self.retry_max < self.retry_initial:
+            raise ValueError(f"retry_max ({_show(self.retry_max)}) is below retry_initial "
+                             f"({_show(self.retry_initial)})")
+        return self
 
 
 class EngineTarget(Section):
@@ -228,15 +275,15 @@ class EngineConfig(Section):
     metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
     profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = "auto"
     gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
-    scrape_interval: Duration = 5.0
-    scrape_timeout: Duration = 5.0
-    max_body_bytes: int = 8 << 20
+    scrape_interval: Interval = 5.0
+    scrape_timeout: Interval = 5.0  # the whole scrape: connect, every byte of the body, and the parse
+    max_body_bytes: int = Field(default=8 << 20, ge=1024)
     stall_multiple: float = Field(default=4.0, gt=0)
-    min_stall: Duration = 30.0
-    max_stall: Duration = 1800.0
+    min_stall: Interval = 30.0
+    max_stall: Interval = 1800.0
     unresponsive_after: int = Field(default=3, ge=1)  # failed scrapes in a row, process alive
     crash_loop_exits: int = Field(default=3, ge=2)
-    crash_loop_window: Duration = 600.0
+    crash_loop_window: Period = 600.0
     on_stall: Literal["kill", "alert"] = "kill"
     on_gpu_fault: Literal["kill", "alert"] = "kill"
     # /metrics hanging for the stall threshold while the processes live: kill when requests were running at its
@@ -244,7 +291,7 @@ class EngineConfig(Section):
     on_unresponsive: Literal["kill", "alert"] = "kill"
     kill_grace: Duration = 10.0
     kill_budget: int = Field(default=3, ge=0)
-    kill_budget_window: Duration = 3600.0
+    kill_budget_window: Period = 3600.0
     max_kill_processes: int = Field(default=512, ge=1)  # a target that resolves to more: kill_refused
     dry_run: bool = False
     target: EngineTarget = EngineTarget()
@@ -253,17 +300,23 @@ class EngineConfig(Section):
     def _masked(self, url: str) -> str:
         return redact(url)  # `check` prints the configuration: never the credentials in it
 
+    @model_validator(mode="after")
+    def _stall_bounds(self) -> EngineConfig:
+        if self.min_stall > self.max_stall:
+            raise ValueError(f"min_stall ({_show(self.min_stall)}) is above max_stall ({_show(self.max_stall)})")
+        return self
+
 
 
 class EnginesConfig(Section):
     discover: bool = True  # with no [[engine]]: find running engine servers and watch them with defaults
-    discover_interval: Duration = 30.0
+    discover_interval: Period = 30.0
 
 
 class GpuConfig(Section):
     sysfs_root: Path = Path("/sys")  # where GPUs are found, read and guarded
-    interval: Duration = 1.0
-    read_deadline: Duration = 3.0  # a read that takes longer: gpu_unresponsive, and it is abandoned
+    interval: Interval = 1.0
+    read_deadline: Interval = 3.0  # a read that takes longer: gpu_unresponsive, and it is abandoned
     recorder_window: Duration = 900.0  # telemetry kept in memory for incident reports
     nvml: bool = True  # read NVIDIA GPUs through NVML when its library is there
     edge_warn_celsius: float = 90.0
@@ -285,7 +338,7 @@ class GpuConfig(Section):
 class GuardConfig(Section):
     enabled: bool | None = None  # default: on when running as root
     devices: list[PciAddress] = []  # PCI addresses; replaces the discovered GPUs when set
-    verify_interval: Duration = 10.0
+    verify_interval: Interval = 10.0
 
 
 

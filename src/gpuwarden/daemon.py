@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.model import Event, Severity
 from gpuwarden.sdnotify import Notifier
-from gpuwarden.store import Store
+from gpuwarden.store import QueuedStore, Store
 from gpuwarden.supervise import Supervisor
 
 log = logging.getLogger("gpuwarden")
@@ -36,6 +37,8 @@ log = logging.getLogger("gpuwarden")
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
 _LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
 _REDISCOVER_SECONDS = 5.0
+_STOP_GRACE = 3.0  # components get this long to end after their cancellation
+_STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 
 
 def _describe(action: policy.Kill | policy.Quarantine) -> str:
@@ -61,7 +64,8 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.metrics = SelfMetrics()
         self.supervisor = Supervisor(self._crashed, self._component_state)
-        self.store: Store | None = None
+        self.store: Store | QueuedStore | None = None
+        self.store_error: str | None = None  # why the store cannot be written now; None while it can
         self.alerter: Alerter | None = None
         self.engines: EngineWatch | None = None
         self.guard: GuardWatch | None = None
@@ -81,7 +85,8 @@ class Daemon:
     # --- the sink that components report to ------------------------------------------------------
 
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
-        """Store events durably, then count and log them."""
+        """Hand events (and the cursor of the source that read them) to the store, then log, count, alert and
+        act on them. The store never refuses and never waits: what it cannot write yet it keeps and retries."""
         ids = self.store.add_events(events, cursor)
         for event, event_id in zip(events, ids, strict=True):
             if event.live:  # history beside today's telemetry would mislead: it is alerted, not bundled
@@ -166,6 +171,21 @@ class Daemon:
         except Exception:
             log.exception("could not record the failure of %s", name)
 
+    def _store_health(self, error: str | None) -> None:
+        """Writing to the store started failing (`error`) or works again (None): one alert, one STATUS line."""
+        was, self.store_error = self.store_error, error
+        if error and not was:
+            self.record([Event("store_unwritable", Severity.WARNING,
+                               f"events cannot be stored: {error}. They are logged, alerted and acted on, kept in "
+                               "memory and written when the store works again", time.time(),
+                               evidence={"error": error, "store": str(self.store.path)})])
+        elif was and not error:
+            log.info("the store is written again")
+            self.resolve(Event("store_unwritable", Severity.WARNING, "", 0).dedupe_key,
+                         f"the store is written again ({self.config.daemon.state_dir})")
+        self.metrics.set("gpuwarden_store_writable", 0 if error else 1)
+        self.notifier.status(self.summary())
+
     def _component_state(self, name: str, up: bool, restarts: int) -> None:
         self.metrics.set("gpuwarden_component_up", 1 if up else 0, name)
         self.metrics.set("gpuwarden_component_restarts_total", restarts, name)
@@ -174,13 +194,14 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self.store = Store(self.config.daemon.state_dir / "gpuwarden.db")
+        self.store = QueuedStore(self.config.daemon.state_dir / "gpuwarden.db", loop, self._store_health)
+        self.metrics.set("gpuwarden_store_writable", 1)
         self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics,
                                self.incidents.folder_for)
         self.engines = EngineWatch(self.config.engines, self.config.engine, self)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self._stop_signal)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         self._start_components()
         await asyncio.sleep(0)  # let each component's task build its component before we say READY
@@ -190,14 +211,24 @@ class Daemon:
         await self._stopping.wait()
         log.info("stopping")
         self.notifier.stopping()
-        await self.supervisor.stop()
+        deadline = threading.Timer(_STOP_DEADLINE, _exit_now, (f"not stopped after {_STOP_DEADLINE:.0f} s",))
+        deadline.daemon = True
+        deadline.start()
+        if stuck := await self.supervisor.stop(_STOP_GRACE):
+            log.error("stopping without waiting for %s", ", ".join(stuck))
         self.incidents.stop()
         if self.exporter:
             self.exporter.stop()
-        self.store.close()
+        self.store.close(timeout=min(5.0, _STOP_DEADLINE - _STOP_GRACE - 1))
         return 0
 
     def stop(self) -> None:
+        self._stopping.set()
+
+    def _stop_signal(self) -> None:
+        """The first SIGTERM/SIGINT stops in order; a second one while stopping ends the process at once."""
+        if self._stopping.is_set():
+            _exit_now("a second stop signal while stopping")
         self._stopping.set()
 
     def _start_exporter(self) -> None:
@@ -256,16 +287,22 @@ class Daemon:
 
     def summary(self) -> str:
         gpus = len(self.gpus)
+        store = f"; STORE UNWRITABLE ({self.store_error})" if self.store_error else ""
         return (f"kernel source {self.kernel_source}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}")
+                f"{self.supervisor.summary()}{store}")
 
     async def reload(self) -> None:
         async with self._reload_lock:
             self.notifier.reloading()
-            try:
+            def load():  # off the loop: `listen` may need a name look-up, a config_file is read
                 new, path = configuration.load(self.config_arg)
-                targets = build_targets(new.alerts)
-            except ConfigError as exc:
+                return new, path, build_targets(new.alerts)
+            try:
+                async with asyncio.timeout(_STOP_DEADLINE):
+                    new, path, targets = await asyncio.to_thread(load)
+            except Exception as exc:  # ConfigError, or anything a target's library raises: READY=1 must follow
+                if not isinstance(exc, ConfigError):
+                    log.exception("reload failed")
                 log.error("reload failed, the running configuration stays:\n%s", exc)
                 self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
                 self.notifier.ready()
@@ -279,7 +316,10 @@ class Daemon:
                 if self.exporter:
                     self.exporter.stop()
                     self.exporter = None
-                self._start_exporter()
+                try:
+                    self._start_exporter()
+                except OSError as exc:  # the components must come back all the same
+                    log.error("the exporter cannot serve on the new address: %s", exc)
             logsetup.setup(new.daemon.log_level)
             self._start_components()
             await asyncio.sleep(0)
@@ -291,21 +331,41 @@ class Daemon:
 
     async def _watch_loop_lag(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            start = loop.time()
-            await asyncio.sleep(_LAG_PROBE)
-            self.lag = max(0.0, loop.time() - start - _LAG_PROBE)
-            self.metrics.set("gpuwarden_loop_lag_seconds", self.lag)
-            if self.lag > self.config.daemon.loop_lag_warn:
-                self.metrics.inc("gpuwarden_loop_blocked_total")
-                self.record([Event("watchdog_error", Severity.WARNING,
-                                   f"the event loop was blocked for {self.lag:.2f} s", time.time(),
-                                   evidence={"loop_lag_seconds": round(self.lag, 3)})])
+        beat = [time.monotonic()]  # when the loop last woke the probe, for the thread that exports the lag
+        stop = threading.Event()
+        threading.Thread(target=self._export_loop_lag, args=(beat, stop), name="loop-lag", daemon=True).start()
+        try:
+            while True:
+                start = loop.time()
+                await asyncio.sleep(_LAG_PROBE)
+                beat[0] = time.monotonic()
+                self.lag = max(0.0, loop.time() - start - _LAG_PROBE)
+                self._lag_measured()
+        finally:
+            stop.set()
+
+    def _export_loop_lag(self, beat: list[float], stop: threading.Event) -> None:
+        """From a thread: a loop that is blocked right now cannot say so itself. The gauge is the larger of the
+        lateness so far of the probe that is due (a block in progress) and the last one measured."""
+        while not stop.wait(_LAG_PROBE / 2):
+            late = max(0.0, time.monotonic() - beat[0] - _LAG_PROBE)
+            self.metrics.set("gpuwarden_loop_lag_seconds", max(late, self.lag))
+
+    def _lag_measured(self) -> None:
+        self.metrics.set("gpuwarden_loop_lag_seconds", self.lag)
+        if self.lag > self.config.daemon.loop_lag_warn:
+            self.metrics.inc("gpuwarden_loop_blocked_total")
+            self.record([Event("watchdog_error", Severity.WARNING,
+                               f"the event loop was blocked for {self.lag:.2f} s", time.time(),
+                               evidence={"loop_lag_seconds": round(self.lag, 3)})])
 
     async def _report_status(self) -> None:
         while True:
             await asyncio.sleep(self.config.daemon.status_interval)
             self.notifier.status(self.summary())
+            if isinstance(self.store, QueuedStore):
+                self.metrics.set("gpuwarden_store_pending_writes", self.store.pending)
+                self.metrics.set("gpuwarden_store_dropped_writes", self.store.dropped)
 
     async def _ping_watchdog(self) -> None:
         """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""
@@ -316,3 +376,10 @@ class Daemon:
             else:
                 log.error("not pinging the watchdog: %s, loop lag %.2f s", self.supervisor.summary(), self.lag)
             await asyncio.sleep(period)
+
+
+def _exit_now(why: str) -> None:
+    """The hard end of a stop that hangs: the recovery guard was released when its component was cancelled."""
+    log.critical("exiting now: %s", why)
+    logging.shutdown()
+    os._exit(1)

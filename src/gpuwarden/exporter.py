@@ -6,6 +6,7 @@ so concurrent scrapes (prometheus_client runs one thread per request) never see 
 
 from __future__ import annotations
 
+import math
 import platform
 import threading
 from collections import defaultdict
@@ -30,7 +31,8 @@ FAMILIES: dict[str, Family] = {
     "gpuwarden_component_restarts_total": Family("counter", "Restarts of a component after it failed.",
                                                  ("component",)),
     "gpuwarden_events_total": Family("counter", "Events recorded, by kind and severity.", ("kind", "severity")),
-    "gpuwarden_loop_lag_seconds": Family("gauge", "How late the event loop woke up at the last check."),
+    "gpuwarden_loop_lag_seconds": Family(
+        "gauge", "How late the event loop is: the last check, or the one due now while a block goes on."),
     "gpuwarden_loop_blocked_total": Family("counter", "Times the event loop was blocked beyond loop_lag_warn."),
     "gpuwarden_source_last_success_timestamp_seconds": Family(
         "gauge", "When a source last delivered or polled successfully (Unix time).", ("source",)),
@@ -80,6 +82,9 @@ FAMILIES: dict[str, Family] = {
     "gpuwarden_gpu_read_errors_total": Family("counter", "GPU reads that failed or timed out, by state.",
                                               ("gpu", "state")),
     "gpuwarden_kmsg_overruns_total": Family("counter", "Times /dev/kmsg overwrote records before they were read."),
+    "gpuwarden_store_writable": Family("gauge", "1 while the store takes writes, 0 while they wait in memory."),
+    "gpuwarden_store_pending_writes": Family("gauge", "Writes waiting in memory for the store."),
+    "gpuwarden_store_dropped_writes": Family("gauge", "Writes dropped since start because too many waited."),
 }
 
 
@@ -92,18 +97,22 @@ class SelfMetrics:
         self.set("gpuwarden_build_info", 1, __version__, platform.python_version())
 
     def inc(self, name: str, *labels: str, by: float = 1) -> None:
+        if not math.isfinite(by):
+            return  # NaN or Inf would poison the series for good
         with self._lock:
             series = self._values[name]
             series[labels] = series.get(labels, 0) + by
 
     def set(self, name: str, value: float, *labels: str) -> None:
+        if not math.isfinite(value):
+            return  # NaN or Inf from a source is not a reading: the last good value stays
         with self._lock:
             self._values[name][labels] = value
 
     def replace(self, name: str, series: dict[tuple[str, ...], float]) -> None:
         """All series of one family at once: series of a GPU that went away disappear with it."""
         with self._lock:
-            self._values[name] = dict(series)
+            self._values[name] = {labels: v for labels, v in series.items() if math.isfinite(v)}
 
     def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
         with self._lock:

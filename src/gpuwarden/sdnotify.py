@@ -14,7 +14,9 @@ class Notifier:
         self._address = "\0" + address[1:] if address.startswith("@") else address
         self._sock: socket.socket | None = None
         if self._address:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # non-blocking: a manager that does not read its socket (its queue holds 10 datagrams) must never
+            # stall the event loop; a status line that does not fit is dropped
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         self.watchdog_seconds = _watchdog_seconds(env)
 
     @property

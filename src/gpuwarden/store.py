@@ -1,15 +1,20 @@
 """SQLite store in WAL mode: events, journal cursors and the alert outbox.
 
-Writes commit before they return, so an event is durable before anything acts on it. WAL with
-synchronous=NORMAL survives a crash of the daemon; on a power cut the last commits may roll back.
+`Store` writes synchronously (the CLI). The daemon uses `QueuedStore`: the event loop hands every write to one
+writer thread and never waits on the disk; what is not written yet (a database locked by another process, a
+full disk) stays in memory, in order, and is retried until it is written. WAL with synchronous=NORMAL survives
+a crash of the daemon; on a power cut the last commits may roll back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -78,12 +83,15 @@ class StoreError(Exception):
     """The database cannot be used; the message says why and what to do."""
 
 
+log = logging.getLogger(__name__)
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, timeout: float = 5.0) -> None:
         self.path = path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -144,26 +152,26 @@ class Store:
             db.executemany("UPDATE events SET alerted = 1 WHERE id = ?", [(i,) for i in event_ids])
 
     def enqueue_alert(self, alert_id: str, severity: str, payload: dict[str, Any], targets: Iterable[str],
-                      event_ids: Iterable[int], now: float) -> None:
-        """One outbox row per target, and the events marked as alerted, in one transaction."""
+                      event_ids: Iterable[int], now: float) -> list[int]:
+        """One outbox row per target, and the events marked as alerted, in one transaction; the rows' ids."""
         with self._transaction() as db:
-            db.executemany(
-                "INSERT INTO outbox (alert_id, target, created, next_attempt, severity, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [(alert_id, t, now, now, severity, json.dumps(payload)) for t in targets])
+            ids = [db.execute("INSERT INTO outbox (alert_id, target, created, next_attempt, severity, payload)"
+                              " VALUES (?, ?, ?, ?, ?, ?)",
+                              (alert_id, t, now, now, severity, json.dumps(payload))).lastrowid for t in targets]
             db.executemany("UPDATE events SET alerted = 1 WHERE id = ?", [(i,) for i in event_ids])
+        return ids  # type: ignore[return-value]
 
-    def next_alert(self, target: str) -> OutboxRow | None:
-        """The oldest pending alert of a target: alerts go out in order, one after the other."""
-        row = self._db.execute(
+    def outbox(self) -> list[OutboxRow]:
+        """Every alert waiting in the outbox, oldest first (the alerter keeps them in memory while it runs)."""
+        rows = self._db.execute(
             "SELECT id, alert_id, target, created, attempts, next_attempt, severity, payload FROM outbox"
-            " WHERE target = ? ORDER BY id LIMIT 1", (target,)).fetchone()
-        return OutboxRow(*row[:7], json.loads(row[7])) if row else None
+            " ORDER BY id").fetchall()
+        return [OutboxRow(*row[:7], json.loads(row[7])) for row in rows]
 
-    def pending_alerts(self) -> dict[tuple[str, str], int]:
-        """(target, severity) -> rows waiting in the outbox."""
-        rows = self._db.execute("SELECT target, severity, count(*) FROM outbox GROUP BY target, severity")
-        return {(t, s): n for t, s, n in rows}
+    def last_ids(self) -> tuple[int, int]:
+        """The highest event id and outbox id so far."""
+        return (self._db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0],
+                self._db.execute("SELECT coalesce(max(id), 0) FROM outbox").fetchone()[0])
 
     def delivered(self, row_id: int) -> None:
         with self._transaction() as db:
@@ -174,25 +182,28 @@ class Store:
             db.execute("UPDATE outbox SET attempts = attempts + 1, next_attempt = ? WHERE id = ?",
                        (next_attempt, row_id))
 
-    def outbox_targets(self) -> set[str]:
-        return {t for (t,) in self._db.execute("SELECT DISTINCT target FROM outbox")}
-
     def set_count(self, event_id: int, count: int) -> None:
         """A storm grew: the event that stands for it now counts `count` lines."""
         with self._transaction() as db:
             db.execute("UPDATE events SET count = ? WHERE id = ?", (count, event_id))
 
     def cursor(self, source: str) -> str | None:
-        row = self._db.execute("SELECT cursor FROM cursors WHERE source = ?", (source,)).fetchone()
+        try:
+            row = self._db.execute("SELECT cursor FROM cursors WHERE source = ?", (source,)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(_explain(self.path, exc)) from None
         return row[0] if row else None
 
     def events(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         """The newest `limit` events at or after `since`, oldest first."""
-        rows = self._db.execute(
-            "SELECT id, time, kind, severity, gpu, engine, message, evidence, count FROM events"
-            " WHERE time >= ? ORDER BY time DESC, id DESC LIMIT ?",
-            (since or 0.0, limit),
-        ).fetchall()
+        try:
+            rows = self._db.execute(
+                "SELECT id, time, kind, severity, gpu, engine, message, evidence, count FROM events"
+                " WHERE time >= ? ORDER BY time DESC, id DESC LIMIT ?",
+                (since or 0.0, limit),
+            ).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(_explain(self.path, exc)) from None
         keys = ("id", "time", "kind", "severity", "gpu", "engine", "message", "evidence", "count")
         out = [dict(zip(keys, row, strict=True)) for row in reversed(rows)]
         for row in out:
@@ -204,10 +215,272 @@ class Store:
 
 
 def _explain(path: Path, exc: sqlite3.DatabaseError) -> str:
-    text = str(exc)
-    if "locked" in text or "busy" in text:
+    """What went wrong, from SQLite's error code (its text is the same for different causes)."""
+    code = getattr(exc, "sqlite_errorname", "") or ""
+    if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return f"{path}: database is locked by another process (is another gpuwarden running?)"
-    if "not a database" in text or "malformed" in text:
-        return (f"{path}: database is corrupt ({text}); move it aside (nothing is deleted) and gpuwarden "
-                "starts a new one")
-    return f"{path}: database error: {text}"
+    if code.startswith("SQLITE_FULL"):
+        return f"{path}: the disk is full ({exc})"
+    damage = _truncated(path)
+    if damage or code.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return (f"{path}: database is {damage or 'corrupt'} ({exc}); move it aside (nothing is deleted) and "
+                "gpuwarden starts a new one")
+    if code.startswith("SQLITE_READONLY"):
+        return f"{path}: database is read-only ({exc})"
+    if code.startswith("SQLITE_IOERR"):
+        return f"{path}: I/O error ({exc}, {code})"
+    return f"{path}: database error: {exc}"
+
+
+def _truncated(path: Path) -> str | None:
+    """'truncated (...)' when the file is shorter than its header says (a copy cut short, a full disk)."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+        return None
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(header[28:32], "big")
+    if size < page * pages:
+        return f"truncated ({size} bytes; its header says {page * pages})"
+    return None
+
+
+
+_BATCH = 500  # writes per transaction
+_RETRY_MAX = 30.0  # seconds between attempts while the store cannot be written
+
+
+class QueuedStore:
+    """The daemon's store. Writes are queued, in order, for one writer thread: the event loop never waits on
+    the disk. Ids are handed out at once (the next free ones; a row that another process took first gets the
+    next free id and is remembered). Until a write commits, its events and cursors are kept here and seen by
+    `events()` and `cursor()`; a failed batch is retried with backoff. At most `limit` writes wait: beyond it
+    a write is dropped and counted (the events were logged, alerted and acted on all the same).
+
+    `on_health(error)` is called on the loop when writing starts failing (`error` says why) and with None when
+    it works again."""
+
+    def __init__(self, path: Path, loop, on_health: Callable[[str | None], None], limit: int = 100_000) -> None:
+        self.path, self.limit, self.dropped = path, limit, 0
+        self._writer = Store(path)
+        self._reader = Store(path, timeout=0.2)  # the loop's reads: a short wait, then what is in memory
+        self._loop, self._on_health = loop, on_health
+        last_event, last_outbox = self._writer.last_ids()
+        self._next = {"events": last_event + 1, "outbox": last_outbox + 1}
+        self._moved: dict[tuple[str, int], int] = {}  # (table, id handed out) -> the row's id, where they differ
+        self._lost: set[tuple[str, int]] = set()  # rows dropped unwritten: writes about them are skipped
+        self._ops: deque[tuple] = deque()
+        self._unwritten: dict[int, Event] = {}
+        self._cursors: dict[str, str] = {}
+        self._cond = threading.Condition()
+        self._closing = False
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    # --- writes: queued, never waiting ------------------------------------------------------------
+
+    def _ids(self, table: str, n: int) -> list[int]:
+        first = self._next[table]
+        self._next[table] += n
+        return list(range(first, first + n))
+
+    def _queue(self, op: tuple, lost: Iterable[tuple[str, int]] = ()) -> bool:
+        with self._cond:
+            if len(self._ops) >= self.limit:
+                self.dropped += 1
+                self._lost.update(lost)
+                return False
+            self._ops.append(op)
+            self._cond.notify()
+            return True
+
+    def add_events(self, events: Iterable[Event], cursor: tuple[str, str] | None = None) -> list[int]:
+        events = list(events)
+        ids = self._ids("events", len(events))
+        if self._queue(("events", list(zip(ids, events, strict=True)), cursor), [("events", i) for i in ids]):
+            with self._cond:
+                self._unwritten.update(zip(ids, events, strict=True))
+                if cursor:
+                    self._cursors[cursor[0]] = cursor[1]
+        return ids
+
+    def set_count(self, event_id: int, count: int) -> None:
+        self._queue(("count", event_id, count))
+
+    def mark_alerted(self, event_ids: Iterable[int]) -> None:
+        self._queue(("alerted", list(event_ids)))
+
+    def enqueue_alert(self, alert_id: str, severity: str, payload: dict[str, Any], targets: Iterable[str],
+                      event_ids: Iterable[int], now: float) -> list[int]:
+        targets = list(targets)
+        ids = self._ids("outbox", len(targets))
+        rows = [(i, alert_id, t, now, now, severity, json.dumps(payload)) for i, t in zip(ids, targets, strict=True)]
+        self._queue(("outbox", rows, list(event_ids)), [("outbox", i) for i in ids])
+        return ids
+
+    def delivered(self, row_id: int) -> None:
+        self._queue(("delivered", row_id))
+
+    def retry_later(self, row_id: int, next_attempt: float) -> None:
+        self._queue(("retry", row_id, next_attempt))
+
+    # --- reads: the database plus what is not written yet -----------------------------------------
+
+    def cursor(self, source: str) -> str | None:
+        with self._cond:
+            if source in self._cursors:
+                return self._cursors[source]
+        try:
+            return self._reader.cursor(source)
+        except StoreError as exc:
+            log.error("cannot read the %s cursor: %s", source, exc)
+            return None
+
+    def events(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        with self._cond:
+            unwritten = [_row(i, e) for i, e in self._unwritten.items() if e.time >= (since or 0.0)]
+        try:
+            stored = self._reader.events(since, limit)
+        except StoreError as exc:
+            log.error("cannot read events: %s", exc)
+            stored = []
+        ids = {r["id"] for r in stored}
+        rows = stored + [r for r in unwritten if r["id"] not in ids]
+        return sorted(rows, key=lambda r: (r["time"], r["id"]))[-limit:]
+
+    def unalerted_events(self, since: float) -> list[tuple[int, Event]]:
+        return self._reader.unalerted_events(since)
+
+    def outbox(self) -> list[OutboxRow]:
+        return self._reader.outbox()
+
+    @property
+    def pending(self) -> int:
+        return len(self._ops)
+
+    # --- the writer thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        delay = 0.5
+        while True:
+            with self._cond:
+                while not self._ops and not self._closing:
+                    self._cond.wait()
+                if not self._ops:
+                    return
+                batch = [self._ops[i] for i in range(min(_BATCH, len(self._ops)))]
+            try:
+                moved = self._apply(batch)
+            except (StoreError, sqlite3.Error, OSError) as exc:
+                self._health(exc if isinstance(exc, StoreError) else StoreError(_explain(self.path, exc)))
+                with self._cond:
+                    if self._closing:
+                        return  # close() said how long to try; what is left is reported there
+                    self._cond.wait(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                continue
+            delay = 0.5
+            with self._cond:
+                self._moved.update(moved)
+                for op in batch:
+                    self._ops.popleft()
+                    if op[0] == "events":
+                        for i, _ in op[1]:
+                            self._unwritten.pop(i, None)
+                        if op[2] and self._cursors.get(op[2][0]) == op[2][1]:
+                            del self._cursors[op[2][0]]
+            self._health(None)
+
+    def _apply(self, batch: list[tuple]) -> dict[tuple[str, int], int]:
+        """One transaction for the batch; the ids that rows got where they differ from the ids handed out."""
+        moved: dict[tuple[str, int], int] = {}
+
+        def row_id(table: str, i: int) -> int | None:
+            key = (table, i)
+            return None if key in self._lost else moved.get(key, self._moved.get(key, i))
+
+        db = self._writer._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for op in batch:
+                kind = op[0]
+                if kind == "events":
+                    for i, e in op[1]:
+                        values = (e.time, e.kind, str(e.severity), e.gpu, e.engine, e.message,
+                                  json.dumps(e.evidence, default=str), e.count, e.dedupe_key)
+                        got = _insert(db, "INSERT INTO events (id, time, kind, severity, gpu, engine, message,"
+                                      " evidence, count, dedupe_key, alerted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                                      i, values)
+                        if got != i:
+                            moved[("events", i)] = got
+                    if op[2]:
+                        db.execute("INSERT INTO cursors (source, cursor, updated) VALUES (?, ?, ?) ON CONFLICT(source)"
+                                   " DO UPDATE SET cursor = excluded.cursor, updated = excluded.updated",
+                                   (*op[2], time.time()))
+                elif kind == "count":
+                    db.execute("UPDATE events SET count = ? WHERE id = ?", (op[2], row_id("events", op[1])))
+                elif kind == "alerted":
+                    db.executemany("UPDATE events SET alerted = 1 WHERE id = ?",
+                                   [(row_id("events", i),) for i in op[1]])
+                elif kind == "outbox":
+                    for i, *values in op[1]:
+                        got = _insert(db, "INSERT INTO outbox (id, alert_id, target, created, next_attempt, severity,"
+                                      " payload) VALUES (?, ?, ?, ?, ?, ?, ?)", i, tuple(values))
+                        if got != i:
+                            moved[("outbox", i)] = got
+                    db.executemany("UPDATE events SET alerted = 1 WHERE id = ?",
+                                   [(row_id("events", i),) for i in op[2]])
+                elif kind == "delivered":
+                    db.execute("DELETE FROM outbox WHERE id = ?", (row_id("outbox", op[1]),))
+                elif kind == "retry":
+                    db.execute("UPDATE outbox SET attempts = attempts + 1, next_attempt = ? WHERE id = ?",
+                               (op[2], row_id("outbox", op[1])))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return moved
+
+    def _health(self, exc: StoreError | None) -> None:
+        error = str(exc) if exc else None
+        if error != self.error:
+            self.error = error
+            try:
+                self._loop.call_soon_threadsafe(self._on_health, error)
+            except RuntimeError:
+                pass  # the loop is closed: the daemon is gone
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what waits (for up to `timeout` s), then close; what could not be written is said."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._ops:
+            events = sum(len(op[1]) for op in list(self._ops) if op[0] == "events")
+            log.error("%s: %d write(s) (%d event(s)) could not be stored before the stop; the events were "
+                      "logged", self.path, len(self._ops), events)
+        if not self._thread.is_alive():
+            self._writer.close()
+        self._reader.close()
+
+
+def _insert(db: sqlite3.Connection, sql: str, row_id: int, values: tuple) -> int:
+    """Insert with the id handed out; when another process took that id first, with the next free one."""
+    try:
+        db.execute(sql, (row_id, *values))
+        return row_id
+    except sqlite3.IntegrityError:
+        return db.execute(sql, (None, *values)).lastrowid  # type: ignore[return-value]
+
+
+def _row(row_id: int, e: Event) -> dict[str, Any]:
+    return {"id": row_id, "time": e.time, "kind": e.kind, "severity": str(e.severity), "gpu": e.gpu,
+            "engine": e.engine, "message": e.message, "evidence": e.evidence, "count": e.count}

@@ -21,6 +21,7 @@ class Component(Protocol):
 @dataclass
 class _State:
     up: bool = False
+    done: bool = False  # returned on its own: nothing to do (no engine to watch), not down
     restarts: int = 0
     failures_in_row: int = 0
 
@@ -44,9 +45,11 @@ class Supervisor:
         self.unhealthy_after = unhealthy_after
         self._tasks: dict[str, asyncio.Task] = {}
         self._states: dict[str, _State] = {}
+        self._stopping = False
 
     def start(self, name: str, factory: Callable[[], Component]) -> None:
         """`factory` builds a fresh component for every (re)start, so a restart never reuses broken state."""
+        self._stopping = False
         self._states[name] = _State()
         self._tasks[name] = asyncio.create_task(self._keep_running(name, factory), name=name)
 
@@ -59,12 +62,18 @@ class Supervisor:
                 self._set(name, state, True)
                 await component.run()
                 log.info("component %s finished", name)
+                state.done = True
                 self._set(name, state, False)
                 return
             except asyncio.CancelledError:
                 self._set(name, state, False)
                 raise
             except Exception as exc:
+                if self._stopping:
+                    # failing while being stopped (a component that turned its cancellation into an error):
+                    # that is the stop, not a crash; nothing is restarted
+                    self._set(name, state, False)
+                    raise asyncio.CancelledError from exc
                 while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
                     exc = exc.exceptions[0]  # a component's TaskGroup wraps what actually failed
                 if time.monotonic() - started >= self.stable_after:
@@ -87,14 +96,22 @@ class Supervisor:
         return all(s.failures_in_row < self.unhealthy_after for s in self._states.values())
 
     def summary(self) -> str:
-        down = [n for n, s in self._states.items() if not s.up]
+        down = [n for n, s in self._states.items() if not s.up and not s.done]
         return f"{len(self._states) - len(down)}/{len(self._states)} components up" + (
             f" (down: {', '.join(down)})" if down else "")
 
-    async def stop(self, timeout: float = 3.0) -> None:
+    async def stop(self, timeout: float = 3.0) -> list[str]:
+        """Cancel every component and wait up to `timeout`; nothing is restarted from now on. Returns the
+        components still running (they swallowed their cancellation): the caller decides how to end them."""
+        self._stopping = True
         for task in self._tasks.values():
             task.cancel()
+        stuck: list[str] = []
         if self._tasks:
-            await asyncio.wait(self._tasks.values(), timeout=timeout)
+            _, pending = await asyncio.wait(self._tasks.values(), timeout=timeout)
+            stuck = sorted(t.get_name() for t in pending)
+            for name in stuck:
+                log.error("component %s did not stop within %.0f s", name, timeout)
         self._tasks.clear()
         self._states.clear()
+        return stuck

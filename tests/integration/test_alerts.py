@@ -144,7 +144,7 @@ def test_test_alert_reports_each_target(tmp_path, receiver):
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert lines[0] == f"1:json://127.0.0.1:{receiver.port}: ok"
-    assert lines[1].startswith(f"2:json://127.0.0.1:{dead}: apprise:")
+    assert lines[1] == f"2:json://127.0.0.1:{dead}: A Connection error occurred sending JSON notification to 127.0.0.1."
     assert TOKEN not in result.stdout + result.stderr
     assert receiver.json_bodies()[0]["title"].startswith("[TEST] gpuwarden on ")
 

@@ -25,3 +25,19 @@ def test_abstract_socket_and_message_format():
     assert server.recv(4096) == b"STATUS=two lines"
     first, second = server.recv(4096).decode().split("\n")
     assert first == "RELOADING=1" and second.startswith("MONOTONIC_USEC=")
+
+
+def test_a_manager_that_does_not_read_never_blocks_the_sender():
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"gpuwarden-test-full-{os.getpid()}"
+    server.bind("\0" + name)  # never read: its queue fills after a few datagrams
+    n = Notifier({"NOTIFY_SOCKET": "@" + name})
+    results = []
+    sender = threading.Thread(target=lambda: results.extend(n.status(f"line {i}") for i in range(100)), daemon=True)
+    sender.start()
+    sender.join(30)  # a generous bound: a blocking send would wait here forever
+    assert not sender.is_alive()
+    assert results[0] and not all(results)  # the first ones went, the ones that did not fit were dropped
+    server.close()

@@ -2,6 +2,7 @@ import sqlite3
 
 import pytest
 
+from faults import LockHolder
 from gpuwarden.model import Event, Severity
 from gpuwarden.store import SCHEMA_VERSION, Store, StoreError
 
@@ -75,3 +76,96 @@ def test_a_version_1_store_is_migrated_and_keeps_its_events(tmp_path):
     assert store.unalerted_events(since=0) == []  # history is not alerted again
     store.add_events([event()])
     assert [e.kind for _, e in store.unalerted_events(since=0)] == ["sq_intr"]
+
+
+def test_a_locked_store_keeps_events_and_cursor_in_memory_and_writes_them_once_free(tmp_path):
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+    health = []
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), health.append)
+        holder = LockHolder(path)
+        ids = store.add_events([event("ring_timeout", t=1.0), event("sq_intr", t=2.0)], cursor=("journal", "c=7"))
+        store.set_count(ids[0], 12)
+        while not health:
+            await asyncio.sleep(0.02)
+        seen_while_locked = ([e["kind"] for e in store.events()], store.cursor("journal"), store.pending)
+        holder.release()
+        while health[-1] is not None:
+            await asyncio.sleep(0.02)
+        store.close()
+        return ids, seen_while_locked
+
+    ids, (kinds, cursor, pending) = asyncio.run(scenario())
+    assert "locked by another process" in health[0] and health[-1] is None
+    assert kinds == ["ring_timeout", "sq_intr"] and cursor == "c=7" and pending == 2
+    fresh = Store(path)
+    assert [(e["id"], e["kind"], e["count"]) for e in fresh.events()] == [(ids[0], "ring_timeout", 12),
+                                                                          (ids[1], "sq_intr", 1)]
+    assert fresh.cursor("journal") == "c=7"
+
+
+def test_an_id_taken_by_another_process_is_remapped(tmp_path):
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None)
+        other = Store(path)  # `gpuwarden quarantine` recording an event while the daemon runs
+        [theirs] = other.add_events([event("cache_poisoned")])
+        [ours] = store.add_events([event("sq_intr")])
+        store.set_count(ours, 5)
+        store.close()
+        return theirs, ours
+
+    theirs, ours = asyncio.run(scenario())
+    assert theirs == ours  # both were handed the same next id
+    rows = {e["kind"]: e for e in Store(path).events()}
+    assert rows["cache_poisoned"]["count"] == 1 and rows["sq_intr"]["count"] == 5
+    assert rows["sq_intr"]["id"] != rows["cache_poisoned"]["id"]
+
+
+def test_a_truncated_database_is_reported_as_truncated(tmp_path):
+    import os
+
+    path = tmp_path / "gw.db"
+    store = Store(path)
+    store.add_events([event(evidence={"pad": "x" * 4000}) for _ in range(40)])
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    os.truncate(path, 8192)  # a copy cut short, or a disk that filled up mid-write
+    with pytest.raises(StoreError, match=r"database is truncated \(8192 bytes; its header says \d+\)"):
+        Store(path).events()
+
+
+def test_beyond_its_bound_the_queue_drops_writes_and_counts_them(tmp_path):
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None, limit=2)
+        holder = LockHolder(path)
+        kept = store.add_events([event("ring_timeout")]) + store.add_events([event("sq_intr")])
+        store.add_events([event("page_fault")])  # the third write: over the bound
+        dropped_writes = store.dropped
+        holder.release()
+        while store.pending:
+            await asyncio.sleep(0.02)
+        store.close()
+        return kept, dropped_writes
+
+    kept, dropped_writes = asyncio.run(scenario())
+    assert dropped_writes == 1
+    rows = Store(path).events()
+    assert [(r["id"], r["kind"], r["count"]) for r in rows] == [(kept[0], "ring_timeout", 1),
+                                                                (kept[1], "sq_intr", 1)]

@@ -81,3 +81,87 @@ def test_a_failure_inside_a_task_group_is_reported_by_its_real_cause():
 
     asyncio.run(scenario())
     assert crashes == ["ValueError('the real reason')"]
+
+
+class FailsWhenCancelled:
+    """Turns its cancellation into an error, as a component whose cleanup fails does (a store already closed)."""
+
+    name = "fails_when_cancelled"
+
+    def __init__(self, starts):
+        self.starts = starts
+
+    async def run(self):
+        self.starts.append(1)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("store is closed") from None
+
+
+def test_a_stopping_supervisor_restarts_nothing_and_reports_no_crash():
+    crashes, starts = [], []
+
+    async def scenario():
+        sup = Supervisor(lambda n, e: crashes.append(n), lambda *a: None, backoff=0.0)
+        sup.start("c", lambda: FailsWhenCancelled(starts))
+        await asyncio.sleep(0.05)
+        stuck = await sup.stop(timeout=5)
+        await asyncio.sleep(0.1)  # a restart would have happened by now
+        return stuck
+
+    assert asyncio.run(scenario()) == []
+    assert starts == [1] and crashes == []
+
+
+class SwallowsCancellation:
+    name = "swallows"
+
+    def __init__(self, stubborn):
+        self.stubborn = stubborn
+
+    async def run(self):
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if not self.stubborn:
+                    raise
+
+
+def test_stop_returns_at_its_deadline_and_names_a_component_that_will_not_end():
+    stubborn = [True]
+
+    async def scenario():
+        sup = Supervisor(lambda n, e: None, lambda *a: None)
+        sup.start("swallows", lambda: SwallowsCancellation(stubborn))
+        sup.start("steady", lambda: Steady([]))
+        await asyncio.sleep(0.05)
+        task = next(t for t in asyncio.all_tasks() if t.get_name() == "swallows")
+        stuck = await sup.stop(timeout=0.5)
+        stubborn.clear()  # let the test end: it takes its next cancellation
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return stuck
+
+    assert asyncio.run(scenario()) == ["swallows"]
+
+
+class NothingToDo:
+    name = "idle"
+
+    async def run(self):
+        return
+
+
+def test_a_component_with_nothing_to_do_is_not_down():
+    async def scenario():
+        sup = Supervisor(lambda n, e: None, lambda *a: None)
+        sup.start("engines", NothingToDo)
+        sup.start("steady", lambda: Steady([]))
+        await asyncio.sleep(0.05)
+        summary = sup.summary()
+        await sup.stop()
+        return summary
+
+    assert asyncio.run(scenario()) == "2/2 components up"

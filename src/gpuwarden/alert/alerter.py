@@ -1,9 +1,10 @@
 """The alerts component: events in, messages into the durable outbox, delivery through apprise.
 
-An outbox row is written before it is attempted and deleted only after apprise reports success for its
-target; a failure retries with exponential backoff and jitter until `give_up_after`. Each target gets its
-rows strictly in order. Events that the daemon stored but never handed to the alerter (it died first) are
-picked up again at start.
+An outbox row is handed to the store before it is attempted and deleted only after apprise reports success
+for its target; a failure retries with exponential backoff and jitter until `give_up_after`. Each target gets
+its rows strictly in order. The outbox lives in memory while the daemon runs (loaded from the store at start),
+so alerts go out even while the store cannot be written. Events that the daemon stored but never handed to
+the alerter (it died first) are picked up again at start.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,8 +26,9 @@ from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.report import picture
-from gpuwarden.store import OutboxRow, Store
+from gpuwarden.store import OutboxRow, QueuedStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +36,17 @@ NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: appris
                 Severity.CRITICAL: apprise.NotifyType.FAILURE}
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
+_SENDS = OffLoop("apprise", limit=16)  # one send in flight per target; a hung one holds one thread, not more
 
 
 class Alerter:
     name = "alerts"
 
-    def __init__(self, config: AlertsConfig, targets: list[Target], store: Store, metrics: SelfMetrics,
-                 incident_for: Callable[[list[int]], Path | None] = lambda ids: None) -> None:
+    def __init__(self, config: AlertsConfig, targets: list[Target], store: Store | QueuedStore,
+                 metrics: SelfMetrics, incident_for: Callable[[list[int]], Path | None] = lambda ids: None) -> None:
         self.store, self.metrics, self.incident_for = store, metrics, incident_for
         self.storm = StormControl()
+        self._outbox: dict[str, deque[OutboxRow]] = {}  # target -> its rows, oldest first
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
         self.configure(config, targets)
@@ -88,6 +93,13 @@ class Alerter:
 
     def _recover(self) -> None:
         self._recovered = True
+        waiting: dict[str, deque[OutboxRow]] = {}
+        for row in self.store.outbox():
+            waiting.setdefault(row.target, deque()).append(row)
+        for name, rows in self._outbox.items():  # made before the first run: newer than what was stored
+            known = {r.id for r in waiting.get(name, ())}
+            waiting.setdefault(name, deque()).extend(r for r in rows if r.id not in known)
+        self._outbox = waiting
         backlog = self.store.unalerted_events(since=time.time() - self.config.give_up_after)
         if backlog:
             log.info("alerting %d event(s) stored before the last stop but never alerted", len(backlog))
@@ -98,8 +110,8 @@ class Alerter:
 
     def _drop_orphans(self) -> None:
         configured = {t.name for t in self.targets}
-        for name in self.store.outbox_targets() - configured:
-            while row := self.store.next_alert(name):
+        for name in set(self._outbox) - configured:
+            for row in self._outbox.pop(name):
                 log.error("alert %s for target %s is undeliverable: the target is no longer configured",
                           row.alert_id, name)
                 self.metrics.inc("gpuwarden_alerts_undeliverable_total", name, row.severity)
@@ -118,11 +130,7 @@ class Alerter:
                 exported = now
             due = self.storm.next_due()
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), _EXPORT if due is None else
-                                       min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
-            except TimeoutError:
-                pass
+            await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
 
     def _enqueue(self, out, now: float) -> None:
         incident = None if out.resolved else self.incident_for(out.event_ids)
@@ -130,48 +138,57 @@ class Alerter:
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
         payload = {"title": message.title, "body": message.body, "resolved": message.resolved,
                    "incident": incident and str(incident)}
-        self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
+        ids = self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
+        for name, row_id in zip(wanted, ids, strict=True):
+            self._outbox.setdefault(name, deque()).append(
+                OutboxRow(row_id, message.alert_id, name, now, 0, now, str(message.severity), payload))
         log.info("alert %s: %s -> %s", message.alert_id, message.title, ", ".join(wanted) or "no target")
         for name in wanted:
             self._wake[name].set()
 
     def _export_pending(self) -> None:
-        pending = self.store.pending_alerts()
         for target in self.targets:
+            rows = self._outbox.get(target.name, ())
             for severity in Severity:
-                self.metrics.set("gpuwarden_alerts_pending", pending.get((target.name, str(severity)), 0),
+                self.metrics.set("gpuwarden_alerts_pending", sum(r.severity == str(severity) for r in rows),
                                  target.name, str(severity))
 
     async def _deliver(self, target: Target) -> None:
         wake = self._wake[target.name]
         while True:
-            row = self.store.next_alert(target.name)
+            rows = self._outbox.setdefault(target.name, deque())
+            row = rows[0] if rows else None
             now = time.time()
             if row is None or row.next_attempt > now:
                 wake.clear()
                 timeout = 1.0 if row is None else min(row.next_attempt - now, 1.0)
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout)
-                except TimeoutError:
-                    pass
+                await _woken(wake, timeout)
                 continue
             if now - row.created > self.config.give_up_after:
                 log.error("alert %s to %s undeliverable after %d attempts: giving up", row.alert_id,
                           target.name, row.attempts)
                 self.metrics.inc("gpuwarden_alerts_undeliverable_total", target.name, row.severity)
-                self.store.delivered(row.id)
+                self._done(rows, row)
                 continue
             error = await self._send(target, row)
             if error is None:
-                self.store.delivered(row.id)
+                self._done(rows, row)
                 self.metrics.inc("gpuwarden_alerts_sent_total", target.name, row.severity)
             else:
                 delay = min(self.config.retry_max, self.config.retry_initial * 2 ** row.attempts)
                 delay *= random.uniform(0.8, 1.2)
-                self.store.retry_later(row.id, now + delay)
+                retry_at = time.time() + delay  # from the end of this attempt: a slow send is no retry
+                if rows and rows[0].id == row.id:
+                    rows[0] = row._replace(attempts=row.attempts + 1, next_attempt=retry_at)
+                self.store.retry_later(row.id, retry_at)
                 self.metrics.inc("gpuwarden_alerts_failed_total", target.name, row.severity)
                 log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
                             delay)
+
+    def _done(self, rows: deque[OutboxRow], row: OutboxRow) -> None:
+        if rows and rows[0].id == row.id:
+            rows.popleft()
+        self.store.delivered(row.id)
 
     async def _send(self, target: Target, row: OutboxRow) -> str | None:
         """None on success, else what went wrong (without the URL: it holds secrets)."""
@@ -189,12 +206,34 @@ class Alerter:
         return str(found) if found else None
 
 
+async def _woken(event: asyncio.Event, timeout: float) -> None:
+    """Until `event` is set or `timeout` passes. Not wait_for: on Python 3.11 a cancellation that arrives as the
+    event is set is swallowed, and the component would not stop (seen when an alert came in with SIGTERM)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        pass
+
+
 async def send(target: Target, title: str, body: str, notify_type: str, timeout: float,
                attach: str | None = None) -> str | None:
+    """None on success, else what apprise said went wrong. The whole send (every retry and attachment of
+    apprise's) ends within `timeout` + 5 s; while an abandoned send of the target still runs, no other starts."""
+    said: list[str] = []
+
+    def notify():
+        return target.apprise.notify(body=body, title=title, notify_type=notify_type,
+                                     body_format=apprise.NotifyFormat.MARKDOWN, timeout=timeout, attach=attach,
+                                     log_level=logging.WARNING, log_callback=lambda entry, _: said.append(
+                                         str(entry.message)))
     try:
-        result = await asyncio.wait_for(asyncio.to_thread(
-            target.apprise.notify, body=body, title=title, notify_type=notify_type,
-            body_format=apprise.NotifyFormat.MARKDOWN, timeout=timeout, attach=attach), timeout + 5)
+        result = await _SENDS.run(target.name, timeout + 5, notify)
     except TimeoutError:
-        return f"no answer within {timeout:.0f} s"
-    return None if result else f"apprise: {getattr(result, 'status', 'failure')!s}".lower()
+        return f"no answer within {timeout + 5:.0f} s"
+    except Busy as exc:
+        return str(exc)
+    if result:
+        return None
+    status = getattr(getattr(result, "status", None), "name", "FAILURE").lower()
+    return "; ".join(dict.fromkeys(said)) or f"apprise reported {status} without saying why"

@@ -46,11 +46,14 @@ RUNBOOKS: dict[str, str] = {
         "Same-model GPUs differ in a setting: a setting written to several cards at once can reach only one. "
         "Write it to each card again and check per-card telemetry under load (the read-back can lie)."),
     "daemon": "gpuwarden itself had trouble: see `journalctl -u gpuwarden` and `gpuwarden events`.",
+    "store": ("gpuwarden cannot write its database: free space in its state_dir, or end what holds the database "
+              "(`fuser` on gpuwarden.db). Events are kept in memory meanwhile and written when it works again."),
     "kmsg": "Kernel messages were lost before gpuwarden read them: check `dmesg` by hand for GPU faults.",
 }
 
 KIND_RUNBOOK: dict[str, str] = {
     "watchdog_error": "daemon",
+    "store_unwritable": "store",
     "kmsg_overrun": "kmsg",
     "kernel_oops": "oops",
     "engine_unresponsive": "engine",

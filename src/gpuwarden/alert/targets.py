@@ -67,12 +67,14 @@ def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Tar
     if not path.is_file():
         raise ConfigError(f"alerts.config_file: {path}: no such file")
     cfg = apprise.AppriseConfig()
-    cfg.add(str(path))
+    if not cfg.add(str(path)):
+        raise ConfigError(f"alerts.config_file: {path}: apprise cannot read it")
     targets = []
-    for index, server in enumerate(cfg.servers(), start):
+    for index, service in enumerate(cfg.services(), start):  # apprise 2 (1.x called it servers())
         obj = apprise.Apprise()
-        obj.add(server)
-        targets.append(Target(safe_name(index, server.url()), obj, severity, frozenset(server.tags)))
+        obj.add(service)
+        targets.append(Target(safe_name(index, service.url()), obj, severity,
+                              frozenset(str(tag) for tag in service.tags)))
     if not targets:
         raise ConfigError(f"alerts.config_file: {path}: no usable URL in it")
     return targets

@@ -1,10 +1,23 @@
-"""Scrape an engine's /metrics over HTTP: bounded in time and size, one kept-alive client per engine."""
+"""Scrape an engine's /metrics over HTTP: bounded in time and size, one kept-alive client per engine.
+
+`timeout` bounds the whole scrape (connect, every byte of the body, the parse), not each read: a server that
+sends one byte a second fails at the deadline. A large body is parsed off the loop, and only the lines of the
+profile's metrics are parsed, at most MAX_SERIES of them.
+"""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
-from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, parse
+from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, detect, parse
+from gpuwarden.engine.profiles import BY_NAME
+from gpuwarden.offloop import Busy, OffLoop
+
+OFF_LOOP_BYTES = 256 << 10  # a body above this is parsed in a thread (a 7.7 MB body takes seconds)
+MAX_SERIES = 10_000  # lines of the profile's metrics; an engine reports a few hundred
+_PARSES = OffLoop("metrics parse", limit=32)  # one parse in flight per engine
 
 
 class ScrapeError(Exception):
@@ -17,11 +30,23 @@ class ScrapeError(Exception):
 
 class Scraper:
     def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
-        self.url, self.profile, self.max_bytes = url, profile, max_bytes
+        self.url, self.profile, self.timeout, self.max_bytes = url, profile, timeout, max_bytes
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)),
                                          limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
 
     async def scrape(self) -> EngineSample:
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await self._fetch()
+                if len(body) <= OFF_LOOP_BYTES:
+                    return _parse(body, self.profile)
+                return await _PARSES.run(self.url, self.timeout, _parse, body, self.profile)
+        except TimeoutError:
+            raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None
+        except Busy as exc:
+            raise ScrapeError("timeout", str(exc)) from None
+
+    async def _fetch(self) -> bytearray:
         try:
             async with self._client.stream("GET", self.url) as response:
                 if response.status_code != 200:
@@ -31,16 +56,29 @@ class Scraper:
                     body += chunk
                     if len(body) > self.max_bytes:
                         raise ScrapeError("too_large", f"body larger than {self.max_bytes} bytes")
+                return body
         except httpx.TimeoutException as exc:
             raise ScrapeError("timeout", type(exc).__name__) from None
         except httpx.ConnectError as exc:
             raise ScrapeError("refused", str(exc) or "connection refused") from None
         except httpx.HTTPError as exc:
             raise ScrapeError("http", f"{type(exc).__name__}: {exc}") from None
-        try:
-            return parse(body.decode("utf-8", "replace"), self.profile)
-        except UnparsableMetrics as exc:
-            raise ScrapeError("unparsable", str(exc)) from None
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _parse(body: bytes, profile: str) -> EngineSample:
+    """Only the profile's lines reach the parser, and at most MAX_SERIES of them."""
+    text = body.decode("utf-8", "replace")
+    chosen = detect(text) if profile == "auto" else BY_NAME[profile]
+    if chosen is None:
+        raise ScrapeError("unparsable", "no known engine's metrics in the body")
+    starts = tuple(chosen.names())
+    lines = [line for line in text.splitlines() if line.startswith(starts)]
+    if len(lines) > MAX_SERIES:
+        raise ScrapeError("too_large", f"{len(lines)} series of {chosen.name}'s metrics (at most {MAX_SERIES})")
+    try:
+        return parse("\n".join(lines) + "\n", chosen.name)
+    except UnparsableMetrics as exc:
+        raise ScrapeError("unparsable", str(exc)) from None

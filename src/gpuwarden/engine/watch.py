@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from gpuwarden.engine.stall import StallDetector, Verdict
 from gpuwarden.gpu import nvidia
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 SPINNING_PERCENT = 90.0  # near a full core: with no progress, the classic hang
 IDLE_PERCENT = 5.0  # a process below this is waiting (an API server behind a hung engine), not part of the spin
 _INSPECT_DEADLINE = 10.0
+_INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
+_NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
 
 
 class Sink(Protocol):
@@ -193,11 +197,12 @@ class EngineWatch:
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
             return procs, found.refused, cpu_percents(procs), gpus
         try:
-            state.procs, state.refused, state.cpus, gpus = await asyncio.wait_for(asyncio.to_thread(look),
-                                                                                  _INSPECT_DEADLINE)
+            state.procs, state.refused, state.cpus, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
+        except Busy:
+            return  # the look-up of the last scrape (or of a kill) is still under way: its answer will do
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
             self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
@@ -207,8 +212,11 @@ class EngineWatch:
         found = gpus_in_use(procs) or set()
         if self._nvml is None:
             self._nvml = nvidia.load() or False
-        if self._nvml:
-            by_pid = nvidia.gpus_of_processes(self._nvml)
+        if self._nvml and _NVML_CALL.acquire(blocking=False):
+            try:
+                by_pid = nvidia.gpus_of_processes(self._nvml)
+            finally:
+                _NVML_CALL.release()
             found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
         return found or None
 

@@ -1,0 +1,35 @@
+"""The loop-lag gauge shows a block while it lasts (a blocked loop cannot say so itself)."""
+
+import asyncio
+import threading
+import time
+
+from gpuwarden.config import parse
+from gpuwarden.daemon import Daemon
+from gpuwarden.sdnotify import Notifier
+from gpuwarden.store import Store
+
+
+def test_the_lag_gauge_grows_during_a_block(tmp_path):
+    daemon = Daemon(parse(f'[daemon]\nstate_dir = "{tmp_path}"\n'), None, Notifier({}))
+    daemon.store = Store(tmp_path / "gpuwarden.db")
+    during: list[float] = []
+    blocking = threading.Event()
+
+    def sample():  # what a Prometheus scrape (exporter thread) would read while the loop is blocked
+        blocking.wait()
+        time.sleep(2.0)
+        during.append(daemon.metrics.snapshot()["gpuwarden_loop_lag_seconds"][()])
+
+    async def scenario():
+        watcher = asyncio.create_task(daemon._watch_loop_lag())
+        await asyncio.sleep(1.2)
+        reader = threading.Thread(target=sample)
+        reader.start()
+        blocking.set()
+        time.sleep(3.0)  # a blocking call on the loop, as a hung read would be
+        reader.join()
+        watcher.cancel()
+
+    asyncio.run(scenario())
+    assert during[0] >= 1.0  # 2 s into a 3 s block, less the probe interval
