@@ -7,7 +7,8 @@ Locked store: a second process holds `BEGIN EXCLUSIVE` on the daemon's database 
 ring timeout on a new GPU is written to the followed log every second; the clock runs from each line written
 to its alert at a loopback receiver. Hostile /metrics: a 7.7 MB body of 110,000 vLLM series (refused above
 MAX_SERIES), the same size of other metrics around a real sample (parsed off the loop), and a server that
-sends one byte a second. For each: the largest `gpuwarden_loop_lag_seconds` seen (sampled every 0.2 s: the
+sends one byte a second. A kernel-line flood: 50,000 page-fault lines a second for 10 s. For each: the
+largest `gpuwarden_loop_lag_seconds` seen (sampled every 0.2 s: the
 gauge shows a block while it lasts) and the daemon's peak RSS (VmHWM).
 """
 
@@ -26,6 +27,7 @@ sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests")]
 
 from helpers import Daemon, Receiver, wait_for  # noqa: E402
 from test_durability import RING, Hostile, big_body  # noqa: E402
+from test_flood import observe_flood  # noqa: E402
 
 from faults import LockHolder  # noqa: E402
 
@@ -104,11 +106,24 @@ def hostile_metrics(name: str, server: Hostile, seconds: float = 20) -> None:
     server.stop()
 
 
+def kernel_flood(rate: int, seconds: float) -> None:
+    """Page-fault lines appended to the followed log at `rate` a second; the old sources read all of it in one
+    go on the loop."""
+    d = Daemon(Path(tempfile.mkdtemp()), '[engines]\ndiscover = false\n').start()
+    d.wait_serving()
+    seen = observe_flood(d, rate, seconds)
+    print(f"kernel flood, {rate:,} page-fault lines/s for {seconds:.0f} s: all {seen['written']:,} read and "
+          f"classified in {seen['seconds']:.1f} s ({seen['written'] / seen['seconds']:,.0f} lines/s held); "
+          f"max loop lag {seen['lag']:.2f} s; peak RSS {seen['rss_mb']:.0f} MB")
+    d.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hold", type=float, default=30.0)
     args = parser.parse_args()
     locked_store(args.hold)
+    kernel_flood(50_000, 10)
     tmp = Path(tempfile.mkdtemp())
     hostile_metrics("7.7 MB, 110,000 vLLM series", Hostile("body", str(big_body(tmp / "a.prom", 110_000, 0))))
     hostile_metrics("7.7 MB, 110,000 other series", Hostile("body", str(big_body(tmp / "b.prom", 2, 110_000))))

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 KMSG = "/dev/kmsg"
 _READ_SIZE = 16384  # /dev/kmsg returns one record per read; a short buffer gives EINVAL
 BATCH = 2000  # records per batch at most
+FILE_CHUNK = 256 << 10  # bytes of a followed file per batch at most (about 2,000 lines)
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -361,23 +362,25 @@ class FileSource(Source):
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         while True:
-            yield self._read_new()
-            await asyncio.sleep(self.tick)
+            batch, more = self._read_new()
+            yield batch
+            await asyncio.sleep(0 if more else self.tick)  # a flood is read in bounded chunks, the loop between
 
-    def _read_new(self) -> list[KernelRecord]:
+    def _read_new(self, limit: int = FILE_CHUNK) -> tuple[list[KernelRecord], bool]:
+        """The complete lines added since the last read, at most `limit` bytes of them, and whether more wait."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
-            return []
+            return [], False
         if size < self._offset:  # truncated or rotated
             self._offset = 0
         with self.path.open("rb") as f:
             f.seek(self._offset)
-            data = f.read()
-        complete = data.rfind(b"\n") + 1
+            data = f.read(limit)
+        complete = data.rfind(b"\n") + 1 or (len(data) if len(data) == limit else 0)  # a line longer than a chunk
         self._offset += complete
         lines = data[:complete].decode("utf-8", "replace").splitlines()
         self.lines += len(lines)
         parsed = parse_lines(lines)
         self.malformed += parsed.malformed
-        return parsed.records
+        return parsed.records, self._offset < size
