@@ -18,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,21 +26,10 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 from helpers import Daemon, free_port, wait_for  # noqa: E402
 
 from peers.engines import LlamaCpp, Vllm, missing  # noqa: E402
-from peers.freezer import Freezer  # noqa: E402
+from peers.freezer import Freezer, freeze_inside_a_decode  # noqa: E402
 from peers.load import Load  # noqa: E402
 
 INTERVAL, MIN_STALL, GRACE = 2.0, 10.0, 10.0
-
-
-def freeze_inside_a_decode(server):
-    for _ in range(50):
-        freezer = Freezer(server.proc.pid).__enter__()
-        try:
-            urllib.request.urlopen(server.metrics_url, timeout=1).read()
-            return freezer
-        except OSError:
-            freezer.thaw()
-    raise RuntimeError("could not freeze inside a decode")
 
 
 def stop(pid):
@@ -52,7 +40,8 @@ STALLS = {  # name: (engine, how it is made, what makes it)
     "vllm-enginecore": (Vllm, "SIGSTOP of VLLM::EngineCore", lambda s: stop(s.process("VLLM::EngineCore"))),
     "vllm-worker": (Vllm, "SIGSTOP of VLLM::Worker", lambda s: stop(s.process("VLLM::Worker"))),
     "vllm-apiserver": (Vllm, "SIGSTOP of the API server (/metrics hangs)", lambda s: stop(s.proc.pid)),
-    "llamacpp-frozen": (LlamaCpp, "inference thread frozen by ptrace inside a decode", freeze_inside_a_decode),
+    "llamacpp-frozen": (LlamaCpp, "inference thread frozen by ptrace inside a decode",
+                        lambda s: freeze_inside_a_decode(s.proc.pid, s.metrics_url)),
     "llamacpp-stopped": (LlamaCpp, "SIGSTOP of llama-server (/metrics hangs)", lambda s: stop(s.proc.pid)),
 }
 

@@ -21,7 +21,7 @@ from helpers import GPUWARDEN, free_port, wait_for, write_kmsg
 
 from fakesysfs import build
 from peers.engines import LlamaCpp, Vllm, is_gone, missing
-from peers.freezer import Freezer
+from peers.freezer import freeze_inside_a_decode
 from peers.load import Load
 
 INTERVAL, MIN_STALL, GRACE = 2.0, 10.0, 10.0
@@ -203,20 +203,6 @@ def test_a_long_llamacpp_request_is_never_killed_by_any_profile_or_discovery(ser
     assert not server.gone()
 
 
-def freeze_inside_a_decode(server) -> Freezer:
-    """Freeze the inference thread where /metrics still answers: inside a decode a helper thread answers it
-    (llama.cpp's server yields to its queue there); frozen anywhere else /metrics hangs too. Retry until so."""
-    for _ in range(50):
-        freezer = Freezer(server.proc.pid).__enter__()
-        try:
-            urllib.request.urlopen(server.metrics_url, timeout=1).read()
-            return freezer
-        except OSError:
-            freezer.thaw()
-            time.sleep(0.05)
-    raise AssertionError("could not freeze the inference thread inside a decode")
-
-
 def test_a_frozen_llamacpp_inference_thread_is_a_stall_and_killed(servers, daemon_factory):
     server = servers(LlamaCpp)
     d = daemon_factory(engine(server)).start()
@@ -224,7 +210,7 @@ def test_a_frozen_llamacpp_inference_thread_is_a_stall_and_killed(servers, daemo
     with Load(server.url, streams=4, max_tokens=500, deadline=120, timeout=120):
         time.sleep(3 * INTERVAL)
         assert not events(d, BAD)
-        freezer = freeze_inside_a_decode(server)
+        freezer = freeze_inside_a_decode(server.proc.pid, server.metrics_url)
         stalled_at = time.monotonic()
         try:
             assert urllib.request.urlopen(f"{server.url}/health", timeout=2).status == 200  # HTTP answers on

@@ -15,6 +15,7 @@ import ctypes.util
 import os
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 _SEIZE, _INTERRUPT, _DETACH = 0x4206, 0x4207, 17
@@ -94,3 +95,18 @@ class Freezer:
         except ChildProcessError:
             return True
         return tid == self.tid and (os.WIFEXITED(status) or os.WIFSIGNALED(status))
+
+
+def freeze_inside_a_decode(pid: int, metrics_url: str, tries: int = 50) -> Freezer:
+    """Freeze llama-server's inference thread (TID == PID) where its /metrics still answers: inside a decode a
+    helper thread answers it (the server yields to its queue there); frozen anywhere else /metrics hangs too.
+    Freezes again until it lands inside a decode."""
+    for _ in range(tries):
+        freezer = Freezer(pid).__enter__()
+        try:
+            urllib.request.urlopen(metrics_url, timeout=1).read()
+            return freezer
+        except OSError:
+            freezer.thaw()
+            time.sleep(0.05)
+    raise RuntimeError("could not freeze the inference thread inside a decode")
