@@ -191,7 +191,16 @@ class EngineTarget(Section):
 class EngineConfig(Section):
     name: str
     metrics_url: str
-    profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = "auto"
+    profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
+    # where progress is read: the engine's /metrics, its own log (log_file or log_unit), or llama.cpp's /slots
+    source: Literal["metrics", "log", "slots"] = "metrics"
+    log_file: Path | None = None
+    log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
+    # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
+    # while the engine is idle; the API it speaks (auto: from the profile)
+    canary: Literal["auto", "openai", "llamacpp", "ollama", "off"] = "auto"
+    canary_interval: Duration = 0.0
+    canary_timeout: Duration = Field(default=30.0, gt=0)
     gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
     scrape_interval: Duration = 5.0
     scrape_timeout: Duration = 5.0
@@ -213,6 +222,15 @@ class EngineConfig(Section):
     dry_run: bool = False
     target: EngineTarget = EngineTarget()
 
+    @model_validator(mode="after")
+    def _source(self) -> EngineConfig:
+        if self.source == "log" and (self.log_file is None) == (self.log_unit is None):
+            raise ValueError("source \"log\" needs exactly one of log_file and log_unit")
+        if self.source == "log" and self.profile == "tgi":
+            raise ValueError("no log profile for tgi: use its /metrics (source = \"metrics\")")
+        if self.source == "slots" and self.profile not in ("auto", "llamacpp"):
+            raise ValueError("source \"slots\" is llama.cpp's /slots: profile must be llamacpp")
+        return self
 
 
 class EnginesConfig(Section):
