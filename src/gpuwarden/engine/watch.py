@@ -234,16 +234,18 @@ class EngineWatch:
         return result
 
     async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
-        """Every canary_interval while the engine is idle, or running without progress: never while it is busy
-        and progressing (the progress counter moved since the last canary)."""
+        """Every canary_interval while the engine shows no progress (idle, or running without progress), never
+        while it progresses: the progress counter moved since the last look. The look after a canary starts
+        afresh, since the canary's own request moves the counter."""
         cfg = state.config
         if cfg.canary == "off" or not cfg.canary_interval or now - state.canary_at < cfg.canary_interval:
             return
-        progressed = state.canary_progress is not None and sample.progress != state.canary_progress
+        first, progressed = state.canary_progress is None, sample.progress != state.canary_progress
         state.canary_progress = sample.progress
-        if progressed and sample.running != 0:
+        if first or progressed:
             state.canary_at = now
             return
+        state.canary_progress = None
         result = await self._canary(state)
         if result.outcome == "timeout" and not state.canary_failed:
             state.canary_failed = True
