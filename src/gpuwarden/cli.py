@@ -211,6 +211,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
               "tokens_processed": sample and sample.progress,
               "progress": sample and ("per step" if sample.per_step else "per finished request"),
               "spec_acceptance": sample and sample.spec_acceptance, "families": sample and list(sample.families)}
+    if sample is None:
+        from gpuwarden.engine.discovery import hint
+        report["hint"] = hint(args.url)
     if args.json:
         print(json.dumps(report))
     else:
@@ -221,8 +224,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 return ", ".join(value)
             return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else str(value)
         for key in ("up", "profile", "running", "waiting", "generated_tokens", "tokens_processed", "progress",
-                    "spec_acceptance", "families", "error"):
-            if key != "error" or error:
+                    "spec_acceptance", "families", "error", "hint"):
+            if key not in ("error", "hint") or report.get(key):
                 print(f"{key:<17} {show(report[key])}")
     return EXIT_OK if sample else EXIT_FAILURE
 

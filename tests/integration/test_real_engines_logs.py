@@ -9,6 +9,7 @@ against a frozen idle server: engine_unresponsive, and killed as on_unresponsive
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers import free_port, wait_for
+from helpers import GPUWARDEN, free_port, wait_for
 
 from peers.engines import LlamaCpp, Vllm, is_gone, missing
 from peers.freezer import Freezer
@@ -144,6 +145,10 @@ def test_llamacpp_slots_are_per_step_progress_and_hang_with_a_frozen_loop(server
     either answers with n_decoded standing still (a stall) or hangs with the loop (engine_unresponsive with a
     request running): either way the engine is killed."""
     server = servers(LlamaCpp, model="slow", slots=1, metrics=False)
+    out = subprocess.run([*GPUWARDEN, "probe", "--json", server.metrics_url], capture_output=True, text=True,
+                         timeout=30)
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and not report["up"] and 'source = "slots"' in report["hint"]  # probe says what to use
     d = daemon_factory(engine(server, source='"slots"')).start()
     d.wait_serving()
     with Load(server.url, streams=1, max_tokens=3000, requests=1, timeout=600) as load:

@@ -15,7 +15,7 @@ import psutil
 from gpuwarden.act.killer import KillBudget, kill
 from gpuwarden.config import EngineConfig, EnginesConfig
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
-from gpuwarden.engine.discovery import discover
+from gpuwarden.engine.discovery import discover, with_source
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.metrics import EngineSample
@@ -119,6 +119,7 @@ class EngineWatch:
         self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
         self._tasks: asyncio.TaskGroup | None = None
         self._nvml = None  # loaded on first use; False when there is no NVIDIA driver
+        self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig]) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -149,14 +150,23 @@ class EngineWatch:
         while True:
             found = await asyncio.to_thread(discover)
             for f in found:
-                if f.name not in self.engines:
-                    log.info("discovered %s serving on port %d (pid %d): watching %s", f.profile, f.port, f.pid,
-                             f.metrics_url)
-                    state = self.engines[f.name] = new_state(
-                        EngineConfig(name=f.name, metrics_url=f.metrics_url, profile=f.profile))
-                    self._tasks.create_task(self._watch(state))
+                if f.name in self.engines:
+                    continue
+                f = await asyncio.to_thread(with_source, f)
+                if f.source == "none":
+                    if f.name not in self._unwatchable:
+                        self._unwatchable.add(f.name)
+                        log.warning("discovered %s serving on port %d (pid %d), but no source to watch it through "
+                                    "answers: %s", f.profile, f.port, f.pid, f.more)
+                    continue
+                log.info("discovered %s serving on port %d (pid %d): watching it through %s; for more: %s",
+                         f.profile, f.port, f.pid, f"the journal of {f.log_unit}" if f.log_unit else f.source, f.more)
+                state = self.engines[f.name] = new_state(EngineConfig(
+                    name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
+                    canary_interval=60.0 if f.profile == "ollama" else 0.0))
+                self._tasks.create_task(self._watch(state))
             if first and not found:
-                log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI)")
+                log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
             first = False
             await asyncio.sleep(self.settings.discover_interval)
 
