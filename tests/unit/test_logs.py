@@ -113,3 +113,16 @@ def test_slots_progress_only_grows_across_tasks_and_idle_slots():
     s = p.sample([slot(0, 7, False, 0, prompt=0), slot(1, 9, True, 1)])  # released: its stats reset
     assert (s.running, s.progress) == (1, 83)
     assert p.sample([slot(0, 8, True, 3), slot(1, 9, True, 1)]).progress == 83 + 19
+
+
+def test_a_log_that_cannot_be_read_is_a_failed_look_not_a_failed_start(tmp_path):
+    import asyncio
+
+    from gpuwarden.engine.logs import LogScraper
+    from gpuwarden.engine.scraper import ScrapeError
+
+    scraper = LogScraper.of(tmp_path / "missing.log", None, "vllm")
+    with pytest.raises(ScrapeError, match="missing.log"):
+        asyncio.run(scraper.scrape())
+    (tmp_path / "missing.log").write_text("")
+    assert asyncio.run(scraper.scrape()).running is None  # nothing said yet: no judgement

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES, LogProfile
@@ -127,22 +128,30 @@ class JournalLines:
 
 
 class LogScraper:
-    """The log as a scraper: each `scrape()` reads the new lines and returns the reader's sample."""
+    """The log as a scraper: each `scrape()` reads the new lines and returns the reader's sample. The source is
+    opened on the first look, so a journal that cannot be opened is a failed scrape, not a failed start."""
 
-    def __init__(self, lines: FileLines | JournalLines, profile: str = "auto") -> None:
-        self.lines, self.reader = lines, LogReader(profile)
+    def __init__(self, open_lines: Callable[[], FileLines | JournalLines], where: str, profile: str = "auto") -> None:
+        self._open, self.where, self.reader = open_lines, where, LogReader(profile)
+        self.lines: FileLines | JournalLines | None = None
 
     @classmethod
     def of(cls, file: Path | None, unit: str | None, profile: str = "auto") -> LogScraper:
-        return cls(FileLines(file) if file else JournalLines(unit), profile)
+        if file:
+            return cls(lambda: FileLines(file), str(file), profile)
+        return cls(lambda: JournalLines(unit), f"the journal of {unit}", profile)
 
-    @property
-    def where(self) -> str:
-        return str(self.lines.path) if isinstance(self.lines, FileLines) else f"the journal of {self.lines.unit}"
+    def _read(self) -> list[str]:
+        if self.lines is None:
+            try:
+                self.lines = self._open()
+            except (ImportError, OSError, ValueError) as exc:
+                raise ScrapeError("log", f"cannot open {self.where}: {exc}") from None
+        return self.lines.read()
 
     async def scrape(self) -> EngineSample:
         try:
-            new = await asyncio.wait_for(asyncio.to_thread(self.lines.read), _DEADLINE)
+            new = await asyncio.wait_for(asyncio.to_thread(self._read), _DEADLINE)
         except TimeoutError:
             raise ScrapeError("log", f"reading {self.where} took longer than {_DEADLINE:.0f} s") from None
         for line in new:
@@ -150,4 +159,5 @@ class LogScraper:
         return self.reader.sample()
 
     async def close(self) -> None:
-        self.lines.close()
+        if self.lines is not None:
+            self.lines.close()

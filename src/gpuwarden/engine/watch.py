@@ -331,7 +331,7 @@ class EngineWatch:
         running = last.running if last else None
         was = (f"{running:.0f} request(s) were running when it last answered" if running
                else "no request was running when it last answered" if last else "it has never answered")
-        endpoint = "/slots" if state.config.source == "slots" else "/metrics"
+        endpoint = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}[state.config.source]
         message = (f"{state.name} has not answered {endpoint} for {silent_for:.0f} s ({state.failures} tries, "
                    f"last: {error}) while its {len(state.procs)} process(es) live; {was}")
         figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,
