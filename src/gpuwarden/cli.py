@@ -15,6 +15,7 @@ from pathlib import Path
 from gpuwarden import __version__, logsetup
 from gpuwarden import config as configuration
 from gpuwarden.config import ConfigError, parse_duration
+from gpuwarden.logsetup import redact
 from gpuwarden.store import Store, StoreError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 78
@@ -109,10 +110,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from gpuwarden.engine.watch import target_spec
+
     config, path = configuration.load(args.config)
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
-    print(config.model_dump_json(indent=2))  # SecretStr fields print as '**********'
+    print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
+    for engine in config.engine:
+        print(f"# engine {engine.name}: a kill now would take")
+        _print_processes(*_resolution(target_spec(engine)))
     return EXIT_OK
+
+
+def _resolution(spec) -> tuple[list[str], list[str]]:
+    """What a target resolves to now, as a kill would take it ("pid user command"), and what it refuses."""
+    from gpuwarden.engine.processes import Tracker, describe, resolve
+
+    found = resolve(spec)
+    return [describe(p) for p in Tracker().refresh(found)], found.refused
+
+
+def _print_processes(procs: list[str], refused: list[str]) -> None:
+    for line in procs:
+        print(f"#   {line}")
+    for why in refused:
+        print(f"#   refused {why}")
+    if not procs and not refused:
+        print("#   no process")
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -193,7 +216,15 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from gpuwarden.config import check_metrics_url
     from gpuwarden.engine.scraper import ScrapeError, Scraper
+    from gpuwarden.engine.watch import target_spec
+
+    try:
+        check_metrics_url(args.url)
+    except ValueError as exc:
+        print(f"gpuwarden probe: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
     async def once():
         scraper = Scraper(args.url, args.profile, timeout=args.timeout)
@@ -205,12 +236,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
             await scraper.close()
 
     sample, error = asyncio.run(once())
-    report = {"url": args.url, "up": sample is not None, "error": error,
+    report = {"url": redact(args.url), "up": sample is not None, "error": error,
               "profile": sample and sample.profile, "running": sample and sample.running,
               "waiting": sample and sample.waiting, "generated_tokens": sample and sample.generated,
               "tokens_processed": sample and sample.progress,
               "progress": sample and ("per step" if sample.per_step else "per finished request"),
               "spec_acceptance": sample and sample.spec_acceptance, "families": sample and list(sample.families)}
+    report["processes"], report["refused"] = _resolution(
+        target_spec(configuration.EngineConfig(name="probe", metrics_url=args.url)))
     if sample is None:
         from gpuwarden.engine.discovery import hint
         report["hint"] = hint(args.url)
@@ -227,6 +260,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
                     "spec_acceptance", "families", "error", "hint"):
             if key not in ("error", "hint") or report.get(key):
                 print(f"{key:<17} {show(report[key])}")
+        print(f"# the processes serving {redact(args.url)}, as a port target would kill them:")
+        _print_processes(report["processes"], report["refused"])
     return EXIT_OK if sample else EXIT_FAILURE
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import pwd
 import re
 import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -18,10 +20,12 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
+from gpuwarden.logsetup import redact
 from gpuwarden.model import KINDS, Severity, normalize_pci
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
@@ -176,6 +180,14 @@ class EngineTarget(Section):
     cgroup: Path | None = None  # cgroup: a cgroup v2 directory
     container: str | None = None  # docker: a container name or id
     docker_socket: Path = Path("/var/run/docker.sock")
+    user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
+
+    @field_validator("user")
+    @classmethod
+    def _user_exists(cls, value: str | None) -> str | None:
+        if value is not None:
+            user_id(value)
+        return value
 
     @model_validator(mode="after")
     def _needs(self) -> EngineTarget:
@@ -188,9 +200,32 @@ class EngineTarget(Section):
         return self
 
 
+def user_id(user: str) -> int:
+    """The uid of a user name or number that exists in the password database."""
+    try:
+        return pwd.getpwuid(int(user)).pw_uid if user.isdigit() else pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ValueError(f"no such user {user!r}") from None
+
+
+SCHEME_PORTS = {"http": 80, "https": 443}
+
+
+def check_metrics_url(url: str) -> str:
+    """http(s) with a host (and a valid port, if any); errors show the URL with its secrets masked."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"{redact(url)!r}: {exc}") from None
+    if parts.scheme not in SCHEME_PORTS or not parts.hostname:
+        raise ValueError(f"{redact(url)!r} is not an http:// or https:// URL with a host")
+    return url
+
+
 class EngineConfig(Section):
     name: str
-    metrics_url: str
+    metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
     profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
     # where progress is read: the engine's /metrics, its own log (log_file or log_unit), or llama.cpp's /slots
     source: Literal["metrics", "log", "slots"] = "metrics"
@@ -219,8 +254,13 @@ class EngineConfig(Section):
     kill_grace: Duration = 10.0
     kill_budget: int = Field(default=3, ge=0)
     kill_budget_window: Duration = 3600.0
+    max_kill_processes: int = Field(default=512, ge=1)  # a target that resolves to more: kill_refused
     dry_run: bool = False
     target: EngineTarget = EngineTarget()
+
+    @field_serializer("metrics_url", when_used="json")
+    def _masked(self, url: str) -> str:
+        return redact(url)  # `check` prints the configuration: never the credentials in it
 
     @model_validator(mode="after")
     def _source(self) -> EngineConfig:

@@ -84,7 +84,8 @@ class Daemon:
         """Store events durably, then count and log them."""
         ids = self.store.add_events(events, cursor)
         for event, event_id in zip(events, ids, strict=True):
-            self.incidents.offer(event, event_id)
+            if event.live:  # history beside today's telemetry would mislead: it is alerted, not bundled
+                self.incidents.offer(event, event_id)
         if self.alerter and events:
             self.alerter.submit(events, ids)
         for event in events:

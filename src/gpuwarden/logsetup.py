@@ -1,10 +1,31 @@
-"""Logging: structured journal entries under systemd, readable lines on stderr otherwise."""
+"""Logging: structured journal entries under systemd, readable lines on stderr otherwise; no secret in either."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+
+# Libraries that log every request (httpx: ~17,000 lines a day per engine) or, at debug, the URLs of alert
+# targets with their tokens in the path: WARNING and above only, whatever log_level says.
+QUIET = ("httpx", "httpcore", "apprise", "urllib3")
+
+_URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]*@)?(?P<rest>[^\s\"'<>]*)")
+_QUERY_VALUE = re.compile(r"([?&;][^=&;#\s]*=)[^&;#\s]*")
+
+
+def redact(text: str) -> str:
+    """`text` with the userinfo and the query values of every URL in it masked:
+    `http://u:p@h/m?api_key=k` -> `http://***@h/m?api_key=***`."""
+    def mask(m: re.Match[str]) -> str:
+        return m["scheme"] + ("***@" if m["userinfo"] else "") + _QUERY_VALUE.sub(r"\1***", m["rest"])
+    return _URL.sub(mask, text)
+
+
+class RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def under_systemd() -> bool:
@@ -26,12 +47,14 @@ def setup(level: str = "info") -> None:
         from systemd.journal import JournalHandler
 
         handler = JournalHandler(SYSLOG_IDENTIFIER="gpuwarden")
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(RedactingFormatter("%(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level.upper())
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def event_fields(kind: str, gpu: str | None, engine: str | None) -> dict[str, str]:

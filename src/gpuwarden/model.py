@@ -29,6 +29,7 @@ KINDS = frozenset(
 )
 
 HISTORY = "history"  # evidence key of an event that is history, not live
+CONDITION = "condition"  # evidence key of a telemetry condition's own identity (one GPU can have several)
 
 ACTION_KINDS = frozenset({"engine_killed", "cache_poisoned"})  # events that say what gpuwarden itself did
 
@@ -57,7 +58,10 @@ class Event:
 
     @property
     def dedupe_key(self) -> str:
-        """Stable across restarts: what the event is about, not when."""
+        """Stable across restarts: what the event is about, not when. A telemetry condition is its own key
+        (a power spike that ends must not resolve the over-cap condition of the same GPU)."""
+        if condition := self.evidence.get(CONDITION):
+            return condition
         subject = self.gpu or self.engine or "host"
         xid = self.evidence.get("xid")
         return f"{self.kind}:{subject}" + (f":xid{xid}" if xid is not None else "")

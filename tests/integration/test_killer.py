@@ -67,19 +67,37 @@ def test_a_process_held_in_a_ptrace_stop_gets_sigkill_without_waiting_the_grace(
     assert not psutil.pid_exists(frozen.pid) and healthy.wait(5) == 0
 
 
-def test_a_process_that_ignores_sigterm_gets_the_whole_grace_then_sigkill():
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
-                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
-                                 "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+def _ignoring_sigterm(then: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" + then],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_busy_process_that_ignores_sigterm_gets_the_whole_grace_then_sigkill():
+    """It uses the CPU: it may be shutting down, so it gets all of its grace."""
+    busy = _ignoring_sigterm("while True: pass")
     try:
-        assert stubborn.stdout.readline() == "ready\n"
         start = time.monotonic()
-        report = kill([psutil.Process(stubborn.pid)], grace=1.0)
-        assert time.monotonic() - start >= 1.0
+        report = kill([psutil.Process(busy.pid)], grace=3.0)
+        assert time.monotonic() - start >= 3.0
         assert len(report.killed) == 1 and not report.survivors
     finally:
-        stubborn.kill()
-        stubborn.wait()
+        busy.kill()
+        busy.wait()
+
+
+def test_a_tree_that_goes_quiet_after_sigterm_is_killed_without_waiting_the_grace():
+    """A real vLLM API server, after SIGTERM, waits for its open requests, which a stalled engine never ends:
+    it sleeps and uses no CPU. Nothing is shutting down, so waiting the grace cannot help."""
+    waiting = _ignoring_sigterm("time.sleep(600)")
+    try:
+        report, took = _timed_kill([waiting])
+        assert len(report.killed) == 1 and took < GRACE / 2
+    finally:
+        waiting.kill()
+        waiting.wait()
 
 
 def test_kill_budget():

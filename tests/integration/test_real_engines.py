@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import GPUWARDEN, TEST_GPU, free_port, wait_for, write_kmsg
+from helpers import GPUWARDEN, free_port, wait_for, write_kmsg
 
 from fakesysfs import build
 from peers.engines import LlamaCpp, Vllm, is_gone, missing
@@ -25,6 +25,7 @@ from peers.freezer import Freezer
 from peers.load import Load
 
 INTERVAL, MIN_STALL, GRACE = 2.0, 10.0, 10.0
+GPU = "ffff:e2:00.0"  # this file's own impossible GPU: other tests' fault lines name TEST_GPU
 QUIET = 65.0  # a busy engine is watched this long (at least 60 s) and must never be called stalled
 BAD = {"engine_stall", "engine_unresponsive", "engine_killed", "kill_refused"}
 
@@ -156,12 +157,12 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once
     restart) are alerted as history and never kill a busy engine; a fault logged after the start, naming a
     GPU the daemon has seen (a Radeon's sysfs tree, faked: none is here), kills it at once."""
     vllm = servers(Vllm)
-    sysfs = build(tmp_path / "sys", {TEST_GPU: "rdna3"})
-    old = f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (old {time.time_ns()})"
+    sysfs = build(tmp_path / "sys", {GPU: "rdna3"})
+    old = f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (old {time.time_ns()})"
     write_kmsg(old)
     wait_for(lambda: old in subprocess.run(["journalctl", "-k", "-n", "200", "-o", "cat"], capture_output=True,
                                            text=True).stdout, 10, what="the old line in the journal")
-    config = (engine(vllm, gpus=f'["{TEST_GPU}"]', min_stall='"10m"')
+    config = (engine(vllm, gpus=f'["{GPU}"]', min_stall='"10m"')
               + f'[gpu]\nsysfs_root = "{sysfs}"\nnvml = false\n[guard]\nenabled = false\n'
               + f'[alerts]\nurls = ["json://127.0.0.1:{receiver.port}/hook"]\ngroup_window = "1s"\n')
     d = daemon_factory(config, kernel='source = "journal"\nlookback = "10m"')
@@ -175,9 +176,9 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once
                  what="the history alert")
         time.sleep(3 * INTERVAL)
         assert not events(d, {"engine_killed"}) and not any(is_gone(pid) for pid in vllm.tree)
-        write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (live)")
+        write_kmsg(f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (live)")
         killed = wait_event(d, "engine_killed", timeout=20)
-        assert f"kernel reported sq_intr on {TEST_GPU}" in killed["message"]
+        assert f"kernel reported sq_intr on {GPU}" in killed["message"]
         wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
 
 

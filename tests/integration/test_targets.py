@@ -13,7 +13,9 @@ import psutil
 import pytest
 
 from gpuwarden.act.killer import kill
-from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, roots
+from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, resolve
+
+ME = os.getuid()
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", "gpuwarden-test-sleeper"]
 
@@ -27,10 +29,14 @@ def sleeper():
 
 
 def test_pidfile_and_cmdline_targets(tmp_path, sleeper):
+    """The engine's user is given (uid): no socket serves a metrics_url here. tests/security holds the attacks."""
     (tmp_path / "engine.pid").write_text(f"{sleeper.pid}\n")
-    assert [p.pid for p in roots(TargetSpec("pidfile", pidfile=tmp_path / "engine.pid"))] == [sleeper.pid]
-    assert roots(TargetSpec("pidfile", pidfile=tmp_path / "missing.pid")) == []
-    assert [p.pid for p in roots(TargetSpec("cmdline", pattern="gpuwarden-test-sleeper"))] == [sleeper.pid]
+    found = resolve(TargetSpec("pidfile", pidfile=tmp_path / "engine.pid", uid=ME))
+    assert [p.pid for p in found.roots] == [sleeper.pid] and not found.refused
+    missing = resolve(TargetSpec("pidfile", pidfile=tmp_path / "missing.pid", uid=ME))
+    assert missing.roots == [] and "No such file" in missing.refused[0]
+    assert [p.pid for p in resolve(TargetSpec("cmdline", pattern="gpuwarden-test-sleeper", uid=ME)).roots] \
+        == [sleeper.pid]
 
 
 def test_never_pid_1_itself_or_its_ancestors(sleeper):
@@ -52,8 +58,8 @@ def test_cgroup_target_kills_every_process_in_the_cgroup(sleeper):
         other = subprocess.Popen(SLEEPER)
         for pid in (sleeper.pid, other.pid):
             (group / "cgroup.procs").write_text(str(pid))
-        found = roots(TargetSpec("cgroup", cgroup=group))
-        assert sorted(p.pid for p in found) == sorted([sleeper.pid, other.pid])
+        found = resolve(TargetSpec("cgroup", cgroup=group, uid=ME))
+        assert sorted(p.pid for p in found.roots) == sorted([sleeper.pid, other.pid])
         report = kill(Tracker().refresh(found), grace=5)
         assert report.count == 2
         other.wait(5)
@@ -90,10 +96,10 @@ def test_docker_target_asks_the_engine_api_for_host_pids(tmp_path, sleeper):
     server = _UnixHTTPServer(str(sock), DockerAPI)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        found = roots(TargetSpec("docker", container="vllm", docker_socket=sock))
-        assert [p.pid for p in found] == [sleeper.pid]
+        found = resolve(TargetSpec("docker", container="vllm", docker_socket=sock, uid=ME))
+        assert [p.pid for p in found.roots] == [sleeper.pid]
         assert seen == ["/containers/vllm/top?ps_args=-o+pid"]
-        assert roots(TargetSpec("docker", container="nope", docker_socket=sock)) == []
+        assert resolve(TargetSpec("docker", container="nope", docker_socket=sock, uid=ME)).roots == []
     finally:
         server.shutdown()
         server.server_close()

@@ -94,7 +94,61 @@ def test_aer_severities():
     assert one("pcieport 0000:00:01.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=TL").severity == W
     fatal = one("pcieport 0000:00:01.1: AER: Uncorrected (Fatal) error received: 0000:01:00.0")
     assert (fatal.severity, fatal.gpu, fatal.evidence["pci"]) == (C, None, "0000:00:01.1")
-    assert one("pcieport 0000:00:01.1: AER: Device recovery failed").kind == "device_lost"
+    # A failed recovery alone names a port, not a GPU: it is a warning; with the GPU's driver unable to recover
+    # (no error_detected callback) the GPU is lost.
+    assert (one("pcieport 0000:00:01.1: AER: device recovery failed").severity) == W
+
+
+def test_failed_aer_recovery_loses_the_gpu_whose_driver_cannot_recover():
+    text = ("[1.0] nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)\n"
+            "[1.0] pcieport 0000:00:03.0: AER: device recovery failed\n")
+    lost = [e for e in classify_text(text) if e.kind == "device_lost"]
+    assert [(e.gpu, e.severity) for e in lost] == [("0000:03:00.0", C)]
+    usb = ("[1.0] xhci_hcd 0000:97:00.0: AER: can't recover (no error_detected callback)\n"
+           "[1.0] pcieport 0000:80:1b.4: AER: device recovery failed\n")
+    assert {e.kind for e in classify_text(usb)} == {"pcie_aer"}
+
+
+def test_reset_whose_own_ring_test_fails_is_a_failed_reset_in_either_order():
+    kiq = "[drm:amdgpu_ring_test_helper [amdgpu]] *ERROR* ring kiq_2.1.0 test failed (-110)"
+    after = (f"[1.0] amdgpu 0000:0a:00.0: amdgpu: GPU reset begin!\n[1.5] amdgpu 0000:0a:00.0: {kiq}\n"
+             f"[1.6] amdgpu 0000:0a:00.0: {kiq}\n")
+    before = f"[1.0] amdgpu 0000:1d:00.0: {kiq}\n[2.0] amdgpu 0000:1d:00.0: GPU BACO reset\n"
+    for text, gpu in ((after, "0000:0a:00.0"), (before, "0000:1d:00.0")):
+        failed = [e for e in classify_text(text) if e.kind == "reset_failed"]
+        assert [(e.gpu, e.severity, e.evidence["runbook"]) for e in failed] == [(gpu, C, "device_lost")]
+        assert len(failed[0].evidence["lines"]) == 2
+
+
+def test_failed_ring_reset_falling_back_to_mode1_or_mode2_is_critical_but_not_to_baco():
+    def worst(method):
+        return max(e.severity for e in classify_text(
+            "[1.0] amdgpu 0000:c5:00.0: amdgpu: Ring gfx_0.0.0 reset failed\n"
+            "[1.1] amdgpu 0000:c5:00.0: amdgpu: GPU reset begin!\n"
+            f"[2.0] amdgpu 0000:c5:00.0: amdgpu: {method} reset\n"))
+    assert (worst("MODE2"), worst("MODE1"), worst("BACO")) == (C, C, W)
+
+
+def test_xid_caused_by_a_known_xid_carries_it_and_its_severity():
+    event = one("NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001 caused by previous Xid 149")
+    assert (event.evidence["xid"], event.evidence["caused_by"], event.severity) == (45, 149, W)
+    assert one("NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001").severity == I
+
+
+def test_ghes_pcie_record_takes_the_severity_of_its_own_record():
+    text = ("{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1\n"
+            "{7}[Hardware Error]: event severity: recoverable\n"
+            "{8}[Hardware Error]: event severity: corrected\n"
+            "{7}[Hardware Error]:   section_type: PCIe error\n")
+    assert [(e.kind, e.severity) for e in classify_text(text)] == [("pcie_aer", W)]
+
+
+def test_driver_stack_dump_is_not_an_oops_but_a_gsp_report_when_it_is_the_gsp_poll():
+    gsp = ("[5.0] Call Trace:\n[5.0]  dump_stack_lvl+0x76/0xa0\n[5.0]  os_dump_stack+0xe/0x20 [nvidia]\n"
+           "[5.0]  _kgspRpcRecvPoll+0x650/0x820 [nvidia]\n")
+    assert [(e.kind, e.severity) for e in classify_text(gsp)] == [("gsp_error", C)]
+    debug = "[5.0] Call Trace:\n[5.0]  dump_stack_lvl+0x48/0x66\n[5.0]  amdgpu_do_asic_reset+0x28/0x45c [amdgpu]\n"
+    assert classify_text(debug) == []
 
 
 def test_aer_on_the_gpu_itself_names_the_gpu():
@@ -144,3 +198,9 @@ def test_nvidia_multiline_fallen_off_the_bus():
 def test_gsp_timeout_and_rm_init_failure():
     assert one("NVRM: GPU4 GSP: Timeout after 6s of waiting for RPC response from GPU4 GSP!").kind == "gsp_error"
     assert one("NVRM: RmInitAdapter failed! (0x22:0x56:884)").kind == "gpu_missing"
+
+
+def test_a_function_offset_in_an_ordinary_message_does_not_open_an_oops():
+    line = ("[3540.4] amdgpu 0000:03:00.0: PM: pci_pm_suspend_noirq(): amdgpu_pmops_suspend_noirq+0x0/0x40 [amdgpu]"
+            " returns -22")
+    assert "kernel_oops" not in kinds(classify_text(line))

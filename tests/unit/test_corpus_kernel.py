@@ -1,12 +1,16 @@
 """Every real kernel log in the test corpus (tests/corpus) gives what its expected.json says."""
 
 import json
+import sys
 
 import pytest
 from kernel_helpers import classify_text, kinds
 
 from gpuwarden.model import Severity
-from paths import CORPUS
+from paths import CORPUS, ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import kernel_eval
 
 EXPECTED = json.loads((CORPUS / "kernel" / "expected.json").read_text()) if CORPUS.is_dir() else {}
 
@@ -27,6 +31,14 @@ def test_corpus_file(name, corpus):
         assert worst == Severity.parse(want["sev"])
     if want.get("gpu_none"):
         assert all(e.gpu is None for e in events)
+
+
+def test_evaluation_report_is_clean(corpus):
+    """bench/kernel_eval.py over the whole corpus: every file right and no false warning on a benign file (its
+    printed report is in the README)."""
+    report = kernel_eval.evaluate(corpus / "kernel")
+    assert report.files == len(EXPECTED) >= 120 and report.benign >= 30
+    assert (report.right, report.false_warnings, report.wrong) == (report.files, 0, {}), report.text()
 
 
 def test_every_corpus_log_is_listed(corpus):

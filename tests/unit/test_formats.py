@@ -76,3 +76,32 @@ def test_newest_first_output_with_reboot_markers_is_put_back_in_order():
     lines = ["Jul 24 12:26:19 h kernel: third", "Jul 24 12:26:17 h kernel: second", "-- Reboot --",
              "Jul 24 12:26:16 h kernel: first"]
     assert [r.text for r in parse_lines(lines).records] == ["first", "second", "third"]
+
+
+def test_printk_level_prefixes_caller_ids_and_inner_kernel_stamps():
+    records = parse_lines([
+        "<4> <1>BUG: unable to handle kernel NULL pointer dereference at virtual address 00000014",
+        "<4>[   12.500000] amdgpu 0000:03:00.0: amdgpu: GPU reset begin!",
+        "[   36.117975][  T291] pcieport 0000:00:00.0: AER: Multiple Correctable error message received",
+        "Aug 10 17:25:59 haru kernel: [10409.645057] BUG: kernel NULL pointer dereference, address: 00000000000002b4",
+        "kernel: [  279.726475] [drm] IP block:gfx_v8_0 is hung!",
+        "kernel: NVRM: GPU at PCI:0000:01:00: GPU-d4ccf738",
+    ]).records
+    assert [r.text[:12] for r in records] == ["BUG: unable ", "amdgpu 0000:", "pcieport 000", "BUG: kernel ",
+                                               "[drm] IP blo", "NVRM: GPU at"]
+    assert [r.timestamp for r in records] == [None, 12.5, 36.117975, 10409.645057, 279.726475, None]
+
+
+def test_grep_output_with_a_date_but_no_host_is_kernel_text_and_other_programs_are_not():
+    records = parse_lines([
+        "Sep 18 20:07:01 NVRM: Xid (PCI:0000:02:00): 109, pid=8494, name=RenderThread, CTX SWITCH TIMEOUT",
+        "Mar 24 11:53:48 pandemonium nvidia-persistenced: Started (1640)",
+        "Feb 15 12:31:57.623047 systemd-modules-load[1054]: Failed to insert module 'nvidia_uvm'",
+    ]).records
+    assert [r.text[:9] for r in records] == ["NVRM: Xid"]
+
+
+def test_talos_console_format():
+    (record,) = parse_lines(["192.168.11.119: kern: warning: [2026-04-22T21:27:51.291660856Z]: NVRM: "
+                             "kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0"]).records
+    assert record.text.startswith("NVRM: kflcnCoreDump") and record.timestamp == 1776893271.29166

@@ -122,7 +122,7 @@ def test_a_log_that_cannot_be_read_is_a_failed_look_not_a_failed_start(tmp_path)
     from gpuwarden.engine.scraper import ScrapeError
 
     scraper = LogScraper.of(tmp_path / "missing.log", None, "vllm")
-    with pytest.raises(ScrapeError, match="missing.log"):
+    with pytest.raises(ScrapeError, match=r"missing\.log"):
         asyncio.run(scraper.scrape())
     (tmp_path / "missing.log").write_text("")
     assert asyncio.run(scraper.scrape()).running is None  # nothing said yet: no judgement

@@ -27,7 +27,7 @@ def test_junction_warning_then_critical_then_resolved():
     [crit] = run(rules, s(temperatures={"junction": 111.0}))
     assert crit.event.severity == Severity.CRITICAL
     [ended] = run(rules, s(temperatures={"junction": 80.0}))
-    assert ended.event is None and ended.dedupe_key == "thermal:0000:03:00.0"
+    assert ended.event is None and ended.dedupe_key == "thermal:0000:03:00.0:junction" == warn.event.dedupe_key
 
 
 def test_power_over_cap_and_spike_and_psu_guard():
@@ -38,6 +38,16 @@ def test_power_over_cap_and_spike_and_psu_guard():
     assert any("above its cap 327 W on 0000:03:00.0" in m for m in messages)
     assert any("power jumped 100 -> 360 W" in m for m in messages)
     assert any("all GPUs together draw 690 W" in m for m in messages)
+
+
+def test_a_spike_that_ends_resolves_only_itself():
+    """Two conditions of one GPU are two alerts: the spike's end must not send [RESOLVED] for the over-cap."""
+    rules = TelemetryRules(GpuConfig())
+    run(rules, s(power_watts=100.0))
+    raised = {c.event.dedupe_key for c in run(rules, s(power_watts=360.0))}
+    assert raised == {"power:0000:03:00.0:cap", "power:0000:03:00.0:spike"}
+    [ended] = run(rules, s(power_watts=361.0))  # still over the cap, no new jump
+    assert ended.event is None and ended.dedupe_key == "power:0000:03:00.0:spike"
 
 
 def test_fan_stopped_while_hot_but_passive_cards_are_fine():

@@ -1,7 +1,11 @@
 """Kill a resolved set of processes as systemd stops a unit: SIGTERM then SIGCONT to every process (a stopped
 process acts on SIGTERM only once continued), a grace period for those that can act on it, SIGKILL for what
-is left, then confirm. A process that cannot act on SIGTERM (still stopped after SIGCONT, as one held in a
-ptrace stop is) gets SIGKILL without waiting out the grace; a zombie or a vanished one counts as gone.
+is left, then confirm. A zombie or a vanished process counts as gone.
+
+The grace is cut short when waiting cannot help: when every process left is stopped (a thread held in a
+ptrace stop: SIGCONT cannot wake it), or when the whole tree has used no CPU for a second and none is in an
+uninterruptible wait — nothing is shutting down, so something waits for what the stuck engine will never
+give (a real vLLM's API server waits after SIGTERM for its open requests, which a stalled engine never ends).
 
 Synchronous (psutil waits): run it off the event loop. Only processes that `is_killable` accepts are touched.
 """
@@ -65,25 +69,46 @@ def kill(procs: list[psutil.Process], grace: float, dry_run: bool = False) -> Ki
 
 def _wait(procs: list[psutil.Process], timeout: float,
           until_stuck: bool = False) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """(gone, alive) after at most `timeout`, or as soon as every live one is stopped when `until_stuck`
-    (waiting longer cannot help it). A zombie is gone: it waits only for its parent to reap it."""
-    deadline = time.monotonic() + timeout
+    """(gone, alive) after at most `timeout`, or, when `until_stuck`, as soon as waiting cannot help the live
+    ones (see the module's docstring). A zombie is gone: it waits only for its parent to reap it."""
+    now = time.monotonic()
+    deadline, quiet_since, cpu = now + timeout, now, _cpu(procs)
     alive = list(procs)
     while True:
         time.sleep(0.05)
+        now = time.monotonic()
         alive = [p for p in alive if is_running(p)]
-        if not alive or time.monotonic() >= deadline or (until_stuck and all(_stopped(p) for p in alive)):
-            return [p for p in procs if p not in alive], alive
+        if not alive or now >= deadline:
+            break
+        if until_stuck:
+            states, spent = [_status(p) for p in alive], _cpu(alive)
+            if spent > cpu or psutil.STATUS_DISK_SLEEP in states:
+                quiet_since, cpu = now, spent
+            if all(s in _STOPPED for s in states) or now - quiet_since >= QUIET:
+                break
+    return [p for p in procs if p not in alive], alive
 
 
+QUIET = 1.0  # seconds without CPU use after SIGTERM after which a tree is taken to wait for nothing
 _STOPPED = {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
 
 
-def _stopped(proc: psutil.Process) -> bool:
+def _status(proc: psutil.Process) -> str:
     try:
-        return proc.status() in _STOPPED
+        return proc.status()
     except psutil.Error:
-        return False
+        return psutil.STATUS_DEAD
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

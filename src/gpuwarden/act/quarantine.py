@@ -3,15 +3,25 @@
 A power cut during an engine's first compile leaves zero-byte files in the torch/inductor/triton/vLLM
 caches; the engine then dies silently every few minutes. Renaming the cache to
 `<dir>.BROKEN-<YYYYmmdd-HHMMSS>-<reason>` makes the engine recompile and keeps the evidence.
+
+Root does this in users' homes and in /tmp, so a cache is reached from / one component at a time with
+O_NOFOLLOW, never through a symbolic link, and only through directories owned by root or by the cache's own
+user (the owner of the cache directory): what root renames is then something that user could rename, and
+what it reads and records are names inside that cache. The rename goes through the verified parent's file
+descriptor (renameat2, never replacing an existing name).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import pwd
 import re
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,15 +38,22 @@ CACHE_TEMPLATES = (
     "{home}/.cache/flashinfer",
 )
 _EXAMPLES = 5  # zero-byte files named in a finding or event
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Unsafe(Exception):
+    """A cache path that root must not walk or rename; `str()` says why."""
 
 
 @dataclass(frozen=True)
 class Poisoned:
-    """A cache directory holding zero-byte files."""
+    """A cache directory holding zero-byte files, or one refused (`refused` says why; nothing was read)."""
 
     dir: Path
     count: int
     examples: tuple[str, ...] = field(default=())  # paths relative to `dir`
+    refused: str = ""
 
 
 def cache_dirs(config: CacheConfig) -> list[Path]:
@@ -52,26 +69,74 @@ def default_dirs() -> list[Path]:
     return list(dict.fromkeys(dirs))
 
 
+@contextmanager
+def opened(directory: Path) -> Iterator[tuple[int, int]]:
+    """(parent fd, directory fd), both O_PATH, reached from / without following a link; raises Unsafe when a
+    component is a link or not a directory, or is owned by someone other than root or the directory's owner,
+    and FileNotFoundError when it is not there."""
+    path = Path(os.path.abspath(directory))  # lexical: with no link on the way, it is the real path
+    fds = [os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        owners = [(Path("/"), os.fstat(fds[0]).st_uid)]
+        for i, name in enumerate(path.parts[1:], 2):
+            fds.append(os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+            st = os.fstat(fds[-1])
+            here = Path(*path.parts[:i])
+            if stat.S_ISLNK(st.st_mode):
+                raise Unsafe(f"{here} is a symbolic link (to {os.readlink(name, dir_fd=fds[-2])})")
+            if not stat.S_ISDIR(st.st_mode):
+                raise Unsafe(f"{here} is not a directory")
+            owners.append((here, st.st_uid))
+            if len(fds) > 2:
+                os.close(fds.pop(0))  # only the last two are needed
+        user = owners[-1][1]
+        for here, uid in owners:
+            if uid not in (0, user):
+                raise Unsafe(f"{here} belongs to {_name(uid)}, not root or the cache's owner {_name(user)}")
+        if len(fds) < 2:
+            raise Unsafe(f"{path} is the root directory")
+        yield fds[-2], fds[-1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 def scan(dirs: list[Path]) -> list[Poisoned]:
-    """Every directory in `dirs` that holds a zero-byte regular file other than a `*.lock` (links not followed)."""
+    """Every directory in `dirs` that holds a zero-byte regular file other than a `*.lock` (links not followed),
+    and every one that is there but may not be walked (with why). Missing ones are skipped."""
     found = []
     for top in dirs:
-        empty: list[str] = []
-        for folder, _, files in os.walk(top):
-            for name in files:
-                if name.endswith(".lock"):
-                    continue
-                path = os.path.join(folder, name)
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue  # gone while we looked
-                if st.st_size == 0 and stat.S_ISREG(st.st_mode):
-                    empty.append(os.path.relpath(path, top))
+        try:
+            with opened(top) as (_, fd):
+                empty = sorted(_zero_byte_files(fd))
+        except Unsafe as exc:
+            found.append(Poisoned(Path(os.path.abspath(top)), 0, refused=str(exc)))
+            continue
+        except OSError:
+            continue  # not there (or not a place we can look)
         if empty:
-            empty.sort()
-            found.append(Poisoned(top, len(empty), tuple(empty[:_EXAMPLES])))
+            found.append(Poisoned(Path(os.path.abspath(top)), len(empty), tuple(empty[:_EXAMPLES])))
     return found
+
+
+def _zero_byte_files(dir_fd: int) -> Iterator[str]:
+    for folder, _, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        for name in files:
+            if name.endswith(".lock"):
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone while we looked
+            if st.st_size == 0 and stat.S_ISREG(st.st_mode):
+                yield os.path.normpath(os.path.join(folder, name))
 
 
 def broken_name(directory: Path, reason: str, now: float) -> Path:
@@ -84,13 +149,25 @@ def broken_name(directory: Path, reason: str, now: float) -> Path:
 def quarantine(directory: Path, reason: str, now: float, dry_run: bool = False) -> Path:
     """Rename `directory` aside and return the new name; with `dry_run`, only say what the name would be.
 
-    A rename within one filesystem is atomic: the engine sees either the old cache or none.
+    A rename within one filesystem is atomic: the engine sees either the old cache or none. Raises Unsafe for a
+    path that may not be touched (see `opened`).
     """
-    target = broken_name(directory, reason, now)
-    if target.exists():
-        raise FileExistsError(f"{target} exists already")
-    if not dry_run:
-        directory.rename(target)
+    path = Path(os.path.abspath(directory))
+    target = broken_name(path, reason, now)
+    with opened(path) as (parent, fd):
+        there, verified = os.stat(path.name, dir_fd=parent, follow_symlinks=False), os.fstat(fd)
+        if (there.st_dev, there.st_ino) != (verified.st_dev, verified.st_ino):
+            raise Unsafe(f"{path} changed while it was being moved")
+        if dry_run:
+            try:
+                os.stat(target.name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return target
+            raise FileExistsError(errno.EEXIST, f"{target} exists already")
+        if _libc.renameat2(parent, os.fsencode(path.name), parent, os.fsencode(target.name),
+                           _RENAME_NOREPLACE) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), str(target))
     return target
 
 
@@ -106,16 +183,19 @@ def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool
     moves, failures = [], []
     for p in poisoned:
         try:
+            if p.refused:
+                raise Unsafe(p.refused)
             moves.append({"dir": str(p.dir), "to": str(quarantine(p.dir, reason, now, dry_run)),
                           "zero_byte_files": p.count, "examples": list(p.examples)})
+        except Unsafe as exc:
+            failures.append({"dir": str(p.dir), "error": f"refused: {exc}"})
         except OSError as exc:
             failures.append({"dir": str(p.dir), "error": exc.strerror or str(exc)})
     files = sum(p.count for p in poisoned)
     verb = "would move" if dry_run else "moved"
-    what = "; ".join(f"{m['dir']} -> {m['to']}" for m in moves) or "nothing"
-    message = f"{files} zero-byte file(s) in compile caches ({reason}): {verb} {what}"
-    if failures:
-        message += "; could not move " + ", ".join(f"{f['dir']} ({f['error']})" for f in failures)
+    said = [f"{verb} " + "; ".join(f"{m['dir']} -> {m['to']}" for m in moves)] if moves else []
+    said += [f"could not move {f['dir']} ({f['error']})" for f in failures]
+    message = f"{files} zero-byte file(s) in compile caches ({reason}): " + ("; ".join(said) or f"{verb} nothing")
     return Event("cache_poisoned", Severity.CRITICAL if failures else Severity.WARNING, message, now,
                  evidence={"moved": moves, "failed": failures, "reason": reason, "dry_run": dry_run,
                            "runbook": "cache_poisoned"})

@@ -35,7 +35,8 @@ RUNBOOKS: dict[str, str] = {
         "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
         "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
         "(the first start takes longer), then delete the BROKEN folder once it runs."),
-    "kill_refused": "gpuwarden did not kill the engine again (kill budget spent): look at it by hand now.",
+    "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
+                     "may not kill (the event says which and why). Look at it by hand now."),
     "thermal": "Check airflow, fan curves and dust; lower the power cap until the cause is fixed.",
     "power": "Check the power cap (and that it was set on every card) and what the PSU can feed all GPUs at once.",
     "fan": "A stopped fan on a hot GPU: stop the load on it now and check the fan and its header.",

@@ -1,15 +1,25 @@
 """Which processes make up an engine, and which GPUs they hold. Synchronous psutil/procfs reads: callers run
 them off the event loop.
 
-Orphans: psutil's `children(recursive=True)` loses descendants whose parent exited, so a tracker remembers
-every descendant it has seen (by pid and start time, so a reused pid is never mistaken for it), and also takes
-members of the root's process group when the root leads that group.
+Who may be killed is decided here, once and strictly. The engine's user is the configured `target.user`, else
+the owner of the socket that serves its metrics_url (the process whose /metrics said it stalled). A target's
+roots are refused when they are PID 1, gpuwarden, one of its ancestors, a kernel thread, or not wholly (real,
+effective and saved uid) the engine's user; only then are descendants and the process group added, and the
+tree is never followed into another user's process.
+
+Orphans: psutil's `children()` loses descendants whose parent exited, so a tracker remembers every descendant
+it has seen (by pid and start time, so a reused pid is never mistaken for it), and also takes members of the
+root's process group when the root leads that group.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import pwd
 import re
+import socket
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,51 +27,163 @@ from pathlib import Path
 import httpx
 import psutil
 
+from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
+
+# What an engine's own process runs: an interpreter or a known server binary (by /proc/<pid>/exe). A shell, a
+# tmux or screen server, pgrep or an editor that merely carries the pattern's text is never the engine.
+ENGINE_EXECUTABLES = re.compile(r"(python|pypy)[0-9.]*|llama-server|llama-cpp-server|ollama|trtllm-serve"
+                                r"|text-generation-(launcher|router|server)")
 
 
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
     kind: str  # port | pidfile | cmdline | unit | cgroup | docker
     port: int | None = None
+    host: str | None = None  # metrics_url's host: with `port`, the socket that serves it
     pidfile: Path | None = None
     pattern: str | None = None
     unit: str | None = None
     cgroup: Path | None = None
     container: str | None = None
     docker_socket: Path = Path("/var/run/docker.sock")
+    uid: int | None = None  # the engine's user when configured; else the owner of the serving socket
 
 
-def roots(spec: TargetSpec) -> list[psutil.Process]:
-    """The top processes of the target (their descendants are found by the tracker)."""
+@dataclass(frozen=True)
+class Resolved:
+    """A target's root processes now, the engine's user, and each candidate refused with why."""
+
+    roots: list[psutil.Process]
+    uid: int | None
+    refused: list[str] = field(default_factory=list)
+
+
+def resolve(spec: TargetSpec) -> Resolved:
+    serving = _serving(spec.host, spec.port) if spec.port else []
+    uid = spec.uid if spec.uid is not None else _only_uid(serving)
+    candidates, refused = _candidates(spec, serving)
+    accepted, protected = [], _protected()
+    for proc in candidates:
+        if why := refusal(proc, uid, protected):
+            refused.append(f"{describe(proc)}: {why}")
+        else:
+            accepted.append(proc)
+    return Resolved(accepted, uid, refused)
+
+
+def _candidates(spec: TargetSpec, serving: list[psutil.Process]) -> tuple[list[psutil.Process], list[str]]:
     if spec.kind == "port":
-        return _listening_on(spec.port)
+        return serving, []
     if spec.kind == "pidfile":
-        try:
-            return [psutil.Process(int(spec.pidfile.read_text().split()[0]))]
-        except (OSError, ValueError, IndexError, psutil.Error):
-            return []
+        return _from_pidfile(spec.pidfile)
     if spec.kind == "cmdline":
-        return _matching(re.compile(spec.pattern))
+        return _matching(re.compile(spec.pattern)), []
     if spec.kind in ("unit", "cgroup"):
-        return _in_cgroup(spec.cgroup if spec.kind == "cgroup" else _unit_cgroup(spec.unit))
+        return _in_cgroup(spec.cgroup if spec.kind == "cgroup" else _unit_cgroup(spec.unit)), []
     if spec.kind == "docker":
-        return _in_container(spec.docker_socket, spec.container)
+        return _in_container(spec.docker_socket, spec.container), []
     raise ValueError(f"no process roots for target kind {spec.kind!r}")
 
 
-def _listening_on(port: int) -> list[psutil.Process]:
-    pids = {c.pid for c in psutil.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
-    return _alive(pids)
+def refusal(proc: psutil.Process, uid: int | None, protected: set[int] | None = None) -> str | None:
+    """Why `proc` may not be an engine's root (None: it may)."""
+    if not is_killable(proc, protected):
+        return "PID 1, gpuwarden, one of its ancestors or a kernel thread"
+    if uid is None:
+        return "the engine's user is unknown (nothing serves its metrics_url here; set [engine.target] user)"
+    if not owned_by(proc, uid):
+        return f"runs as another user than the engine's ({_user_name(uid)})"
+    return None
+
+
+def owned_by(proc: psutil.Process, uid: int) -> bool:
+    """Real, effective and saved uid are all `uid` (a setuid child of the engine is someone else's)."""
+    try:
+        return set(proc.uids()) == {uid}
+    except psutil.Error:
+        return False
+
+
+def _serving(host: str | None, port: int) -> list[psutil.Process]:
+    """The processes listening on the socket that serves host:port: one bound to that address, or else one
+    bound to the wildcard (the kernel prefers the exact address in the same way)."""
+    addresses = _addresses(host or "127.0.0.1")
+    exact, wildcard = set(), set()
+    for c in psutil.net_connections(kind="inet"):
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port or not c.pid:
+            continue
+        ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
+        if ip in addresses or getattr(ip, "ipv4_mapped", None) in addresses:
+            exact.add(c.pid)
+        elif ip.is_unspecified and (ip.version == 6 or any(a.version == 4 for a in addresses)):
+            wildcard.add(c.pid)
+    return _alive(exact or wildcard)
+
+
+def _addresses(host: str) -> set:
+    try:
+        return {ipaddress.ip_address(host.strip("[]"))}
+    except ValueError:
+        pass
+    try:
+        return {ipaddress.ip_address(info[4][0].split("%")[0])
+                for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def _only_uid(procs: list[psutil.Process]) -> int | None:
+    uids = set()
+    for proc in procs:
+        try:
+            uids.add(proc.uids().real)
+        except psutil.Error:
+            continue
+    return uids.pop() if len(uids) == 1 else None
+
+
+def _from_pidfile(path: Path) -> tuple[list[psutil.Process], list[str]]:
+    """The pid in `path`, which only root may be able to write (else anyone who can write it names a victim)."""
+    try:
+        if why := _writable_by_others(path):
+            return [], [f"pidfile {path}: {why}"]
+        return _alive([int(path.read_text().split()[0])]), []
+    except (OSError, ValueError, IndexError) as exc:
+        return [], [f"pidfile {path}: {getattr(exc, 'strerror', None) or exc}"]
+
+
+def _writable_by_others(path: Path) -> str | None:
+    """Why someone other than root could change what `path` says (None: nobody can). The file and every
+    directory above it, as written and as resolved, must be root's and not group- or world-writable (a sticky
+    directory may be: no one else can replace a root-owned file in it)."""
+    given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
+    for part in dict.fromkeys([given, *given.parents, real, *real.parents]):
+        st = os.lstat(part)
+        if st.st_uid != 0:
+            return f"{part} belongs to uid {st.st_uid}, not root"
+        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_mode & 0o022 and not (sticky and part not in (given, real)) and not stat.S_ISLNK(st.st_mode):
+            return f"{part} is writable by group or others"
+    return None
 
 
 def _matching(pattern: re.Pattern[str]) -> list[psutil.Process]:
+    """Processes whose own executable is an engine's and whose command line holds the pattern (outermost)."""
     found = {}
     for proc in psutil.process_iter(["cmdline"]):
-        if pattern.search(" ".join(proc.info["cmdline"] or ())):
+        if pattern.search(" ".join(proc.info["cmdline"] or ())) and ENGINE_EXECUTABLES.fullmatch(_exe_name(proc)):
             found[proc.pid] = proc
     return [p for p in found.values() if _ppid(p) not in found]
+
+
+def _exe_name(proc: psutil.Process) -> str:
+    """The name of the file the process executes (/proc/<pid>/exe, read directly: psutil would guess from the
+    argv the process wrote itself when the link cannot be read)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{proc.pid}/exe")).removesuffix(" (deleted)")
+    except OSError:
+        return ""
 
 
 def _unit_cgroup(unit: str) -> Path | None:
@@ -89,10 +211,10 @@ def _in_cgroup(path: Path | None) -> list[psutil.Process]:
     return _alive(pids)
 
 
-def _in_container(socket: Path, container: str) -> list[psutil.Process]:
+def _in_container(sock: Path, container: str) -> list[psutil.Process]:
     """The container's processes as host pids, from the Docker Engine API (`GET /containers/{id}/top`)."""
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://docker",
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://docker",
                           timeout=5) as client:
             response = client.get(f"/containers/{container}/top", params={"ps_args": "-o pid"})
     except httpx.HTTPError:
@@ -126,38 +248,49 @@ class Tracker:
     """Every process seen as part of one engine, kept across scrapes."""
 
     seen: dict[tuple[int, float], psutil.Process] = field(default_factory=dict)
+    uid: int | None = None  # the engine's user as last known: orphans outlive the socket that told it
 
-    def refresh(self, top: list[psutil.Process]) -> list[psutil.Process]:
-        """The engine's live processes now: the roots, their descendants, the roots' own process groups,
-        and every earlier member still alive."""
+    def refresh(self, found: Resolved) -> list[psutil.Process]:
+        """The engine's live processes now: the accepted roots, their descendants, the roots' own process
+        groups, and every earlier member still alive; all of them the engine user's and killable."""
         current: dict[tuple[int, float], psutil.Process] = {}
-        for proc in top:
-            for member in [proc, *_descendants(proc), *_group_members(proc)]:
+        self.uid = uid = found.uid if found.uid is not None else self.uid
+        protected = _protected()
+        ours = (lambda p: owned_by(p, uid) and is_killable(p, protected)) if uid is not None else (lambda p: False)
+        everyone = list(psutil.process_iter(["ppid"])) if found.roots else []  # one pass over /proc
+        children: dict[int, list[psutil.Process]] = {}
+        for proc in everyone:
+            children.setdefault(proc.info["ppid"], []).append(proc)
+        for proc in found.roots:
+            for member in [proc, *_descendants(proc, children, ours), *filter(ours, _group_members(proc, everyone))]:
                 key = _key(member)
                 if key:
                     current[key] = self.seen.get(key, member)
         for key, proc in self.seen.items():
-            if key not in current and _key(proc) == key:
+            if key not in current and _key(proc) == key and ours(proc):
                 current[key] = proc  # an orphan: its parent exited, it did not
         self.seen = current
-        return [p for p in current.values() if is_running(p) and is_killable(p)]
+        return [p for p in current.values() if is_running(p) and ours(p)]
 
 
-def _descendants(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
+def _descendants(proc: psutil.Process, children: dict[int, list[psutil.Process]], ours) -> list[psutil.Process]:
+    """Children, grandchildren, ...; a child that is not `ours` is left out with everything below it."""
+    out, todo = [], [proc]
+    while todo:
+        kept = [c for c in children.get(todo.pop().pid, ()) if ours(c)]
+        out += kept
+        todo += kept
+    return out
 
 
-def _group_members(root: psutil.Process) -> list[psutil.Process]:
+def _group_members(root: psutil.Process, everyone: list[psutil.Process]) -> list[psutil.Process]:
     try:
         if os.getpgid(root.pid) != root.pid:
             return []  # the root shares someone else's group (a shell's): do not take that group
     except OSError:
         return []
     members = []
-    for proc in psutil.process_iter():
+    for proc in everyone:
         try:
             if proc.pid != root.pid and os.getpgid(proc.pid) == root.pid:
                 members.append(proc)
@@ -181,21 +314,50 @@ def is_running(proc: psutil.Process) -> bool:
         return False
 
 
-_PROTECTED = {1, os.getpid()}
+_PF_KTHREAD = 0x00200000  # task flag of kernel threads (include/linux/sched.h)
 
 
-def is_killable(proc: psutil.Process) -> bool:
-    """Never PID 1, this daemon, its ancestors, or kernel threads."""
+def is_killable(proc: psutil.Process, protected: set[int] | None = None) -> bool:
+    """Never PID 1, this daemon, its ancestors (`protected`, looked up when not given), or kernel threads."""
     try:
-        if proc.pid in _PROTECTED or proc.pid in _ancestors():
+        if proc.pid in (protected if protected is not None else _protected()):
             return False
-        return not (proc.pid == 2 or proc.ppid() == 2)  # kthreadd and its kernel threads
+        return not _kernel_thread(proc.pid)
     except psutil.Error:
         return False
 
 
-def _ancestors() -> set[int]:
-    return {p.pid for p in psutil.Process().parents()}
+def _kernel_thread(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True  # gone or unreadable: not something to signal
+    return pid == 2 or int(fields[1]) == 2 or bool(int(fields[6]) & _PF_KTHREAD)  # ppid, flags
+
+
+def _protected() -> set[int]:
+    return {1, os.getpid(), *(p.pid for p in psutil.Process().parents())}
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def describe(proc: psutil.Process) -> str:
+    """`pid user command` for people, on one line (a command line's control characters are escaped: it is the
+    user's text) and with the secrets of URLs in it masked (it goes into events and alerts)."""
+    try:
+        command = _CONTROL.sub(lambda m: repr(m[0])[1:-1], redact(" ".join(proc.cmdline()) or f"[{proc.name()}]"))
+        return f"{proc.pid} {proc.username()} {command[:120]}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def cpu_percents(procs: list[psutil.Process]) -> list[float]:

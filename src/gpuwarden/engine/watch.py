@@ -13,17 +13,18 @@ from urllib.parse import urlsplit
 import psutil
 
 from gpuwarden.act.killer import KillBudget, kill
-from gpuwarden.config import EngineConfig, EnginesConfig
+from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import discover, with_source
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, roots
+from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
 from gpuwarden.engine.scraper import ScrapeError, Scraper
 from gpuwarden.engine.slots import SlotsScraper
 from gpuwarden.engine.stall import StallDetector, Verdict
 from gpuwarden.gpu import nvidia
+from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity
 from gpuwarden.policy import EngineView
 
@@ -49,6 +50,7 @@ class EngineState:
     budget: KillBudget
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # candidates the target named but may not be killed
     gpus: frozenset[str] | None = None
     cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
     failures: int = 0
@@ -76,10 +78,10 @@ class EngineState:
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
-    t = config.target
-    port = urlsplit(config.metrics_url).port or 80
-    return TargetSpec(t.kind, port=port, pidfile=t.pidfile, pattern=t.pattern, unit=t.unit, cgroup=t.cgroup,
-                      container=t.container, docker_socket=t.docker_socket)
+    t, url = config.target, urlsplit(config.metrics_url)
+    return TargetSpec(t.kind, port=url.port or SCHEME_PORTS[url.scheme], host=url.hostname, pidfile=t.pidfile,
+                      pattern=t.pattern, unit=t.unit, cgroup=t.cgroup, container=t.container,
+                      docker_socket=t.docker_socket, uid=user_id(t.user) if t.user else None)
 
 
 def base_url(config: EngineConfig) -> str:
@@ -159,11 +161,14 @@ class EngineWatch:
                         log.warning("discovered %s serving on port %d (pid %d), but no source to watch it through "
                                     "answers: %s", f.profile, f.port, f.pid, f.more)
                     continue
-                log.info("discovered %s serving on port %d (pid %d): watching it through %s; for more: %s",
-                         f.profile, f.port, f.pid, f"the journal of {f.log_unit}" if f.log_unit else f.source, f.more)
+                log.info("discovered %s serving on port %d (pid %d): watching it through %s, alerts only; for more: "
+                         "%s", f.profile, f.port, f.pid, f"the journal of {f.log_unit}" if f.log_unit else f.source,
+                         f.more)
+                # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                 state = self.engines[f.name] = new_state(EngineConfig(
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
-                    canary_interval=60.0 if f.profile == "ollama" else 0.0))
+                    canary_interval=60.0 if f.profile == "ollama" else 0.0, on_stall="alert", on_gpu_fault="alert",
+                    on_unresponsive="alert"))
                 self._tasks.create_task(self._watch(state))
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
@@ -205,7 +210,7 @@ class EngineWatch:
             if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
                     and silent_for >= state.detector.threshold(spinning)):
                 state.unresponsive = True
-                self._record(self._unresponsive_event(state, error, silent_for))
+                self._record(self._unresponsive_event(state, redact(error), silent_for))
             return
         if state.unresponsive:
             self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
@@ -267,11 +272,13 @@ class EngineWatch:
     async def _inspect(self, state: EngineState) -> None:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline."""
         def look():
-            procs = state.tracker.refresh(roots(target_spec(state.config)))
+            found = resolve(target_spec(state.config))
+            procs = state.tracker.refresh(found)
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, cpu_percents(procs), gpus
+            return procs, found.refused, cpu_percents(procs), gpus
         try:
-            state.procs, state.cpus, gpus = await asyncio.wait_for(asyncio.to_thread(look), _INSPECT_DEADLINE)
+            state.procs, state.refused, state.cpus, gpus = await asyncio.wait_for(asyncio.to_thread(look),
+                                                                                  _INSPECT_DEADLINE)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
@@ -375,6 +382,12 @@ class EngineWatch:
         state.killing = True
         try:
             await self._inspect(state)
+            if refusal := self._refusal(state):
+                self._record(Event("kill_refused", Severity.CRITICAL, f"{name} should be killed ({reason}) but "
+                                   f"{refusal}: act by hand", time.time(), engine=name,
+                                   evidence={"reason": reason, "refused": state.refused,
+                                             "processes": len(state.procs)}))
+                return
             if not state.procs:
                 log.warning("%s should be killed (%s) but none of its processes was found", name, reason)
                 return
@@ -388,9 +401,20 @@ class EngineWatch:
             self._record(Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
                                engine=name, gpu=_only(state.gpus),
                                evidence={"reason": reason, "terminated": report.terminated, "killed": report.killed,
-                                         "survivors": report.survivors, "dry_run": report.dry_run}))
+                                         "survivors": report.survivors, "dry_run": report.dry_run,
+                                         "refused": state.refused}))
         finally:
             state.killing = False
+
+    @staticmethod
+    def _refusal(state: EngineState) -> str | None:
+        """Why this kill may not go ahead (None: it may)."""
+        if not state.procs and state.refused:
+            return f"its target was refused ({'; '.join(state.refused)})"
+        if len(state.procs) > state.config.max_kill_processes:
+            return (f"its target resolves to {len(state.procs)} processes, more than max_kill_processes "
+                    f"({state.config.max_kill_processes})")
+        return None
 
 
 def is_spinning(cpus: list[float]) -> bool:

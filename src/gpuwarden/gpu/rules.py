@@ -6,11 +6,11 @@ None for a resolution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from gpuwarden.config import GpuConfig
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.model import CONDITION, Event, GpuSample, Severity
 
 W, C = Severity.WARNING, Severity.CRITICAL
 
@@ -123,6 +123,7 @@ class TelemetryRules:
     def _diff(self, found: dict[str, Event]) -> list[Change]:
         changes = []
         for key, event in found.items():
+            event = replace(event, evidence={**event.evidence, CONDITION: key})  # its own alert identity
             before = self._active.get(key)
             if before is None or event.severity > before[0]:
                 changes.append(Change(key, event.dedupe_key, event))

@@ -1,6 +1,10 @@
 """The kernel-line classifier: records in, events out. Pure: the caller passes the time.
 
-- The first matching rule names the kind; Xid lines take severity and meaning from the Xid catalog.
+- The first matching rule names the kind; Xid lines take severity and meaning from the Xid catalog, and an Xid
+  "caused by previous Xid N" carries N and is at least as severe as N when the catalog knows N (an Xid 45
+  cleanup after an NVLink Xid 149 is a warning, not info).
+- Correlations (rules.CORRELATIONS) judge outcomes across lines of one GPU: a line can raise the severity of
+  another, or a pair of lines stands for a new event (a reset whose own ring tests fail is a failed reset).
 - A burst of lines with the same kind, severity, subject (and Xid) within `storm_window` seconds of the
   previous one (in log time) is one event whose count grows; a burst that lasts `max_burst` seconds starts
   a new event. `flush` closes bursts that saw no line for `storm_window` (in the caller's time).
@@ -21,14 +25,23 @@ import ahocorasick
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
-    ESCALATIONS,
+    CORRELATIONS,
+    DUMP_STACK_FRAME,
     FRAME,
+    GHES_PCIE,
+    GHES_RECORD,
+    GHES_RULE,
+    GHES_SEVERITIES,
+    GHES_SEVERITY,
     GPU_DRIVERS,
     GPU_MODULES,
+    GSP_FRAME,
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
     RULES,
+    TRACE_LINE,
+    Correlation,
     Rule,
 )
 from gpuwarden.model import Event, Severity, normalize_pci
@@ -37,6 +50,13 @@ _PREFIX = re.compile(r"^\s*([\w-]+) ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]
 _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
                        r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
 _FRAME = re.compile(FRAME)
+_TRACE_LINE = re.compile(TRACE_LINE)
+_DUMP_STACK = re.compile(DUMP_STACK_FRAME)
+_GSP_FRAME = re.compile(GSP_FRAME)
+_CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+_GHES = re.compile(GHES_RECORD)
+_GHES_SEVERITY = re.compile(GHES_SEVERITY)
+_GHES_PCIE = re.compile(GHES_PCIE)
 _OOPS_HEADERS = [(re.compile(p), s) for p, s in OOPS_HEADERS]
 _OOPS_END = re.compile(OOPS_END)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
@@ -69,6 +89,8 @@ class _Oops:
     lines: list[str] = field(default_factory=list)
     gpu_modules: set[str] = field(default_factory=set)
     gpu: str | None = None
+    dumped: bool = False  # passes through dump_stack: a driver printed it on purpose
+    gsp: bool = False  # the stack of NVRM's GSP RPC-timeout report
     last: float = 0.0  # log time
     arrived: float = 0.0  # caller's time
 
@@ -87,7 +109,7 @@ class Classifier:
         self._rules = [(re.compile(r.pattern), r) for r in (*extra_rules, *rules)]
         self._unhinted = [(regex, r) for regex, r in self._rules if not r.hints]
         self._gate = ahocorasick.Automaton()
-        for hint in {h for r in rules for h in r.hints} | set(OOPS_HINTS):
+        for hint in {h for r in rules for h in r.hints} | set(OOPS_HINTS) | {"Hardware Error"}:
             self._gate.add_word(hint, hint)
         self._gate.make_automaton()
         self._severity_overrides = severity_overrides or {}
@@ -95,7 +117,10 @@ class Classifier:
         self.storm_window = storm_window
         self.max_burst = max_burst
         self._bursts: dict[tuple, Burst] = {}
-        self._recent: dict[tuple[str, str], float] = {}  # (kind, gpu) -> last time, for escalations
+        # rule -> recent lines: (gpu, log time, text, other device)
+        self._recent: dict[str, list[tuple[str | None, float, str, str | None]]] = {}
+        self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
+        self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
         self.lines = 0
 
@@ -110,17 +135,17 @@ class Classifier:
         gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        if gated and (self._oops or _FRAME.search(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
+        if gated and (self._oops or _TRACE_LINE.match(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
                 return out
+        if gated and (ghes := _GHES.match(text)):
+            return out + self._ghes_line(ghes.group("id"), text, record, stamp, now)
         for regex, rule in self._rules if gated else self._unhinted:
             m = regex.search(text)
             if m:
-                burst = self._event(rule, m, record, stamp, now)
-                if burst:
-                    out.append(burst)
+                out += self._event(rule, m, record, stamp, now)
                 break
         return out
 
@@ -142,44 +167,96 @@ class Classifier:
 
     # --- one-line events -------------------------------------------------------------------------
 
-    def _event(self, rule: Rule, m: re.Match[str], record: KernelRecord, stamp: float, now: float) -> Burst | None:
+    def _event(self, rule: Rule, m: re.Match[str], record: KernelRecord, stamp: float, now: float,
+               severity: Severity | None = None) -> list[Burst]:
         gpu, device = _attribute(record, rule.vendor)
-        severity, meaning, xid = rule.severity, rule.meaning, None
+        severity, meaning, xid = severity or rule.severity, rule.meaning, None
+        evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         if rule.kind == "xid":
             xid = int(m.group("xid"))
             severity, meaning = xid_catalog.describe(xid)
+            if (cause := _CAUSED_BY.search(record.text)) and int(cause.group(1)) in xid_catalog.XIDS:
+                evidence["caused_by"] = int(cause.group(1))
+                severity = max(severity, xid_catalog.describe(evidence["caused_by"])[0])
+                meaning = f"{meaning}, caused by Xid {evidence['caused_by']}"
+            elif cause:
+                evidence["caused_by"] = int(cause.group(1))
             severity = self._xid_overrides.get(xid, severity)
             meaning = f"Xid {xid}: {meaning}"
-        evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         if xid is not None:
             evidence["xid"] = xid
         if device:
             evidence["pci"] = device
         if record.timestamp is not None:
             evidence["log_time"] = record.timestamp
-        if gpu:
-            severity = self._escalate(rule.kind, gpu, stamp, severity, evidence)
-            self._recent[(rule.kind, gpu)] = stamp
+        severity, outcomes = self._correlate(rule.name, gpu, stamp, now, severity, evidence)
+        if rule.quiet:
+            return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
-        key = (rule.kind, severity, gpu or device, xid)
+        return [b for b in (self._burst(rule.kind, severity, gpu, device, xid, meaning, evidence, stamp, now),
+                            *outcomes) if b]
+
+    def _burst(self, kind: str, severity: Severity, gpu: str | None, device: str | None, xid: int | None,
+               meaning: str, evidence: dict, stamp: float, now: float) -> Burst | None:
+        """A new event, or None when the line joins the open burst of the same kind, severity and subject."""
+        key = (kind, severity, gpu or device, xid)
         burst = self._bursts.get(key)
         if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst:
             burst.count += 1
             burst.last, burst.arrived = stamp, now
             return None
         subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
-        event = Event(kind=rule.kind, severity=severity, message=f"{meaning}{subject}", time=now, gpu=gpu,
+        event = Event(kind=kind, severity=severity, message=f"{meaning}{subject}", time=now, gpu=gpu,
                       evidence=evidence)
         burst = self._bursts[key] = Burst(event, stamp, stamp, now)
         return burst
 
-    def _escalate(self, kind: str, gpu: str, stamp: float, severity: Severity, evidence: dict) -> Severity:
-        for rule in ESCALATIONS:
-            seen = self._recent.get((rule.after, gpu))
-            if rule.kind == kind and seen is not None and 0 <= stamp - seen <= rule.within_seconds:
-                evidence["escalated"] = rule.why
-                severity = max(severity, rule.severity)
-        return severity
+    def _correlate(self, name: str, gpu: str | None, stamp: float, now: float, severity: Severity,
+                   evidence: dict) -> tuple[Severity, list[Burst]]:
+        """This line's severity after the correlations it completes, and the outcome events they make."""
+        outcomes: list[Burst] = []
+        for corr in CORRELATIONS:
+            partners = corr.after if name in corr.then else corr.then if corr.either_order and name in corr.after \
+                else ()
+            hit = next((h for p in partners for h in reversed(self._recent.get(p, ()))
+                        if abs(stamp - h[1]) <= corr.within_seconds and (h[0] is None or gpu is None or h[0] == gpu)
+                        and not (corr.needs_gpu and h[0] is None and gpu is None)), None)
+            if hit is None:
+                continue
+            if corr.emit is None:
+                evidence["escalated"] = corr.why
+                severity = max(severity, corr.severity)
+            elif (burst := self._outcome(corr, hit[0] or gpu, stamp, now, [hit[2], evidence["line"]],
+                                         evidence.get("pci") or hit[3])) is not None:
+                outcomes.append(burst)
+        hits = self._recent.setdefault(name, [])
+        hits.append((gpu, stamp, evidence["line"], evidence.get("pci")))
+        del hits[:-8]
+        return severity, outcomes
+
+    def _outcome(self, corr: Correlation, gpu: str | None, stamp: float, now: float, lines: list[str],
+                 device: str | None) -> Burst | None:
+        last = self._emitted.get((corr.name, gpu))
+        if last is not None and 0 <= stamp - last <= corr.within_seconds:
+            return None
+        self._emitted[(corr.name, gpu)] = stamp
+        evidence = {"line": lines[-1], "lines": lines, "rule": corr.name, "runbook": corr.runbook,
+                    "why": corr.why, "log_time": stamp}
+        if device:
+            evidence["pci"] = device
+        subject = f" on {gpu}" if gpu else ""
+        event = Event(kind=corr.emit or "", severity=corr.severity, message=f"{corr.why}{subject}", time=now,
+                      gpu=gpu, evidence=evidence)
+        return Burst(event, stamp, stamp, now)
+
+    def _ghes_line(self, record_id: str, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
+        """APEI/GHES records span lines tied by their `{N}` id: the severity line, then the section type."""
+        if m := _GHES_SEVERITY.search(text):
+            self._ghes[record_id] = GHES_SEVERITIES[m.group("severity")]
+            return []
+        if (m := _GHES_PCIE.search(text)) and record_id in self._ghes:
+            return self._event(GHES_RULE, m, record, stamp, now, severity=self._ghes[record_id])
+        return []
 
     # --- oops reports ----------------------------------------------------------------------------
 
@@ -188,7 +265,7 @@ class Classifier:
         header = next((sev for regex, sev in _OOPS_HEADERS if regex.search(text)), None)
         frames = _FRAME.findall(text)
         if self._oops is None:
-            if header is None and not frames:
+            if header is None and not _TRACE_LINE.match(text):
                 return None
             self._oops = _Oops(severity=header)
         oops = self._oops
@@ -196,6 +273,8 @@ class Classifier:
             oops.severity = max(oops.severity or header, header)
         oops.lines.append(text)
         oops.gpu_modules.update(m for m in frames if m in GPU_MODULES)
+        oops.dumped = oops.dumped or bool(_DUMP_STACK.search(text))
+        oops.gsp = oops.gsp or bool(_GSP_FRAME.search(text))
         oops.gpu = oops.gpu or _attribute(record, "kernel")[0]
         oops.last, oops.arrived = stamp, now
         if _OOPS_END.search(text) or len(oops.lines) >= _OOPS_LINES:
@@ -206,6 +285,8 @@ class Classifier:
         oops, self._oops = self._oops, None
         if oops is None:
             return []
+        if oops.severity is None and oops.dumped:  # a stack a driver printed on purpose, not a crash
+            return self._gsp_stack(oops, now) if oops.gsp else []
         if oops.gpu_modules:
             severity = oops.severity if oops.severity is not None else Severity.WARNING
             what = f"kernel oops in {', '.join(sorted(oops.gpu_modules))}"
@@ -218,6 +299,15 @@ class Classifier:
                       evidence={"line": oops.lines[0], "lines": oops.lines, "runbook": "oops",
                                 "modules": sorted(oops.gpu_modules)})
         return [Burst(event, oops.last, oops.last, oops.arrived)]
+
+
+    def _gsp_stack(self, oops: _Oops, now: float) -> list[Burst]:
+        """NVRM dumps the stack of _kgspRpcRecvPoll when a GSP RPC times out: part of the GSP timeout report."""
+        rule = next(r for r in RULES if r.name == "nv_gsp_timeout")
+        evidence = {"line": oops.lines[0], "lines": oops.lines, "rule": rule.name, "runbook": rule.runbook,
+                    "vendor": rule.vendor, "log_time": oops.last}
+        burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
+        return [burst] if burst else []
 
 
 def _attribute(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:

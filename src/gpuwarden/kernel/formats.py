@@ -20,13 +20,16 @@ from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, 
 _LEVEL_PREFIX = re.compile(
     r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d)\s*:"
     r"\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: ")
-_MONO = re.compile(r"^\[\s*(\d+\.\d+)\] ?")
+_PRINTK_LEVEL = re.compile(r"^(?:\s*<\d>)+ ?")
+_MONO = re.compile(r"^\[\s*(\d+\.\d+)\](?:\[\s*[TC]\d+\])? ?")
+_KERNEL_IDENT = re.compile(r"^kernel: ")
+_TALOS = re.compile(r"^\S+: kern: +\w+: \[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?\]: ")
 _RELATIVE = re.compile(r"^\[\s*\+\s*(\d+\.\d+)\] ?")
 _RELATIVE_BASE = re.compile(r"^\[(?:[A-Z][a-z]{2}\d{1,2} )?(\d\d):(\d\d)\] ?")
 _CTIME = re.compile(r"^\[(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:([,.])(\d+))?(Z|[+-]\d\d:?\d\d)? ")
 _SYSLOG = re.compile(r"^[^\W\d_]{3,10}\.? {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
-_IDENT = re.compile(r"^(?:\S+ )??([^\s:\[]+)(?:\[\d+\])?: ")
+_IDENT = re.compile(r"^(?:(?P<host>\S+) )??(?P<ident>[^\s:\[]+)(?P<pid>\[\d+\])?: ")
 _KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
 _SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins at .*|No entries) --$")
 
@@ -80,12 +83,20 @@ def _continue(result: ParseResult, line: str) -> None:
 
 
 def _parse_one(line: str, relative: float) -> KernelRecord | None:
-    if line.startswith("{"):
+    if line.startswith('{"'):  # journalctl -o json; `{7}[Hardware Error]: ...` (APEI) is text
         return _from_json(line)
     if _KMSG.match(line):
         return parse_kmsg(line)
     if m := _LEVEL_PREFIX.match(line):
         line = line[m.end():]
+    if m := _PRINTK_LEVEL.match(line):
+        line = line[m.end():]
+    if m := _KERNEL_IDENT.match(line):
+        return _kernel_text(line[m.end():], None)
+    if m := _TALOS.match(line):
+        date, fraction, zone = m.groups()
+        fraction = f".{fraction[:6]}" if fraction else ""
+        return _kernel_text(line[m.end():], datetime.fromisoformat(f"{date}{fraction}{_iso_zone(zone)}").timestamp())
     if m := _MONO.match(line):
         return KernelRecord(line[m.end():], float(m.group(1)))
     if m := _RELATIVE.match(line):
@@ -117,11 +128,25 @@ def _iso_zone(zone: str | None) -> str:
 
 
 def _journal_line(rest: str, stamp: float) -> KernelRecord | None:
-    """`[host ]kernel: text` -> the kernel's text; lines of other programs are not kernel records."""
+    """`[host ]kernel: text` -> the kernel's text; lines of other programs are not kernel records.
+
+    A line with neither host nor `[pid]` (`Sep 18 20:07:01 NVRM: Xid ...`) is grep output of the kernel log.
+    """
     m = _IDENT.match(rest)
     if not m:
-        return KernelRecord(rest, stamp)
-    return KernelRecord(rest[m.end():], stamp) if m.group(1) == "kernel" else None
+        return _kernel_text(rest, stamp)
+    if m.group("ident") == "kernel":
+        return _kernel_text(rest[m.end():], stamp)
+    return _kernel_text(rest, stamp) if m.group("host") is None and m.group("pid") is None else None
+
+
+def _kernel_text(text: str, stamp: float | None) -> KernelRecord:
+    """The kernel's message, whose own `[ 12.345678]` stamp (kept by syslog and some journals) wins."""
+    if m := _PRINTK_LEVEL.match(text):
+        text = text[m.end():]
+    if m := _MONO.match(text):
+        return KernelRecord(text[m.end():], float(m.group(1)))
+    return KernelRecord(text, stamp)
 
 
 def _from_json(line: str) -> KernelRecord | None:

@@ -13,7 +13,9 @@ class KernelRecord:
     text: str
     timestamp: float | None = None  # seconds on the source's clock (monotonic or wall); None if unknown
     device: str | None = None  # normalised PCI address from the record's device fields
-    cursor: str | None = None  # where to resume after this record (journal cursor)
+    cursor: str | None = None  # where to resume after this record (journal cursor, or kmsg position)
+    seq: int | None = None  # /dev/kmsg sequence number
+    boot: str | None = None  # boot id of a journal entry: its timestamp counts from that boot
 
 
 class MalformedRecord(ValueError):
@@ -40,7 +42,7 @@ def parse_kmsg(raw: str) -> KernelRecord:
             device = pci_from_device_field(value)
     if "\\x" in text:
         text = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
-    return KernelRecord(text=text, timestamp=int(fields[2]) / 1e6, device=device)
+    return KernelRecord(text=text, timestamp=int(fields[2]) / 1e6, device=device, seq=int(fields[1]))
 
 
 def pci_from_device_field(value: str) -> str | None:

@@ -1,7 +1,9 @@
 """Where kernel records come from: the journal, /dev/kmsg, or a file. Thin I/O edges.
 
 Each source is an async iterator of batches (lists of KernelRecord). An idle source yields an empty
-batch every `tick` seconds so that the caller can close storms and oops reports on time.
+batch every `tick` seconds so that the caller can close storms and oops reports on time. Batches are bounded
+(BATCH records) and a source that has more waiting yields to the event loop before the next one: a flood of
+kernel lines never blocks the loop.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 from gpuwarden.kernel.formats import parse_lines
@@ -21,6 +24,8 @@ log = logging.getLogger(__name__)
 
 KMSG = "/dev/kmsg"
 _READ_SIZE = 16384  # /dev/kmsg returns one record per read; a short buffer gives EINVAL
+BATCH = 2000  # records per batch at most
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 class Source:
@@ -64,25 +69,30 @@ class KmsgSource(Source):
         self.path = path
         self._fd: int | None = None
 
-    def _open(self) -> int:
+    def _open(self, at_end: bool = True) -> int:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        os.lseek(fd, 0, os.SEEK_END)
+        if at_end:
+            os.lseek(fd, 0, os.SEEK_END)
         return fd
 
-    def start(self) -> None:
-        """Open now, so that records written after start() are never missed."""
-        self._fd = self._open()
+    def start(self, at_end: bool = True) -> None:
+        """Open now, so that records written after start() are never missed; `at_end=False` starts at the
+        oldest record still in the kernel's ring buffer."""
+        self._fd = self._open(at_end)
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         if self._fd is None:
             self.start()
         while True:
             await _readable(self._fd, self.tick)
-            yield self._drain()
+            while len(batch := self._drain()) == BATCH:
+                yield batch
+                await asyncio.sleep(0)  # more is waiting: let the loop run first
+            yield batch
 
-    def _drain(self) -> list[KernelRecord]:
+    def _drain(self, limit: int = BATCH) -> list[KernelRecord]:
         batch: list[KernelRecord] = []
-        while True:
+        while len(batch) < limit:
             try:
                 raw = os.read(self._fd, _READ_SIZE)
             except BlockingIOError:
@@ -102,6 +112,7 @@ class KmsgSource(Source):
                 batch.append(parse_kmsg(raw.decode("utf-8", "replace")))
             except MalformedRecord:
                 self.malformed += 1
+        return batch
 
     def close(self) -> None:
         if self._fd is not None:
@@ -115,18 +126,26 @@ class JournalSource(Source):
     name = "journal"
     kernel_clock = True
 
-    def __init__(self, cursor: str | None, lookback: float, tick: float = 1.0, path: str | None = None) -> None:
+    def __init__(self, cursor: str | None, lookback: float, tick: float = 1.0, path: str | None = None,
+                 monotonic: tuple[str, float] | None = None) -> None:
         super().__init__(tick)
         self.reader = _kernel_reader(path)
-        self._position(cursor, lookback)
+        self.at_cursor: dict | None = None  # the saved cursor's own entry, once found
+        self._position(cursor, lookback, monotonic)
 
-    def _position(self, cursor: str | None, lookback: float) -> None:
+    def _position(self, cursor: str | None, lookback: float, monotonic: tuple[str, float] | None) -> None:
         r = self.reader
+        if not monotonic and (saved := _kmsg_position(cursor)):  # a position saved by `auto`
+            monotonic = (saved[0], saved[2])
+        if monotonic:  # (boot id, kernel seconds): entries received from then on, across later boots
+            r.seek_monotonic(monotonic[1], monotonic[0])
+            return
         if cursor:
             try:
                 r.seek_cursor(cursor)
                 entry = r.get_next()
                 if entry and r.test_cursor(cursor):
+                    self.at_cursor = entry
                     return  # positioned on the cursor's entry: the next get_next() is the first unseen one
                 log.warning("journal cursor not found (rotated away?); looking back %.0f s instead", lookback)
             except OSError as exc:
@@ -154,6 +173,7 @@ class JournalSource(Source):
             batch = self._drain()
             if batch:
                 yield batch
+                await asyncio.sleep(0)  # catching up: let the loop run between batches
                 continue
             timeout_ms = self.reader.get_timeout_ms()
             timeout = self.tick if timeout_ms < 0 or self.reader.reliable_fd() else min(self.tick, timeout_ms / 1000)
@@ -162,7 +182,7 @@ class JournalSource(Source):
             batch = self._drain()
             yield batch
 
-    def _drain(self, limit: int = 2000) -> list[KernelRecord]:
+    def _drain(self, limit: int = BATCH) -> list[KernelRecord]:
         batch = []
         while len(batch) < limit:
             entry = self.reader.get_next()
@@ -198,7 +218,134 @@ def _from_entry(entry: dict) -> KernelRecord:
         timestamp=stamp.total_seconds() if stamp is not None else None,
         device=pci_from_device_field(str(device)) if device else None,
         cursor=entry.get("__CURSOR"),
+        boot=str(entry["_BOOT_ID"]) if entry.get("_BOOT_ID") else None,
     )
+
+
+def this_boot() -> str:
+    return Path(BOOT_ID).read_text().strip()
+
+
+class JournalKmsgSource(Source):
+    """`auto` under journald: /dev/kmsg live (journald wakes its readers on a timer; kmsg wakes at once), the
+    journal only to catch up after a restart, with no line lost or repeated across the hand-over.
+
+    Each record carries its position as cursor: a journal cursor for catch-up records, `kmsg:BOOT:SEQ:USEC` for
+    live ones. On start, kmsg is opened at the oldest record still in the kernel's ring buffer (so nothing
+    written from now on is missed) and:
+    - a saved kmsg position of this boot whose successor is still in the ring: kmsg alone, after SEQ;
+    - otherwise the journal fills the gap: from a saved journal cursor, from a saved kmsg position (seek by boot
+      and monotonic time, then only entries the kernel stamped after USEC), or, with nothing saved, from
+      `lookback` ago. It hands over at the oldest ring record: journal entries of this boot stamped at or
+      after it are left to kmsg, which has them, and delivers only what comes after the saved position (by
+      sequence number, or after a journal cursor by the kernel's stamp of the cursor's entry).
+    Two distinct records of one boot with the same microsecond stamp straddling a journal cursor would be
+    taken for one; kmsg positions compare by sequence number and have no such limit.
+    """
+
+    name = "journal"
+    kernel_clock = True
+
+    def __init__(self, position: str | None, lookback: float, tick: float = 1.0, kmsg_path: str = KMSG,
+                 journal_path: str | None = None) -> None:
+        super().__init__(tick)
+        self.boot = this_boot()
+        self._kmsg = KmsgSource(kmsg_path, tick)
+        self._kmsg.start(at_end=False)
+        self._held = self._kmsg._drain(1)  # the oldest record in the ring: where the journal hands over
+        oldest = self._held[0] if self._held else None
+        self._handover = oldest.timestamp if oldest else time.clock_gettime(time.CLOCK_MONOTONIC)
+        saved = _kmsg_position(position)
+        self._after_seq: int | None = None  # kmsg: only records after this sequence number
+        self._floor: float | None = None  # kmsg: only records stamped at or after this
+        self._after: tuple[str, float] | None = None  # journal: (boot, kernel time) delivered before a restart
+        self._journal: JournalSource | None = None
+        self._journal_lines = 0
+        self._skipping, self._overruns_skipped = True, 0  # reading through records before the resume point
+        if saved and saved[0] == self.boot and oldest and oldest.seq is not None and oldest.seq <= saved[1] + 1:
+            self._after_seq = saved[1]
+            return
+        if saved:
+            self._journal = JournalSource(None, lookback, tick, journal_path, monotonic=(saved[0], saved[2]))
+            self._after = (saved[0], saved[2])
+            self._after_seq = saved[1] if saved[0] == self.boot else None
+            return
+        self._journal = JournalSource(position, lookback, tick, journal_path)
+        if (entry := self._journal.at_cursor) is not None:  # a journal cursor: kmsg resumes after its entry
+            record = _from_entry(entry)
+            self._floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
+                else None
+        elif not position:
+            self._floor = time.clock_gettime(time.CLOCK_MONOTONIC) - lookback
+
+    async def batches(self) -> AsyncIterator[list[KernelRecord]]:
+        while self._journal is not None:
+            batch = self._catch_up()
+            self._count()
+            if batch:
+                yield batch
+                await asyncio.sleep(0)
+        held, self._held = self._held, []
+        if first := self._live(held):
+            yield first
+        async for batch in self._kmsg.batches():
+            live = self._live(batch)
+            self._count()
+            yield live
+
+    def _catch_up(self) -> list[KernelRecord]:
+        """The next journal entries before the hand-over point; closes the journal when there are no more."""
+        batch: list[KernelRecord] = []
+        reader = self._journal.reader
+        while len(batch) < BATCH:
+            entry = reader.get_next()
+            if not entry:
+                break
+            record = _from_entry(entry)
+            boot = record.boot
+            if boot == self.boot and record.timestamp is not None and record.timestamp >= self._handover:
+                break  # kmsg has this one and everything after it
+            if self._after and boot == self._after[0] and record.timestamp is not None \
+                    and record.timestamp <= self._after[1]:
+                continue  # delivered before the restart
+            self._journal_lines += 1
+            batch.append(record)
+        if len(batch) < BATCH:
+            self._journal.close()
+            self._journal = None
+        return batch
+
+    def _live(self, records: list[KernelRecord]) -> list[KernelRecord]:
+        live = [replace(r, cursor=f"kmsg:{self.boot}:{r.seq}:{r.timestamp:.6f}", boot=self.boot) for r in records
+                if not (self._after_seq is not None and r.seq is not None and r.seq <= self._after_seq)
+                and not (self._floor is not None and r.timestamp is not None and r.timestamp < self._floor)]
+        if self._skipping:
+            # Overruns while reading through records delivered before (or older than the lookback) lost none
+            # of ours; the first wanted record, or reaching the ring's end, ends that phase.
+            self._overruns_skipped = self._kmsg.overruns
+            self._skipping = not (live or not records)
+        return live
+
+    def _count(self) -> None:
+        self.lines = self._journal_lines + self._kmsg.lines
+        self.malformed = self._kmsg.malformed
+        self.overruns = self._kmsg.overruns - self._overruns_skipped
+
+    def close(self) -> None:
+        self._kmsg.close()
+        if self._journal is not None:
+            self._journal.close()
+
+
+def _kmsg_position(position: str | None) -> tuple[str, int, float] | None:
+    """(boot id, sequence number, kernel time) of a saved `kmsg:BOOT:SEQ:USEC` position, else None."""
+    if not position or not position.startswith("kmsg:"):
+        return None
+    try:
+        _, boot, seq, usec = position.split(":")
+        return boot, int(seq), float(usec)
+    except ValueError:
+        return None
 
 
 class FileSource(Source):

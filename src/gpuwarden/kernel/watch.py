@@ -11,10 +11,20 @@ from typing import Protocol
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.rules import Rule
-from gpuwarden.kernel.sources import FileSource, JournalSource, KmsgSource, Source
+from gpuwarden.kernel.sources import (
+    KMSG,
+    FileSource,
+    JournalKmsgSource,
+    JournalSource,
+    KmsgSource,
+    Source,
+    this_boot,
+)
 from gpuwarden.model import Event, Severity
 
 log = logging.getLogger(__name__)
+
+CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one SQLite write a second is enough
 
 
 class Sink(Protocol):
@@ -37,10 +47,18 @@ def classifier_for(config: KernelConfig) -> Classifier:
 
 
 def open_source(config: KernelConfig, cursor: str | None) -> Source:
-    """The configured source; `auto` takes the journal when it holds kernel entries, else /dev/kmsg."""
+    """The configured source; `auto` reads /dev/kmsg live and catches up from the journal when journald holds
+    kernel entries (JournalKmsgSource), else /dev/kmsg alone."""
     choice = config.source
     if choice == "auto":
-        choice = "journal" if JournalSource.has_kernel_entries() else "kmsg"
+        if not JournalSource.has_kernel_entries():
+            choice = "kmsg"
+        else:
+            try:
+                return JournalKmsgSource(cursor, config.lookback)
+            except OSError as exc:  # /dev/kmsg unreadable (dmesg_restrict without CAP_SYSLOG): the journal alone
+                log.warning("auto: %s unreadable (%s); reading the journal only", KMSG, exc)
+                choice = "journal"
     if choice == "journal":
         return JournalSource(cursor, config.lookback)
     if choice == "file":
@@ -62,17 +80,23 @@ class KernelWatch:
         self.classifier = classifier_for(config)
         self.source = open_source(config, cursor)
         self.live_since = live_since
+        self.boot = this_boot()
 
     async def run(self) -> None:
         source, sink = self.source, self.sink
         log.info("kernel source: %s", source.name)
         seen_malformed = seen_overruns = seen_lines = 0
+        saved_at = 0.0
         try:
             async for batch in source.batches():
                 now = time.time()
                 bursts: list[Burst] = []
                 for record in batch:
-                    bursts += self.classifier.feed(record, now)
+                    started = self.classifier.feed(record, now)
+                    if record.boot and record.boot != self.boot:  # caught up from an earlier boot's journal
+                        for burst in started:
+                            burst.event = burst.event.as_history()
+                    bursts += started
                 sink.kernel_lines(now, [r.text for r in batch])
                 flushed = self.classifier.flush(now)
                 bursts += flushed.new
@@ -86,7 +110,10 @@ class KernelWatch:
                         burst.event = burst.event.as_history()
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
+                if cursor and not events and now - saved_at < CURSOR_EVERY:
+                    cursor = None  # a position alone is saved at most every CURSOR_EVERY; with events, always
                 if events or cursor:
+                    saved_at = now if cursor else saved_at
                     ids = sink.record(events, (source.name, cursor) if cursor else None)
                     for burst, row_id in zip(bursts, ids, strict=True):
                         burst.row_id = row_id
@@ -104,17 +131,18 @@ class KernelWatch:
 
     def _is_history(self, burst: Burst) -> bool:
         """Judged by the line's own kernel time, not by when it was read. kmsg and journal records carry the
-        kernel's monotonic time; a file's lines are read from its end, so they are new."""
+        kernel's monotonic time (a record of an earlier boot is marked as it is fed); a file's lines are read
+        from its end, so they are new."""
         return self.live_since is not None and self.source.kernel_clock and burst.first < self.live_since
 
 
 def behind_port(event: Event, gpus_behind: Callable[[str], list[str]]) -> Event:
     """A line that names a PCIe port rather than a GPU (AER: `pcieport 0000:00:1c.4`) is about the GPUs behind
-    that port: the event names them (`gpu` when there is one)."""
+    that port: the event names them (`gpu` when there is one, and the GPU the log itself named stays)."""
     port = event.evidence.get("pci")
-    if event.gpu or not port or not (gpus := gpus_behind(port)):
+    if not port or not (gpus := gpus_behind(port)):
         return event
-    return replace(event, gpu=gpus[0] if len(gpus) == 1 else None,
+    return replace(event, gpu=event.gpu or (gpus[0] if len(gpus) == 1 else None),
                    message=f"{event.message} (GPU {', '.join(gpus)} behind it)",
                    evidence={**event.evidence, "gpus_behind": gpus})
 

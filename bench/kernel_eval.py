@@ -1,0 +1,105 @@
+"""Evaluation of the kernel classifier on the real-log corpus (tests/corpus/kernel, sources in SOURCES.md).
+
+    .venv/bin/python bench/kernel_eval.py
+
+Per expected kind: files that expect it and got it (right), files that expect it and lack it (missed), files
+that got it at warning or above without expecting it (over-called). Per file: fully right means every expected
+kind, no forbidden kind and the expected worst severity. On benign files (expected `none`/`info`): every event
+at warning or above is a false warning. tests/unit/test_corpus_kernel.py runs `evaluate` and requires a clean
+report.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuwarden.kernel.classifier import Classifier
+from gpuwarden.kernel.formats import parse_lines
+from gpuwarden.model import Event, Severity
+
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus" / "kernel"
+
+
+def classify(text: str) -> list[Event]:
+    """What `gpuwarden replay` would report for a saved log."""
+    classifier = Classifier()
+    bursts = [b for r in parse_lines(text.splitlines()).records for b in classifier.feed(r, 1000.0)]
+    bursts += classifier.flush(1000.0, everything=True).new
+    return [b.final for b in bursts]
+
+
+def kinds(events: list[Event], floor: Severity = Severity.INFO) -> set[str]:
+    return {f"xid:{e.evidence['xid']}" if e.kind == "xid" else e.kind for e in events if e.severity >= floor}
+
+
+def verdict(want: dict, events: list[Event]) -> list[str]:
+    """What is wrong with a file's events against its expectation; [] when it is right."""
+    got = kinds(events)
+    wrong = [f"missed {k}" for k in want["kinds"] if k not in got]
+    wrong += [f"forbidden {k}" for k in want.get("forbid", ()) if k in got]
+    worst = max((e.severity for e in events), default=None)
+    sev = want["sev"]
+    if sev == "none":
+        ok = worst is None or worst < Severity.WARNING
+    elif sev == "info":
+        ok = worst is None or worst <= Severity.INFO
+    else:
+        ok = worst == Severity.parse(sev)
+    if not ok:
+        wrong.append(f"worst {worst.name.lower() if worst is not None else 'nothing'}, want {sev}")
+    if want.get("gpu_none") and any(e.gpu for e in events):
+        wrong.append("names a GPU")
+    return wrong
+
+
+@dataclass
+class Report:
+    files: int = 0
+    right: int = 0
+    benign: int = 0
+    false_warnings: int = 0
+    per_kind: dict[str, Counter] = field(default_factory=dict)
+    wrong: dict[str, list[str]] = field(default_factory=dict)
+
+    def text(self) -> str:
+        out = [f"{self.right}/{self.files} files fully right; {self.benign} benign files, "
+               f"{self.false_warnings} false warnings on them",
+               f"{'kind':<14} {'files':>5} {'right':>5} {'missed':>6} {'over-called':>11}"]
+        for kind, c in sorted(self.per_kind.items()):
+            out.append(f"{kind:<14} {c['files']:>5} {c['right']:>5} {c['missed']:>6} {c['over']:>11}")
+        out += [f"WRONG {name}: {'; '.join(why)}" for name, why in sorted(self.wrong.items())]
+        return "\n".join(out)
+
+
+def evaluate(corpus: Path = CORPUS) -> Report:
+    expected = json.loads((corpus / "expected.json").read_text())
+    report = Report()
+    for name, want in sorted(expected.items()):
+        events = classify((corpus / name).read_text(errors="replace"))
+        report.files += 1
+        wrong = verdict(want, events)
+        report.right += not wrong
+        if wrong:
+            report.wrong[name] = wrong
+        got, loud = kinds(events), kinds(events, Severity.WARNING)
+        wanted = {k.split(":")[0] for k in want["kinds"]}
+        for k in want["kinds"]:
+            c = report.per_kind.setdefault(k.split(":")[0], Counter())
+            c["files"] += 1
+            c["right" if k in got else "missed"] += 1
+        for k in {k.split(":")[0] for k in loud} - wanted:
+            report.per_kind.setdefault(k, Counter())["over"] += 1
+        if want["sev"] in ("none", "info"):
+            report.benign += 1
+            report.false_warnings += sum(e.severity >= Severity.WARNING for e in events)
+    return report
+
+
+if __name__ == "__main__":
+    result = evaluate(Path(sys.argv[1]) if len(sys.argv) > 1 else CORPUS)
+    print(result.text())
+    sys.exit(1 if result.wrong else 0)

@@ -1,0 +1,54 @@
+"""A flood of kernel records never blocks the event loop: the kmsg reader hands out bounded batches and lets
+the loop run between them.
+
+/dev/kmsg returns one record per read(); a SOCK_SEQPACKET socket pair keeps the same record boundaries, so the
+test can queue a backlog of thousands of records without writing them into the host's real kernel log.
+"""
+
+import asyncio
+import itertools
+import socket
+
+from gpuwarden.kernel.sources import BATCH, KmsgSource
+
+RECORDS = 3 * BATCH + 123
+
+
+def test_a_flood_comes_in_bounded_batches_with_the_loop_running_between_them():
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    reader.setblocking(False)
+    writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)  # the whole backlog fits, queued at once
+    for i in range(RECORDS):
+        writer.send(f"3,{i},{i},-;amdgpu: flood {i}".encode())
+    source = KmsgSource(tick=0.05)
+    source._fd = reader.fileno()  # the reader's fd stands in for /dev/kmsg
+    order: list[str] = []
+    sizes: list[int] = []
+
+    async def ticker():
+        while True:
+            order.append("tick")
+            await asyncio.sleep(0)
+
+    async def consume():
+        seen = 0
+        async for batch in source.batches():
+            sizes.append(len(batch))
+            order.append("batch")
+            seen += len(batch)
+            if seen >= RECORDS:
+                return
+
+    async def main():
+        tick = asyncio.create_task(ticker())
+        await asyncio.wait_for(consume(), 30)
+        tick.cancel()
+
+    try:
+        asyncio.run(main())
+    finally:
+        reader.close()
+        writer.close()
+    assert sizes == [BATCH, BATCH, BATCH, 123]
+    batches = [i for i, what in enumerate(order) if what == "batch"]
+    assert all("tick" in order[a:b] for a, b in itertools.pairwise(batches))
