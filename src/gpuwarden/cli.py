@@ -264,6 +264,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
               "spec_acceptance": sample and sample.spec_acceptance, "families": sample and list(sample.families)}
     report["processes"], report["refused"] = _resolution(
         target_spec(configuration.EngineConfig(name="probe", metrics_url=args.url)))
+    if sample is None:
+        from gpuwarden.engine.discovery import hint
+        report["hint"] = hint(args.url)
     if args.json:
         print(json.dumps(report))
     else:
@@ -274,8 +277,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 return ", ".join(value)
             return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else str(value)
         for key in ("up", "profile", "running", "waiting", "generated_tokens", "tokens_processed", "progress",
-                    "spec_acceptance", "families", "error"):
-            if key != "error" or error:
+                    "spec_acceptance", "families", "error", "hint"):
+            if key not in ("error", "hint") or report.get(key):
                 print(f"{key:<17} {show(report[key])}")
         print(f"# the processes serving {redact(args.url)}, as a port target would kill them:")
         _print_processes(report["processes"], report["refused"])

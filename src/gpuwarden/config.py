@@ -273,7 +273,16 @@ def check_metrics_url(url: str) -> str:
 class EngineConfig(Section):
     name: str
     metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
-    profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = "auto"
+    profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
+    # where progress is read: the engine's /metrics, its own log (log_file or log_unit), or llama.cpp's /slots
+    source: Literal["metrics", "log", "slots"] = "metrics"
+    log_file: Path | None = None
+    log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
+    # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
+    # while the engine is idle; the API it speaks (auto: from the profile)
+    canary: Literal["auto", "openai", "llamacpp", "ollama", "off"] = "auto"
+    canary_interval: Duration = 0.0
+    canary_timeout: Interval = 30.0
     gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
     scrape_interval: Interval = 5.0
     scrape_timeout: Interval = 5.0  # the whole scrape: connect, every byte of the body, and the parse
@@ -306,6 +315,15 @@ class EngineConfig(Section):
             raise ValueError(f"min_stall ({_show(self.min_stall)}) is above max_stall ({_show(self.max_stall)})")
         return self
 
+    @model_validator(mode="after")
+    def _source(self) -> EngineConfig:
+        if self.source == "log" and (self.log_file is None) == (self.log_unit is None):
+            raise ValueError("source \"log\" needs exactly one of log_file and log_unit")
+        if self.source == "log" and self.profile == "tgi":
+            raise ValueError("no log profile for tgi: use its /metrics (source = \"metrics\")")
+        if self.source == "slots" and self.profile not in ("auto", "llamacpp"):
+            raise ValueError("source \"slots\" is llama.cpp's /slots: profile must be llamacpp")
+        return self
 
 
 class EnginesConfig(Section):

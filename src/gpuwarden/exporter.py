@@ -61,6 +61,8 @@ FAMILIES: dict[str, Family] = {
     "gpuwarden_engine_scrape_failures_total": Family("counter", "Failed /metrics scrapes, by reason.",
                                                      ("engine", "reason")),
     "gpuwarden_engine_kills_total": Family("counter", "Times gpuwarden killed the engine.", ("engine",)),
+    "gpuwarden_engine_canaries_total": Family("counter", "One-token canary completions, by outcome.",
+                                              ("engine", "outcome")),
     "gpuwarden_guard_paths": Family("gauge", "Sysfs files under the recovery guard, intact or missing.",
                                     ("state",)),
     "gpuwarden_uevents_total": Family("counter", "Kernel uevents seen, by subsystem and action.",

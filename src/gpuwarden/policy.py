@@ -1,8 +1,10 @@
 """What gpuwarden does about an event, pure: the event and plain views of the engines and GPUs in, typed
 actions out.
 
-- An engine that stalls, or whose /metrics hangs while requests were running, is killed (or only alerted, as
-  its config says); so is an engine on a GPU that the kernel reports hanging or faulting.
+- An engine that stalls, or whose /metrics hangs while requests were running, or that lets a real one-token
+  completion (the canary) time out, is killed (or only alerted, as its config says); so is an engine on a GPU
+  that the kernel reports hanging or faulting. A stall read from a log alone kills only once a canary confirmed
+  it: a log is the engine's word, a completion is proof.
 - An engine in a crash loop gets its poisoned compile caches moved aside.
 - Only live, local evidence acts: an event from a line logged before gpuwarden started (journal look-back,
   catch-up after a restart) is history, and a kernel fault acts only for a GPU this daemon has seen on this
@@ -64,14 +66,19 @@ def decide(event: Event, engines: list[EngineView], gpus_seen: frozenset[str]) -
     return [Hold(action, why) for action in wanted] if why else wanted
 
 
+def _canary_timed_out(event: Event) -> bool:
+    return (event.evidence.get("canary") or {}).get("outcome") == "timeout"
+
+
 def _wanted(event: Event, engines: list[EngineView]) -> list[Kill | Quarantine]:
     if event.kind == "engine_stall":
         return [Kill(e.name, "stalled") for e in engines if e.name == event.engine and e.on_stall == "kill"]
     if event.kind == "engine_unresponsive":
-        if not event.evidence.get("requests_running"):
+        if not event.evidence.get("requests_running") and not _canary_timed_out(event):
             return []  # an idle engine whose /metrics hangs: reported, not killed
-        return [Kill(e.name, "unresponsive with requests running") for e in engines
-                if e.name == event.engine and e.on_unresponsive == "kill"]
+        reason = "a real completion did not return" if _canary_timed_out(event) else \
+            "unresponsive with requests running"
+        return [Kill(e.name, reason) for e in engines if e.name == event.engine and e.on_unresponsive == "kill"]
     if is_gpu_fault(event):
         where = f" on {event.gpu}" if event.gpu else ""
         return [Kill(e.name, f"kernel reported {event.kind}{where}") for e in engines
@@ -85,6 +92,8 @@ def _not_allowed(event: Event, gpus_seen: frozenset[str]) -> str | None:
     """Why this event may not act, or None."""
     if not event.live:
         return "history: logged before gpuwarden started"
+    if event.kind == "engine_stall" and event.evidence.get("source") == "log" and not _canary_timed_out(event):
+        return "a stall read from a log alone is not confirmed by a real completion (canary)"
     if is_gpu_fault(event):
         if event.gpu and event.gpu not in gpus_seen:
             return f"{event.gpu} is not a GPU this machine has had since gpuwarden started"

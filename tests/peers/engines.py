@@ -70,8 +70,8 @@ class Server:
     name = "server"
     startup_timeout = 60.0
 
-    def __init__(self, port: int, run_dir: Path) -> None:
-        self.port, self.run_dir = port, run_dir
+    def __init__(self, port: int, run_dir: Path, unit: str | None = None) -> None:
+        self.port, self.run_dir, self.unit = port, run_dir, unit
         self.log = run_dir / f"{self.name}-{port}.log"
         self.proc: subprocess.Popen | None = None
         self.tree: list[int] = []  # every pid seen in the tree since start
@@ -92,8 +92,14 @@ class Server:
 
     def start(self) -> Server:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        command = ["taskset", "-c", "0", *self.command()]
+        if self.unit:  # in the unit's cgroup, its output a journal stream: as systemd runs a service
+            cgroup = unit_cgroup(self.unit)
+            cgroup.mkdir(parents=True, exist_ok=True)
+            command = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec systemd-cat -t {self.name} "$@"',
+                       "sh", *command]
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(["taskset", "-c", "0", *self.command()], stdout=log, stderr=log,
+            self.proc = subprocess.Popen(command, stdout=log, stderr=log,
                                          stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
@@ -137,6 +143,9 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        if self.unit:
+            with contextlib.suppress(OSError):
+                unit_cgroup(self.unit).rmdir()
 
     def __enter__(self) -> Server:
         return self.start()
@@ -183,8 +192,9 @@ class LlamaCpp(Server):
 
     name = "llamacpp"
 
-    def __init__(self, port: int, run_dir: Path, model: str = "tiny", metrics: bool = True, slots: int = 4) -> None:
-        super().__init__(port, run_dir)
+    def __init__(self, port: int, run_dir: Path, model: str = "tiny", metrics: bool = True, slots: int = 4,
+                 unit: str | None = None) -> None:
+        super().__init__(port, run_dir, unit)
         self.model, self.metrics, self.slots = model, metrics, slots
 
     def command(self) -> list[str]:
@@ -192,6 +202,16 @@ class LlamaCpp(Server):
         return [str(LLAMA_SERVER), "-m", str(gguf_model(self.model)), "--alias", "tiny-llama", "--host", "127.0.0.1",
                 "--port", str(self.port), *(["--metrics"] if self.metrics else []), "--slots", "-t", "1", "-tb", "1",
                 "-c", str(ctx), "-np", str(self.slots)]
+
+
+def unit_cgroup(unit: str) -> Path:
+    """Where a process must be for journald to file its output under _SYSTEMD_UNIT=unit: system.slice/<unit> of
+    the hierarchy systemd tracks services in (cgroup2, or its name=systemd hierarchy on a legacy host)."""
+    root = Path("/sys/fs/cgroup")
+    for base in (root / "unified", root, root / "systemd"):
+        if (base / "cgroup.procs").exists():
+            return base / "system.slice" / unit
+    raise RuntimeError("no cgroup hierarchy to run a unit in")
 
 
 def gguf_model(name: str) -> Path:

@@ -76,3 +76,23 @@ def test_unresponsive_kills_only_when_requests_were_running_and_configured_to():
 
 def test_a_crash_loop_quarantines():
     assert decide(ev("engine_crash_loop", engine="a"), [A], SEEN) == [Quarantine("crash_loop")]
+
+
+def test_a_stall_read_from_a_log_kills_only_once_a_canary_confirmed_it():
+    timed_out = {"outcome": "timeout", "seconds": 5.0, "detail": "a real completion did not return in 5 s"}
+    confirmed = ev("engine_stall", engine="a", source="log", canary=timed_out)
+    assert decide(confirmed, [A], SEEN) == [Kill("a", "stalled")]
+    for canary in ({"outcome": "off"}, {"outcome": "error", "detail": "HTTP 400"}, None):
+        held = decide(ev("engine_stall", engine="a", source="log", canary=canary), [A], SEEN)
+        assert held == [Hold(Kill("a", "stalled"), "a stall read from a log alone is not confirmed by a real "
+                                                   "completion (canary)")]
+    assert decide(ev("engine_stall", engine="b", source="log", canary=timed_out), [B], SEEN) == []  # on_stall alert
+    assert decide(ev("engine_stall", engine="a", source="slots"), [A], SEEN) == [Kill("a", "stalled")]
+
+
+def test_a_canary_that_times_out_kills_as_on_unresponsive_says_even_when_idle():
+    event = ev("engine_unresponsive", engine="a", requests_running=0, canary={"outcome": "timeout"})
+    assert decide(event, [A], SEEN) == [Kill("a", "a real completion did not return")]
+    alert_only = EngineView("a", None, "kill", "kill", on_unresponsive="alert")
+    assert decide(event, [alert_only], SEEN) == []
+    assert decide(ev("engine_unresponsive", engine="a", canary={"outcome": "error"}), [A], SEEN) == []

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -15,10 +15,14 @@ import psutil
 
 from gpuwarden.act.killer import KillBudget, kill
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
-from gpuwarden.engine.discovery import discover
+from gpuwarden.engine.canary import CanaryResult, api_for, canary
+from gpuwarden.engine.discovery import discover, with_source
+from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
+from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
 from gpuwarden.engine.scraper import ScrapeError, Scraper
+from gpuwarden.engine.slots import SlotsScraper
 from gpuwarden.engine.stall import StallDetector, Verdict
 from gpuwarden.gpu import nvidia
 from gpuwarden.logsetup import redact
@@ -45,7 +49,7 @@ class Sink(Protocol):
 @dataclass
 class EngineState:
     config: EngineConfig
-    scraper: Scraper
+    scraper: Scraper | LogScraper | SlotsScraper
     detector: StallDetector
     budget: KillBudget
     tracker: Tracker = field(default_factory=Tracker)
@@ -60,6 +64,9 @@ class EngineState:
     killing: bool = False
     last_kill: float = -1e9
     sample: EngineSample | None = None
+    canary_at: float = -1e9  # monotonic time of the last canary
+    canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
+    canary_failed: bool = False
 
     @property
     def name(self) -> str:
@@ -81,10 +88,31 @@ def target_spec(config: EngineConfig) -> TargetSpec:
                       docker_socket=t.docker_socket, uid=user_id(t.user) if t.user else None)
 
 
+def base_url(config: EngineConfig) -> str:
+    """The engine's API: metrics_url's scheme, host and port."""
+    parts = urlsplit(config.metrics_url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def source_of(config: EngineConfig) -> Scraper | LogScraper | SlotsScraper:
+    if config.source == "log":
+        return LogScraper.of(config.log_file, config.log_unit, config.profile)
+    if config.source == "slots":
+        return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
+    return Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes)
+
+
+def stall_floor(config: EngineConfig) -> float:
+    """A log says progress only every so often (vLLM: every 10 s): a stall is at least two such intervals."""
+    if config.source != "log":
+        return config.min_stall
+    profiles = [LOG_BY_NAME[config.profile]] if config.profile in LOG_BY_NAME else LOG_PROFILES
+    return max(config.min_stall, *(2 * p.interval for p in profiles))
+
+
 def new_state(config: EngineConfig) -> EngineState:
     return EngineState(
-        config, Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes),
-        StallDetector(config.stall_multiple, config.min_stall, config.max_stall),
+        config, source_of(config), StallDetector(config.stall_multiple, stall_floor(config), config.max_stall),
         KillBudget(config.kill_budget, config.kill_budget_window),
         gpus=frozenset(config.gpus) if config.gpus else None)
 
@@ -97,6 +125,7 @@ class EngineWatch:
         self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
         self._tasks: asyncio.TaskGroup | None = None
         self._nvml = None  # loaded on first use; False when there is no NVIDIA driver
+        self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig]) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -127,16 +156,26 @@ class EngineWatch:
         while True:
             found = await asyncio.to_thread(discover)
             for f in found:
-                if f.name not in self.engines:
-                    log.info("discovered %s serving on port %d (pid %d): watching %s, alerts only", f.profile,
-                             f.port, f.pid, f.metrics_url)
-                    # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
-                    state = self.engines[f.name] = new_state(
-                        EngineConfig(name=f.name, metrics_url=f.metrics_url, profile=f.profile, on_stall="alert",
-                                     on_gpu_fault="alert", on_unresponsive="alert"))
-                    self._tasks.create_task(self._watch(state))
+                if f.name in self.engines:
+                    continue
+                f = await asyncio.to_thread(with_source, f)
+                if f.source == "none":
+                    if f.name not in self._unwatchable:
+                        self._unwatchable.add(f.name)
+                        log.warning("discovered %s serving on port %d (pid %d), but no source to watch it through "
+                                    "answers: %s", f.profile, f.port, f.pid, f.more)
+                    continue
+                log.info("discovered %s serving on port %d (pid %d): watching it through %s, alerts only; for more: "
+                         "%s", f.profile, f.port, f.pid, f"the journal of {f.log_unit}" if f.log_unit else f.source,
+                         f.more)
+                # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
+                state = self.engines[f.name] = new_state(EngineConfig(
+                    name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
+                    canary_interval=60.0 if f.profile == "ollama" else 0.0, on_stall="alert", on_gpu_fault="alert",
+                    on_unresponsive="alert"))
+                self._tasks.create_task(self._watch(state))
             if first and not found:
-                log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI)")
+                log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
             first = False
             await asyncio.sleep(self.settings.discover_interval)
 
@@ -185,9 +224,54 @@ class EngineWatch:
         self.sink.metric("gpuwarden_engine_stalled", 1 if verdict.stalled else 0, name)
         self.sink.metric("gpuwarden_engine_stall_threshold_seconds", verdict.threshold, name)
         if verdict.new and verdict.stalled:
-            self._record(self._stall_event(state, sample, verdict, spinning))
+            event = self._stall_event(state, sample, verdict, spinning)
+            if state.config.source == "log":  # the engine's word alone: a real completion confirms it first
+                result = await self._canary(state)
+                if result.outcome == "ok":
+                    log.info("%s: its log shows no progress for %.0f s, but a real completion returned (%s)", name,
+                             verdict.stalled_for, result.detail)
+                    state.scraper.reader.nudge()
+                    return
+                event = replace(event, message=f"{event.message}; canary: {result.detail or result.outcome}",
+                                evidence={**event.evidence, "canary": asdict(result)})
+            self._record(event)
         elif verdict.new:
             self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
+        await self._idle_canary(state, sample, now)
+
+    # --- the canary -----------------------------------------------------------------------------------
+
+    async def _canary(self, state: EngineState) -> CanaryResult:
+        """One at a time per engine: the engine's own poll loop awaits it."""
+        cfg = state.config
+        state.canary_at = time.monotonic()
+        if cfg.canary == "off":
+            return CanaryResult("off", 0.0, "the canary is off")
+        api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
+        result = await canary(base_url(cfg), api, cfg.canary_timeout)
+        self.sink.count("gpuwarden_engine_canaries_total", state.name, result.outcome)
+        return result
+
+    async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
+        """Every canary_interval while the engine shows no progress (idle, or running without progress), never
+        while it progresses: the progress counter moved since the last look. The look after a canary starts
+        afresh, since the canary's own request moves the counter."""
+        cfg = state.config
+        if cfg.canary == "off" or not cfg.canary_interval or now - state.canary_at < cfg.canary_interval:
+            return
+        first, progressed = state.canary_progress is None, sample.progress != state.canary_progress
+        state.canary_progress = sample.progress
+        if first or progressed:
+            state.canary_at = now
+            return
+        state.canary_progress = None
+        result = await self._canary(state)
+        if result.outcome == "timeout" and not state.canary_failed:
+            state.canary_failed = True
+            self._record(self._canary_event(state, sample, result))
+        elif result.outcome == "ok" and state.canary_failed:
+            state.canary_failed = False
+            self.sink.resolve(f"engine_unresponsive:{state.name}", f"{state.name} completes a request again")
 
     async def _inspect(self, state: EngineState) -> None:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline."""
@@ -239,8 +323,21 @@ class EngineWatch:
                    "threshold_seconds": round(verdict.threshold, 1),
                    f"typical_{'token' if verdict.per_step else 'request'}_seconds": verdict.typical,
                    "cpu_percent": state.cpu}
+        source = state.config.source
+        if source == "log":
+            message += f" (read from {state.scraper.where})"
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=_only(state.gpus), evidence={"figures": figures, "spinning": spinning, "runbook": "stall"})
+                     gpu=_only(state.gpus), evidence={"figures": figures, "spinning": spinning, "runbook": "stall",
+                                                      "source": source})
+
+    def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
+        message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "
+                   f"live" + (f"; its processes spin at {state.cpu:.0f} % CPU" if is_spinning(state.cpus) else ""))
+        figures = {"canary_seconds": round(result.seconds, 1), "running": sample.running, "cpu_percent": state.cpu,
+                   "processes": len(state.procs)}
+        return Event("engine_unresponsive", Severity.CRITICAL, message, time.time(), engine=state.name,
+                     gpu=_only(state.gpus), evidence={"canary": asdict(result), "figures": figures,
+                                                      "requests_running": sample.running or 0, "runbook": "stall"})
 
     def _unresponsive_event(self, state: EngineState, error: str, silent_for: float) -> Event:
         """/metrics hangs or fails while the engine's processes live. Whether requests were running when it last
@@ -249,7 +346,8 @@ class EngineWatch:
         running = last.running if last else None
         was = (f"{running:.0f} request(s) were running when it last answered" if running
                else "no request was running when it last answered" if last else "it has never answered")
-        message = (f"{state.name} has not answered /metrics for {silent_for:.0f} s ({state.failures} tries, "
+        endpoint = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}[state.config.source]
+        message = (f"{state.name} has not answered {endpoint} for {silent_for:.0f} s ({state.failures} tries, "
                    f"last: {error}) while its {len(state.procs)} process(es) live; {was}")
         figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,
                    "cpu_percent": state.cpu, "processes": len(state.procs)}

@@ -1,0 +1,72 @@
+"""The canary: one real one-token completion with a deadline, through the API the engine speaks. /health or
+/v1/models answering proves nothing; a token coming back does.
+
+- openai (vLLM, SGLang, TGI): the model from /v1/models, then /v1/completions with `max_tokens` 1. The prompt
+  is one token id (token-id prompts are part of the OpenAI completions API), so no tokenizer or chat template
+  is needed.
+- llamacpp: /completion with `n_predict` 1.
+- ollama: /api/generate with `num_predict` 1, for a model already loaded (/api/ps): a canary must never make
+  Ollama load a model, which can take minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import httpx
+
+API_OF_PROFILE = {"llamacpp": "llamacpp", "ollama": "ollama"}  # others speak OpenAI
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryResult:
+    outcome: str  # ok | timeout | error | skipped
+    seconds: float
+    detail: str = ""
+
+
+def api_for(api: str, profile: str) -> str:
+    return API_OF_PROFILE.get(profile, "openai") if api == "auto" else api
+
+
+async def canary(base_url: str, api: str, timeout: float) -> CanaryResult:
+    """One completion of one token; the whole exchange (model look-up included) within `timeout`. A refused or
+    dropped connection is tried again until then: an engine whose HTTP workers are all held by stuck requests
+    drops new connections, and that too is a completion that does not return."""
+    started, last = time.monotonic(), ""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False) as client:
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    try:
+                        response = await _complete(client, base_url.rstrip("/"), api)
+                        break
+                    except (httpx.NetworkError, httpx.ProtocolError) as exc:
+                        last = f"; last try: {type(exc).__name__}"
+                        await asyncio.sleep(0.5)
+        except (TimeoutError, httpx.TimeoutException):
+            return CanaryResult("timeout", time.monotonic() - started,
+                                f"a real completion did not return in {timeout:.0f} s{last}")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            return CanaryResult("error", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+    seconds = time.monotonic() - started
+    if response is None:
+        return CanaryResult("skipped", seconds, "no model is loaded")
+    if response.status_code != 200:
+        return CanaryResult("error", seconds, f"HTTP {response.status_code}: {response.text[:200]}")
+    return CanaryResult("ok", seconds, f"one token in {seconds:.2f} s")
+
+
+async def _complete(client: httpx.AsyncClient, base: str, api: str) -> httpx.Response | None:
+    if api == "llamacpp":
+        return await client.post(f"{base}/completion", json={"prompt": [1], "n_predict": 1, "cache_prompt": False})
+    if api == "ollama":
+        models = (await client.get(f"{base}/api/ps")).json().get("models") or []
+        if not models:
+            return None
+        return await client.post(f"{base}/api/generate", json={
+            "model": models[0]["name"], "prompt": "1", "stream": False, "options": {"num_predict": 1}})
+    model = (await client.get(f"{base}/v1/models")).json()["data"][0]["id"]
+    return await client.post(f"{base}/v1/completions", json={"model": model, "prompt": [1], "max_tokens": 1})

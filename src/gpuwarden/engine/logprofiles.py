@@ -1,0 +1,92 @@
+"""What each engine's own log lines say about progress, as data (the log twin of profiles.py).
+
+Each rule is a regular expression searched anywhere in a line (so any logging prefix, journal or Docker
+framing fits) and what a match means. Lines no rule matches are ignored, never guessed at. Each format was
+read in the engine's source; the comment says where and since when. Real lines of each, with where they were
+found, are in tests/corpus/logs/.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LineRule:
+    pattern: re.Pattern[str]
+    # what a match means; named groups carry the figures:
+    #   running: requests running now (per `key` group when present: one engine of several, one slot)
+    #   progress: the line proves tokens were processed when every `tokens` group is > 0 (or none is named)
+    #   request_seconds / request_ms: one request ended and took this long (its timing)
+    running: str | None = None  # "set": group `running` is the count; "busy"/"idle": the `key` slot is
+    tokens: tuple[str, ...] = ()  # groups summed: progress when > 0
+    progress: bool = False  # the line proves progress by itself
+    request_ms: bool = False  # group `ms` is one finished request's time
+    all_idle: bool = False  # nothing runs any more
+
+
+@dataclass(frozen=True, slots=True)
+class LogProfile:
+    name: str
+    rules: tuple[LineRule, ...]
+    per_step: bool  # progress lines come while tokens flow (not only when a request ends)
+    interval: float  # seconds between progress lines while busy, at most: the stall floor is twice this
+    knows_running: bool  # the log says how many requests run (Ollama's does not: its canary watches it)
+
+
+def _r(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+_NUM = r"[0-9]+(?:\.[0-9]+)?"
+
+LOG_PROFILES: tuple[LogProfile, ...] = (
+    LogProfile(
+        # vllm/v1/metrics/loggers.py LoggingStatLogger.log (0.32.0, and V0's engine/metrics.py since 0.2):
+        # "[Engine 000: ]Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s,
+        # Running: %d reqs, ...", every VLLM_LOG_STATS_INTERVAL (10 s; 5 s in V0). V1 logs it at DEBUG once
+        # this and the last interval both read 0 tokens/s: a stall shows as one 0.0 line, then silence.
+        "vllm",
+        (LineRule(_r(rf"(?:Engine (?P<key>\d+): )?Avg prompt throughput: (?P<prompt>{_NUM}) tokens/s, "
+                     rf"Avg generation throughput: (?P<gen>{_NUM}) tokens/s, Running: (?P<running>\d+) reqs"),
+                  running="set", tokens=("prompt", "gen")),),
+        per_step=True, interval=10.0, knows_running=True),
+    LogProfile(
+        # sglang/srt/managers/scheduler_metrics_mixin.py (and scheduler.py before it): "Decode batch[ [n]],
+        # #running-req: N, ... gen throughput (token/s): X" every decode_log_interval (40) decode steps
+        # ("Decode batch. #running-req" before 2025), and "Prefill batch[...], #new-seq: N, #new-token: T, ...
+        # #running-req: R" for every prefill batch.
+        "sglang",
+        (LineRule(_r(rf"Decode batch(?: \[\d+\])?[.,] #running-req: (?P<running>\d+),.*?"
+                     rf"gen throughput \(token/s\): (?P<gen>{_NUM})"), running="set", tokens=("gen",)),
+         LineRule(_r(r"Prefill batch(?: \[\d+\])?(?:\(mixed #running-req: \d+\))?[.,] #new-seq: (?P<new>\d+), "
+                     r"#new-token: (?P<tokens>\d+),.*?#running-req: (?P<running>\d+)"),
+                  running="set", tokens=("tokens",))),
+        per_step=True, interval=0.0, knows_running=True),
+    LogProfile(
+        # tools/server/server-context.cpp (build b11434; the "slot <func>: id N | task T | " prefix since the
+        # 2024 server rewrite): "processing task" when a slot takes a request, "stop processing" when it
+        # releases it, "total time = X ms" when it ends, "all slots are idle"; while running, "prompt
+        # processing, n_tokens" (prompts over 3 s) and "n_gen = N, tg = " (every 3 s past 100 tokens, newer
+        # builds). Older builds log only the per-request lines: progress then proves itself per request.
+        "llamacpp",
+        (LineRule(_r(r"launch_slot_: id +(?P<key>\d+) \| task \d+ \| processing task"), running="busy",
+                  progress=True),
+         LineRule(_r(r"release: id +(?P<key>\d+) \| task \d+ \| stop processing"), running="idle", progress=True),
+         LineRule(_r(rf"(?:\||^)\s*total time = +(?P<ms>{_NUM}) ms /"), request_ms=True),
+         LineRule(_r(r"\| (?:n_gen = +\d+, tg = |prompt processing, n_tokens = |prompt done, n_tokens = )"),
+                  progress=True),
+         LineRule(_r(r"update_slots: all slots are idle"), all_idle=True)),
+        per_step=False, interval=0.0, knows_running=True),
+    LogProfile(
+        # server/routes.go through gin's LoggerWithWriter (every Ollama release): one line per finished HTTP
+        # request, "[GIN] date | status | latency | client | METHOD "path"". No line says what is running,
+        # so the log only shows completions; the canary and /api/ps do the rest.
+        "ollama",
+        (LineRule(_r(r'\[GIN\] [^|]+\| 200 \|[^|]+\|[^|]+\| POST +"/(?:api/generate|api/chat|v1/chat/completions|'
+                     r'v1/completions)"'), progress=True),),
+        per_step=False, interval=0.0, knows_running=False),
+)
+
+LOG_BY_NAME = {p.name: p for p in LOG_PROFILES}

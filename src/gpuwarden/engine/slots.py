@@ -1,0 +1,71 @@
+"""llama.cpp's /slots as a per-step progress source, for a llama-server started without --metrics.
+
+tools/server (b11434, server-context.cpp `to_json`): each slot reports `is_processing` and, for its current
+or last task, `id_task`, `n_prompt_tokens_processed` and `next_token[0].n_decoded` (tokens generated so far,
+counted on every step). /slots is on by default (`--no-slots` turns it off). It is answered by the inference
+loop's own queue, so it hangs when that loop hangs: a timeout here is itself the evidence.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from gpuwarden.engine.metrics import EngineSample
+from gpuwarden.engine.scraper import ScrapeError
+
+
+class SlotsProgress:
+    """Turns successive /slots readings into one counter of tokens processed that only grows."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[int, int]] = {}  # slot id -> (task id, tokens of that task so far)
+        self.total = 0
+
+    def sample(self, slots: list[dict]) -> EngineSample:
+        running = 0
+        for slot in slots:
+            running += bool(slot.get("is_processing"))
+            if "id_task" not in slot:
+                continue
+            decoded = sum(int(t.get("n_decoded", 0)) for t in slot.get("next_token") or [])
+            tokens = int(slot.get("n_prompt_tokens_processed") or 0) + decoded
+            task, before = self._seen.get(slot["id"], (None, 0))
+            self.total += tokens - before if task == slot["id_task"] and tokens >= before else tokens
+            self._seen[slot["id"]] = (slot["id_task"], tokens)
+        return EngineSample(profile="llamacpp slots", running=float(running), waiting=None, generated=None,
+                            progress=float(self.total), per_step=True, timing=None)
+
+
+class SlotsScraper:
+    def __init__(self, base_url: str, timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
+        self.url, self.max_bytes = base_url.rstrip("/") + "/slots", max_bytes
+        self.progress = SlotsProgress()
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)),
+                                         limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
+
+    async def scrape(self) -> EngineSample:
+        try:
+            async with self._client.stream("GET", self.url) as response:
+                if response.status_code != 200:
+                    raise ScrapeError("http", f"HTTP {response.status_code} from /slots")
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        raise ScrapeError("too_large", f"/slots larger than {self.max_bytes} bytes")
+        except httpx.TimeoutException as exc:
+            raise ScrapeError("timeout", f"/slots: {type(exc).__name__}") from None
+        except httpx.ConnectError as exc:
+            raise ScrapeError("refused", str(exc) or "connection refused") from None
+        except httpx.HTTPError as exc:
+            raise ScrapeError("http", f"{type(exc).__name__}: {exc}") from None
+        try:
+            slots = json.loads(body)
+            return self.progress.sample(slots)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ScrapeError("unparsable", f"/slots: {exc}") from None
+
+    async def close(self) -> None:
+        await self._client.aclose()

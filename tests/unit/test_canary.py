@@ -1,0 +1,107 @@
+"""The canary against a fake Ollama on loopback (no real Ollama can run here: it needs a model download), and
+where a discovered engine's log is. Real engines' canaries are in tests/integration/test_real_engines_logs.py."""
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gpuwarden.engine.canary import api_for, canary
+from gpuwarden.engine.discovery import COMMANDS, MORE, unit_of
+
+
+class FakeOllama:
+    """/api/ps lists `loaded`; /api/generate answers at once, or after `delay` seconds."""
+
+    def __init__(self, loaded=("tiny:latest",), delay=0.0):
+        fake = self
+        self.loaded, self.delay, self.generated = list(loaded), delay, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                assert self.path == "/api/ps"
+                self._send({"models": [{"name": n, "model": n} for n in fake.loaded]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.generated.append((self.path, body))
+                time.sleep(fake.delay)
+                self._send({"model": body["model"], "response": "x", "done": True})
+
+            def _send(self, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def ollama():
+    made = []
+
+    def make(**kw):
+        made.append(FakeOllama(**kw))
+        return made[-1]
+    yield make
+    for fake in made:
+        fake.close()
+
+
+def test_ollama_canary_generates_one_token_with_a_loaded_model(ollama):
+    fake = ollama()
+    result = asyncio.run(canary(fake.url, api_for("auto", "ollama"), 5))
+    assert result.outcome == "ok"
+    path, body = fake.generated[0]
+    assert path == "/api/generate" and body["model"] == "tiny:latest" and body["options"] == {"num_predict": 1}
+    assert body["stream"] is False
+
+
+def test_ollama_canary_never_loads_a_model(ollama):
+    fake = ollama(loaded=())
+    assert asyncio.run(canary(fake.url, "ollama", 5)).outcome == "skipped"
+    assert fake.generated == []
+
+
+def test_a_completion_that_does_not_return_in_time_is_a_timeout(ollama):
+    fake = ollama(delay=3)
+    started = time.monotonic()
+    result = asyncio.run(canary(fake.url, "ollama", 1))
+    assert result.outcome == "timeout" and result.detail == "a real completion did not return in 1 s"
+    assert time.monotonic() - started < 2.5
+
+
+def test_a_refused_connection_is_tried_until_the_deadline_then_a_timeout():
+    result = asyncio.run(canary("http://127.0.0.1:9", "openai", 1))  # port 9 (discard): nothing listens
+    assert result.outcome == "timeout" and "ConnectError" in result.detail
+
+
+def test_the_api_follows_the_profile():
+    assert [api_for("auto", p) for p in ("vllm", "sglang", "tgi", "llamacpp", "ollama")] == [
+        "openai", "openai", "openai", "llamacpp", "ollama"]
+    assert api_for("openai", "llamacpp") == "openai"
+
+
+def test_a_discovered_engines_unit_comes_from_its_cgroup(tmp_path):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text("0::/system.slice/ollama.service\n")
+    (tmp_path / "43").mkdir()
+    (tmp_path / "43" / "cgroup").write_text("0::/user.slice/user-1000.slice/session-2.scope\n")
+    assert unit_of(42, tmp_path) == "ollama.service" and unit_of(43, tmp_path) is None
+    assert unit_of(44, tmp_path) is None
+    assert set(MORE) == set(COMMANDS)  # every engine discovery finds says what to switch on
