@@ -74,7 +74,7 @@ class Daemon:
         self.incidents = report.Incidents(config.daemon.state_dir / "incidents", self._incident)
         self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
-        self.kernel_source = "none"
+        self.kernel: KernelWatch | None = None
         self.gpus: list = []
         self.gpus_seen: set[str] = set()  # every GPU discovered since start: a fault may kill only for these
         self.started = time.monotonic()  # kernel lines logged before this are history
@@ -282,13 +282,14 @@ class Daemon:
 
     def _kernel_watch(self) -> KernelWatch:
         watch = KernelWatch(self.config.kernel, self, self.store.cursor("journal"), live_since=self.started)
-        self.kernel_source = watch.source.name
+        self.kernel = watch
         return watch
 
     def summary(self) -> str:
         gpus = len(self.gpus)
         store = f"; STORE UNWRITABLE ({self.store_error})" if self.store_error else ""
-        return (f"kernel source {self.kernel_source}; {gpus} GPU{'s' if gpus != 1 else ''}; "
+        kernel = self.kernel.status if self.kernel else "none"
+        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
                 f"{self.supervisor.summary()}{store}")
 
     async def reload(self) -> None:

@@ -143,6 +143,7 @@ def test_an_engine_that_stops_answering_is_unresponsive(daemon_factory, fake_eng
     engine = fake_engine("progress")
     d = daemon_factory(engine_config(engine, scrape_timeout='"300ms"', on_stall='"alert"')).start()
     d.wait_serving()
+    wait_for(lambda: 'gpuwarden_engine_up{engine="fake"} 1.0' in d.metrics(), 10, what="a first answer")
     engine.set_mode("hang")
     event = wait_event(d, "engine_unresponsive")
     assert "has not answered /metrics for" in event["message"] and "timeout" in event["message"]
@@ -151,6 +152,20 @@ def test_an_engine_that_stops_answering_is_unresponsive(daemon_factory, fake_eng
     killed = wait_event(d, "engine_killed")  # on_unresponsive = "kill" by default: requests were running
     assert "(unresponsive with requests running)" in killed["message"]
     assert 'gpuwarden_engine_scrape_failures_total{engine="fake",reason="timeout"}' in d.metrics()
+    assert d.stop() == 0
+
+
+def test_an_engine_hung_before_the_daemon_came_is_unresponsive_but_not_killed(daemon_factory, fake_engine):
+    """It never answered: silence counts from the first try, and with nothing known to be running it is only
+    reported."""
+    engine = fake_engine("progress")
+    engine.set_mode("hang")
+    d = daemon_factory(engine_config(engine, scrape_timeout='"300ms"')).start()
+    d.wait_serving()
+    event = wait_event(d, "engine_unresponsive")
+    assert "it has never answered" in event["message"] and event["severity"] == "warning"
+    time.sleep(2 * MIN_STALL)
+    assert not events_of(d, "engine_killed") and engine.alive() == engine.pids()
     assert d.stop() == 0
 
 

@@ -107,3 +107,29 @@ def test_file_source_follows_a_log_file(daemon_factory):
     event = wait_for(lambda: next(iter(d.events()), None), 10, what="the event from the file")
     assert (event["kind"], event["gpu"], event["evidence"]["xid"]) == ("xid", "0000:41:00.0", 79)
     assert d.stop() == 0
+
+
+CONTAINER_DEV = ('host=$(mktemp -d) && mount --bind /dev "$host" && mount -t tmpfs none /dev && '
+                 'for n in null zero random urandom; do touch /dev/$n && mount --bind "$host/$n" /dev/$n; done && '
+                 'umount -l "$host" && exec "$@"')
+
+
+@pytest.mark.root
+def test_no_readable_kernel_log_leaves_the_daemon_running_degraded_with_its_watchdog(daemon_factory, notify_socket):
+    """No /dev/kmsg (the default inside a container): before, the kernel component failed five times, the daemon
+    withdrew its watchdog and systemd restarted it every 40 s, forever. Now it is reported once and retried,
+    and the daemon runs on, watchdog and all."""
+    d = daemon_factory(kernel='source = "kmsg"', env={"NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "2000000"})
+    # A mount namespace whose /dev has what a container's has (null, zero, random, urandom) but no kmsg.
+    d.start("unshare", "-m", "sh", "-c", CONTAINER_DEV, "sh")
+    start = notify_socket.wait("READY=1")
+    notify_socket.wait("STATUS=kernel source unavailable (kmsg:", after=start)
+    end = time.monotonic() + 18  # longer than the five failed starts (1 + 2 + 4 + 8 s) that withdrew the watchdog
+    while time.monotonic() < end:
+        notify_socket._pump()  # read as a service manager does: an unread socket holds only 10 datagrams
+    late = [m for m in notify_socket.messages[start:] if "WATCHDOG=1" in m.split("\n")]
+    assert len(late) >= 10, notify_socket.messages[start:]  # one ping a second, all along
+    assert "not pinging the watchdog" not in d.log()
+    unreadable = [e["message"] for e in d.events() if "no kernel log can be read" in e["message"]]
+    assert len(unreadable) == 1 and "(kmsg:" in unreadable[0], [e["message"] for e in d.events()]
+    assert d.stop() == 0

@@ -43,8 +43,9 @@ class Sink:
 def watched(records, live_since=100.0):
     sink = Sink()
     watch = KernelWatch(KernelConfig(source="kmsg", storm_window=0), sink, None, live_since=live_since)
-    watch.source.close()
-    watch.source = OneBatch(records)
+    async def opened():
+        return OneBatch(records)
+    watch._open = opened
     asyncio.run(watch.run())
     return sink.events
 

@@ -32,8 +32,7 @@ from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
 
-SPINNING_PERCENT = 90.0  # near a full core: with no progress, the classic hang
-IDLE_PERCENT = 5.0  # a process below this is waiting (an API server behind a hung engine), not part of the spin
+SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
 _INSPECT_DEADLINE = 10.0
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
@@ -55,10 +54,12 @@ class EngineState:
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # candidates the target named but may not be killed
+    looking: asyncio.Future | None = None  # the look-up of the engine's processes under way
     gpus: frozenset[str] | None = None
     cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
     failures: int = 0
     answered: float | None = None  # monotonic time of the last successful scrape
+    watched_since: float | None = None  # monotonic time of the first scrape
     unresponsive: bool = False
     exits: deque[float] = field(default_factory=deque)
     killing: bool = False
@@ -195,6 +196,7 @@ class EngineWatch:
 
     async def _poll(self, state: EngineState) -> None:
         name = state.name
+        state.watched_since = state.watched_since or time.monotonic()
         try:
             sample = await state.scraper.scrape()
         except ScrapeError as exc:
@@ -210,7 +212,7 @@ class EngineWatch:
         spinning = is_spinning(state.cpus)
         if sample is None:
             self.sink.metric("gpuwarden_engine_up", 0, name)
-            silent_for = now - (state.answered or now)
+            silent_for = now - (state.answered or state.watched_since)  # an engine hung before we came counts
             if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
                     and silent_for >= state.detector.threshold(spinning)):
                 state.unresponsive = True
@@ -274,7 +276,13 @@ class EngineWatch:
             self.sink.resolve(f"engine_unresponsive:{state.name}", f"{state.name} completes a request again")
 
     async def _inspect(self, state: EngineState) -> None:
-        """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline."""
+        """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline. A kill that comes
+        while the scrape's look-up runs waits for that one (its answer is the one it needs), never for nothing."""
+        if state.looking is None or state.looking.done():
+            state.looking = asyncio.ensure_future(self._look(state))
+        await asyncio.shield(state.looking)
+
+    async def _look(self, state: EngineState) -> None:
         def look():
             found = resolve(target_spec(state.config))
             procs = state.tracker.refresh(found)
@@ -286,7 +294,7 @@ class EngineWatch:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
         except Busy:
-            return  # the look-up of the last scrape (or of a kill) is still under way: its answer will do
+            return  # a look-up that outran its deadline still holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
             self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
@@ -426,10 +434,9 @@ class EngineWatch:
 
 
 def is_spinning(cpus: list[float]) -> bool:
-    """Every engine process that uses the CPU at all runs near a full core (the seed incident: both processes
-    at 200 % and no throughput). A hung GPU's waiters spin; a stopped or frozen process does not."""
-    busy = [c for c in cpus if c >= IDLE_PERCENT]
-    return bool(busy) and all(c >= SPINNING_PERCENT for c in busy)
+    """A process of the engine runs near a full core with no progress: the seed incident's hang (both processes
+    at 200 % and no throughput; a hung GPU's waiter spins). A stopped or frozen engine does not spin."""
+    return bool(cpus) and max(cpus) >= SPINNING_PERCENT
 
 
 def _only(gpus: frozenset[str] | None) -> str | None:

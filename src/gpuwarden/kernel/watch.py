@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from gpuwarden.model import Event, Severity
 
 log = logging.getLogger(__name__)
 
+REOPEN = 60.0  # seconds between tries to open a kernel source that cannot be read
 CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one SQLite write a second is enough
 
 
@@ -76,14 +78,43 @@ class KernelWatch:
     def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None, live_since: float | None = None) -> None:
         """`live_since`: the daemon's start on the monotonic clock (the kernel's printk clock); a line logged
         before it is history. None: every line is live."""
-        self.sink = sink
+        self.sink, self.config, self.cursor = sink, config, cursor
         self.classifier = classifier_for(config)
-        self.source = open_source(config, cursor)
+        self.source: Source | None = None
+        self.unavailable: str | None = None  # why no kernel source can be read now
         self.live_since = live_since
         self.boot = this_boot()
 
+    @property
+    def status(self) -> str:
+        return self.source.name if self.source else f"unavailable ({self.unavailable})" if self.unavailable \
+            else "opening"
+
+    async def _open(self) -> Source:
+        """The source, once it can be read. One that is absent or forbidden (no /dev/kmsg in a container, no
+        kernel entries in the journal, no CAP_SYSLOG) is reported once and tried again every REOPEN seconds:
+        the daemon runs on, degraded, and keeps its watchdog (this is no wedge a restart could cure)."""
+        while True:
+            try:
+                return open_source(self.config, self.cursor)
+            except (OSError, ValueError, ImportError) as exc:
+                first = self.unavailable is None
+                self.unavailable = f"{self.config.source}: {exc}"
+                if first:
+                    self.sink.record([Event(
+                        "watchdog_error", Severity.WARNING, f"no kernel log can be read ({self.unavailable}): GPU "
+                        f"faults in it are not watched; trying again every {REOPEN:.0f} s", time.time(),
+                        evidence={"component": "kernel", "error": self.unavailable})])
+                    log.warning("kernel source unavailable (%s); trying again every %.0f s", self.unavailable,
+                                REOPEN)
+            await asyncio.sleep(REOPEN)
+
     async def run(self) -> None:
-        source, sink = self.source, self.sink
+        self.source = source = await self._open()
+        sink = self.sink
+        if self.unavailable:
+            log.info("kernel source readable again after: %s", self.unavailable)
+            self.unavailable = None
         log.info("kernel source: %s", source.name)
         seen_malformed = seen_overruns = seen_lines = 0
         saved_at = 0.0
