@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import JOURNALD, Daemon, FakeEngine, NotifySocket, Receiver, wait_for, write_kmsg
+from helpers import JOURNALD, Daemon, FakeEngine, NotifySocket, Receiver, free_port, wait_for, write_kmsg
+
+from peers.engines import missing
 
 
 @pytest.fixture
@@ -73,3 +75,19 @@ def fake_engine(tmp_path, corpus):
     yield make
     for engine in made:
         engine.kill()
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """Real engine servers (tests/peers), started by the test and stopped, whole trees, after it."""
+    started = []
+
+    def start(kind, **kw):
+        if why := missing(kind.name):
+            pytest.fail(why)
+        server = kind(free_port(), tmp_path / "engines", **kw).start()
+        started.append(server)
+        return server
+    yield start
+    for server in started:
+        server.stop()

@@ -17,10 +17,10 @@ import time
 import urllib.request
 
 import pytest
-from helpers import GPUWARDEN, free_port, wait_for, write_kmsg
+from helpers import GPUWARDEN, wait_for, write_kmsg
 
 from fakesysfs import build
-from peers.engines import LlamaCpp, Vllm, is_gone, missing
+from peers.engines import LlamaCpp, Vllm, is_gone
 from peers.freezer import freeze_inside_a_decode
 from peers.load import Load
 
@@ -30,21 +30,6 @@ QUIET = 65.0  # a busy engine is watched this long (at least 60 s) and must neve
 BAD = {"engine_stall", "engine_unresponsive", "engine_killed", "kill_refused"}
 
 pytestmark = pytest.mark.root  # ptrace, and killing engine trees
-
-
-@pytest.fixture
-def servers(tmp_path):
-    started = []
-
-    def start(kind, **kw):
-        if why := missing(kind.name):
-            pytest.fail(why)
-        server = kind(free_port(), tmp_path / "engines", **kw).start()
-        started.append(server)
-        return server
-    yield start
-    for server in started:
-        server.stop()
 
 
 def engine(server, name="engine", **settings) -> str:

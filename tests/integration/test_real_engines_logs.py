@@ -18,9 +18,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers import GPUWARDEN, free_port, wait_for
+from helpers import GPUWARDEN, wait_for
 
-from peers.engines import LlamaCpp, Vllm, is_gone, missing
+from peers.engines import LlamaCpp, Vllm, is_gone
 from peers.freezer import Freezer
 from peers.load import Load
 
@@ -29,21 +29,6 @@ QUIET = 65.0  # a busy engine is watched this long (at least 60 s) and must neve
 BAD = {"engine_stall", "engine_unresponsive", "engine_killed", "kill_refused"}
 
 pytestmark = pytest.mark.root  # ptrace, cgroups, and killing engine trees
-
-
-@pytest.fixture
-def servers(tmp_path):
-    started = []
-
-    def start(kind, **kw):
-        if why := missing(kind.name):
-            pytest.fail(why)
-        server = kind(free_port(), tmp_path / "engines", **kw).start()
-        started.append(server)
-        return server
-    yield start
-    for server in started:
-        server.stop()
 
 
 def engine(server, **settings) -> str:
