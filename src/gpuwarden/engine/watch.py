@@ -325,7 +325,7 @@ class EngineWatch:
         message = (f"{state.name}: {sample.running:.0f} request(s) running and no token processed for "
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
-            message += f"; its processes spin at {state.cpu:.0f} % CPU: the classic hang"
+            message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
         figures = {"running": sample.running, "waiting": sample.waiting, "tokens_processed": sample.progress,
                    "generated_tokens": sample.generated, "stalled_seconds": round(verdict.stalled_for, 1),
                    "threshold_seconds": round(verdict.threshold, 1),
@@ -340,7 +340,7 @@ class EngineWatch:
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
         message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "
-                   f"live" + (f"; its processes spin at {state.cpu:.0f} % CPU" if is_spinning(state.cpus) else ""))
+                   f"live" + (f"; a process spins at {state.cpu:.0f} % CPU" if is_spinning(state.cpus) else ""))
         figures = {"canary_seconds": round(result.seconds, 1), "running": sample.running, "cpu_percent": state.cpu,
                    "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL, message, time.time(), engine=state.name,
