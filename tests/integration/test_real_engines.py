@@ -170,10 +170,10 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once
 # --- llama.cpp ----------------------------------------------------------------------------------------------
 
 def test_a_long_llamacpp_request_is_never_killed_by_any_profile_or_discovery(servers, daemon_factory, tmp_path):
-    """One request of 3,000 tokens at about 40 tokens/s: tokens_predicted_total stays flat until it ends, the
-    per-step n_decode_total moves all along."""
+    """One request of 3,800 tokens at about 40 tokens/s (over 80 s, longer than the watch): tokens_predicted_total
+    stays flat until it ends, the per-step n_decode_total moves all along."""
     server = servers(LlamaCpp, model="slow", slots=1)
-    with Load(server.url, streams=1, max_tokens=3000, requests=1, timeout=600) as load:
+    with Load(server.url, streams=1, max_tokens=3800, requests=1, timeout=600) as load:
         daemons = watchers(daemon_factory, tmp_path, server, "llamacpp")
         time.sleep(10)
         report = probe(server)
