@@ -31,13 +31,12 @@ class ScrapeError(Exception):
 class Scraper:
     def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
         self.url, self.profile, self.timeout, self.max_bytes = url, profile, timeout, max_bytes
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)),
-                                         limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
+        self._client = client(timeout)
 
     async def scrape(self) -> EngineSample:
         try:
             async with asyncio.timeout(self.timeout):
-                body = await self._fetch()
+                body = await fetch(self._client, self.url, self.max_bytes)
                 if len(body) <= OFF_LOOP_BYTES:
                     return _parse(body, self.profile)
                 return await _PARSES.run(self.url, self.timeout, _parse, body, self.profile)
@@ -46,26 +45,35 @@ class Scraper:
         except Busy as exc:
             raise ScrapeError("timeout", str(exc)) from None
 
-    async def _fetch(self) -> bytearray:
-        try:
-            async with self._client.stream("GET", self.url) as response:
-                if response.status_code != 200:
-                    raise ScrapeError("http", f"HTTP {response.status_code}")
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > self.max_bytes:
-                        raise ScrapeError("too_large", f"body larger than {self.max_bytes} bytes")
-                return body
-        except httpx.TimeoutException as exc:
-            raise ScrapeError("timeout", type(exc).__name__) from None
-        except httpx.ConnectError as exc:
-            raise ScrapeError("refused", str(exc) or "connection refused") from None
-        except httpx.HTTPError as exc:
-            raise ScrapeError("http", f"{type(exc).__name__}: {exc}") from None
-
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def client(timeout: float) -> httpx.AsyncClient:
+    """One kept-alive connection per engine, no proxy from the environment."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)),
+                             limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
+
+
+async def fetch(http: httpx.AsyncClient, url: str, max_bytes: int, what: str = "") -> bytearray:
+    """The body of a GET, at most `max_bytes`; every failure is a ScrapeError whose reason says which.
+    `what` names the endpoint in the message."""
+    try:
+        async with http.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise ScrapeError("http", f"{what}HTTP {response.status_code}")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ScrapeError("too_large", f"{what}body larger than {max_bytes} bytes")
+            return body
+    except httpx.TimeoutException as exc:
+        raise ScrapeError("timeout", f"{what}{type(exc).__name__}") from None
+    except httpx.ConnectError as exc:
+        raise ScrapeError("refused", str(exc) or "connection refused") from None
+    except httpx.HTTPError as exc:
+        raise ScrapeError("http", f"{what}{type(exc).__name__}: {exc}") from None
 
 
 def _parse(body: bytes, profile: str) -> EngineSample:

@@ -8,12 +8,11 @@ loop's own queue, so it hangs when that loop hangs: a timeout here is itself the
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-import httpx
-
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.scraper import ScrapeError
+from gpuwarden.engine.scraper import ScrapeError, client, fetch
 
 
 class SlotsProgress:
@@ -40,27 +39,16 @@ class SlotsProgress:
 
 class SlotsScraper:
     def __init__(self, base_url: str, timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
-        self.url, self.max_bytes = base_url.rstrip("/") + "/slots", max_bytes
+        self.url, self.timeout, self.max_bytes = base_url.rstrip("/") + "/slots", timeout, max_bytes
         self.progress = SlotsProgress()
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)),
-                                         limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
+        self._client = client(timeout)
 
     async def scrape(self) -> EngineSample:
         try:
-            async with self._client.stream("GET", self.url) as response:
-                if response.status_code != 200:
-                    raise ScrapeError("http", f"HTTP {response.status_code} from /slots")
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > self.max_bytes:
-                        raise ScrapeError("too_large", f"/slots larger than {self.max_bytes} bytes")
-        except httpx.TimeoutException as exc:
-            raise ScrapeError("timeout", f"/slots: {type(exc).__name__}") from None
-        except httpx.ConnectError as exc:
-            raise ScrapeError("refused", str(exc) or "connection refused") from None
-        except httpx.HTTPError as exc:
-            raise ScrapeError("http", f"{type(exc).__name__}: {exc}") from None
+            async with asyncio.timeout(self.timeout):  # the whole answer, as for /metrics: a slow drip fails too
+                body = await fetch(self._client, self.url, self.max_bytes, "/slots: ")
+        except TimeoutError:
+            raise ScrapeError("timeout", f"/slots: no whole answer within {self.timeout:g} s") from None
         try:
             slots = json.loads(body)
             return self.progress.sample(slots)
