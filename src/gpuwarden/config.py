@@ -272,6 +272,9 @@ def check_metrics_url(url: str) -> str:
 
 class EngineConfig(Section):
     name: str
+    # the engine's API (canary, /slots); metrics_url defaults to its /metrics. Without it, metrics_url's scheme,
+    # host and port are the API
+    url: Annotated[str, AfterValidator(check_metrics_url)] | None = None
     metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
     profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
     # where progress is read: the engine's /metrics, its own log (log_file or log_unit), or llama.cpp's /slots
@@ -280,7 +283,7 @@ class EngineConfig(Section):
     log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
     # while the engine is idle; the API it speaks (auto: from the profile)
-    canary: Literal["auto", "openai", "llamacpp", "ollama", "off"] = "auto"
+    canary: Literal["auto", "openai", "llamacpp", "ollama", "sglang", "off"] = "auto"
     canary_interval: Duration = 0.0
     canary_timeout: Interval = 30.0
     gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
@@ -305,9 +308,21 @@ class EngineConfig(Section):
     dry_run: bool = False
     target: EngineTarget = EngineTarget()
 
-    @field_serializer("metrics_url", when_used="json")
-    def _masked(self, url: str) -> str:
-        return redact(url)  # `check` prints the configuration: never the credentials in it
+    @field_serializer("metrics_url", "url", when_used="json")
+    def _masked(self, url: str | None) -> str | None:
+        return url and redact(url)  # `check` prints the configuration: never the credentials in it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metrics_url_from_url(cls, data: Any) -> Any:
+        """An engine without /metrics (source "log" or "slots") is named by its API alone."""
+        if not isinstance(data, dict) or "metrics_url" in data:
+            return data
+        if "url" not in data:
+            raise ValueError("an engine needs metrics_url, or url (its API) when it serves no /metrics")
+        if isinstance(data["url"], str):
+            return {**data, "metrics_url": data["url"].rstrip("/") + "/metrics"}
+        return data
 
     @model_validator(mode="after")
     def _stall_bounds(self) -> EngineConfig:

@@ -1,5 +1,6 @@
-"""The canary against a fake Ollama on loopback (no real Ollama can run here: it needs a model download), and
-where a discovered engine's log is. Real engines' canaries are in tests/integration/test_real_engines_logs.py."""
+"""The canary against a fake Ollama and a fake SGLang on loopback (no real Ollama can run here: it needs a model
+download; nor SGLang: PyPI's sgl-kernel is a CUDA build), and where a discovered engine's log is. Real engines'
+canaries are in tests/integration/test_real_engines_logs.py."""
 
 import asyncio
 import json
@@ -93,7 +94,7 @@ def test_a_refused_connection_is_tried_until_the_deadline_then_a_timeout():
 
 def test_the_api_follows_the_profile():
     assert [api_for("auto", p) for p in ("vllm", "sglang", "tgi", "llamacpp", "ollama")] == [
-        "openai", "openai", "openai", "llamacpp", "ollama"]
+        "openai", "sglang", "openai", "llamacpp", "ollama"]
     assert api_for("openai", "llamacpp") == "openai"
 
 
@@ -105,3 +106,44 @@ def test_a_discovered_engines_unit_comes_from_its_cgroup(tmp_path):
     assert unit_of(42, tmp_path) == "ollama.service" and unit_of(43, tmp_path) is None
     assert unit_of(44, tmp_path) is None
     assert set(MORE) == set(COMMANDS)  # every engine discovery finds says what to switch on
+
+
+class FakeSGLang:
+    """/health_generate as sglang/srt/entrypoints/http_server.py (sgl-project/sglang@0025436e) answers it: 200
+    once the scheduler answered; 503 after its own deadline (it polls once a second, so never before 1 s) when
+    nothing came back; 503 at once while the server starts."""
+
+    def __init__(self, answer: str):
+        fake = self
+        self.answer, self.paths = answer, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                fake.paths.append(self.path)
+                if fake.answer == "stuck":
+                    time.sleep(1.2)  # SGLANG_HEALTH_CHECK_TIMEOUT, shortened: nothing came back from the scheduler
+                self.send_response({"ok": 200, "stuck": 503, "starting": 503}[fake.answer])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.mark.parametrize(("answer", "outcome"), [("ok", "ok"), ("stuck", "timeout"), ("starting", "error")])
+def test_sglang_canary_is_its_own_health_generation(answer, outcome):
+    fake = FakeSGLang(answer)
+    try:
+        result = asyncio.run(canary(fake.url, api_for("auto", "sglang"), 5))
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+    assert fake.paths == ["/health_generate"]
+    assert result.outcome == outcome, result
+    if outcome == "timeout":
+        assert "got no token back: HTTP 503" in result.detail

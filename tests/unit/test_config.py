@@ -110,3 +110,20 @@ def test_example_config_is_complete_and_valid():
                 assert f"{key} =" in text or f"[{name}]" in text, name
 
     check(config.Config, [])
+
+
+def test_an_engine_without_metrics_is_named_by_its_api_url():
+    c = parse('[[engine]]\nname = "llama"\nurl = "http://127.0.0.1:8080/"\nsource = "slots"\n')
+    assert c.engine[0].metrics_url == "http://127.0.0.1:8080/metrics"
+    from gpuwarden.engine.watch import base_url
+    assert base_url(c.engine[0]) == "http://127.0.0.1:8080"
+    both = parse('[[engine]]\nname = "v"\nurl = "http://127.0.0.1:8000"\nmetrics_url = "http://127.0.0.1:9/m"\n')
+    assert both.engine[0].metrics_url == "http://127.0.0.1:9/m" and base_url(both.engine[0]) == "http://127.0.0.1:8000"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[[engine]]\nname = "e"\n', "gw.toml:1: engine[0]: an engine needs metrics_url, or url (its API)"),
+    ('[[engine]]\nname = "e"\nurl = "ftp://x"\n', "gw.toml:3: engine[0].url: 'ftp://x' is not an http:// or https://"),
+])
+def test_an_engine_needs_a_url_it_can_reach(text, message):
+    assert message in error_of(text)

@@ -7,6 +7,12 @@
 - llamacpp: /completion with `n_predict` 1.
 - ollama: /api/generate with `num_predict` 1, for a model already loaded (/api/ps): a canary must never make
   Ollama load a model, which can take minutes.
+- sglang: GET /health_generate, SGLang's own one-token generation (sglang/srt/entrypoints/http_server.py,
+  checked at sgl-project/sglang@0025436e). It answers 200 as soon as the scheduler sends anything back (a busy
+  engine's running batch counts, so it adds no load), and 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without
+  a response; it also answers 503 at once while the server starts or shuts down. Older releases run the same
+  generation with no deadline of their own, which our deadline bounds. `/health` is not used: newer releases
+  let SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false turn it into a plain liveness check, older ones always were.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from dataclasses import dataclass
 
 import httpx
 
-API_OF_PROFILE = {"llamacpp": "llamacpp", "ollama": "ollama"}  # others speak OpenAI
+API_OF_PROFILE = {"llamacpp": "llamacpp", "ollama": "ollama", "sglang": "sglang"}  # others speak OpenAI
+# A 503 from /health_generate that came this late is its own deadline passing, not a server starting or
+# stopping (those answer at once; its wait polls once a second, so it answers after 1 s at the earliest).
+SGLANG_WAITED = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +63,17 @@ async def canary(base_url: str, api: str, timeout: float) -> CanaryResult:
     seconds = time.monotonic() - started
     if response is None:
         return CanaryResult("skipped", seconds, "no model is loaded")
+    if api == "sglang" and response.status_code == 503 and seconds >= SGLANG_WAITED:
+        return CanaryResult("timeout", seconds, f"SGLang's own one-token generation (/health_generate) got no "
+                            f"token back: HTTP 503 after {seconds:.0f} s")
     if response.status_code != 200:
         return CanaryResult("error", seconds, f"HTTP {response.status_code}: {response.text[:200]}")
     return CanaryResult("ok", seconds, f"one token in {seconds:.2f} s")
 
 
 async def _complete(client: httpx.AsyncClient, base: str, api: str) -> httpx.Response | None:
+    if api == "sglang":
+        return await client.get(f"{base}/health_generate")
     if api == "llamacpp":
         return await client.post(f"{base}/completion", json={"prompt": [1], "n_predict": 1, "cache_prompt": False})
     if api == "ollama":

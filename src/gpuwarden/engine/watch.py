@@ -90,7 +90,9 @@ def target_spec(config: EngineConfig) -> TargetSpec:
 
 
 def base_url(config: EngineConfig) -> str:
-    """The engine's API: metrics_url's scheme, host and port."""
+    """The engine's API: `url`, else metrics_url's scheme, host and port."""
+    if config.url:
+        return config.url.rstrip("/")
     parts = urlsplit(config.metrics_url)
     return f"{parts.scheme}://{parts.netloc}"
 
