@@ -1,9 +1,15 @@
 """`gpuwarden npd-check` against the state of a real daemon: the store it wrote, its exporter, its absence."""
 
+import json
 import sqlite3
 import subprocess
+from pathlib import Path
 
 from helpers import GPUWARDEN, TEST_GPU, wait_for
+
+from gpuwarden.config import parse_duration
+
+NPD_CONFIG = Path(__file__).resolve().parents[2] / "config/npd/gpuwarden-plugin-monitor.json"
 
 LOST = f"Dec 03 10:00:00 host kernel: amdgpu {TEST_GPU}: amdgpu: device lost from bus!\n"
 TIMEOUT = "--timeout=3"
@@ -16,6 +22,34 @@ def npd_check(config, condition: str) -> tuple[int, str]:
     assert result.stdout.endswith("\n") and result.stdout.count("\n") == 1, result
     assert len(result.stdout.rstrip("\n").encode()) <= 80, result.stdout
     return result.returncode, result.stdout.strip()
+
+
+def shipped_rules(config) -> list[tuple[str, int, str]]:
+    """Each rule of the shipped NPD config run as NPD runs it (its args, its timeout), against `config`:
+    (condition, exit status, stdout cut to max_output_length)."""
+    npd = json.loads(NPD_CONFIG.read_text())
+    cut = npd["pluginConfig"]["max_output_length"]
+    out = []
+    for rule in npd["rules"]:
+        result = subprocess.run([*GPUWARDEN, *rule["args"], "--config", str(config)], capture_output=True, text=True,
+                                timeout=parse_duration(rule["timeout"]))
+        out.append((rule["condition"], result.returncode, result.stdout.strip()[:cut]))
+    return out
+
+
+def test_the_npd_config_is_what_npd_accepts():
+    """NPD's own checks of a custom plugin config (pkg/custompluginmonitor/types/config.go, Validate)."""
+    npd = json.loads(NPD_CONFIG.read_text())
+    assert npd["plugin"] == "custom" and npd["source"]
+    timeout = parse_duration(npd["pluginConfig"]["timeout"])
+    assert timeout <= 5 and npd["pluginConfig"]["max_output_length"] == 80
+    defaults = {c["type"]: c for c in npd["conditions"]}
+    for rule in npd["rules"]:
+        assert rule["type"] == "permanent" and rule["condition"] in defaults  # a permanent rule needs a default
+        assert parse_duration(rule["timeout"]) <= timeout
+        assert float(rule["args"][rule["args"].index("--timeout") + 1]) < parse_duration(rule["timeout"])
+        assert rule["path"] == "/opt/gpuwarden/bin/gpuwarden"  # where `make install` puts it
+    assert {r["args"][r["args"].index("--condition") + 1] for r in npd["rules"]} == {"gpu", "engine", "daemon"}
 
 
 def engine(e, name, on_stall) -> str:
@@ -31,6 +65,9 @@ def test_npd_check_reports_gpu_engine_and_daemon_from_a_real_daemon(daemon_facto
     assert npd_check(cfg, "gpu")[0] == 0 and npd_check(cfg, "gpu")[1].startswith("no GPU lost since boot")
     assert npd_check(cfg, "engine") == (0, "no engine problem left unfixed")
     assert npd_check(cfg, "daemon") == (0, "gpuwarden runs, every component up")
+    defaults = {c["type"]: c["message"] for c in json.loads(NPD_CONFIG.read_text())["conditions"]}
+    for condition, code, text in shipped_rules(cfg):
+        assert code == 0 and text.startswith(defaults[condition]), (condition, code, text)
 
     def event(kind, name=None):
         return wait_for(lambda: [e for e in d.events() if e["kind"] == kind and name in (None, e["engine"])],
@@ -67,6 +104,7 @@ def test_npd_check_reports_gpu_engine_and_daemon_from_a_real_daemon(daemon_facto
     assert code == 1 and text.startswith(f"gpuwarden is not running: no answer at 127.0.0.1:{d.port}"), text
     assert npd_check(cfg, "gpu")[0] == 1  # the stopped daemon's store, read-only
     assert sorted(p.name for p in d.state.iterdir()) == files  # nothing created, nothing changed
+    assert [code for _, code, _ in shipped_rules(cfg)] == [1, 1, 1]
 
     # A store held exclusively (readers too): unknown, within the bound, never a hang or a guess.
     lock.execute("PRAGMA locking_mode=EXCLUSIVE")
