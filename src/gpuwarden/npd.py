@@ -54,8 +54,9 @@ def judge_gpu(rows: Iterable[Row], boot: float) -> Verdict:
     if not lost:
         return OK, f"no GPU lost since boot ({_clock(boot)})"
     first = lost[0]
+    subject = f" {first['gpu']}" if first["gpu"] else ""
     more = f" (+{len(lost) - 1} more)" if len(lost) > 1 else ""
-    return PROBLEM, f"{first['kind']} {first['gpu'] or ''} at {_clock(first['time'])}{more}: reboot".replace("  ", " ")
+    return PROBLEM, f"{first['kind']}{subject} at {_clock(first['time'])}{more}: reboot"
 
 
 def judge_engine(rows: Iterable[Row], since: float) -> Verdict:
