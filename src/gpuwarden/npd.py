@@ -78,13 +78,16 @@ def judge_engine(rows: Iterable[Row], since: float) -> Verdict:
 
 
 def judge_daemon(metrics: str) -> Verdict:
-    down, store = [], None
+    down, store, ours = [], None, False
     for family in text_string_to_metric_families(metrics):
         for sample in family.samples:
+            ours = ours or sample.name == "gpuwarden_build_info"
             if sample.name == "gpuwarden_component_up" and sample.value == 0:
                 down.append(sample.labels.get("component", "?"))
             elif sample.name == "gpuwarden_store_writable":
                 store = sample.value
+    if not ours:  # another exporter on gpuwarden's port says nothing about gpuwarden
+        return UNKNOWN, "unknown: what answers on the exporter's port is not gpuwarden"
     if down:
         return PROBLEM, f"gpuwarden component(s) failing: {', '.join(sorted(down))}"
     if store == 0:

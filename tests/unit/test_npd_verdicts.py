@@ -42,9 +42,11 @@ def test_an_engine_problem_counts_until_a_clean_kill_fixes_it():
 
 
 def test_the_daemon_is_judged_by_its_own_metrics():
-    healthy = ('gpuwarden_component_up{component="kernel"} 1.0\ngpuwarden_component_up{component="gpus"} 1.0\n'
+    healthy = ('gpuwarden_build_info{version="0.1.0"} 1.0\n'
+               'gpuwarden_component_up{component="kernel"} 1.0\ngpuwarden_component_up{component="gpus"} 1.0\n'
                "gpuwarden_store_writable 1.0\n")
     assert npd.judge_daemon(healthy)[0] == npd.OK
+    assert npd.judge_daemon('node_load1 0.5\n')[0] == npd.UNKNOWN  # another exporter on the port
     assert npd.judge_daemon(healthy.replace('"gpus"} 1.0', '"gpus"} 0.0')) == (
         npd.PROBLEM, "gpuwarden component(s) failing: gpus")
     assert npd.judge_daemon(healthy.replace("writable 1.0", "writable 0.0"))[0] == npd.PROBLEM
