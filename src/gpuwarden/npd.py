@@ -109,10 +109,14 @@ def message(text: str) -> str:
 
 
 def read_events(db: Path, since: float, timeout: float) -> list[Row]:
-    """Events at or after `since`, oldest first, from a read-only connection (never creates the database)."""
+    """Events at or after `since`, oldest first, from a read-only connection that creates no file."""
     if not db.is_file():
         raise LookupError(f"no store at {db} (has gpuwarden run here?)")
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout)
+    # Even read-only, a WAL reader creates the -wal and -shm files when no one else has them open (a stopped
+    # daemon: its last close checkpointed everything into the database and removed them). Then the database
+    # is complete on its own: read it as immutable, which touches nothing (and works on a read-only mount).
+    immutable = "" if db.with_name(f"{db.name}-wal").exists() else "&immutable=1"
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=timeout)
     try:
         rows = conn.execute("SELECT time, kind, severity, gpu, engine, evidence FROM events WHERE time >= ?"
                             " ORDER BY time, id", (since,)).fetchall()

@@ -97,9 +97,11 @@ def test_npd_check_reports_gpu_engine_and_daemon_from_a_real_daemon(daemon_facto
     assert npd_check(cfg, "daemon") == (1, "gpuwarden cannot write its event store")
     assert npd_check(cfg, "gpu")[0] == 1
     lock.execute("ROLLBACK")
+    lock.close()
 
     assert d.stop() == 0
     files = sorted(p.name for p in d.state.iterdir())
+    assert "gpuwarden.db-shm" not in files  # the last connection closed: a reader cannot use shared memory
     code, text = npd_check(cfg, "daemon")
     assert code == 1 and text.startswith(f"gpuwarden is not running: no answer at 127.0.0.1:{d.port}"), text
     assert npd_check(cfg, "gpu")[0] == 1  # the stopped daemon's store, read-only
@@ -107,6 +109,7 @@ def test_npd_check_reports_gpu_engine_and_daemon_from_a_real_daemon(daemon_facto
     assert [code for _, code, _ in shipped_rules(cfg)] == [1, 1, 1]
 
     # A store held exclusively (readers too): unknown, within the bound, never a hang or a guess.
+    lock = sqlite3.connect(db, isolation_level=None)
     lock.execute("PRAGMA locking_mode=EXCLUSIVE")
     lock.execute("BEGIN EXCLUSIVE")
     code, text = npd_check(cfg, "gpu")
