@@ -127,8 +127,10 @@ def test_alerts_reach_a_webhook_through_prometheus_and_alertmanager(daemon_facto
             return [r["value"][1] for r in json.loads(query)["data"]["result"]] == ["1"]
 
         wait_for(healthy, 30, interval=0.5, what="Prometheus to scrape gpuwarden")
-        time.sleep(3)  # rules evaluated a few times on a healthy box: nothing may fire
-        assert not receiver.json_bodies("/hook"), receiver.json_bodies("/hook")
+        time.sleep(3)  # rules evaluated a few times on a healthy box: none of these may fire (a loop blocked
+        # by the other work on a busy machine would be a true GpuwardenLoopBlocked)
+        quiet = ("GpuwardenEngineStalled", "GpuwardenGpuLost", "GpuwardenDown", "GpuwardenCriticalEvent")
+        assert not [name for name in quiet if firing(name)()], receiver.json_bodies("/hook")
 
         started = time.monotonic()
         engine.set_mode("stall")
