@@ -98,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
     incidents.add_argument("--json", action="store_true", help="one JSON object per line")
     incidents.set_defaults(handler=cmd_incidents)
 
+    npd = command("npd-check", help="node-problem-detector custom plugin: exit 0 ok, 1 problem, 2 unknown")
+    npd.add_argument("--condition", choices=("gpu", "engine", "daemon"), default="gpu",
+                     help="gpu: a GPU lost since boot; engine: an engine problem left unfixed within --window; "
+                          "daemon: gpuwarden down or failing (default gpu)")
+    npd.add_argument("--window", default="15m", help="how far back --condition engine looks (default 15m)")
+    npd.add_argument("--timeout", type=float, default=4.0, help="seconds for the whole check (default 4, NPD's is 5)")
+    npd.set_defaults(handler=cmd_npd_check)
+
     command("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
     return parser
@@ -180,6 +188,28 @@ def cmd_events(args: argparse.Namespace) -> int:
     if not rows and not args.json:
         print(f"no events since {args.since} ago", file=sys.stderr)
     return EXIT_OK
+
+
+def cmd_npd_check(args: argparse.Namespace) -> int:
+    """One line of at most 80 bytes on stdout; the exit status is the verdict (npd.py says which conditions)."""
+    from gpuwarden import npd
+
+    try:
+        window = parse_duration(args.window)
+    except ValueError as exc:
+        print(npd.message(f"unknown: --window: {exc}"))
+        return npd.UNKNOWN
+
+    def run() -> tuple[int, str]:
+        try:
+            config, _ = configuration.load(args.config)  # in the bounded thread too: a hung disk is unknown
+        except ConfigError as exc:
+            return npd.UNKNOWN, f"unknown: configuration error: {str(exc).splitlines()[0]}"
+        return npd.check(args.condition, config, window, args.timeout)
+
+    code, text = npd.bounded(run, args.timeout)
+    print(npd.message(text))
+    return code
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +13,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 GPUWARDEN = [sys.executable, "-m", "gpuwarden"]
 JOURNALD = "/lib/systemd/systemd-journald"
@@ -31,6 +34,13 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def need(tool: str, package: str = "prometheus") -> str:
+    """The path of a test tool; a missing one fails the test (make test-deps installs it), never skips it."""
+    if not (path := shutil.which(tool)):
+        pytest.fail(f"{tool} is not installed (make test-deps installs Debian's {package} package)")
+    return path
 
 
 def http_get(url: str, timeout: float = 2.0) -> str:

@@ -1,22 +1,13 @@
 """A real Prometheus server scrapes the real daemon; promtool checks the shipped rules."""
 
 import json
-import shutil
 import subprocess
 import urllib.parse
 from pathlib import Path
 
-import pytest
-from helpers import free_port, http_get, wait_for
+from helpers import free_port, http_get, need, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if not path:
-        pytest.fail(f"{tool} is not installed (make test-deps installs Debian's prometheus package)")
-    return path
 
 
 def test_promtool_accepts_the_rules_and_the_scrape_config():

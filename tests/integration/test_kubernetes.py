@@ -1,0 +1,73 @@
+"""config/kubernetes/daemonset.yaml against the Kubernetes API schemas (kubernetes-validate ships them: no
+network), what gpuwarden needs of the node, and its ConfigMap's configuration through `gpuwarden check`."""
+
+import copy
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from helpers import GPUWARDEN
+
+MANIFEST = Path(__file__).resolve().parents[2] / "config/kubernetes/daemonset.yaml"
+VERSIONS = ("1.27.0", kubernetes_validate.latest_version())  # the oldest still in wide use, and the newest
+
+
+def documents() -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(MANIFEST.read_text())}
+
+
+def validate(doc: dict, version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)  # strict: an unknown field is an error too
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_document_is_valid_against_the_schemas(version):
+    docs = documents()
+    assert set(docs) == {"Namespace", "ConfigMap", "DaemonSet"}
+    for doc in docs.values():
+        validate(doc, version)
+
+
+@pytest.mark.parametrize("breakage", ["a misspelled field", "a wrong type", "a missing required field"])
+def test_a_broken_manifest_fails_validation(breakage):
+    daemonset = copy.deepcopy(documents()["DaemonSet"])
+    pod = daemonset["spec"]["template"]["spec"]
+    if breakage == "a misspelled field":
+        pod["hostPid"] = pod.pop("hostPID")
+    elif breakage == "a wrong type":
+        pod["containers"][0]["securityContext"]["privileged"] = "yes"
+    else:
+        del pod["containers"][0]["name"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(daemonset, VERSIONS[-1])
+
+
+def test_the_pod_gets_what_gpuwarden_needs_of_the_node():
+    docs = documents()
+    spec = docs["DaemonSet"]["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    pod = spec["template"]["spec"]
+    assert pod["hostPID"] and pod["hostNetwork"]  # the engines' processes and sockets are the node's
+    [container] = pod["containers"]
+    assert container["securityContext"]["privileged"] and container["securityContext"]["runAsUser"] == 0
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert {m["name"] for m in mounts.values()} <= set(volumes)
+    host = {path: volumes[m["name"]].get("hostPath", {}).get("path") for path, m in mounts.items()}
+    assert host["/dev/kmsg"] == "/dev/kmsg" and volumes[mounts["/dev/kmsg"]["name"]]["hostPath"]["type"] == "CharDevice"
+    assert host["/sys"] == "/sys" and mounts["/sys"]["mountPropagation"] == "Bidirectional"  # the guard's mounts
+    assert host["/var/lib/gpuwarden"] == "/var/lib/gpuwarden" and not mounts["/var/lib/gpuwarden"].get("readOnly")
+    config = volumes[mounts["/etc/gpuwarden"]["name"]]["configMap"]["name"]
+    assert config == docs["ConfigMap"]["metadata"]["name"]
+    assert container["command"][-1] == "run" and "/etc/gpuwarden/gpuwarden.toml" in container["command"]
+    assert "limits" not in container["resources"] or "cpu" not in container["resources"]["limits"]
+
+
+def test_the_configmaps_configuration_passes_gpuwarden_check(tmp_path):
+    toml = tmp_path / "gpuwarden.toml"
+    toml.write_text(documents()["ConfigMap"]["data"]["gpuwarden.toml"])
+    result = subprocess.run([*GPUWARDEN, "check", str(toml)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert '"state_dir": "/var/lib/gpuwarden"' in result.stdout and '"listen": "0.0.0.0"' in result.stdout
