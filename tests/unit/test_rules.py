@@ -121,3 +121,22 @@ def test_a_config_rule_gets_hints_and_a_case_insensitive_one_is_tried_on_every_l
     got = [b.event.evidence["rule"] for i, t in enumerate(("my_driver: fatal 3", "Other_Driver: hang", "benign"))
            for b in classifier.feed(KernelRecord(t, i * 100.0), 1.0)]
     assert got == ["config_0", "config_1"]
+
+
+def test_the_config_disables_and_overrides_rules_by_name():
+    from gpuwarden.config import parse
+    from gpuwarden.kernel.watch import classifier_for
+
+    kernel = parse('[kernel]\ndisable_rules = ["aer_corrected"]\n'
+                   '[kernel.rule_severity]\namd_vram_lost = "critical"\namd_reset_begin = "info"\n').kernel
+    classifier = classifier_for(kernel)
+    by_rule = {r.name: r for r in RULES}
+
+    def first(name):
+        bursts = classifier.feed(KernelRecord(by_rule[name].examples[0].text, 1000.0), 1000.0)
+        return [(b.event.evidence["rule"], b.event.severity) for b in bursts]
+
+    assert first("aer_corrected") == []  # and no other rule takes the line
+    assert first("amd_vram_lost") == [("amd_vram_lost", Severity.CRITICAL)]
+    assert first("amd_reset_begin") == [("amd_reset_begin", Severity.INFO)]
+    assert first("amd_ring_reset_start") == [("amd_ring_reset_start", by_rule["amd_ring_reset_start"].severity)]

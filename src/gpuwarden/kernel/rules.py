@@ -17,7 +17,8 @@ The first rule that matches a line wins, so specific rules stand before general 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from gpuwarden.kernel.hints import hints as literal_hints
@@ -509,6 +510,16 @@ RULES: tuple[Rule, ...] = (
        counter_examples=("pcieport 0000:00:01.1: AER: aer_layer=Data Link Layer, aer_agent=Receiver ID",
                          "pcieport 0000:00:03.1:   device [1022:1453] error status/mask=00001000/00006000")),
 )
+
+
+
+def configured(disabled: Iterable[str] = (), severities: Mapping[str, Severity] | None = None) -> tuple[Rule, ...]:
+    """The built-in rules without those `disabled`, with their severity set by name where the config says so
+    (a correlation may still raise it; `[kernel.severity]` by kind still has the last word)."""
+    severities, disabled = severities or {}, set(disabled)
+    return tuple(replace(r, severity=severities[r.name]) if r.name in severities else r
+                 for r in RULES if r.name not in disabled)
+
 
 # APEI/GHES records (drivers/firmware/efi/cper.c: "%sevent severity: %s\n", "%s section_type: %s\n"): the
 # record's `{N}` id ties its severity line to its section line; a PCIe section is a pcie_aer event of that

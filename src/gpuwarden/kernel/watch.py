@@ -11,7 +11,7 @@ from typing import Protocol
 
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
-from gpuwarden.kernel.rules import Rule
+from gpuwarden.kernel.rules import Rule, configured
 from gpuwarden.kernel.sources import (
     KMSG,
     FileSource,
@@ -44,7 +44,8 @@ def classifier_for(config: KernelConfig) -> Classifier:
              r.runbook or r.kind)
         for i, r in enumerate(config.rule)
     )
-    return Classifier(extra_rules=extra, severity_overrides=config.severity_overrides(),
+    return Classifier(configured(config.disable_rules, config.rule_severities()), extra_rules=extra,
+                      severity_overrides=config.severity_overrides(),
                       xid_overrides=config.xid_overrides(), storm_window=config.storm_window)
 
 
