@@ -247,7 +247,8 @@ class Daemon:
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
-        self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder))
+        self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder,
+                                                       xid_overrides=self.config.kernel.xid_overrides()))
         self.supervisor.start("uevents", lambda: UeventWatch(self, self._guarded_devices, self._pci_changed))
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Protocol
 
@@ -22,7 +22,7 @@ from gpuwarden.gpu import amd, nvidia
 from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
-from gpuwarden.kernel.xid import describe
+from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.model import Event, GpuSample, Severity
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,10 @@ class GpuWatch:
     name = "gpus"
 
     def __init__(self, config: GpuConfig, gpus: Callable[[], list[Gpu]], sink: Sink,
-                 recorder: FlightRecorder) -> None:
+                 recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None) -> None:
+        """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do."""
         self.config, self.gpus, self.sink, self.recorder = config, gpus, sink, recorder
+        self.xid_overrides = xid_overrides or {}
         self.rules = TelemetryRules(config)
         self._worker = Worker("gpus")
         self._batch: tuple[asyncio.Future, float] | None = None
@@ -242,8 +244,8 @@ class GpuWatch:
                 log.warning("NVML Xid events unavailable: %s", exc)
                 return
             for pci, xid in events:
-                severity, meaning = describe(xid)
-                self.sink.record([Event("xid", severity, f"Xid {xid}: {meaning} on {pci} (NVML)", time.time(),
+                severity, meaning = xid_catalog.judge(xid, self.xid_overrides)
+                self.sink.record([Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
                                         gpu=pci, evidence={"xid": xid, "source": "nvml", "runbook": "xid"})])
 
 

@@ -175,15 +175,9 @@ class Classifier:
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         if rule.kind == "xid":
             xid = int(m.group("xid"))
-            severity, meaning = xid_catalog.describe(xid)
-            if (cause := _CAUSED_BY.search(record.text)) and int(cause.group(1)) in xid_catalog.XIDS:
+            if cause := _CAUSED_BY.search(record.text):
                 evidence["caused_by"] = int(cause.group(1))
-                severity = max(severity, xid_catalog.describe(evidence["caused_by"])[0])
-                meaning = f"{meaning}, caused by Xid {evidence['caused_by']}"
-            elif cause:
-                evidence["caused_by"] = int(cause.group(1))
-            severity = self._xid_overrides.get(xid, severity)
-            meaning = f"Xid {xid}: {meaning}"
+            severity, meaning = xid_catalog.judge(xid, self._xid_overrides, evidence.get("caused_by"))
         if xid is not None:
             evidence["xid"] = xid
         if device:
