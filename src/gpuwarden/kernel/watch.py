@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+from gpuwarden import families
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.rules import Rule, configured
@@ -32,7 +33,7 @@ CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
     def set_count(self, row_id: int, event: Event) -> None: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
     def polled(self, source: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
     def gpus_behind(self, port: str) -> list[str]: ...
@@ -134,7 +135,7 @@ class KernelWatch:
                 bursts += flushed.new
                 if source.overruns > seen_overruns:
                     lost = source.overruns - seen_overruns
-                    sink.count("gpuwarden_kmsg_overruns_total", by=lost)
+                    sink.count(families.KMSG_OVERRUNS, by=lost)
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
                     burst.event = behind_port(burst.event, sink.gpus_behind)
@@ -152,8 +153,8 @@ class KernelWatch:
                 for burst in flushed.grown:
                     if burst.row_id is not None:
                         sink.set_count(burst.row_id, burst.final)
-                sink.count("gpuwarden_kernel_lines_total", source.name, by=source.lines - seen_lines)
-                sink.count("gpuwarden_kernel_lines_malformed_total", source.name,
+                sink.count(families.KERNEL_LINES, source.name, by=source.lines - seen_lines)
+                sink.count(families.KERNEL_LINES_MALFORMED, source.name,
                            by=source.malformed - seen_malformed)
                 seen_lines, seen_malformed, seen_overruns = source.lines, source.malformed, source.overruns
                 sink.polled(f"kernel_{source.name}")
