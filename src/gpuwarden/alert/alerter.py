@@ -77,7 +77,7 @@ class Alerter:
         self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count - 1)
 
     def resolve(self, dedupe_key: str, message: str) -> None:
-        out = self.storm.resolve(dedupe_key, message, time.time())
+        out = self.storm.resolve(dedupe_key, message)
         if out:
             self._enqueue(out, time.time())
 
