@@ -96,6 +96,8 @@ def test_every_example_says_where_it_comes_from_truthfully(rule):
     (r"\[(?:gfx|mm)hub\d*\] page", ("] page",)),  # one literal of 6 beats two of 7 and 6
     (r"SMU\b.*(?:fail|timeout|not done)", ("SMU",)),  # one short literal beats three longer alternatives
     (r"ring [0-9]+ ok|abc", ("abc", "ring ")),
+    (r"(?:uncorrectable|uncorrected) errors? (?:\(\w+\) )?(?:detected|occurred)",  # long ones beat common words
+     ("uncorrectable error ", "uncorrectable errors ", "uncorrected error ", "uncorrected errors ")),
     (r"x(?:ab|abc)y", ("xaby", "xabcy")),
     (r"sq_(?=intr)intr", ("sq_intr",)),  # a look-ahead consumes nothing
 ])

@@ -60,10 +60,10 @@ def _sequence(items: list) -> _Facts:
 
 
 def _selectivity(literals: frozenset[str]) -> tuple[float, int, int]:
-    """How rarely a line holds one of `literals`: long literals are rare, each alternative adds its chance
-    (beyond 8 characters every literal is rare enough)."""
+    """How rarely a line holds one of `literals`, roughly: each character makes a literal rarer (up to 16),
+    each doubling of the alternatives makes the set as common as two characters fewer would."""
     shortest = min(map(len, literals))
-    return min(shortest, 8) - 2 * math.log2(len(literals)), -len(literals), shortest
+    return min(shortest, 16) - 2 * math.log2(len(literals)), -len(literals), shortest
 
 
 def _piece(op, arg) -> _Facts:
