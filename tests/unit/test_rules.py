@@ -142,3 +142,68 @@ def test_the_config_disables_and_overrides_rules_by_name():
     assert first("amd_vram_lost") == [("amd_vram_lost", Severity.CRITICAL)]
     assert first("amd_reset_begin") == [("amd_reset_begin", Severity.INFO)]
     assert first("amd_ring_reset_start") == [("amd_ring_reset_start", by_rule["amd_ring_reset_start"].severity)]
+
+
+# --- the derivation is exact: random texts that match a pattern hold one of its hints -------------------------
+
+def _sample(items, rng, folded=False) -> str:
+    """A random string following the parsed pattern `items` (it may still miss an anchor: callers re-check)."""
+    from re import _constants as sre  # the parser's own constants, as kernel/hints.py reads them
+    out = []
+    for op, arg in items:
+        if op is sre.LITERAL:
+            ch = chr(arg)
+            out.append(ch.swapcase() if folded and rng.random() < 0.5 else ch)
+        elif op is sre.IN:
+            out.append(_sample_class(arg, rng))
+        elif op is sre.ANY:
+            out.append(rng.choice("aZ0 :_-.()[]<>!"))
+        elif op is sre.SUBPATTERN:
+            out.append(_sample(list(arg[3]), rng, folded or bool(arg[1] & sre.SRE_FLAG_IGNORECASE)))
+        elif op is sre.BRANCH:
+            out.append(_sample(list(rng.choice(arg[1])), rng, folded))
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT):
+            low, high, body = arg
+            out += [_sample(list(body), rng, folded) for _ in range(rng.randint(low, min(high, low + 3)))]
+    return "".join(out)
+
+
+def _sample_class(items, rng) -> str:
+    choices = [chr(c) for c in range(32, 127) if re.fullmatch(_class_regex(items), chr(c))]
+    return rng.choice(choices)
+
+
+def _class_regex(items) -> str:
+    from re import _constants as sre
+
+    parts, negate = [], False
+    for op, arg in items:
+        if op is sre.NEGATE:
+            negate = True
+        elif op is sre.LITERAL:
+            parts.append(re.escape(chr(arg)))
+        elif op is sre.RANGE:
+            parts.append(f"{re.escape(chr(arg[0]))}-{re.escape(chr(arg[1]))}")
+        elif op is sre.CATEGORY:
+            parts.append({sre.CATEGORY_DIGIT: r"\d", sre.CATEGORY_NOT_DIGIT: r"\D", sre.CATEGORY_SPACE: r"\s",
+                          sre.CATEGORY_NOT_SPACE: r"\S", sre.CATEGORY_WORD: r"\w", sre.CATEGORY_NOT_WORD: r"\W"}[arg])
+    return f"[{'^' if negate else ''}{''.join(parts)}]"
+
+
+@pytest.mark.parametrize("pattern", [r.pattern for r in RULES] + [
+    r"\b(?i:mode[12]) reset", r"GPU (?:psp )?mode1 reset\s*$", r"x(?:ab|abc)y",
+    r"(?:uncorrectable|uncorrected) errors? (?:\(\w+\) )?(?:detected|occurred)", r"a{2,3}b+c?",
+], ids=[r.name for r in RULES] + ["folded", "optional", "prefixes", "long-set", "repeats"])
+def test_random_texts_that_match_hold_a_derived_hint(pattern):
+    import random
+    from re import _parser as sre_parse
+
+    rng, regex, tree = random.Random(pattern), re.compile(pattern), list(sre_parse.parse(pattern))
+    derived = hints(pattern)
+    matched = 0
+    for _ in range(400):
+        text = _sample(tree, rng)
+        if regex.search(text):
+            matched += 1
+            assert any(h in text for h in derived), (text, derived)
+    assert matched >= 100, f"only {matched} of 400 samples matched: the sampler does not exercise {pattern!r}"
