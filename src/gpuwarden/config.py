@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden.kernel.rules import RULES
 from gpuwarden.logsetup import redact
 from gpuwarden.model import KINDS, Severity, normalize_pci
 
@@ -158,12 +159,27 @@ def _check_kind(value: str) -> str:
     return value
 
 
+_RULES = {r.name: r for r in RULES}
+
+
+def _check_rule(name: str) -> str:
+    if name not in _RULES:
+        hint = difflib.get_close_matches(name, _RULES, n=1)
+        raise ValueError(f"unknown built-in rule {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    return name
+
+
+RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (kernel/rules.py)
+
+
 class KernelConfig(Section):
     source: Literal["auto", "journal", "kmsg", "file"] = "auto"
     file: Path | None = None
     lookback: Duration = 600.0
     storm_window: Duration = 2.0  # 0: every line is its own event
     rule: list[KernelRule] = []
+    disable_rules: list[RuleName] = []
+    rule_severity: dict[RuleName, SeverityName] = {}
     severity: dict[str, SeverityName] = {}
     xid: dict[str, SeverityName] = {}
 
@@ -181,6 +197,25 @@ class KernelConfig(Section):
             if not code.isdigit():
                 raise ValueError(f"Xid keys are numbers, not {code!r}")
         return value
+
+    @field_validator("rule_severity")
+    @classmethod
+    def _rule_takes_a_severity(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if _RULES[name].kind == "xid":
+                raise ValueError(f"{name}: an Xid line's severity is its Xid's: set it in [kernel.xid]")
+            if _RULES[name].quiet:
+                raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
+        return value
+
+    @model_validator(mode="after")
+    def _disabled_not_overridden(self) -> KernelConfig:
+        if both := sorted(set(self.disable_rules) & set(self.rule_severity)):
+            raise ValueError(f"rule {both[0]!r} is in disable_rules and in [kernel.rule_severity]: say which")
+        return self
+
+    def rule_severities(self) -> dict[str, Severity]:
+        return {name: Severity.parse(s) for name, s in self.rule_severity.items()}
 
     def severity_overrides(self) -> dict[str, Severity]:
         return {kind: Severity.parse(s) for kind, s in self.severity.items()}
@@ -432,6 +467,8 @@ def parse(text: str, name: str = "<config>") -> Config:
 
 def _describe(err: Any, text: str, name: str) -> str:
     loc = tuple(err["loc"])
+    if loc and loc[-1] == "[key]":  # a bad key of a table: the error is about the key itself
+        loc = loc[:-1]
     key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
     line = line_of(text, loc)
     where = f"{name}:{line}" if line else name

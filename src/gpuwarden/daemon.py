@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import logsetup, policy, report
+from gpuwarden import families, logsetup, policy, report
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.alert.alerter import Alerter
@@ -94,7 +94,7 @@ class Daemon:
         if self.alerter and events:
             self.alerter.submit(events, ids)
         for event in events:
-            self.metrics.inc("gpuwarden_events_total", event.kind, str(event.severity), by=event.count)
+            self.metrics.inc(families.EVENTS, event.kind, str(event.severity), by=event.count)
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
             self._act(event)
@@ -130,11 +130,11 @@ class Daemon:
         if self.alerter:
             self.alerter.resolve(dedupe_key, message)
 
-    def metric(self, name: str, value: float, *labels: str) -> None:
-        self.metrics.set(name, value, *labels)
+    def metric(self, family: families.Family, value: float, *labels: str) -> None:
+        self.metrics.set(family, value, *labels)
 
-    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None:
-        self.metrics.replace(name, series)
+    def replace_series(self, family: families.Family, series: dict[tuple[str, ...], float]) -> None:
+        self.metrics.replace(family, series)
 
     def set_count(self, row_id: int, event: Event) -> None:
         """A stored event's storm closed at `event.count` lines."""
@@ -142,9 +142,9 @@ class Daemon:
         if self.alerter:
             self.alerter.repeated(event)
 
-    def count(self, name: str, *labels: str, by: float = 1) -> None:
+    def count(self, family: families.Family, *labels: str, by: float = 1) -> None:
         if by:
-            self.metrics.inc(name, *labels, by=by)
+            self.metrics.inc(family, *labels, by=by)
 
     def gpus_behind(self, port: str) -> list[str]:
         return pci.behind(self.config.gpu.sysfs_root, port, [g.pci for g in self.gpus])
@@ -162,7 +162,7 @@ class Daemon:
                              self.engines.samples() if self.engines else {}, self.config.alerts.hostname)
 
     def polled(self, source: str) -> None:
-        self.metrics.set("gpuwarden_source_last_success_timestamp_seconds", time.time(), source)
+        self.metrics.set(families.SOURCE_LAST_SUCCESS, time.time(), source)
 
     def _crashed(self, name: str, exc: BaseException) -> None:
         try:
@@ -183,19 +183,19 @@ class Daemon:
             log.info("the store is written again")
             self.resolve(Event("store_unwritable", Severity.WARNING, "", 0).dedupe_key,
                          f"the store is written again ({self.config.daemon.state_dir})")
-        self.metrics.set("gpuwarden_store_writable", 0 if error else 1)
+        self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
         self.notifier.status(self.summary())
 
     def _component_state(self, name: str, up: bool, restarts: int) -> None:
-        self.metrics.set("gpuwarden_component_up", 1 if up else 0, name)
-        self.metrics.set("gpuwarden_component_restarts_total", restarts, name)
+        self.metrics.set(families.COMPONENT_UP, 1 if up else 0, name)
+        self.metrics.set(families.COMPONENT_RESTARTS, restarts, name)
 
     # --- lifecycle --------------------------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         self.store = QueuedStore(self.config.daemon.state_dir / "gpuwarden.db", loop, self._store_health)
-        self.metrics.set("gpuwarden_store_writable", 1)
+        self.metrics.set(families.STORE_WRITABLE, 1)
         self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics,
                                self.incidents.folder_for)
         self.engines = EngineWatch(self.config.engines, self.config.engine, self)
@@ -247,7 +247,8 @@ class Daemon:
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
-        self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder))
+        self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder,
+                                                       xid_overrides=self.config.kernel.xid_overrides()))
         self.supervisor.start("uevents", lambda: UeventWatch(self, self._guarded_devices, self._pci_changed))
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
@@ -350,12 +351,12 @@ class Daemon:
         lateness so far of the probe that is due (a block in progress) and the last one measured."""
         while not stop.wait(_LAG_PROBE / 2):
             late = max(0.0, time.monotonic() - beat[0] - _LAG_PROBE)
-            self.metrics.set("gpuwarden_loop_lag_seconds", max(late, self.lag))
+            self.metrics.set(families.LOOP_LAG, max(late, self.lag))
 
     def _lag_measured(self) -> None:
-        self.metrics.set("gpuwarden_loop_lag_seconds", self.lag)
+        self.metrics.set(families.LOOP_LAG, self.lag)
         if self.lag > self.config.daemon.loop_lag_warn:
-            self.metrics.inc("gpuwarden_loop_blocked_total")
+            self.metrics.inc(families.LOOP_BLOCKED)
             self.record([Event("watchdog_error", Severity.WARNING,
                                f"the event loop was blocked for {self.lag:.2f} s", time.time(),
                                evidence={"loop_lag_seconds": round(self.lag, 3)})])
@@ -365,8 +366,8 @@ class Daemon:
             await asyncio.sleep(self.config.daemon.status_interval)
             self.notifier.status(self.summary())
             if isinstance(self.store, QueuedStore):
-                self.metrics.set("gpuwarden_store_pending_writes", self.store.pending)
-                self.metrics.set("gpuwarden_store_dropped_writes", self.store.dropped)
+                self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
+                self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)
 
     async def _ping_watchdog(self) -> None:
         """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from gpuwarden import families
 from gpuwarden.act.guard import Guard, GuardError, paths_for, status
 from gpuwarden.config import GuardConfig
 from gpuwarden.model import Event, Severity
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def metric(self, name: str, value: float, *labels: str) -> None: ...
+    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
 
 
 class GuardWatch:
@@ -44,8 +45,8 @@ class GuardWatch:
                         f"the recovery guard on {len(lost)} file(s) was gone (driver reload, PCI rescan, or an "
                         "umount) and is applied again", time.time(), evidence={"paths": [str(p) for p in lost]})])
                 intact = sum(ok for _, ok in await asyncio.to_thread(status, paths, self.sysfs_root))
-                self.sink.metric("gpuwarden_guard_paths", intact, "intact")
-                self.sink.metric("gpuwarden_guard_paths", len(paths) - intact, "missing")
+                self.sink.metric(families.GUARD_PATHS, intact, "intact")
+                self.sink.metric(families.GUARD_PATHS, len(paths) - intact, "missing")
                 self.recheck.clear()
                 try:
                     await asyncio.wait_for(self.recheck.wait(), self.config.verify_interval)

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from gpuwarden import families
 from gpuwarden.act.killer import KillBudget, kill
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
@@ -41,8 +42,8 @@ _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the 
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
     def resolve(self, dedupe_key: str, message: str) -> None: ...
-    def metric(self, name: str, value: float, *labels: str) -> None: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
+    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
 
 
 @dataclass
@@ -204,7 +205,7 @@ class EngineWatch:
         except ScrapeError as exc:
             sample = None
             state.failures += 1
-            self.sink.count("gpuwarden_engine_scrape_failures_total", name, exc.reason)
+            self.sink.count(families.ENGINE_SCRAPE_FAILURES, name, exc.reason)
             error = str(exc)
         had_procs = bool(state.procs)
         await self._inspect(state)
@@ -213,7 +214,7 @@ class EngineWatch:
             self._exited(state, now)
         spinning = is_spinning(state.cpus)
         if sample is None:
-            self.sink.metric("gpuwarden_engine_up", 0, name)
+            self.sink.metric(families.ENGINE_UP, 0, name)
             silent_for = now - (state.answered or state.watched_since)  # an engine hung before we came counts
             if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
                     and silent_for >= state.detector.threshold(spinning)):
@@ -225,8 +226,8 @@ class EngineWatch:
         state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
         self._export(state, sample)
         verdict = state.detector.observe(sample, now, spinning)
-        self.sink.metric("gpuwarden_engine_stalled", 1 if verdict.stalled else 0, name)
-        self.sink.metric("gpuwarden_engine_stall_threshold_seconds", verdict.threshold, name)
+        self.sink.metric(families.ENGINE_STALLED, 1 if verdict.stalled else 0, name)
+        self.sink.metric(families.ENGINE_STALL_THRESHOLD, verdict.threshold, name)
         if verdict.new and verdict.stalled:
             event = self._stall_event(state, sample, verdict, spinning)
             if state.config.source == "log":  # the engine's word alone: a real completion confirms it first
@@ -253,7 +254,7 @@ class EngineWatch:
             return CanaryResult("off", 0.0, "the canary is off")
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
         result = await canary(base_url(cfg), api, cfg.canary_timeout)
-        self.sink.count("gpuwarden_engine_canaries_total", state.name, result.outcome)
+        self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
 
     async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
@@ -299,7 +300,7 @@ class EngineWatch:
             return  # a look-up that outran its deadline still holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
-            self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
+            self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
         """From the device files they hold open, and for NVIDIA from NVML's process lists."""
@@ -316,10 +317,10 @@ class EngineWatch:
 
     def _export(self, state: EngineState, sample: EngineSample) -> None:
         name = state.name
-        self.sink.metric("gpuwarden_engine_up", 1, name)
-        for metric, value in (("gpuwarden_engine_requests_running", sample.running),
-                              ("gpuwarden_engine_requests_waiting", sample.waiting),
-                              ("gpuwarden_engine_generated_tokens_total", sample.generated)):
+        self.sink.metric(families.ENGINE_UP, 1, name)
+        for metric, value in ((families.ENGINE_REQUESTS_RUNNING, sample.running),
+                              (families.ENGINE_REQUESTS_WAITING, sample.waiting),
+                              (families.ENGINE_GENERATED_TOKENS, sample.generated)):
             if value is not None:
                 self.sink.metric(metric, value, name)
 
@@ -414,7 +415,7 @@ class EngineWatch:
                 state.last_kill = time.monotonic()
             report = await asyncio.to_thread(kill, state.procs, cfg.kill_grace, cfg.dry_run)
             if not cfg.dry_run:
-                self.sink.count("gpuwarden_engine_kills_total", name)
+                self.sink.count(families.ENGINE_KILLS, name)
             severity = Severity.CRITICAL if report.survivors else Severity.WARNING
             self._record(Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
                                engine=name, gpu=_only(state.gpus),

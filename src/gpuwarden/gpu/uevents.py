@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from gpuwarden import families
 from gpuwarden.gpu.discovery import is_gpu_class
 from gpuwarden.model import Event, Severity, normalize_pci
 
@@ -24,7 +25,7 @@ REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel p
 
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
 
 
 def is_gpu(props: Mapping[str, str], known: set[str]) -> bool:
@@ -83,7 +84,7 @@ class UeventWatch:
     def _drain(self, monitor) -> None:
         while (device := monitor.poll(timeout=0)) is not None:
             props = dict(device.properties)
-            self.sink.count("gpuwarden_uevents_total", props.get("SUBSYSTEM", "?"), props.get("ACTION", "?"))
+            self.sink.count(families.UEVENTS, props.get("SUBSYSTEM", "?"), props.get("ACTION", "?"))
             event = classify(props, time.time(), self.known())
             if event:
                 self.sink.record([event])

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+from gpuwarden import families
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
-from gpuwarden.kernel.rules import Rule
+from gpuwarden.kernel.rules import Rule, configured
 from gpuwarden.kernel.sources import (
     KMSG,
     FileSource,
@@ -32,7 +33,7 @@ CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
     def set_count(self, row_id: int, event: Event) -> None: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
     def polled(self, source: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
     def gpus_behind(self, port: str) -> list[str]: ...
@@ -44,7 +45,8 @@ def classifier_for(config: KernelConfig) -> Classifier:
              r.runbook or r.kind)
         for i, r in enumerate(config.rule)
     )
-    return Classifier(extra_rules=extra, severity_overrides=config.severity_overrides(),
+    return Classifier(configured(config.disable_rules, config.rule_severities()), extra_rules=extra,
+                      severity_overrides=config.severity_overrides(),
                       xid_overrides=config.xid_overrides(), storm_window=config.storm_window)
 
 
@@ -133,7 +135,7 @@ class KernelWatch:
                 bursts += flushed.new
                 if source.overruns > seen_overruns:
                     lost = source.overruns - seen_overruns
-                    sink.count("gpuwarden_kmsg_overruns_total", by=lost)
+                    sink.count(families.KMSG_OVERRUNS, by=lost)
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
                     burst.event = behind_port(burst.event, sink.gpus_behind)
@@ -151,8 +153,8 @@ class KernelWatch:
                 for burst in flushed.grown:
                     if burst.row_id is not None:
                         sink.set_count(burst.row_id, burst.final)
-                sink.count("gpuwarden_kernel_lines_total", source.name, by=source.lines - seen_lines)
-                sink.count("gpuwarden_kernel_lines_malformed_total", source.name,
+                sink.count(families.KERNEL_LINES, source.name, by=source.lines - seen_lines)
+                sink.count(families.KERNEL_LINES_MALFORMED, source.name,
                            by=source.malformed - seen_malformed)
                 seen_lines, seen_malformed, seen_overruns = source.lines, source.malformed, source.overruns
                 sink.polled(f"kernel_{source.name}")
