@@ -9,7 +9,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 BUILD_NEEDS := cc:gcc pkg-config:pkg-config
 TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux \
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
-	tmux:tmux useradd:passwd pgrep:procps ss:iproute2
+	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 dockerd:docker.io
 
 .PHONY: run test lint bench install uninstall system-deps test-deps peers clean
 

@@ -24,9 +24,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
+from gpuwarden.engine.dockerapi import container_pids
 from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
 
@@ -82,7 +82,8 @@ def _candidates(spec: TargetSpec, serving: list[psutil.Process]) -> tuple[list[p
     if spec.kind in ("unit", "cgroup"):
         return _in_cgroup(spec.cgroup if spec.kind == "cgroup" else _unit_cgroup(spec.unit)), []
     if spec.kind == "docker":
-        return _in_container(spec.docker_socket, spec.container), []
+        pids, refused = container_pids(spec.docker_socket, spec.container)
+        return _alive(pids), refused
     raise ValueError(f"no process roots for target kind {spec.kind!r}")
 
 
@@ -209,21 +210,6 @@ def _in_cgroup(path: Path | None) -> list[psutil.Process]:
         except OSError:
             continue
     return _alive(pids)
-
-
-def _in_container(sock: Path, container: str) -> list[psutil.Process]:
-    """The container's processes as host pids, from the Docker Engine API (`GET /containers/{id}/top`)."""
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://docker",
-                          timeout=5) as client:
-            response = client.get(f"/containers/{container}/top", params={"ps_args": "-o pid"})
-    except httpx.HTTPError:
-        return []
-    if response.status_code != 200:
-        return []
-    top = response.json()
-    column = top["Titles"].index("PID")
-    return _alive(int(row[column]) for row in top["Processes"])
 
 
 def _alive(pids) -> list[psutil.Process]:

@@ -97,7 +97,8 @@ def base_url(config: EngineConfig) -> str:
 
 def source_of(config: EngineConfig) -> Scraper | LogScraper | SlotsScraper:
     if config.source == "log":
-        return LogScraper.of(config.log_file, config.log_unit, config.profile)
+        return LogScraper.of(config.log_file, config.log_unit, config.profile, config.log_container,
+                             config.target.docker_socket)
     if config.source == "slots":
         return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
     return Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes)
