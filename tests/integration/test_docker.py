@@ -8,15 +8,21 @@ is never taken. The log is the Engine API's followed stream, its 8-byte frames d
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
+import urllib.request
 
 import psutil
 import pytest
-from helpers import wait_for
+from helpers import GPUWARDEN, wait_for
 
+from gpuwarden.engine.discovery import discover, with_source
 from gpuwarden.engine.dockerapi import container_of
+from gpuwarden.engine.dockerlog import DockerLines
 from gpuwarden.engine.processes import TargetSpec, resolve
+from peers.docker import SOCKET, docker
 from peers.freezer import Freezer
 from peers.load import Load
 
@@ -52,6 +58,57 @@ def test_the_docker_target_is_the_containers_processes_proven_by_their_cgroup(co
 
     gone = resolve(TargetSpec("docker", container="gwtest-no-such-container", uid=0))
     assert gone.roots == [] and "No such container" in gone.refused[0]
+
+
+def test_an_engine_in_a_container_is_discovered_with_its_container_and_its_docker_log(containers, daemon_factory):
+    """llama-server with neither /metrics nor /slots, in a container with its own network: found by the port
+    its container publishes, and watched through the container's log."""
+    box = containers(metrics=False, flags=("--no-slots",))
+    found = [f for f in discover() if f.container == box.name]
+    assert [(f.profile, f.port, f.pid) for f in found] == [("llamacpp", box.port, box.engine_pid())]
+    assert with_source(found[0]).source == "log"
+    out = subprocess.run([*GPUWARDEN, "probe", "--json", box.metrics_url], capture_output=True, text=True, timeout=30)
+    assert f'log_container = "{box.name}"' in json.loads(out.stdout)["hint"]
+    d = daemon_factory("").start()
+    d.wait_log(f"watching it through the Docker log of container {box.name}", timeout=30)
+
+
+def complete(url: str, tokens: int) -> None:
+    body = json.dumps({"prompt": [1, 2, 3], "n_predict": tokens}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"{url}/completion", body), timeout=30).read()
+
+
+def serves(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def until_a_request_ends(lines: DockerLines) -> list[str]:
+    seen: list[str] = []
+    wait_for(lambda: seen.extend(lines.read()) or any("stop processing" in line for line in seen), 15,
+             what="a request's end in the Docker log")
+    return seen
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["multiplexed", "tty"])
+def test_the_docker_log_from_now_on_followed_across_a_restart_never_twice(containers, tty):
+    box = containers(tty=tty)
+    lines = DockerLines(box.name, SOCKET)
+    try:
+        assert lines.read() == []  # from now on: the start-up lines before are not news
+        complete(box.url, 8)
+        first = until_a_request_ends(lines)
+        assert sum("processing task" in line for line in first) == 1
+        docker("restart", "--time", "1", box.name)
+        wait_for(lambda: box.running() and serves(box.url), 30, what="the restarted container to serve")
+        complete(box.url, 8)
+        seen = until_a_request_ends(lines)
+        assert sum("llama_server: initializing" in line for line in seen) == 1, seen  # the new start-up, once
+        assert sum("processing task" in line for line in seen) == 1  # the first request not read again
+    finally:
+        lines.close()
 
 
 def test_llamacpp_in_a_container_from_its_docker_log_busy_is_never_killed_frozen_is_killed_through_docker(

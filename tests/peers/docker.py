@@ -127,11 +127,12 @@ def _needed(binary: Path) -> set[Path]:
 class LlamaContainer:
     """llama-server in a container (`--init`: docker-init is its PID 1), 127.0.0.1:<port> published."""
 
-    def __init__(self, port: int, run_dir: Path, metrics: bool = True, tty: bool = False, slots: int = 4) -> None:
+    def __init__(self, port: int, run_dir: Path, metrics: bool = True, tty: bool = False, slots: int = 4,
+                 flags: tuple[str, ...] = ()) -> None:
         self.port, self.tty = port, tty
         self.name = f"gwtest-llama-{os.getpid()}-{port}"
         server = LlamaCpp(PORT, run_dir, metrics=metrics, slots=slots)
-        self.argv = [a.replace("127.0.0.1", "0.0.0.0") for a in server.command()]  # reached through docker0
+        self.argv = [*(a.replace("127.0.0.1", "0.0.0.0") for a in server.command()), *flags]  # through docker0
         self.twin: subprocess.Popen | None = None
 
     @property

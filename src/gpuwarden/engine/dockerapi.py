@@ -169,3 +169,26 @@ def container_of(pid: int, proc: Path = Path("/proc")) -> str | None:
         return None
     m = re.search(r"/(?:docker/|docker-)([0-9a-f]{64})(?:\.scope)?(?:/|$)", text, re.M)
     return m.group(1) if m else None
+
+
+def published(path: Path) -> dict[int, str]:
+    """Host TCP ports that running containers publish, with the container's name (`GET /containers/json`);
+    empty when no trusted Docker daemon answers."""
+    try:
+        status, listing = get_json(path, "/containers/json")
+    except DockerError:
+        return {}
+    ports: dict[int, str] = {}
+    for box in listing if status == 200 and isinstance(listing, list) else ():
+        names = box.get("Names") or [box.get("Id", "")]
+        for port in box.get("Ports") or ():
+            if port.get("Type") == "tcp" and port.get("PublicPort"):
+                ports.setdefault(int(port["PublicPort"]), names[0].lstrip("/"))
+    return ports
+
+
+def name_of(path: Path, cid: str) -> str | None:
+    try:
+        return inspect(path, cid)["Name"].lstrip("/")
+    except (DockerError, KeyError, AttributeError):
+        return None
