@@ -18,13 +18,14 @@ import re
 import socket
 import stat
 import struct
+import time
 from pathlib import Path
 from urllib.parse import quote
 
 # Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
 # API path beyond /containers/{name}.
 CONTAINER_NAME = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]+")
-TIMEOUT = 2.0  # connect, and each read: the log source's whole look has 5 s
+TIMEOUT = 1.5  # for the head of an answer, then for its body: a log look (inspect, then logs) has 5 s
 _MAX_HEAD = 64 << 10
 _MAX_JSON = 4 << 20  # /containers/{id}/json of a large container is tens of KB
 
@@ -66,14 +67,24 @@ def connect(path: Path, timeout: float = TIMEOUT) -> socket.socket:
     return sock
 
 
+def _recv(sock: socket.socket, deadline: float) -> bytes:
+    """One read, within what is left of the call's time (a drip of bytes cannot stretch it)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    sock.settimeout(left)
+    return sock.recv(65536)
+
+
 def open_stream(path: Path, target: str, timeout: float = TIMEOUT) -> tuple[int, socket.socket, bytes]:
-    """Send GET `target`; the status, the connection, and the first bytes of the body."""
+    """Send GET `target`; the status, the connection, and the first bytes of the body, within `timeout`."""
+    deadline = time.monotonic() + timeout
     sock = connect(path, timeout)
     try:
         sock.sendall(f"GET {target} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
         data = b""
         while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
+            chunk = _recv(sock, deadline)
             if not chunk or len(data) > _MAX_HEAD:
                 raise DockerError(f"{path}: no HTTP response to GET {target}")
             data += chunk
@@ -93,11 +104,12 @@ def open_stream(path: Path, target: str, timeout: float = TIMEOUT) -> tuple[int,
 
 
 def get(path: Path, target: str, limit: int = _MAX_JSON, timeout: float = TIMEOUT) -> tuple[int, bytes]:
-    """The status and the whole body of GET `target` (at most `limit` bytes)."""
+    """The status and the whole body of GET `target` (at most `limit` bytes), within twice `timeout`."""
     status, sock, body = open_stream(path, target, timeout)
+    deadline = time.monotonic() + timeout
     with sock:
         try:
-            while len(body) <= limit and (chunk := sock.recv(65536)):
+            while len(body) <= limit and (chunk := _recv(sock, deadline)):
                 body += chunk
         except OSError as exc:
             raise DockerError(f"{path}: GET {target}: {exc.strerror or exc}") from None

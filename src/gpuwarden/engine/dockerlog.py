@@ -14,12 +14,13 @@ ended (the container stopped or was replaced) is opened again on the next look.
 from __future__ import annotations
 
 import calendar
+import json
 import re
 import socket
 import time
 from pathlib import Path
 
-from gpuwarden.engine.dockerapi import TIMEOUT, DockerError, error_of, inspect, open_stream
+from gpuwarden.engine.dockerapi import DockerError, error_of, inspect, open_stream
 from gpuwarden.engine.scraper import ScrapeError
 
 _MAX_READ = 4 << 20  # bytes per look, as for a file
@@ -76,7 +77,9 @@ class Lines:
         self._tty = b""
 
     def resume(self) -> None:
-        self._seen = self.after
+        """A new connection: what it sends up to the last message taken was taken; lines cut by the old one's
+        end are dropped (their rest comes at that same time)."""
+        self._seen, self._partial, self._tty = self.after, {}, b""
 
     def messages(self, stream: int, messages: list[bytes]) -> list[str]:
         out = []
@@ -109,16 +112,18 @@ class DockerLines:
 
     def _open(self) -> bytes:
         info = inspect(self.socket_path, self.container)
-        since = self._lines.after
+        if self._lines.after is None:  # the first look: from now on, and a later connection resumes from here
+            query, now = "tail=0", time.time_ns()
+            self._lines.after = (now // 10**9, now % 10**9)
+        else:
+            query = "since={}.{:09d}".format(*self._lines.after)
         self._lines.resume()
-        query = f"since={since[0]}.{since[1]:09d}" if since else "tail=0"
         status, sock, body = open_stream(
             self.socket_path, f"/containers/{info['Id']}/logs?follow=1&stdout=1&stderr=1&timestamps=1&{query}")
         if status != 200:
             with sock:
-                sock.settimeout(TIMEOUT)
                 body += sock.recv(65536)
-            raise DockerError(f"container {self.container}: logs: {error_of(status, body.decode(errors='replace'))}")
+            raise DockerError(f"container {self.container}: logs: {error_of(status, _json(body))}")
         self._sock = sock
         self._frames = None if info.get("Config", {}).get("Tty") else Frames()
         return body
@@ -166,3 +171,10 @@ class DockerLines:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def _json(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")

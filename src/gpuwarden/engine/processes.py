@@ -5,7 +5,8 @@ Who may be killed is decided here, once and strictly. The engine's user is the c
 the owner of the socket that serves its metrics_url (the process whose /metrics said it stalled). A target's
 roots are refused when they are PID 1, gpuwarden, one of its ancestors, a kernel thread, or not wholly (real,
 effective and saved uid) the engine's user; only then are descendants and the process group added, and the
-tree is never followed into another user's process.
+tree is never followed into another user's process. A `docker` target's roots are what a trusted Engine API
+names, each proven by its cgroup (engine/dockerapi.py).
 
 Orphans: psutil's `children()` loses descendants whose parent exited, so a tracker remembers every descendant
 it has seen (by pid and start time, so a reused pid is never mistaken for it), and also takes members of the
