@@ -93,10 +93,10 @@ def servers(tmp_path):
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_engine():
     """A running Docker engine (tests/peers/docker.py): the one already answering, or one started here and
-    stopped at the end."""
+    stopped after the module (nothing else needs it running)."""
     from peers.docker import Dockerd
 
     engine = Dockerd()

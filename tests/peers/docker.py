@@ -48,10 +48,12 @@ def docker(*args: str, timeout: float = 60, check: bool = True) -> str:
 
 
 class Dockerd:
-    """The Docker engine the tests use: one already answering, or one started here."""
+    """The Docker engine the tests use: one already answering, or one started here (or by an interrupted run
+    of these tests: then it is stopped at the end too)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.adopted: psutil.Process | None = None
         self.log = CACHE / "dockerd.log"
         self.driver = ""
 
@@ -66,6 +68,8 @@ class Dockerd:
         if not shutil.which("dockerd"):
             raise RuntimeError("dockerd is missing: `make test-deps` installs Debian's docker.io")
         if self.answers():
+            self.adopted = _left_over()
+            _remove_left_over_containers()
             return self
         for driver in ("overlay2", "vfs"):
             data_root = CACHE / f"data-root-{driver}"
@@ -81,12 +85,18 @@ class Dockerd:
                 time.sleep(0.3)
             if self.proc.poll() is None and self.answers():
                 self.driver = driver
+                _remove_left_over_containers()  # stopped ones, kept in the cached data root
                 return self
             self.stop()
         raise RuntimeError(f"dockerd did not start with overlay2 or vfs:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
         """SIGTERM (dockerd stops its containerd), then SIGKILL to its whole session."""
+        if self.adopted is not None:
+            with contextlib.suppress(psutil.Error):
+                self.adopted.terminate()
+                self.adopted.wait(30)
+            self.adopted = None
         if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -98,6 +108,22 @@ class Dockerd:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         self.proc = None
+
+
+def _left_over() -> psutil.Process | None:
+    """The dockerd an interrupted run of these tests started (by its pidfile and its data root), if it runs."""
+    with contextlib.suppress(OSError, ValueError, psutil.Error):
+        proc = psutil.Process(int(Path(f"{EXEC_ROOT}.pid").read_text()))
+        if proc.name() == "dockerd" and any(str(CACHE) in arg for arg in proc.cmdline()):
+            return proc
+    return None
+
+
+def _remove_left_over_containers() -> None:
+    """Containers of earlier test sessions that ended without removing them (the session's pid is gone)."""
+    for name in docker("ps", "-a", "--format", "{{.Names}}").split():
+        if (m := re.fullmatch(r"gwtest-llama-(\d+)-\d+", name)) and not psutil.pid_exists(int(m.group(1))):
+            docker("rm", "-f", name, check=False)
 
 
 def llama_image() -> str:
