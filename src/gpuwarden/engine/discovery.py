@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from gpuwarden.config import EngineTarget
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
 from gpuwarden.engine.logprofiles import LOG_BY_NAME
 from gpuwarden.engine.profiles import PROFILES
@@ -40,6 +41,7 @@ class Found:
     source: str = "metrics"  # metrics | slots | log | none
     log_unit: str | None = None
     container: str | None = None  # the Docker container it runs in (its name)
+    log_container: str | None = None  # source "log" from that container's log
 
     @property
     def name(self) -> str:
@@ -52,6 +54,21 @@ class Found:
     @property
     def more(self) -> str:
         return MORE[self.profile]
+
+    @property
+    def place(self) -> str:
+        return f"pid {self.pid}" + (f" in container {self.container}" if self.container else "")
+
+    @property
+    def through(self) -> str:
+        if self.log_unit:
+            return f"the journal of {self.log_unit}"
+        return f"the Docker log of container {self.log_container}" if self.log_container else self.source
+
+    @property
+    def target(self) -> EngineTarget:
+        """The container's processes for an engine in one (the port is docker-proxy's), else the port's."""
+        return EngineTarget(kind="docker", container=self.container) if self.container else EngineTarget()
 
 
 def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
@@ -119,7 +136,7 @@ def with_source(found: Found) -> Found:
     if unit and found.profile in LOG_BY_NAME:
         return Found(**{**_fields(found), "source": "log", "log_unit": unit})
     if found.container and found.profile in LOG_BY_NAME:
-        return Found(**{**_fields(found), "source": "log"})
+        return Found(**{**_fields(found), "source": "log", "log_container": found.container})
     return Found(**{**_fields(found), "source": "none"})
 
 

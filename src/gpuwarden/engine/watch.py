@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from gpuwarden.act.killer import KillBudget, kill
-from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, EngineTarget, user_id
+from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import discover, with_source
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
@@ -164,20 +164,16 @@ class EngineWatch:
                 if f.source == "none":
                     if f.name not in self._unwatchable:
                         self._unwatchable.add(f.name)
-                        log.warning("discovered %s serving on port %d (pid %d), but no source to watch it through "
-                                    "answers: %s", f.profile, f.port, f.pid, f.more)
+                        log.warning("discovered %s serving on port %d (%s), but no source to watch it through "
+                                    "answers: %s", f.profile, f.port, f.place, f.more)
                     continue
-                log_container = f.container if f.source == "log" and not f.log_unit else None
-                log.info("discovered %s serving on port %d (pid %d%s): watching it through %s, alerts only; for "
-                         "more: %s", f.profile, f.port, f.pid, f", container {f.container}" if f.container else "",
-                         f"the journal of {f.log_unit}" if f.log_unit else
-                         f"the Docker log of container {log_container}" if log_container else f.source, f.more)
+                log.info("discovered %s serving on port %d (%s): watching it through %s, alerts only; for more: "
+                         "%s", f.profile, f.port, f.place, f.through, f.more)
                 # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                 state = self.engines[f.name] = new_state(EngineConfig(
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
-                    log_container=log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
-                    on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert",
-                    target=EngineTarget(kind="docker", container=f.container) if f.container else EngineTarget()))
+                    log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
+                    on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
                 self._tasks.create_task(self._watch(state))
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
