@@ -51,6 +51,8 @@ def untrusted(path: Path) -> str | None:
 
 
 def connect(path: Path, timeout: float = TIMEOUT) -> socket.socket:
+    if not os.path.exists(path):
+        raise DockerError(f"no Docker daemon: {path} does not exist")
     if why := untrusted(path):
         raise DockerError(f"the Docker socket is not trusted: {why}")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
