@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden.engine.dockerapi import CONTAINER_NAME
 from gpuwarden.kernel.rules import RULES
 from gpuwarden.logsetup import redact
 from gpuwarden.model import KINDS, Severity, normalize_pci
@@ -80,6 +81,22 @@ Interval = Annotated[float, BeforeValidator(parse_duration), _at_least(0.1)]
 Period = Annotated[float, BeforeValidator(parse_duration), _at_least(1.0)]
 PciAddress = Annotated[str, AfterValidator(normalize_pci)]  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
 SeverityName = Literal["info", "warning", "critical"]
+
+
+def _container_name(value: str) -> str:
+    if not CONTAINER_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Docker container name or id ([a-zA-Z0-9][a-zA-Z0-9_.-]+)")
+    return value
+
+
+def _absolute(path: Path) -> Path:
+    if not path.is_absolute():
+        raise ValueError(f"{str(path)!r} is not an absolute path")
+    return path
+
+
+ContainerName = Annotated[str, AfterValidator(_container_name)]
+AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
 
 
 class Section(BaseModel):
@@ -260,8 +277,8 @@ class EngineTarget(Section):
     pattern: str | None = None  # cmdline: a regular expression searched in the command line
     unit: str | None = None  # unit: a systemd unit, killed as its whole cgroup
     cgroup: Path | None = None  # cgroup: a cgroup v2 directory
-    container: str | None = None  # docker: a container name or id
-    docker_socket: Path = Path("/var/run/docker.sock")
+    container: ContainerName | None = None  # docker: a container name or id
+    docker_socket: AbsolutePath = Path("/var/run/docker.sock")  # root's dockerd (also for log_container)
     user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
 
     @field_validator("user")
@@ -312,10 +329,12 @@ class EngineConfig(Section):
     url: Annotated[str, AfterValidator(check_metrics_url)] | None = None
     metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
     profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
-    # where progress is read: the engine's /metrics, its own log (log_file or log_unit), or llama.cpp's /slots
+    # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
+    # llama.cpp's /slots
     source: Literal["metrics", "log", "slots"] = "metrics"
     log_file: Path | None = None
     log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
+    log_container: ContainerName | None = None  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
     # while the engine is idle; the API it speaks (auto: from the profile)
     canary: Literal["auto", "openai", "llamacpp", "ollama", "sglang", "off"] = "auto"
@@ -367,8 +386,10 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _source(self) -> EngineConfig:
-        if self.source == "log" and (self.log_file is None) == (self.log_unit is None):
-            raise ValueError("source \"log\" needs exactly one of log_file and log_unit")
+        logs = [key for key in ("log_file", "log_unit", "log_container") if getattr(self, key) is not None]
+        if self.source == "log" and len(logs) != 1:
+            raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
+                             f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
         if self.source == "log" and self.profile == "tgi":
             raise ValueError("no log profile for tgi: use its /metrics (source = \"metrics\")")
         if self.source == "slots" and self.profile not in ("auto", "llamacpp"):
@@ -516,6 +537,8 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
                 name = ".".join(parts)
                 array_counts[name] = array_counts.get(name, -1) + 1
                 parts = [*parts, str(array_counts[name])]
+            else:
+                parts = _in_latest(parts, array_counts)
             table = parts
             path = table
         elif m := _KEY.match(line):
@@ -528,6 +551,18 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
             if n == len(want):
                 break
     return best
+
+
+def _in_latest(parts: list[str], array_counts: dict[str, int]) -> list[str]:
+    """A sub-table's path with the index of each array of tables it is in: [engine.target] belongs to the
+    latest [[engine]]."""
+    out = []
+    for i, part in enumerate(parts):
+        out.append(part)
+        name = ".".join(parts[:i + 1])
+        if i < len(parts) - 1 and name in array_counts:
+            out.append(str(array_counts[name]))
+    return out
 
 
 def _split_key(key: str) -> list[str]:

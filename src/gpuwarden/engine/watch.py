@@ -100,7 +100,8 @@ def base_url(config: EngineConfig) -> str:
 
 def source_of(config: EngineConfig) -> Scraper | LogScraper | SlotsScraper:
     if config.source == "log":
-        return LogScraper.of(config.log_file, config.log_unit, config.profile)
+        return LogScraper.of(config.log_file, config.log_unit, config.profile, config.log_container,
+                             config.target.docker_socket)
     if config.source == "slots":
         return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
     return Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes)
@@ -166,17 +167,16 @@ class EngineWatch:
                 if f.source == "none":
                     if f.name not in self._unwatchable:
                         self._unwatchable.add(f.name)
-                        log.warning("discovered %s serving on port %d (pid %d), but no source to watch it through "
-                                    "answers: %s", f.profile, f.port, f.pid, f.more)
+                        log.warning("discovered %s serving on port %d (%s), but no source to watch it through "
+                                    "answers: %s", f.profile, f.port, f.place, f.more)
                     continue
-                log.info("discovered %s serving on port %d (pid %d): watching it through %s, alerts only; for more: "
-                         "%s", f.profile, f.port, f.pid, f"the journal of {f.log_unit}" if f.log_unit else f.source,
-                         f.more)
+                log.info("discovered %s serving on port %d (%s): watching it through %s, alerts only; for more: "
+                         "%s", f.profile, f.port, f.place, f.through, f.more)
                 # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                 state = self.engines[f.name] = new_state(EngineConfig(
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
-                    canary_interval=60.0 if f.profile == "ollama" else 0.0, on_stall="alert", on_gpu_fault="alert",
-                    on_unresponsive="alert"))
+                    log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
+                    on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
                 self._tasks.create_task(self._watch(state))
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
