@@ -36,6 +36,8 @@ FAMILIES: dict[str, Family] = {
     "gpuwarden_loop_blocked_total": Family("counter", "Times the event loop was blocked beyond loop_lag_warn."),
     "gpuwarden_source_last_success_timestamp_seconds": Family(
         "gauge", "When a source last delivered or polled successfully (Unix time).", ("source",)),
+    "gpuwarden_source_up": Family("gauge", "1 while a source (kernel, uevents) can be read, 0 while it cannot "
+                                  "(retried every minute).", ("source",)),
     "gpuwarden_kernel_lines_total": Family("counter", "Kernel log lines read, by source.", ("source",)),
     "gpuwarden_kernel_lines_malformed_total": Family("counter", "Kernel log lines that could not be parsed.",
                                                      ("source",)),
