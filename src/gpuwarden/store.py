@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections import deque
@@ -220,21 +221,20 @@ class Store:
 
 def _private(path: Path) -> None:
     """The events hold kernel lines and process lists: the database is its owner's alone, created 0600 before
-    SQLite opens it (SQLite gives -wal and -shm the database's mode). A database or -wal/-shm of ours that
-    others may read (made before this rule) is tightened; a link is refused, another user's file left alone."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-    for name, create in ((path, os.O_CREAT), (path.with_name(path.name + "-wal"), 0),
-                         (path.with_name(path.name + "-shm"), 0)):
+    SQLite opens it (SQLite gives -wal and -shm the database's mode). A database or -wal/-shm of ours that others
+    may read (made before this rule) is tightened; a link or another user's file is left alone. By path only:
+    closing any descriptor of the database would drop the locks of this process's open connections to it."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         try:
-            fd = os.open(name, flags | create, 0o600)
+            st = os.lstat(name)
         except FileNotFoundError:
             continue
-        try:
-            st = os.fstat(fd)
-            if st.st_mode & 0o077 and st.st_uid == os.geteuid():
-                os.fchmod(fd, st.st_mode & 0o700)
-        finally:
-            os.close(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.chmod(name, stat.S_IMODE(st.st_mode) & 0o700)
 
 
 def _explain(path: Path, exc: sqlite3.DatabaseError) -> str:

@@ -220,3 +220,33 @@ def test_a_database_others_could_read_is_tightened(tmp_path):
     path.chmod(0o644)  # made by a gpuwarden before this rule
     Store(path).close()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_reader_beside_the_daemon_loses_none_of_its_writes(tmp_path):
+    """Making the database private must never close a descriptor of it: that drops the SQLite locks of the
+    process's open connections (POSIX locks are per process); a reader in another process (`gpuwarden events`)
+    then took itself for the only one and removed the WAL that the daemon went on writing into."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+    read = (f"from pathlib import Path; from gpuwarden.store import Store; "
+            f"print(len(Store(Path({str(path)!r})).events()))")
+    seen = []
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None)
+        for i in range(4):
+            store.add_events([event("sq_intr", t=float(i))])
+            while store.pending:
+                await asyncio.sleep(0.01)
+            seen.append(int(subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
+                                           check=True).stdout))
+        store.close()
+
+    asyncio.run(scenario())
+    assert seen == [1, 2, 3, 4]
+    assert len(Store(path).events()) == 4
