@@ -52,14 +52,12 @@ class Container:
         subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={CACHE / 'bookworm'},upperdir="
                         f"{self.base / 'upper'},workdir={self.base / 'work'}", str(self.merged)], check=True)
         self._copy_checkout()
-        pip_cache = CACHE / "pip"  # built wheels (systemd-python) kept for the next run
-        pip_cache.mkdir(exist_ok=True)
         binds = [f"--bind-ro={p}" for p in PIP_BINDS if os.path.exists(p)]
         self.console = (self.base / "console.log").open("wb")
         self.nspawn = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.merged), "-b", "--register=no", "--keep-unit", "--console=passive",
-             "--bind=/dev/kmsg", "--capability=CAP_SYSLOG", f"--bind={pip_cache}:/root/.cache/pip", *binds],
-            stdout=self.console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+             "--bind=/dev/kmsg", "--capability=CAP_SYSLOG", *binds],
+            stdout=self.console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_halt_with_parent)
         self.leader = wait_for(self._find_leader, 30, what="the container's PID 1")
         wait_for(lambda: self.run("systemctl is-system-running", check=False).stdout.strip() in ("running",
                  "degraded"), 60, interval=0.2, what="the container's boot")
@@ -127,6 +125,13 @@ class Container:
             subprocess.run(["umount", "-l", str(self.merged)], check=False)
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.base / "upper"), str(self.base / "work")],
                        check=False)
+
+
+def _halt_with_parent() -> None:
+    """nspawn gets SIGTERM (and halts the container) should pytest itself be killed before its teardown."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @pytest.fixture(scope="module")
