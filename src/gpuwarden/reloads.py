@@ -49,16 +49,19 @@ def answers(record: dict[str, Any] | None, pid: int, asked_ns: int) -> bool:
 def state_dir_of(pid: int) -> Path:
     """The state dir of the gpuwarden daemon `pid`: where the database it holds open lies. A process that holds
     no gpuwarden database is not signalled (SIGHUP ends most processes)."""
-    fds = Path(f"/proc/{pid}/fd")
     try:
-        targets = [os.readlink(fd) for fd in fds.iterdir()]
+        fds = os.listdir(f"/proc/{pid}/fd")
     except FileNotFoundError:
         raise LookupError(f"no process {pid}") from None
     except PermissionError:
         raise LookupError(f"cannot see the open files of process {pid} (run as its user or root)") from None
-    for target in targets:
-        if Path(target).name == DB:
-            return Path(target).parent
+    for fd in fds:
+        try:
+            target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+        if target.name == DB:
+            return target.parent
     raise LookupError(f"process {pid} is not a gpuwarden daemon (it holds no {DB} open)")
 
 
