@@ -150,6 +150,9 @@ def test_make_install_and_enable_now_start_it_active_with_status(box):
     box.run(f"cd {CHECKOUT} && make install", timeout=600)
     # the one edit a user might make: a free port, as the host's network is shared with other tests
     box.run(f"sed -i 's/^port = 10440/port = {box.port}/' {CONFIG} && grep -q '^port = {box.port}' {CONFIG}")
+    # a fault logged before the first start: the daemon's catch-up stores it before its alerter starts
+    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error before-first-start")  # not the kind checked below
+    time.sleep(0.5)  # in the container's journal
     box.run("systemctl enable --now gpuwarden")
     state = box.show("gpuwarden", "ActiveState", "SubState", "StatusText", "Type", "WatchdogUSec")
     assert state["ActiveState"] == "active" and state["SubState"] == "running", state
@@ -169,7 +172,11 @@ def test_state_is_private_and_a_first_start_claims_no_backlog(box):
     modes = dict(line.split() for line in modes if line)
     assert modes.pop("/var/lib/gpuwarden") == "700"
     assert set(modes) >= {"/var/lib/gpuwarden/gpuwarden.db"} and set(modes.values()) == {"600"}, modes
-    assert "stored before the last stop" not in box.journal("-u", "gpuwarden")
+    log = box.journal("-u", "gpuwarden", "-o", "cat")
+    assert "before-first-start" in box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 1h").stdout
+    # stored by this very process: no backlog of an earlier one (whether the old code said so here was a race
+    # with the store's writer thread; tests/unit/test_store.py holds the check that always failed on it)
+    assert "stored before the last stop" not in log
 
 
 def test_a_kernel_fault_is_logged_with_journal_fields(box):
@@ -232,8 +239,9 @@ def test_a_stalled_unit_is_killed_as_its_whole_cgroup_and_nothing_else(box):
              20, interval=0.5, what="the engine watched")
     time.sleep(3)  # progress: tokens move
     box.run(f"curl -sf -X POST http://127.0.0.1:{ENGINE_PORT}/mode/stall")
-    wait_for(lambda: "fake" in box.journal("-u", "gpuwarden", "GPUWARDEN_EVENT_KIND=engine_killed", "-o", "cat"),
-             40, interval=0.5, what="the engine_killed event")
+    wait_for(lambda: "fake" in box.journal("-u", "gpuwarden", "GPUWARDEN_EVENT_KIND=engine_killed",
+                                           "GPUWARDEN_ENGINE=fake", "-o", "cat"),
+             40, interval=0.5, what="the engine_killed event with its journal fields")
     alive = box.run("for p in $(cat /run/fake-engine.pids); do kill -0 $p 2>/dev/null && echo $p; done; true")
     assert alive.stdout.split() == [], alive.stdout
     assert box.run("systemctl is-active bystander").stdout.strip() == "active"
