@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Debian 12 root with systemd for tests/integration/test_real_systemd.py, made once by debootstrap into a cache
-# outside the repository (GPUWARDEN_NSPAWN, default ~/.cache/gpuwarden-nspawn; about 3 minutes and 400 MB).
+# outside the repository (GPUWARDEN_NSPAWN, default ~/.cache/gpuwarden-nspawn; 1.5 to 4 minutes and 600 MB).
 # A second run checks the stamp and returns at once. The test boots a throw-away copy of it, never the root
 # itself. It holds what the README's `make install` needs (make, gcc, pkg-config, libsystemd-dev, python3-dev,
 # python3-venv) so that the install inside never reaches for apt, plus curl for the checks.
@@ -15,12 +15,12 @@ if [ "$(id -u)" -ne 0 ]; then  # debootstrap and nspawn need root; so does the t
   echo "nspawn: not root, no container root made (tests/integration/test_real_systemd.py needs root)"; exit 0
 fi
 bash "$(dirname "$0")/../../.ci/apt-needs" debootstrap:debootstrap systemd-nspawn:systemd-container
-echo "nspawn: debootstrap bookworm into $root (about 3 minutes)"
+echo "nspawn: debootstrap bookworm into $root (1.5 to 4 minutes)"
 mkdir -p "$CACHE"
 # a failed debootstrap can leave /proc, /sys or a bind of the host's /dev mounted inside: unmount, and never
 # let rm cross into another file system
 clean() { for d in "$@"; do
-  findmnt -rn -o TARGET | grep -F "$d/" | sort -r | xargs -r -d '\n' umount -l
+  findmnt -rn -o TARGET | { grep -F "$d/" || true; } | sort -r | xargs -r -d '\n' umount -l
   rm -rf --one-file-system "$d"
 done; }
 clean "$root" "$root.new"
