@@ -19,7 +19,7 @@ def test_only_a_reload_of_that_pid_begun_after_the_signal_answers():
 
 
 def test_the_confirmation_is_replaced_whole_and_private(tmp_path):
-    os.umask(old := os.umask(0o022))
+    old = os.umask(0o022)  # a umask that would leave a plain file readable by others
     try:
         reloads.confirm(tmp_path, 7, 1, None, "a.toml")
         reloads.confirm(tmp_path, 7, 2, "kernel.storm_window: bad duration", None)
