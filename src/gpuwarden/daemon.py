@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, policy, report
+from gpuwarden import families, logsetup, policy, reloads, report
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.alert.alerter import Alerter
@@ -28,6 +28,7 @@ from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.model import Event, Severity
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.store import QueuedStore, Store
 from gpuwarden.supervise import Supervisor
@@ -39,6 +40,7 @@ _LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
 _REDISCOVER_SECONDS = 5.0
 _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
+_CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
 
 
 def _describe(action: policy.Kill | policy.Quarantine) -> str:
@@ -75,6 +77,7 @@ class Daemon:
         self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
         self.kernel: KernelWatch | None = None
+        self.uevents: UeventWatch | None = None
         self.gpus: list = []
         self.gpus_seen: set[str] = set()  # every GPU discovered since start: a fault may kill only for these
         self.started = time.monotonic()  # kernel lines logged before this are history
@@ -249,7 +252,7 @@ class Daemon:
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder,
                                                        xid_overrides=self.config.kernel.xid_overrides()))
-        self.supervisor.start("uevents", lambda: UeventWatch(self, self._guarded_devices, self._pci_changed))
+        self.supervisor.start("uevents", self._uevent_watch)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
             self.guard = GuardWatch(guard, self.config.gpu.sysfs_root, lambda: list(self._guarded_devices()),
@@ -286,15 +289,22 @@ class Daemon:
         self.kernel = watch
         return watch
 
+    def _uevent_watch(self) -> UeventWatch:
+        self.uevents = UeventWatch(self, self._guarded_devices, self._pci_changed)
+        return self.uevents
+
     def summary(self) -> str:
         gpus = len(self.gpus)
         store = f"; STORE UNWRITABLE ({self.store_error})" if self.store_error else ""
+        uevents = f"; uevents unavailable ({self.uevents.unavailable})" if self.uevents and self.uevents.unavailable \
+            else ""
         kernel = self.kernel.status if self.kernel else "none"
         return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}{store}")
+                f"{self.supervisor.summary()}{store}{uevents}")
 
     async def reload(self) -> None:
         async with self._reload_lock:
+            began = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # before the file is read: `gpuwarden reload`
             self.notifier.reloading()
             def load():  # off the loop: `listen` may need a name look-up, a config_file is read
                 new, path = configuration.load(self.config_arg)
@@ -308,6 +318,7 @@ class Daemon:
                 log.error("reload failed, the running configuration stays:\n%s", exc)
                 self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
                 self.notifier.ready()
+                await self._confirm_reload(began, str(exc), None)
                 return
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter
@@ -328,6 +339,15 @@ class Daemon:
             log.info("reloaded %s", path or "built-in defaults")
             self.notifier.ready()
             self.notifier.status(self.summary())
+            await self._confirm_reload(began, None, str(path or "built-in defaults"))
+
+    async def _confirm_reload(self, began: int, error: str | None, config: str | None) -> None:
+        """Tell `gpuwarden reload` (ExecReload) that the reload that began at `began` is done."""
+        state_dir = self.store.path.parent  # where this daemon writes, whatever a new config says
+        try:
+            await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
+        except (OSError, TimeoutError, Busy) as exc:
+            log.error("cannot confirm the reload in %s: %s", state_dir, exc)
 
     # --- small loops --------------------------------------------------------------------------------
 
