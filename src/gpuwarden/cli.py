@@ -140,7 +140,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"gpuwarden check: two files given ({args.file} and --config {args.config})", file=sys.stderr)
         return EXIT_USAGE
     config, path = configuration.load(args.file or args.config)
-    build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+    try:
+        build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+    except ConfigError as exc:
+        raise configuration.placed(exc, path) from None
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
     print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
     for engine in config.engine:

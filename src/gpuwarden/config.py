@@ -35,7 +35,12 @@ DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range 
 
 
 class ConfigError(Exception):
-    """A configuration that cannot be used; `str()` is the message for the user."""
+    """A configuration that cannot be used; `str()` is the message for the user. `loc` is the key it is about,
+    for an error found after parsing (an alert URL apprise refuses), so that `placed` can name the line."""
+
+    def __init__(self, message: str, loc: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -127,10 +132,9 @@ class ExporterConfig(Section):
     def _host_port(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not isinstance(listen := data.get("listen"), str):
             return data
-        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
-        if not m:
+        if not (split := _host_and_port(listen)) or split[1] > 65535:  # no port, or one `listen` itself refuses
             return data
-        host, port = m.group(1) or m.group(3), int(m.group(2) or m.group(4))
+        host, port = split
         if "port" in data and data["port"] != port:
             raise ValueError(f"listen {listen!r} names port {port} but port = {data['port']!r}: say it once")
         return {**data, "listen": host, "port": port}
@@ -138,12 +142,20 @@ class ExporterConfig(Section):
     @field_validator("listen")
     @classmethod
     def _resolvable(cls, value: str) -> str:
+        if (split := _host_and_port(value)) and split[1] > 65535:
+            raise ValueError(f"{value!r}: port {split[1]} is above 65535")
         try:
             socket.getaddrinfo(value, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except (socket.gaierror, UnicodeError) as exc:
             raise ValueError(f"{value!r} is not an address to listen on ({exc}); use an address such as "
                              "\"127.0.0.1\", or \"host:port\"") from None
         return value
+
+
+def _host_and_port(listen: str) -> tuple[str, int] | None:
+    """`host:port` or `[v6]:port` split; None for a bare address."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
+    return (m.group(1) or m.group(3), int(m.group(2) or m.group(4))) if m else None
 
 
 class KernelRule(Section):
@@ -224,6 +236,12 @@ class KernelConfig(Section):
             if _RULES[name].quiet:
                 raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
         return value
+
+    @model_validator(mode="after")
+    def _file_for_file(self) -> KernelConfig:
+        if self.source == "file" and self.file is None:  # else `run` would watch no kernel log at all
+            raise ValueError('source = "file" needs file, the log file to follow')
+        return self
 
     @model_validator(mode="after")
     def _disabled_not_overridden(self) -> KernelConfig:
@@ -484,6 +502,15 @@ def parse(text: str, name: str = "<config>") -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(err, text, name) for err in exc.errors())) from None
+
+
+def placed(exc: ConfigError, path: Path | None) -> ConfigError:
+    """`exc` with the file and line of its key, for an error found after parsing."""
+    try:
+        line = line_of(path.read_text(encoding="utf-8"), exc.loc) if path and exc.loc else None
+    except (OSError, UnicodeDecodeError):
+        line = None
+    return ConfigError(f"{path}:{line}: {exc}", exc.loc) if line else exc
 
 
 def _describe(err: Any, text: str, name: str) -> str:

@@ -152,3 +152,31 @@ def test_built_in_rules_are_disabled_and_overridden_by_name():
 ], ids=["unknown-disabled", "unknown-overridden", "xid", "quiet", "both", "bad-severity"])
 def test_rule_names_are_checked_with_key_and_line(text, message):
     assert error_of(text) == message
+
+
+def test_the_readmes_toml_examples_pass_check():
+    """A new user copies these: each parses, and apprise takes its alert URLs (as `check` and `run` build them)."""
+    import re
+
+    from gpuwarden.alert.targets import build
+    from paths import ROOT
+
+    blocks = re.findall(r"^```toml\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    assert len(blocks) >= 4
+    for block in blocks:
+        build(parse(block, "README.md").alerts)
+
+
+def test_the_example_configs_commented_alert_urls_are_accepted():
+    """Uncommenting an example URL of config/gpuwarden.toml gives a target apprise takes."""
+    import re
+
+    from gpuwarden.alert.targets import build
+    from paths import ROOT
+
+    text = (ROOT / "config" / "gpuwarden.toml").read_text()
+    alerts = text[text.index("\n[alerts]"):text.index("\n[engines]")]
+    lines = re.findall(r"^# (urls = \[.*\]|url = \".*?\")", alerts, re.M)
+    assert len(lines) == 2
+    for line in lines:
+        build(parse("[alerts]\n" + (line if line.startswith("urls") else f"[[alerts.target]]\n{line}")).alerts)
