@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden.alert.runbooks import RUNBOOKS
 from gpuwarden.engine.dockerapi import CONTAINER_NAME
 from gpuwarden.kernel.rules import RULES
 from gpuwarden.logsetup import redact
@@ -169,16 +170,28 @@ class KernelRule(Section):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from None
+        return _regex(value)
+
+    @field_validator("runbook")
+    @classmethod
+    def _known_runbook(cls, value: str) -> str:
+        if value and value not in RUNBOOKS:  # else the alert would silently carry no runbook
+            hint = difflib.get_close_matches(value, RUNBOOKS, n=1)
+            raise ValueError(f"unknown runbook {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         return value
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, value: str) -> str:
         return _check_kind(value)
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return value
 
 
 def _check_kind(value: str) -> str:
@@ -299,6 +312,11 @@ class EngineTarget(Section):
     docker_socket: AbsolutePath = Path("/var/run/docker.sock")  # root's dockerd (also for log_container)
     user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
 
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return value if value is None else _regex(value)
+
     @field_validator("user")
     @classmethod
     def _user_exists(cls, value: str | None) -> str | None:
@@ -312,8 +330,6 @@ class EngineTarget(Section):
                   "docker": "container"}.get(self.kind)
         if needed and getattr(self, needed) is None:
             raise ValueError(f"target kind {self.kind!r} needs {needed!r}")
-        if self.pattern is not None:
-            re.compile(self.pattern)
         return self
 
 
