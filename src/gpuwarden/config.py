@@ -486,8 +486,9 @@ class Config(Section):
     @classmethod
     def _unique_names(cls, value: list[EngineConfig]) -> list[EngineConfig]:
         names = [e.name for e in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"engine names must be unique: {names}")
+        for name in names:
+            if (n := names.count(name)) > 1:
+                raise ValueError(f"engine name {name!r} is used {'twice' if n == 2 else f'{n} times'}")
         return value
 
 
@@ -570,7 +571,7 @@ _KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
 def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     """The 1-based line in TOML `text` that defines the key at `loc`, or its closest enclosing table."""
     want = [str(p) for p in loc]
-    best, best_len = None, 0
+    best, best_len, first = None, 0, None
     table: list[str] = []
     array_counts: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -593,7 +594,9 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
             best, best_len = number, n
             if n == len(want):
                 break
-    return best
+        elif first is None and path[:len(want)] == want:  # an array of tables as a whole: its first entry
+            first = number
+    return best or first
 
 
 def _in_latest(parts: list[str], array_counts: dict[str, int]) -> list[str]:

@@ -59,6 +59,11 @@ def test_errors_inside_arrays_of_tables_point_at_the_right_entry():
     assert lines[1] == "gw.toml:7: kernel.rule[1].kind: unknown event kind 'sq_int' (did you mean 'sq_intr'?)"
 
 
+def test_a_repeated_engine_name_names_it_and_a_line():
+    engine = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:8000/metrics"\n'
+    assert error_of("[daemon]\n" + engine + engine) == "gw.toml:2: engine: engine name 'e' is used twice"
+
+
 def test_missing_required_key_points_at_its_table():
     assert error_of('[kernel]\n[[kernel.rule]]\nkind = "xid"\n') == \
         "gw.toml:2: kernel.rule[0].pattern: required key is missing"
