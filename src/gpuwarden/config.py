@@ -117,7 +117,7 @@ def default_state_dir() -> Path:
 
 
 class DaemonConfig(Section):
-    state_dir: Path = Field(default_factory=default_state_dir)
+    state_dir: AbsolutePath = Field(default_factory=default_state_dir)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     loop_lag_warn: Interval = 1.0
     status_interval: Period = 30.0
@@ -216,7 +216,7 @@ RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule
 
 class KernelConfig(Section):
     source: Literal["auto", "journal", "kmsg", "file"] = "auto"
-    file: Path | None = None
+    file: AbsolutePath | None = None
     lookback: Duration = 600.0
     storm_window: Duration = 2.0  # 0: every line is its own event
     rule: list[KernelRule] = []
@@ -282,7 +282,7 @@ class AlertTarget(Section):
 class AlertsConfig(Section):
     urls: list[SecretStr] = []  # shorthand for targets at min_severity "warning"
     target: list[AlertTarget] = []
-    config_file: Path | None = None  # an apprise config file (TEXT or YAML); its tags work as `tags` above
+    config_file: AbsolutePath | None = None  # an apprise config file (TEXT or YAML); its tags work as `tags` above
     config_file_min_severity: SeverityName = "warning"
     hostname: str = Field(default_factory=socket.gethostname)
     cooldown: Duration = 600.0
@@ -304,10 +304,10 @@ class EngineTarget(Section):
     """Which processes are the engine: what a kill kills."""
 
     kind: Literal["port", "pidfile", "cmdline", "unit", "cgroup", "docker"] = "port"
-    pidfile: Path | None = None
+    pidfile: AbsolutePath | None = None
     pattern: str | None = None  # cmdline: a regular expression searched in the command line
     unit: str | None = None  # unit: a systemd unit, killed as its whole cgroup
-    cgroup: Path | None = None  # cgroup: a cgroup v2 directory
+    cgroup: AbsolutePath | None = None  # cgroup: a cgroup v2 directory
     container: ContainerName | None = None  # docker: a container name or id
     docker_socket: AbsolutePath = Path("/var/run/docker.sock")  # root's dockerd (also for log_container)
     user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
@@ -366,7 +366,7 @@ class EngineConfig(Section):
     # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
     # llama.cpp's /slots
     source: Literal["metrics", "log", "slots"] = "metrics"
-    log_file: Path | None = None
+    log_file: AbsolutePath | None = None
     log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
     log_container: ContainerName | None = None  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
@@ -437,7 +437,7 @@ class EnginesConfig(Section):
 
 
 class GpuConfig(Section):
-    sysfs_root: Path = Path("/sys")  # where GPUs are found, read and guarded
+    sysfs_root: AbsolutePath = Path("/sys")  # where GPUs are found, read and guarded
     interval: Interval = 1.0
     read_deadline: Interval = 3.0  # a read that takes longer: gpu_unresponsive, and it is abandoned
     recorder_window: Duration = 900.0  # telemetry kept in memory for incident reports
@@ -466,7 +466,7 @@ class GuardConfig(Section):
 
 
 class CacheConfig(Section):
-    dirs: list[Path] | None = None  # compile caches to watch; default: the usual ones of root and login users
+    dirs: list[AbsolutePath] | None = None  # compile caches to watch; default: the usual ones of root and login users
     on_crash_loop: Literal["quarantine", "alert"] = "quarantine"
     dry_run: bool = False  # say what would be moved, move nothing
 

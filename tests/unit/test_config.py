@@ -185,3 +185,25 @@ def test_the_example_configs_commented_alert_urls_are_accepted():
     assert len(lines) == 2
     for line in lines:
         build(parse("[alerts]\n" + (line if line.startswith("urls") else f"[[alerts.target]]\n{line}")).alerts)
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('[daemon]\nstate_dir = "~/gpuwarden"\n', "gw.toml:2: daemon.state_dir"),
+    ('[kernel]\nsource = "file"\nfile = "kern.log"\n', "gw.toml:3: kernel.file"),
+    ('[alerts]\nconfig_file = "apprise.yml"\n', "gw.toml:2: alerts.config_file"),
+    ('[gpu]\nsysfs_root = "sys"\n', "gw.toml:2: gpu.sysfs_root"),
+    ('[cache]\ndirs = ["/root/.cache/vllm", ".triton/cache"]\n', "gw.toml:2: cache.dirs[1]"),
+    ('[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8080"\nsource = "log"\nlog_file = "llama.log"\n',
+     "gw.toml:5: engine[0].log_file"),
+    ('[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8080"\n[engine.target]\nkind = "pidfile"\n'
+     'pidfile = "run/e.pid"\n',
+     "gw.toml:6: engine[0].target.pidfile"),
+    ('[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8080"\n[engine.target]\nkind = "cgroup"\n'
+     'cgroup = "system.slice"\n',
+     "gw.toml:6: engine[0].target.cgroup"),
+], ids=["state_dir", "kernel.file", "config_file", "sysfs_root", "cache.dirs", "log_file", "pidfile", "cgroup"])
+def test_paths_must_be_absolute(text, where):
+    """The daemon runs in / under systemd, `check` and `events` wherever the user is: a relative path (or a `~`,
+    which nothing expands) would name another file for each of them."""
+    assert error_of(text).startswith(f"{where}: '")
+    assert error_of(text).endswith("is not an absolute path")
