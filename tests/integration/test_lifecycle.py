@@ -2,6 +2,7 @@
 
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -91,3 +92,15 @@ def test_a_store_that_cannot_be_opened_is_a_runtime_failure(daemon_factory):
     d.start()
     assert d.proc.wait(15) == 1
     assert "database is corrupt" in d.log()
+
+
+def test_a_taken_exporter_port_names_the_address_and_the_keys(daemon_factory):
+    """As when `make run` meets the installed service on 10440: "Address already in use" alone said not which."""
+    d = daemon_factory()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", d.port))
+        taken.listen()
+        d.start()
+        assert d.proc.wait(15) == 1
+    assert (f"cannot serve metrics on 127.0.0.1:{d.port} ([exporter] listen and port; another gpuwarden?): "
+            "Address already in use") in d.log()
