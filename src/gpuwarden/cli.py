@@ -176,7 +176,11 @@ def cmd_events(args: argparse.Namespace) -> int:
         print(f"gpuwarden events: --since: {exc}", file=sys.stderr)
         return EXIT_USAGE
     config, _ = configuration.load(args.config)
-    store = Store(config.daemon.state_dir / "gpuwarden.db")
+    db = config.daemon.state_dir / "gpuwarden.db"
+    if not db.exists():  # opening it would make an empty store, and a state_dir where none was meant
+        print(f"gpuwarden events: no store at {db}: gpuwarden has not run with this state_dir", file=sys.stderr)
+        return EXIT_OK  # no events, as from an empty store
+    store = Store(db)
     try:
         rows = store.events(since=since)
     finally:
