@@ -169,6 +169,18 @@ def test_a_configured_engine_that_does_not_answer_is_said_once_and_again_when_it
     assert d.stop() == 0
 
 
+def test_nvml_off_is_off_for_the_engines_too(daemon_factory, fake_engine):
+    """[gpu] nvml = false (say, where NVML hangs) kept the GPU reader off, but the engine watch still loaded NVML
+    to map the engine's processes to GPUs. No NVIDIA driver here: loading it logs "NVML not available"."""
+    engine = fake_engine("progress")
+    d = daemon_factory(engine_config(engine) + "[gpu]\nnvml = false\n").start()
+    d.wait_serving()
+    wait_for(lambda: 'gpuwarden_engine_cpu_percent{engine="fake"}' in d.metrics(), 15,
+             what="the engine's processes looked at")
+    assert "NVML" not in d.log()
+    assert d.stop() == 0
+
+
 def test_an_engine_hung_before_the_daemon_came_is_unresponsive_but_not_killed(daemon_factory, fake_engine):
     """It never answered: silence counts from the first try, and with nothing known to be running it is only
     reported."""

@@ -128,17 +128,17 @@ def new_state(config: EngineConfig) -> EngineState:
 class EngineWatch:
     name = "engines"
 
-    def __init__(self, settings: EnginesConfig, engines: list[EngineConfig], sink: Sink) -> None:
+    def __init__(self, settings: EnginesConfig, engines: list[EngineConfig], sink: Sink, nvml: bool = True) -> None:
         self.settings, self.sink = settings, sink
         self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
         self._tasks: asyncio.TaskGroup | None = None
-        self._nvml = None  # loaded on first use; False when there is no NVIDIA driver
+        self._nvml = None if nvml else False  # loaded on first use; False when off ([gpu] nvml) or no driver
         self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
 
-    def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig]) -> EngineWatch:
+    def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
         stay (a reload must not reset how often an engine may be killed)."""
-        new = EngineWatch(settings, engines, self.sink)
+        new = EngineWatch(settings, engines, self.sink, nvml)
         for name, state in new.engines.items():
             if name in self.engines:
                 state.budget, state.tracker = self.engines[name].budget, self.engines[name].tracker
