@@ -237,7 +237,8 @@ class Daemon:
             return
         self.exporter = Exporter(self.metrics, cfg.listen, cfg.port)
         self.exporter.start()
-        log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
+        host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen  # an IPv6 address goes in brackets in a URL
+        log.info("serving metrics on http://%s:%d/metrics", host, self.exporter.port)
 
     def _start_components(self) -> None:
         gpus = self._discover()
