@@ -160,7 +160,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"gpuwarden check: two files given ({args.file} and --config {args.config})", file=sys.stderr)
         return EXIT_USAGE
     config, path = configuration.load(args.file or args.config)
-    build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+    try:
+        build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+    except ConfigError as exc:
+        raise configuration.placed(exc, path) from None
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
     print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
     for engine in config.engine:
@@ -193,7 +196,11 @@ def cmd_events(args: argparse.Namespace) -> int:
         print(f"gpuwarden events: --since: {exc}", file=sys.stderr)
         return EXIT_USAGE
     config, _ = configuration.load(args.config)
-    store = Store(config.daemon.state_dir / "gpuwarden.db")
+    db = config.daemon.state_dir / "gpuwarden.db"
+    if not db.exists():  # opening it would make an empty store, and a state_dir where none was meant
+        print(f"gpuwarden events: no store at {db}: gpuwarden has not run with this state_dir", file=sys.stderr)
+        return EXIT_OK  # no events, as from an empty store
+    store = Store(db)
     try:
         rows = store.events(since=since)
     finally:

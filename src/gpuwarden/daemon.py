@@ -201,7 +201,7 @@ class Daemon:
         self.metrics.set(families.STORE_WRITABLE, 1)
         self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics,
                                self.incidents.folder_for)
-        self.engines = EngineWatch(self.config.engines, self.config.engine, self)
+        self.engines = EngineWatch(self.config.engines, self.config.engine, self, nvml=self.config.gpu.nvml)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)
@@ -240,7 +240,8 @@ class Daemon:
             return
         self.exporter = Exporter(self.metrics, cfg.listen, cfg.port)
         self.exporter.start()
-        log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
+        host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen  # an IPv6 address goes in brackets in a URL
+        log.info("serving metrics on http://%s:%d/metrics", host, self.exporter.port)
 
     def _start_components(self) -> None:
         gpus = self._discover()
@@ -324,7 +325,7 @@ class Daemon:
             exporter_changed = new.exporter != self.config.exporter
             self.config = new
             self.alerter.configure(new.alerts, targets)
-            self.engines = self.engines.reconfigured(new.engines, new.engine)
+            self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

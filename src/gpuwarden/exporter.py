@@ -97,7 +97,12 @@ class Exporter:
         return self._server.server_port if self._server else self._port
 
     def start(self) -> None:
-        self._server, self._thread = start_http_server(self._port, addr=self._listen, registry=self.registry)
+        try:
+            self._server, self._thread = start_http_server(self._port, addr=self._listen, registry=self.registry)
+        except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
+            host = f"[{self._listen}]" if ":" in self._listen else self._listen
+            raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
+                                     f"port; another gpuwarden?): {exc.strerror}") from None
 
     def stop(self) -> None:
         if self._server:

@@ -90,7 +90,7 @@ class KernelWatch:
 
     @property
     def status(self) -> str:
-        return self.source.name if self.source else f"unavailable ({self.unavailable})" if self.unavailable \
+        return self.source.label if self.source else f"unavailable ({self.unavailable})" if self.unavailable \
             else "opening"
 
     async def _open(self) -> Source:
@@ -121,7 +121,7 @@ class KernelWatch:
         if self.unavailable:
             log.info("kernel source readable again after: %s", self.unavailable)
             self.unavailable = None
-        log.info("kernel source: %s", source.name)
+        log.info("kernel source: %s", source.label)
         seen_malformed = seen_overruns = seen_lines = 0
         saved_at = 0.0
         try:
