@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 
 class Severity(enum.IntEnum):
@@ -116,3 +116,46 @@ class GpuSample:
     overdrive: dict[str, dict[str, float]] = field(default_factory=dict)  # pp_od_clk_voltage sections
     throttle: tuple[str, ...] = ()
     problems: dict[str, str] = field(default_factory=dict)  # file or call -> "busy", "gone", ...
+
+
+class Sink(Protocol):
+    """The one interface every component reports through; the hub implements it. Components only emit: batches
+    of events (with the cursor of the source that read them), a storm's final count, a condition that ended,
+    counts and gauges. What is stored, alerted and done about them is the hub's and the policy's business."""
+
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
+    def set_count(self, row_id: int, event: Event) -> None: ...
+    def resolve(self, dedupe_key: str, message: str) -> None: ...
+    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
+    def metric(self, name: str, value: float, *labels: str) -> None: ...
+    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None: ...
+    def polled(self, source: str) -> None: ...
+    def kernel_lines(self, now: float, texts: list[str]) -> None: ...
+
+
+class NullSink:
+    """For one-off readings (`gpuwarden status`, benchmarks): events and metrics go nowhere."""
+
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
+        return [0] * len(events)
+
+    def set_count(self, row_id: int, event: Event) -> None:
+        pass
+
+    def resolve(self, dedupe_key: str, message: str) -> None:
+        pass
+
+    def count(self, name: str, *labels: str, by: float = 1) -> None:
+        pass
+
+    def metric(self, name: str, value: float, *labels: str) -> None:
+        pass
+
+    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None:
+        pass
+
+    def polled(self, source: str) -> None:
+        pass
+
+    def kernel_lines(self, now: float, texts: list[str]) -> None:
+        pass

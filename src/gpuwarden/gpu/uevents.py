@@ -10,21 +10,15 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from gpuwarden.gpu.discovery import is_gpu_class
-from gpuwarden.model import Event, Severity, normalize_pci
+from gpuwarden.model import Event, Severity, Sink, normalize_pci
 
 log = logging.getLogger(__name__)
 
 _PCI_IN_PATH = re.compile(r"/([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)")
 REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel panic: reboot and wait 10 minutes "
                   "instead")
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
 
 
 def is_gpu(props: Mapping[str, str], known: set[str]) -> bool:

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
 
 from gpuwarden.config import GpuConfig
 from gpuwarden.gpu import amd, nvidia
@@ -23,32 +22,9 @@ from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.kernel.xid import describe
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
 
 log = logging.getLogger(__name__)
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def resolve(self, dedupe_key: str, message: str) -> None: ...
-    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
-
-
-class NullSink:
-    """For one-off readings (`gpuwarden status`, benchmarks): events and metrics go nowhere."""
-
-    def record(self, events, cursor=None):
-        return []
-
-    def resolve(self, *args):
-        pass
-
-    def replace_series(self, *args):
-        pass
-
-    def count(self, *args, **kwargs):
-        pass
 
 
 class Worker:
