@@ -25,8 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
-from gpuwarden.model import KINDS, Severity, normalize_pci
+from gpuwarden.model import Severity, normalize_pci
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range is full; this is outside it

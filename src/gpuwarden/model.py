@@ -21,17 +21,8 @@ class Severity(enum.IntEnum):
         return cls[text.upper()]
 
 
-KINDS = frozenset(
-    """sq_intr ring_timeout gpu_reset reset_failed device_lost page_fault ras_error pcie_aer xid gsp_error
-    kernel_oops gpu_unresponsive gpu_missing thermal power fan clock pcie_link config_asymmetry engine_stall
-    engine_unresponsive engine_exited engine_crash_loop engine_killed unbind_attempt device_removed gpu_wedged
-    guard_lost cache_poisoned watchdog_error kmsg_overrun smu_error kill_refused store_unwritable""".split()
-)
-
 HISTORY = "history"  # evidence key of an event that is history, not live
 CONDITION = "condition"  # evidence key of a telemetry condition's own identity (one GPU can have several)
-
-ACTION_KINDS = frozenset({"engine_killed", "cache_poisoned"})  # events that say what gpuwarden itself did
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwarden.kinds import GPU_FAULT_KINDS
 from gpuwarden.model import Event, Severity
 
-# Kernel faults after which an engine on that GPU is killed at once: the GPU is hanging or faulting and a
-# hung engine is how GPUs get lost. Xids count when their catalog severity is critical (79, 119, 95...).
-GPU_FAULT_KINDS = frozenset({"sq_intr", "ring_timeout", "page_fault"})
 # Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
 QUARANTINE_KINDS = frozenset({"engine_crash_loop"})
 OUR_KILL_SLACK = 10.0  # seconds beyond kill_grace in which an engine's processes going is taken for our kill
@@ -92,6 +90,8 @@ Action = Kill | Quarantine | Refuse | AlertOnly
 
 
 def is_gpu_fault(event: Event) -> bool:
+    """A kernel fault after which an engine on that GPU is killed at once: the GPU is hanging or faulting and a
+    hung engine is how GPUs get lost. Xids count when their catalog severity is critical (79, 119, 95...)."""
     return event.kind in GPU_FAULT_KINDS or (event.kind == "xid" and event.severity == Severity.CRITICAL)
 
 

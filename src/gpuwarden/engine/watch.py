@@ -332,7 +332,7 @@ class EngineWatch:
         if source == "log":
             message += f" (read from {state.scraper.where})"
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning, "runbook": "stall",
+                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning,
                                                       "source": source})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
@@ -342,7 +342,7 @@ class EngineWatch:
                    "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL, message, time.time(), engine=state.name,
                      gpu=state.gpu, evidence={"canary": asdict(result), "figures": figures,
-                                                      "requests_running": sample.running or 0, "runbook": "stall"})
+                                                      "requests_running": sample.running or 0})
 
     def _unresponsive_event(self, state: EngineState, error: str, silent_for: float) -> Event:
         """/metrics hangs or fails while the engine's processes live. Whether requests were running when it last
@@ -358,8 +358,7 @@ class EngineWatch:
                    "cpu_percent": state.cpu, "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
                      engine=state.name, gpu=state.gpu,
-                     evidence={"error": error, "figures": figures, "requests_running": running or 0,
-                               "runbook": "stall"})
+                     evidence={"error": error, "figures": figures, "requests_running": running or 0})
 
     def _exited(self, state: EngineState, now: float) -> None:
         cfg = state.config

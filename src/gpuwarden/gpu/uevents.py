@@ -41,16 +41,16 @@ def classify(props: Mapping[str, str], now: float, known: set[str] = frozenset()
         gpu = _address(props)
         if action == "remove":
             return Event("device_removed", Severity.CRITICAL, f"GPU {gpu} was removed from the PCI bus; "
-                         f"{REBOOT_INSTEAD}", now, gpu=gpu, evidence={**evidence, "runbook": "device_lost"})
+                         f"{REBOOT_INSTEAD}", now, gpu=gpu, evidence=evidence)
         what = "unbound from its driver" if action == "unbind" else "bound to a driver again"
         return Event("unbind_attempt", Severity.CRITICAL, f"GPU {gpu} was {what}; {REBOOT_INSTEAD}", now, gpu=gpu,
-                     evidence={**evidence, "runbook": "device_lost"})
+                     evidence=evidence)
     if subsystem == "drm" and action == "change" and "WEDGED" in props:
         gpu = _address(props)
         method = props["WEDGED"]
         severity = Severity.WARNING if method == "none" else Severity.CRITICAL
         return Event("gpu_wedged", severity, f"GPU {gpu or '?'} reported itself wedged (recovery: {method})", now,
-                     gpu=gpu, evidence={**evidence, "runbook": "reset" if method == "none" else "device_lost"})
+                     gpu=gpu, evidence={**evidence, "runbook": "reset"} if method == "none" else evidence)
     return None
 
 

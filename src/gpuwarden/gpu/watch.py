@@ -160,7 +160,7 @@ class GpuWatch:
         self.sink.record([Event("gpu_unresponsive", Severity.CRITICAL,
                                 f"reading GPU {pci} has not returned for {took:.1f} s: the driver or the GPU "
                                 "hangs (the read is abandoned)", now, gpu=pci,
-                                evidence={"read_seconds": round(took, 2), "runbook": "device_lost"})])
+                                evidence={"read_seconds": round(took, 2)})])
         self.sink.count("gpuwarden_gpu_read_errors_total", pci, "timeout")
 
     def _reader(self, gpu: Gpu) -> Callable[[float], GpuSample] | None:
@@ -198,7 +198,7 @@ class GpuWatch:
             self.recorder.forget(pci)
             self._readers.pop(pci, None)
             self.sink.record([Event("gpu_missing", Severity.CRITICAL, f"GPU {pci} ({self._seen[pci].vendor}) "
-                                    "disappeared from the PCI bus", now, gpu=pci, evidence={"runbook": "device_lost"})])
+                                    "disappeared from the PCI bus", now, gpu=pci)])
 
     def _export(self, samples: dict[str, GpuSample], gpus: dict[str, Gpu]) -> None:
         latest = {pci: s for pci, s in self.recorder.latest().items() if pci in gpus}
@@ -220,7 +220,7 @@ class GpuWatch:
             for pci, xid in events:
                 severity, meaning = describe(xid)
                 self.sink.record([Event("xid", severity, f"Xid {xid}: {meaning} on {pci} (NVML)", time.time(),
-                                        gpu=pci, evidence={"xid": xid, "source": "nvml", "runbook": "xid"})])
+                                        gpu=pci, evidence={"xid": xid, "source": "nvml"})])
 
 
 SERIES = {  # metric -> (extra label, sample fields that fill it)
