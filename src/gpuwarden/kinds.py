@@ -13,6 +13,9 @@ class Kind:
     gpu_fault: bool = False  # an engine on that GPU is killed at once (an Xid counts when critical: policy)
     action: bool = False  # says what gpuwarden itself did
     outcome: bool = False  # what gpuwarden did, or a kill it was not allowed to do
+    condition: str | None = None  # the node condition it bears on (npd-check): "gpu", a critical one loses the
+    # GPU until a reboot (config/prometheus/gpuwarden-rules.yml's GpuwardenGpuLost too); "engine", an engine's
+    # trouble or its fix
 
 
 CATALOG: dict[str, Kind] = {
@@ -21,18 +24,18 @@ CATALOG: dict[str, Kind] = {
     "ring_timeout": Kind("gpu_fault", gpu_fault=True),
     "page_fault": Kind("gpu_fault", gpu_fault=True),
     "gpu_reset": Kind("reset"),
-    "reset_failed": Kind("device_lost"),
-    "device_lost": Kind("device_lost"),
+    "reset_failed": Kind("device_lost", condition="gpu"),
+    "device_lost": Kind("device_lost", condition="gpu"),
     "smu_error": Kind("gpu_fault"),
     "ras_error": Kind("ras"),
     "pcie_aer": Kind("aer"),
-    "xid": Kind("xid"),
+    "xid": Kind("xid", condition="gpu"),
     "gsp_error": Kind("gsp"),
     "kernel_oops": Kind("oops"),
     "kmsg_overrun": Kind("kmsg"),
     # GPU telemetry, the PCI bus and uevents
-    "gpu_unresponsive": Kind("device_lost"),
-    "gpu_missing": Kind("device_lost"),
+    "gpu_unresponsive": Kind("device_lost", condition="gpu"),
+    "gpu_missing": Kind("device_lost", condition="gpu"),
     "thermal": Kind("thermal"),
     "power": Kind("power"),
     "fan": Kind("fan"),
@@ -41,16 +44,16 @@ CATALOG: dict[str, Kind] = {
     "config_asymmetry": Kind("asymmetry"),
     "unbind_attempt": Kind("device_lost"),
     "device_removed": Kind("device_lost"),
-    "gpu_wedged": Kind("device_lost"),
+    "gpu_wedged": Kind("device_lost", condition="gpu"),
     # engines
-    "engine_stall": Kind("stall"),
-    "engine_unresponsive": Kind("stall"),
+    "engine_stall": Kind("stall", condition="engine"),
+    "engine_unresponsive": Kind("stall", condition="engine"),
     "engine_exited": Kind("crash_loop"),
-    "engine_crash_loop": Kind("crash_loop"),
+    "engine_crash_loop": Kind("crash_loop", condition="engine"),
     # what gpuwarden did, or was not allowed to do
-    "engine_killed": Kind(None, action=True, outcome=True),
+    "engine_killed": Kind(None, action=True, outcome=True, condition="engine"),
     "cache_poisoned": Kind("cache_poisoned", action=True, outcome=True),
-    "kill_refused": Kind("kill_refused", outcome=True),
+    "kill_refused": Kind("kill_refused", outcome=True, condition="engine"),
     # gpuwarden itself
     "guard_lost": Kind(None),
     "watchdog_error": Kind("daemon"),
@@ -61,6 +64,8 @@ KINDS = frozenset(CATALOG)
 GPU_FAULT_KINDS = frozenset(k for k, v in CATALOG.items() if v.gpu_fault)
 ACTION_KINDS = frozenset(k for k, v in CATALOG.items() if v.action)
 OUTCOMES = frozenset(k for k, v in CATALOG.items() if v.outcome)
+GPU_LOST_KINDS = frozenset(k for k, v in CATALOG.items() if v.condition == "gpu")
+ENGINE_KINDS = frozenset(k for k, v in CATALOG.items() if v.condition == "engine")
 
 
 def runbook(kind: str) -> str | None:

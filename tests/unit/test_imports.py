@@ -1,7 +1,7 @@
 """The import rule, checked on every module's imports (parsed, not run): between packages, imports go one way,
 down these layers, and never in a cycle. A package may import others of its own layer, without a cycle.
 
-    entry points    cli, __main__, doctor
+    entry points    cli, __main__, doctor, npd
     wiring          daemon
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
@@ -26,7 +26,7 @@ LAYERS = [
     {"act", "alert"},
     {"hub", "health"},
     {"daemon"},
-    {"cli", "__main__", "doctor"},
+    {"cli", "__main__", "doctor", "npd"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import gpuwarden
 from gpuwarden.alert.runbooks import RUNBOOKS, runbook_for
 from gpuwarden.kernel import rules
-from gpuwarden.kinds import ACTION_KINDS, CATALOG, GPU_FAULT_KINDS, OUTCOMES
+from gpuwarden.kinds import ACTION_KINDS, CATALOG, ENGINE_KINDS, GPU_FAULT_KINDS, GPU_LOST_KINDS, OUTCOMES
 
 SRC = Path(gpuwarden.__file__).parent
 
@@ -51,3 +51,8 @@ def test_actions_are_outcomes_and_no_outcome_is_a_gpu_fault():
     assert {"engine_killed", "cache_poisoned"} == ACTION_KINDS
     assert ACTION_KINDS | {"kill_refused"} == OUTCOMES
     assert {"sq_intr", "ring_timeout", "page_fault"} == GPU_FAULT_KINDS
+
+
+def test_the_node_conditions_kinds():
+    assert {"device_lost", "reset_failed", "gpu_wedged", "gpu_missing", "gpu_unresponsive", "xid"} == GPU_LOST_KINDS
+    assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "engine_killed"} == ENGINE_KINDS
