@@ -46,10 +46,10 @@ class Daemon:
         self.recorder = FlightRecorder(config.gpu.recorder_window)
         self.inventory = GpuInventory(config.gpu.sysfs_root)
         self.engines: EngineWatch | None = None
-        self.actuator = Actuator(None, None, config.cache)
-        self.hub = Hub(self.metrics, self.recorder, self.actuator, self._situation,
-                       config.daemon.state_dir / "incidents", config.alerts.hostname)
-        self.actuator.sink = self.hub
+        act = lambda action, event: self.actuator.execute(action, event)  # noqa: E731 (the actuator comes next)
+        self.hub = Hub(self.metrics, self.recorder, self._situation, act, config.daemon.state_dir / "incidents",
+                       config.alerts.hostname)
+        self.actuator = Actuator(self.hub, None, config.cache)
         self.health = Health(config.daemon, self.hub, self.metrics, self.notifier, self.summary)
         self.supervisor = Supervisor(self.health.crashed, self.health.component_state)
         self.health.supervisor = self.supervisor

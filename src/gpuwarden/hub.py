@@ -8,9 +8,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 from gpuwarden import logsetup, policy, report
-from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.gpu.recorder import FlightRecorder
@@ -23,11 +23,11 @@ _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Se
 
 
 class Hub:
-    def __init__(self, metrics: SelfMetrics, recorder: FlightRecorder, actuator: Actuator,
-                 situation: Callable[[], policy.Situation], incidents_dir, hostname: str) -> None:
+    def __init__(self, metrics: SelfMetrics, recorder: FlightRecorder, situation: Callable[[], policy.Situation],
+                 act: Callable[[policy.Action, Event], None], incidents_dir: Path, hostname: str) -> None:
         """`situation`: what the policy needs besides the event (engine views, GPUs seen, now), read afresh
-        for each event."""
-        self.metrics, self.recorder, self.actuator, self.situation = metrics, recorder, actuator, situation
+        for each event; `act`: the actuator, which carries out each action the policy returns."""
+        self.metrics, self.recorder, self.situation, self.act = metrics, recorder, situation, act
         self.hostname = hostname
         self.store: Store | QueuedStore | None = None  # set by the daemon once the loop runs
         self.alerter: Alerter | None = None
@@ -51,7 +51,7 @@ class Hub:
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
             for action in policy.decide(event, self.situation()):
-                self.actuator.execute(action, event)
+                self.act(action, event)
         return ids
 
     def set_count(self, row_id: int, event: Event) -> None:

@@ -16,10 +16,10 @@ GPU = "ffff:fe:1f.7"
 
 
 def hub_for(tmp_path, engines: list[policy.EngineView]) -> Hub:
-    actuator = Actuator(None, None, CacheConfig(dirs=[tmp_path / "cache"]))
-    hub = Hub(SelfMetrics(), FlightRecorder(), actuator,
-              lambda: policy.Situation(engines, frozenset({GPU}), 1000.0), tmp_path / "incidents", "test")
-    actuator.sink, hub.store = hub, Store(tmp_path / "gpuwarden.db")
+    hub = Hub(SelfMetrics(), FlightRecorder(), lambda: policy.Situation(engines, frozenset({GPU}), 1000.0),
+              lambda action, event: actuator.execute(action, event), tmp_path / "incidents", "test")
+    actuator = Actuator(hub, None, CacheConfig(dirs=[tmp_path / "cache"]))
+    hub.store = Store(tmp_path / "gpuwarden.db")
     return hub
 
 

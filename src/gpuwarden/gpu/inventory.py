@@ -7,11 +7,14 @@ is kept, and every question on the loop is a look-up in it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import Gpu, discover
+
+log = logging.getLogger(__name__)
 
 REDISCOVER_SECONDS = 5.0  # a GPU can vanish without a uevent reaching us
 
@@ -43,7 +46,10 @@ class GpuInventory:
 
     def _found(self, task: asyncio.Future) -> None:
         self._at = time.monotonic()
-        if task.cancelled() or task.exception():
+        if task.cancelled():
+            return
+        if error := task.exception():
+            log.warning("looking for GPUs failed (the last list stays): %s", error)
             return
         self.gpus, self._paths = task.result()
         self.seen.update(self._paths)
