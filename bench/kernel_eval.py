@@ -4,9 +4,9 @@
 
 Per expected kind: files that expect it and got it (right), files that expect it and lack it (missed), files
 that got it at warning or above without expecting it (over-called). Per file: fully right means every expected
-kind, no forbidden kind and the expected worst severity. On benign files (expected `none`/`info`): every event
-at warning or above is a false warning. tests/unit/test_corpus_kernel.py runs `evaluate` and requires a clean
-report.
+kind, no forbidden kind and the expected worst severity (`none`: no event at all; `info`: nothing above info).
+On benign files (expected `none`/`info`): every event at warning or above is a false warning.
+tests/unit/test_corpus_kernel.py runs `evaluate` and requires a clean report.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def verdict(want: dict, events: list[Event]) -> list[str]:
     wrong += [f"forbidden {k}" for k in want.get("forbid", ()) if k in got]
     worst = max((e.severity for e in events), default=None)
     sev = want["sev"]
-    if sev == "none":
-        ok = worst is None or worst < Severity.WARNING
+    if sev == "none":  # no event at all
+        ok = worst is None
     elif sev == "info":
         ok = worst is None or worst <= Severity.INFO
     else:

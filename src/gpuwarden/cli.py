@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
         return subparsers.add_parser(name, parents=[common], **kw)
 
     command("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
+    reload = command("reload", help="make a running daemon re-read its configuration, and wait until it has")
+    reload.add_argument("--pid", type=int, required=True, help="the daemon's pid (systemd: $MAINPID)")
+    reload.add_argument("--timeout", type=float, default=20.0, help="seconds to wait (default 20)")
+    reload.set_defaults(handler=cmd_reload)
     check = command("check", help="validate the configuration and print it")
     check.add_argument("file", nargs="?", type=Path, help="the configuration file (same as --config)")
     check.set_defaults(handler=cmd_check)
@@ -130,6 +134,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    """ExecReload: returns when the daemon has re-read its configuration; 78 when it refused it."""
+    from gpuwarden import reloads
+
+    try:
+        done = reloads.request(args.pid, args.timeout)
+    except (LookupError, TimeoutError, OSError) as exc:
+        print(f"gpuwarden reload: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if not done["ok"]:
+        print(f"gpuwarden reload: the running configuration stays:\n{done['error']}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"gpuwarden reload: reloaded {done['config']}")
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -25,11 +25,15 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden.kernel.rules import RULES
 from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Severity, normalize_pci
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
+# Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
+# API path beyond /containers/{name}.
+CONTAINER_NAME = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]+")
 DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range is full; this is outside it
 
 
@@ -80,6 +84,22 @@ Interval = Annotated[float, BeforeValidator(parse_duration), _at_least(0.1)]
 Period = Annotated[float, BeforeValidator(parse_duration), _at_least(1.0)]
 PciAddress = Annotated[str, AfterValidator(normalize_pci)]  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
 SeverityName = Literal["info", "warning", "critical"]
+
+
+def _container_name(value: str) -> str:
+    if not CONTAINER_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Docker container name or id ([a-zA-Z0-9][a-zA-Z0-9_.-]+)")
+    return value
+
+
+def _absolute(path: Path) -> Path:
+    if not path.is_absolute():
+        raise ValueError(f"{str(path)!r} is not an absolute path")
+    return path
+
+
+ContainerName = Annotated[str, AfterValidator(_container_name)]
+AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
 
 
 class Section(BaseModel):
@@ -159,12 +179,27 @@ def _check_kind(value: str) -> str:
     return value
 
 
+_RULES = {r.name: r for r in RULES}
+
+
+def _check_rule(name: str) -> str:
+    if name not in _RULES:
+        hint = difflib.get_close_matches(name, _RULES, n=1)
+        raise ValueError(f"unknown built-in rule {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    return name
+
+
+RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (kernel/rules.py)
+
+
 class KernelConfig(Section):
     source: Literal["auto", "journal", "kmsg", "file"] = "auto"
     file: Path | None = None
     lookback: Duration = 600.0
     storm_window: Duration = 2.0  # 0: every line is its own event
     rule: list[KernelRule] = []
+    disable_rules: list[RuleName] = []
+    rule_severity: dict[RuleName, SeverityName] = {}
     severity: dict[str, SeverityName] = {}
     xid: dict[str, SeverityName] = {}
 
@@ -182,6 +217,25 @@ class KernelConfig(Section):
             if not code.isdigit():
                 raise ValueError(f"Xid keys are numbers, not {code!r}")
         return value
+
+    @field_validator("rule_severity")
+    @classmethod
+    def _rule_takes_a_severity(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if _RULES[name].kind == "xid":
+                raise ValueError(f"{name}: an Xid line's severity is its Xid's: set it in [kernel.xid]")
+            if _RULES[name].quiet:
+                raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
+        return value
+
+    @model_validator(mode="after")
+    def _disabled_not_overridden(self) -> KernelConfig:
+        if both := sorted(set(self.disable_rules) & set(self.rule_severity)):
+            raise ValueError(f"rule {both[0]!r} is in disable_rules and in [kernel.rule_severity]: say which")
+        return self
+
+    def rule_severities(self) -> dict[str, Severity]:
+        return {name: Severity.parse(s) for name, s in self.rule_severity.items()}
 
     def severity_overrides(self) -> dict[str, Severity]:
         return {kind: Severity.parse(s) for kind, s in self.severity.items()}
@@ -226,8 +280,8 @@ class EngineTarget(Section):
     pattern: str | None = None  # cmdline: a regular expression searched in the command line
     unit: str | None = None  # unit: a systemd unit, killed as its whole cgroup
     cgroup: Path | None = None  # cgroup: a cgroup v2 directory
-    container: str | None = None  # docker: a container name or id
-    docker_socket: Path = Path("/var/run/docker.sock")
+    container: ContainerName | None = None  # docker: a container name or id
+    docker_socket: AbsolutePath = Path("/var/run/docker.sock")  # root's dockerd (also for log_container)
     user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
 
     @field_validator("user")
@@ -278,10 +332,12 @@ class EngineConfig(Section):
     url: Annotated[str, AfterValidator(check_metrics_url)] | None = None
     metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
     profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
-    # where progress is read: the engine's /metrics, its own log (log_file or log_unit), or llama.cpp's /slots
+    # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
+    # llama.cpp's /slots
     source: Literal["metrics", "log", "slots"] = "metrics"
     log_file: Path | None = None
     log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
+    log_container: ContainerName | None = None  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
     # while the engine is idle; the API it speaks (auto: from the profile)
     canary: Literal["auto", "openai", "llamacpp", "ollama", "sglang", "off"] = "auto"
@@ -333,8 +389,10 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _source(self) -> EngineConfig:
-        if self.source == "log" and (self.log_file is None) == (self.log_unit is None):
-            raise ValueError("source \"log\" needs exactly one of log_file and log_unit")
+        logs = [key for key in ("log_file", "log_unit", "log_container") if getattr(self, key) is not None]
+        if self.source == "log" and len(logs) != 1:
+            raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
+                             f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
         if self.source == "log" and self.profile == "tgi":
             raise ValueError("no log profile for tgi: use its /metrics (source = \"metrics\")")
         if self.source == "slots" and self.profile not in ("auto", "llamacpp"):
@@ -433,6 +491,8 @@ def parse(text: str, name: str = "<config>") -> Config:
 
 def _describe(err: Any, text: str, name: str) -> str:
     loc = tuple(err["loc"])
+    if loc and loc[-1] == "[key]":  # a bad key of a table: the error is about the key itself
+        loc = loc[:-1]
     key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
     line = line_of(text, loc)
     where = f"{name}:{line}" if line else name
@@ -480,6 +540,8 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
                 name = ".".join(parts)
                 array_counts[name] = array_counts.get(name, -1) + 1
                 parts = [*parts, str(array_counts[name])]
+            else:
+                parts = _in_latest(parts, array_counts)
             table = parts
             path = table
         elif m := _KEY.match(line):
@@ -492,6 +554,18 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
             if n == len(want):
                 break
     return best
+
+
+def _in_latest(parts: list[str], array_counts: dict[str, int]) -> list[str]:
+    """A sub-table's path with the index of each array of tables it is in: [engine.target] belongs to the
+    latest [[engine]]."""
+    out = []
+    for i, part in enumerate(parts):
+        out.append(part)
+        name = ".".join(parts[:i + 1])
+        if i < len(parts) - 1 and name in array_counts:
+            out.append(str(array_counts[name]))
+    return out
 
 
 def _split_key(key: str) -> list[str]:

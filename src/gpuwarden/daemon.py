@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import logsetup, policy
+from gpuwarden import families, logsetup, policy, reloads
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
@@ -27,6 +27,7 @@ from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.health import Health
 from gpuwarden.hub import Hub
 from gpuwarden.kernel.watch import KernelWatch
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.store import QueuedStore
 from gpuwarden.supervise import Supervisor
@@ -35,6 +36,7 @@ log = logging.getLogger("gpuwarden")
 
 _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
+_CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
 
 
 class Daemon:
@@ -58,6 +60,7 @@ class Daemon:
         self.guard: GuardWatch | None = None
         self.exporter: Exporter | None = None
         self.kernel: KernelWatch | None = None
+        self.uevents: UeventWatch | None = None
         self.started = time.monotonic()  # kernel lines logged before this are history
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -77,7 +80,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.store = self.hub.store = self.health.store = QueuedStore(
             self.config.daemon.state_dir / "gpuwarden.db", loop, self.health.store_health)
-        self.metrics.set("gpuwarden_store_writable", 1)
+        self.metrics.set(families.STORE_WRITABLE, 1)
         self.alerter = self.hub.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store,
                                                   self.metrics, self.hub.incidents.folder_for)
         self._set_engines(EngineWatch(self.config.engines, self.config.engine, self.hub))
@@ -130,8 +133,8 @@ class Daemon:
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self.inventory.current, self.hub,
-                                                       self.recorder))
-        self.supervisor.start("uevents", lambda: UeventWatch(self.hub, self._guarded_devices, self._pci_changed))
+                                                       self.recorder, xid_overrides=self.config.kernel.xid_overrides()))
+        self.supervisor.start("uevents", self._uevent_watch)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
             self.guard = GuardWatch(guard, self.config.gpu.sysfs_root, lambda: list(self._guarded_devices()),
@@ -153,16 +156,23 @@ class Daemon:
         self.kernel = watch
         return watch
 
+    def _uevent_watch(self) -> UeventWatch:
+        self.uevents = UeventWatch(self.hub, self._guarded_devices, self._pci_changed)
+        return self.uevents
+
     def summary(self) -> str:
         gpus = len(self.inventory.gpus)
         error = self.health.store_error
         store = f"; STORE UNWRITABLE ({error})" if error else ""
+        uevents = f"; uevents unavailable ({self.uevents.unavailable})" if self.uevents and self.uevents.unavailable \
+            else ""
         kernel = self.kernel.status if self.kernel else "none"
         return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}{store}")
+                f"{self.supervisor.summary()}{store}{uevents}")
 
     async def reload(self) -> None:
         async with self._reload_lock:
+            began = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # before the file is read: `gpuwarden reload`
             self.notifier.reloading()
             def load():  # off the loop: `listen` may need a name look-up, a config_file is read
                 new, path = configuration.load(self.config_arg)
@@ -176,6 +186,7 @@ class Daemon:
                 log.error("reload failed, the running configuration stays:\n%s", exc)
                 self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
                 self.notifier.ready()
+                await self._confirm_reload(began, str(exc), None)
                 return
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter
@@ -197,6 +208,15 @@ class Daemon:
             log.info("reloaded %s", path or "built-in defaults")
             self.notifier.ready()
             self.notifier.status(self.summary())
+            await self._confirm_reload(began, None, str(path or "built-in defaults"))
+
+    async def _confirm_reload(self, began: int, error: str | None, config: str | None) -> None:
+        """Tell `gpuwarden reload` (ExecReload) that the reload that began at `began` is done."""
+        state_dir = self.store.path.parent  # where this daemon writes, whatever a new config says
+        try:
+            await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
+        except (OSError, TimeoutError, Busy) as exc:
+            log.error("cannot confirm the reload in %s: %s", state_dir, exc)
 
 
 def _exit_now(why: str) -> None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+from gpuwarden import families
 from gpuwarden.config import DaemonConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity, Sink
@@ -59,8 +60,8 @@ class Health:
             log.exception("could not record the failure of %s", name)
 
     def component_state(self, name: str, up: bool, restarts: int) -> None:
-        self.metrics.set("gpuwarden_component_up", 1 if up else 0, name)
-        self.metrics.set("gpuwarden_component_restarts_total", restarts, name)
+        self.metrics.set(families.COMPONENT_UP, 1 if up else 0, name)
+        self.metrics.set(families.COMPONENT_RESTARTS, restarts, name)
 
     def store_health(self, error: str | None) -> None:
         """Writing to the store started failing (`error`) or works again (None): one alert, one STATUS line."""
@@ -74,7 +75,7 @@ class Health:
             log.info("the store is written again")
             self.sink.resolve(Event("store_unwritable", Severity.WARNING, "", 0).dedupe_key,
                               f"the store is written again ({self.config.state_dir})")
-        self.metrics.set("gpuwarden_store_writable", 0 if error else 1)
+        self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
         self.notifier.status(self.summary())
 
     # --- the loops ---------------------------------------------------------------------------------
@@ -99,12 +100,12 @@ class Health:
         lateness so far of the probe that is due (a block in progress) and the last one measured."""
         while not stop.wait(LAG_PROBE / 2):
             late = max(0.0, time.monotonic() - beat[0] - LAG_PROBE)
-            self.metrics.set("gpuwarden_loop_lag_seconds", max(late, self.lag))
+            self.metrics.set(families.LOOP_LAG, max(late, self.lag))
 
     def _lag_measured(self) -> None:
-        self.metrics.set("gpuwarden_loop_lag_seconds", self.lag)
+        self.metrics.set(families.LOOP_LAG, self.lag)
         if self.lag > self.config.loop_lag_warn:
-            self.metrics.inc("gpuwarden_loop_blocked_total")
+            self.metrics.inc(families.LOOP_BLOCKED)
             self.sink.record([Event("watchdog_error", Severity.WARNING,
                                     f"the event loop was blocked for {self.lag:.2f} s", time.time(),
                                     evidence={"loop_lag_seconds": round(self.lag, 3)})])
@@ -114,8 +115,8 @@ class Health:
             await asyncio.sleep(self.config.status_interval)
             self.notifier.status(self.summary())
             if isinstance(self.store, QueuedStore):
-                self.metrics.set("gpuwarden_store_pending_writes", self.store.pending)
-                self.metrics.set("gpuwarden_store_dropped_writes", self.store.dropped)
+                self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
+                self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)
 
     async def ping_watchdog(self) -> None:
         """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwarden import logsetup, policy, report
+from gpuwarden import families, logsetup, policy, report
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.gpu.recorder import FlightRecorder
@@ -47,7 +47,7 @@ class Hub:
         if self.alerter and events:
             self.alerter.submit(events, ids)
         for event in events:
-            self.metrics.inc("gpuwarden_events_total", event.kind, str(event.severity), by=event.count)
+            self.metrics.inc(families.EVENTS, event.kind, str(event.severity), by=event.count)
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
             for action in policy.decide(event, self.situation()):
@@ -64,18 +64,18 @@ class Hub:
         if self.alerter:
             self.alerter.resolve(dedupe_key, message)
 
-    def count(self, name: str, *labels: str, by: float = 1) -> None:
+    def count(self, family: families.Family, *labels: str, by: float = 1) -> None:
         if by:
-            self.metrics.inc(name, *labels, by=by)
+            self.metrics.inc(family, *labels, by=by)
 
-    def metric(self, name: str, value: float, *labels: str) -> None:
-        self.metrics.set(name, value, *labels)
+    def metric(self, family: families.Family, value: float, *labels: str) -> None:
+        self.metrics.set(family, value, *labels)
 
-    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None:
-        self.metrics.replace(name, series)
+    def replace_series(self, family: families.Family, series: dict[tuple[str, ...], float]) -> None:
+        self.metrics.replace(family, series)
 
     def polled(self, source: str) -> None:
-        self.metrics.set("gpuwarden_source_last_success_timestamp_seconds", time.time(), source)
+        self.metrics.set(families.SOURCE_LAST_SUCCESS, time.time(), source)
 
     def kernel_lines(self, now: float, texts: list[str]) -> None:
         self.recent_lines.extend((now, text) for text in texts)

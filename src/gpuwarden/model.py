@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from gpuwarden.families import Family
+
 
 class Severity(enum.IntEnum):
     INFO = 0
@@ -117,9 +119,9 @@ class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
     def set_count(self, row_id: int, event: Event) -> None: ...
     def resolve(self, dedupe_key: str, message: str) -> None: ...
-    def count(self, name: str, *labels: str, by: float = 1) -> None: ...
-    def metric(self, name: str, value: float, *labels: str) -> None: ...
-    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None: ...
+    def count(self, family: Family, *labels: str, by: float = 1) -> None: ...
+    def metric(self, family: Family, value: float, *labels: str) -> None: ...
+    def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None: ...
     def polled(self, source: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
 
@@ -136,13 +138,13 @@ class NullSink:
     def resolve(self, dedupe_key: str, message: str) -> None:
         pass
 
-    def count(self, name: str, *labels: str, by: float = 1) -> None:
+    def count(self, family: Family, *labels: str, by: float = 1) -> None:
         pass
 
-    def metric(self, name: str, value: float, *labels: str) -> None:
+    def metric(self, family: Family, value: float, *labels: str) -> None:
         pass
 
-    def replace_series(self, name: str, series: dict[tuple[str, ...], float]) -> None:
+    def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None:
         pass
 
     def polled(self, source: str) -> None:

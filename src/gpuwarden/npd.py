@@ -28,6 +28,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden import families
 from gpuwarden.kinds import ENGINE_KINDS, GPU_LOST_KINDS
 from gpuwarden.model import HISTORY
 
@@ -78,10 +79,10 @@ def judge_daemon(metrics: str) -> Verdict:
     down, store, ours = [], None, False
     for family in text_string_to_metric_families(metrics):
         for sample in family.samples:
-            ours = ours or sample.name == "gpuwarden_build_info"
-            if sample.name == "gpuwarden_component_up" and sample.value == 0:
+            ours = ours or sample.name == families.BUILD_INFO.name
+            if sample.name == families.COMPONENT_UP.name and sample.value == 0:
                 down.append(sample.labels.get("component", "?"))
-            elif sample.name == "gpuwarden_store_writable":
+            elif sample.name == families.STORE_WRITABLE.name:
                 store = sample.value
     if not ours:  # another exporter on gpuwarden's port says nothing about gpuwarden
         return UNKNOWN, "unknown: what answers on the exporter's port is not gpuwarden"

@@ -91,3 +91,32 @@ def servers(tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+    """A running Docker engine (tests/peers/docker.py): the one already answering, or one started here and
+    stopped after the module (nothing else needs it running)."""
+    from peers.docker import Dockerd
+
+    engine = Dockerd()
+    try:
+        yield engine.start()
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def containers(docker_engine, tmp_path):
+    """llama-server in containers, removed (with their host twins) after the test whatever happened."""
+    from peers.docker import LlamaContainer
+
+    started = []
+
+    def start(**kw) -> LlamaContainer:
+        box = LlamaContainer(free_port(), tmp_path / "engines", **kw)
+        started.append(box)
+        return box.start()
+    yield start
+    for box in started:
+        box.stop()

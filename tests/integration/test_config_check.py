@@ -27,9 +27,25 @@ ENGINE = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:1/metrics"\n'
     ('[exporter]\nlisten = "nohost.invalid"\n', ":2: exporter.listen: 'nohost.invalid' is not an address to listen on"),
     ('[exporter]\nlisten = "127.0.0.1:9000"\nport = 9001\n',
      ":1: exporter: listen '127.0.0.1:9000' names port 9000 but port = 9001: say it once"),
+    ('[kernel]\nstorm_window = "2s"\ndisable_rules = ["amd_vram_lost", "amd_ras_corectable"]\n',
+     ":3: kernel.disable_rules[1]: unknown built-in rule 'amd_ras_corectable' (did you mean 'amd_ras_correctable'?)"),
+    ('[kernel.rule_severity]\namd_vram_lost = "critical"\nnv_fallen_of_bus = "warning"\n',
+     ":3: kernel.rule_severity.nv_fallen_of_bus: unknown built-in rule 'nv_fallen_of_bus' (did you mean "
+     "'nv_fallen_off_bus'?)"),
+    (ENGINE + 'source = "log"\nlog_unit = "vllm.service"\nlog_container = "vllm"\n',
+     ':1: engine[0]: source "log" needs exactly one of log_file, log_unit and log_container (not log_unit and '
+     'log_container)'),
+    (ENGINE + 'source = "log"\nlog_container = "../images/create"\n',
+     ":5: engine[0].log_container: '../images/create' is not a Docker container name or id"),
+    (ENGINE + '[engine.target]\nkind = "docker"\ncontainer = "vllm/../../x"\n',
+     ":6: engine[0].target.container: 'vllm/../../x' is not a Docker container name or id"),
+    (ENGINE + '[engine.target]\nkind = "docker"\ncontainer = "vllm"\ndocker_socket = "docker.sock"\n',
+     ":7: engine[0].target.docker_socket: 'docker.sock' is not an absolute path"),
 ], ids=["scrape_interval", "scrape_timeout", "min_stall-above-max_stall", "max_body_bytes", "status_interval",
         "loop_lag_warn", "gpu.interval", "read_deadline", "retry_initial", "retry_max-below-retry_initial",
-        "send_timeout", "discover_interval", "verify_interval", "listen-unresolvable", "listen-two-ports"])
+        "send_timeout", "discover_interval", "verify_interval", "listen-unresolvable", "listen-two-ports",
+        "disable_rules-unknown", "rule_severity-unknown", "two-log-sources", "log_container-name",
+        "target-container-name", "docker_socket-relative"])
 def test_check_refuses_a_value_that_breaks_run_naming_key_and_line(tmp_path, config, names):
     path = tmp_path / "bad.toml"
     path.write_text(config)

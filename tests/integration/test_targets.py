@@ -1,12 +1,8 @@
 """Target resolution and the killer's safety rules, on real processes."""
 
-import http.server
-import json
 import os
-import socketserver
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import psutil
@@ -65,44 +61,6 @@ def test_cgroup_target_kills_every_process_in_the_cgroup(sleeper):
         other.wait(5)
     finally:
         group.rmdir()
-
-
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-def test_docker_target_asks_the_engine_api_for_host_pids(tmp_path, sleeper):
-    """No Docker engine runs here: a real HTTP server on a unix socket answers the one call gpuwarden makes
-    (GET /containers/{id}/top), with the Docker Engine API's response shape."""
-    seen = []
-
-    class DockerAPI(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            seen.append(self.path)
-            body = json.dumps({"Titles": ["PID"], "Processes": [[str(sleeper.pid)]]}).encode()
-            self.send_response(200 if self.path.startswith("/containers/vllm/top") else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-        def address_string(self):
-            return "docker"
-
-    sock = tmp_path / "docker.sock"
-    server = _UnixHTTPServer(str(sock), DockerAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        found = resolve(TargetSpec("docker", container="vllm", docker_socket=sock, uid=ME))
-        assert [p.pid for p in found.roots] == [sleeper.pid]
-        assert seen == ["/containers/vllm/top?ps_args=-o+pid"]
-        assert resolve(TargetSpec("docker", container="nope", docker_socket=sock, uid=ME)).roots == []
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_gpus_from_the_device_files_a_process_holds(tmp_path):

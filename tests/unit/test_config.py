@@ -2,6 +2,7 @@ import pytest
 
 from gpuwarden import config
 from gpuwarden.config import ConfigError, parse, parse_duration
+from gpuwarden.model import Severity
 
 
 def error_of(text: str) -> str:
@@ -127,3 +128,27 @@ def test_an_engine_without_metrics_is_named_by_its_api_url():
 ])
 def test_an_engine_needs_a_url_it_can_reach(text, message):
     assert message in error_of(text)
+
+
+def test_built_in_rules_are_disabled_and_overridden_by_name():
+    c = parse('[kernel]\ndisable_rules = ["amd_ras_correctable"]\n[kernel.rule_severity]\namd_vram_lost = "critical"\n')
+    assert c.kernel.disable_rules == ["amd_ras_correctable"]
+    assert c.kernel.rule_severities() == {"amd_vram_lost": Severity.CRITICAL}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[kernel]\ndisable_rules = ["amd_vram_lsot"]\n',
+     "gw.toml:2: kernel.disable_rules[0]: unknown built-in rule 'amd_vram_lsot' (did you mean 'amd_vram_lost'?)"),
+    ('[kernel.rule_severity]\n\nmy_rule = "info"\n', "gw.toml:3: kernel.rule_severity.my_rule: unknown built-in rule "
+     "'my_rule'"),
+    ('[kernel.rule_severity]\nnv_xid = "info"\n',
+     "gw.toml:1: kernel.rule_severity: nv_xid: an Xid line's severity is its Xid's: set it in [kernel.xid]"),
+    ('[kernel.rule_severity]\naer_no_callback = "info"\n', "gw.toml:1: kernel.rule_severity: aer_no_callback makes "
+     "no event of its own (it only feeds a correlation): nothing to set"),
+    ('[kernel]\ndisable_rules = ["amd_vram_lost"]\n[kernel.rule_severity]\namd_vram_lost = "info"\n',
+     "gw.toml:1: kernel: rule 'amd_vram_lost' is in disable_rules and in [kernel.rule_severity]: say which"),
+    ('[kernel.rule_severity]\namd_vram_lost = "fatal"\n', "gw.toml:2: kernel.rule_severity.amd_vram_lost: Input "
+     "should be 'info', 'warning' or 'critical'"),
+], ids=["unknown-disabled", "unknown-overridden", "xid", "quiet", "both", "bad-severity"])
+def test_rule_names_are_checked_with_key_and_line(text, message):
+    assert error_of(text) == message

@@ -9,7 +9,9 @@ down these layers, and never in a cycle. A package may import others of its own 
     decisions       policy: pure, events and plain views in, typed actions out
     foundation      model, kinds, config, store, report, exporter, and small helpers
 
-A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden".
+A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden". A
+package's pure data modules (the kernel rule catalog) count as their own node in the foundation, so that config
+can check rule names against them: they may import only the foundation, which the layer check holds.
 """
 
 import ast
@@ -18,9 +20,10 @@ from pathlib import Path
 import gpuwarden
 
 SRC = Path(gpuwarden.__file__).parent
+DATA = {"kernel.rules", "kernel.hints"}  # a package's modules that are pure data, each a node of its own
 LAYERS = [
-    {"gpuwarden", "model", "kinds", "config", "store", "report", "exporter", "logsetup", "offloop", "sdnotify",
-     "supervise"},
+    {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
+     "sdnotify", "supervise", "reloads", *DATA},
     {"policy"},
     {"kernel", "gpu", "engine"},
     {"act", "alert"},
@@ -32,10 +35,13 @@ LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
 def package_of(module: str) -> str:
-    """gpuwarden.engine.watch -> engine; gpuwarden.policy -> policy; gpuwarden -> gpuwarden."""
+    """gpuwarden.engine.watch -> engine; gpuwarden.policy -> policy; gpuwarden -> gpuwarden;
+    gpuwarden.kernel.rules -> kernel.rules (data)."""
     parts = module.split(".")
     if len(parts) == 1:
         return "gpuwarden"
+    if ".".join(parts[1:3]) in DATA:
+        return ".".join(parts[1:3])
     name = parts[1]
     return name if (SRC / name).is_dir() or (SRC / f"{name}.py").exists() else "gpuwarden"
 
@@ -45,7 +51,7 @@ def graph() -> dict[str, dict[str, str]]:
     edges: dict[str, dict[str, str]] = {}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC)
-        me = rel.parts[0].removesuffix(".py") if rel.parts[0] != "__init__.py" else "gpuwarden"
+        me = package_of("gpuwarden." + ".".join(rel.with_suffix("").parts).removesuffix(".__init__"))
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]

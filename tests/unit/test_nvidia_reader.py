@@ -96,3 +96,57 @@ def test_no_library_means_the_reader_is_off(monkeypatch):
 
 def test_processes_map_to_their_gpu():
     assert nvidia.gpus_of_processes(fake_nvml()) == {4242: "0000:3b:00.0"}
+
+
+class _Events:
+    """A sink that keeps what GpuWatch records."""
+
+    def __init__(self):
+        self.events = []
+
+    def record(self, events, cursor=None):
+        self.events += events
+        return list(range(len(events)))
+
+
+def _nvml_with_xids(*xids):
+    """fake_nvml plus NVML's event API delivering `xids` on the one GPU, then failing (which ends the watch)."""
+    nvml, pending = fake_nvml(), list(xids)
+
+    def wait(event_set, timeout_ms):
+        if not pending:
+            raise NVMLError("Unknown Error")
+        return SimpleNamespace(device="h0", eventData=pending.pop(0))
+
+    nvml.nvmlEventTypeXidCriticalError = 8
+    nvml.nvmlEventSetCreate, nvml.nvmlDeviceRegisterEvents = lambda: "set", lambda handle, kinds, event_set: None
+    nvml.nvmlEventSetWait_v2 = wait
+    return nvml
+
+
+@pytest.mark.parametrize(("xid", "overrides", "severity"), [
+    (13, {}, "warning"), (13, {13: "critical"}, "critical"), (79, {}, "critical"), (79, {79: "info", 13: "critical"},
+                                                                                    "info"),
+])
+def test_an_nvml_xid_honours_the_xid_overrides_as_a_kernel_log_xid_does(xid, overrides, severity):
+    """NVML mocked at the library boundary (no NVIDIA GPU here); the kernel-log path runs the real classifier."""
+    import asyncio
+
+    from gpuwarden.config import GpuConfig
+    from gpuwarden.gpu.recorder import FlightRecorder
+    from gpuwarden.gpu.watch import GpuWatch
+    from gpuwarden.kernel.classifier import Classifier
+    from gpuwarden.kernel.records import KernelRecord
+    from gpuwarden.model import Severity
+
+    parsed = {code: Severity.parse(s) for code, s in overrides.items()}
+    sink = _Events()
+    watch = GpuWatch(GpuConfig(), list, sink, FlightRecorder(), xid_overrides=parsed)
+    watch.nvml = _nvml_with_xids(xid)
+    asyncio.run(watch._watch_xids())
+    [nvml_event] = sink.events
+    [kernel] = Classifier(xid_overrides=parsed).feed(
+        KernelRecord(f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1, name=python", 1.0), 1.0)
+    assert nvml_event.severity == kernel.event.severity == Severity.parse(severity)
+    assert (nvml_event.gpu, nvml_event.evidence["xid"]) == (kernel.event.gpu, xid) == ("0000:3b:00.0", xid)
+    assert nvml_event.message == f"{kernel.event.message} (NVML)"

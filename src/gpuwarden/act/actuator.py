@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from gpuwarden import policy
+from gpuwarden import families, policy
 from gpuwarden.act.killer import kill
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig
@@ -74,7 +74,7 @@ class Actuator:
                 state.kills = [t for t in state.kills if now - t <= cfg.kill_budget_window] + [now]
             report = await asyncio.to_thread(kill, state.procs, cfg.kill_grace, action.dry_run)
             if not action.dry_run:
-                self.sink.count("gpuwarden_engine_kills_total", name)
+                self.sink.count(families.ENGINE_KILLS, name)
             severity = Severity.CRITICAL if report.survivors else Severity.WARNING
             self.sink.record([Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
                                     engine=name, gpu=state.gpu,

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuwarden import families
 from gpuwarden.act.guard import Guard, GuardError, paths_for, status
 from gpuwarden.config import GuardConfig
 from gpuwarden.model import Event, Severity, Sink
@@ -38,8 +39,8 @@ class GuardWatch:
                         f"the recovery guard on {len(lost)} file(s) was gone (driver reload, PCI rescan, or an "
                         "umount) and is applied again", time.time(), evidence={"paths": [str(p) for p in lost]})])
                 intact = sum(ok for _, ok in await asyncio.to_thread(status, paths, self.sysfs_root))
-                self.sink.metric("gpuwarden_guard_paths", intact, "intact")
-                self.sink.metric("gpuwarden_guard_paths", len(paths) - intact, "missing")
+                self.sink.metric(families.GUARD_PATHS, intact, "intact")
+                self.sink.metric(families.GUARD_PATHS, len(paths) - intact, "missing")
                 self.recheck.clear()
                 try:
                     await asyncio.wait_for(self.recheck.wait(), self.config.verify_interval)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import apprise
 
+from gpuwarden import families
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.alert.targets import Target
@@ -64,7 +65,7 @@ class Alerter:
         for event, event_id in zip(events, ids, strict=True):
             if not self.storm.offer(event, event_id, now):
                 suppressed.append(event_id)
-                self.metrics.inc("gpuwarden_alerts_suppressed_total", str(event.severity), by=event.count)
+                self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count)
         self._changed.set()
         if suppressed:
             self.store.mark_alerted(suppressed)
@@ -73,10 +74,10 @@ class Alerter:
         """A stored event's storm grew to `event.count` lines."""
         self.storm.repeated(event.dedupe_key, event.count - 1, time.time())
         self._changed.set()
-        self.metrics.inc("gpuwarden_alerts_suppressed_total", str(event.severity), by=event.count - 1)
+        self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count - 1)
 
     def resolve(self, dedupe_key: str, message: str) -> None:
-        out = self.storm.resolve(dedupe_key, message, time.time())
+        out = self.storm.resolve(dedupe_key, message)
         if out:
             self._enqueue(out, time.time())
 
@@ -114,7 +115,7 @@ class Alerter:
             for row in self._outbox.pop(name):
                 log.error("alert %s for target %s is undeliverable: the target is no longer configured",
                           row.alert_id, name)
-                self.metrics.inc("gpuwarden_alerts_undeliverable_total", name, row.severity)
+                self.metrics.inc(families.ALERTS_UNDELIVERABLE, name, row.severity)
                 self.store.delivered(row.id)
 
     async def _tick(self) -> None:
@@ -150,7 +151,7 @@ class Alerter:
         for target in self.targets:
             rows = self._outbox.get(target.name, ())
             for severity in Severity:
-                self.metrics.set("gpuwarden_alerts_pending", sum(r.severity == str(severity) for r in rows),
+                self.metrics.set(families.ALERTS_PENDING, sum(r.severity == str(severity) for r in rows),
                                  target.name, str(severity))
 
     async def _deliver(self, target: Target) -> None:
@@ -167,13 +168,13 @@ class Alerter:
             if now - row.created > self.config.give_up_after:
                 log.error("alert %s to %s undeliverable after %d attempts: giving up", row.alert_id,
                           target.name, row.attempts)
-                self.metrics.inc("gpuwarden_alerts_undeliverable_total", target.name, row.severity)
+                self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
                 continue
             error = await self._send(target, row)
             if error is None:
                 self._done(rows, row)
-                self.metrics.inc("gpuwarden_alerts_sent_total", target.name, row.severity)
+                self.metrics.inc(families.ALERTS_SENT, target.name, row.severity)
             else:
                 delay = min(self.config.retry_max, self.config.retry_initial * 2 ** row.attempts)
                 delay *= random.uniform(0.8, 1.2)
@@ -181,7 +182,7 @@ class Alerter:
                 if rows and rows[0].id == row.id:
                     rows[0] = row._replace(attempts=row.attempts + 1, next_attempt=retry_at)
                 self.store.retry_later(row.id, retry_at)
-                self.metrics.inc("gpuwarden_alerts_failed_total", target.name, row.severity)
+                self.metrics.inc(families.ALERTS_FAILED, target.name, row.severity)
                 log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
                             delay)
 

@@ -73,7 +73,7 @@ class StormControl:
             key.suppressed += count
             key.since = key.since or now
 
-    def resolve(self, dedupe_key: str, message: str, now: float) -> Outgoing | None:
+    def resolve(self, dedupe_key: str, message: str) -> Outgoing | None:
         key = self._keys.get(dedupe_key)
         if not key or not key.open:
             return None

@@ -1,16 +1,21 @@
-"""Find engine servers running on this host: a known server command line, and the port it listens on; and
-which source each can be watched through (its /metrics, llama.cpp's /slots, or its unit's journal), with
-what a user can switch on to get more."""
+"""Find engine servers running on this host: a known server command line, and the port it listens on (for an
+engine in a Docker container, the host port its container publishes); and which source each can be watched
+through (its /metrics, llama.cpp's /slots, its unit's journal, or its container's log), with what a user can
+switch on to get more."""
 
 from __future__ import annotations
 
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
+from gpuwarden.config import EngineTarget
+from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
 from gpuwarden.engine.logprofiles import LOG_BY_NAME
 from gpuwarden.engine.profiles import PROFILES
 
@@ -24,6 +29,7 @@ MORE = {
     "ollama": "Ollama has no /metrics: run it as a systemd unit (its journal) with a canary_interval",
 }
 _PROBE_TIMEOUT = 2.0
+DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,8 @@ class Found:
     command: str
     source: str = "metrics"  # metrics | slots | log | none
     log_unit: str | None = None
+    container: str | None = None  # the Docker container it runs in (its name)
+    log_container: str | None = None  # source "log" from that container's log
 
     @property
     def name(self) -> str:
@@ -47,29 +55,78 @@ class Found:
     def more(self) -> str:
         return MORE[self.profile]
 
+    @property
+    def place(self) -> str:
+        return f"pid {self.pid}" + (f" in container {self.container}" if self.container else "")
 
-def discover() -> list[Found]:
+    @property
+    def through(self) -> str:
+        if self.log_unit:
+            return f"the journal of {self.log_unit}"
+        return f"the Docker log of container {self.log_container}" if self.log_container else self.source
+
+    @property
+    def target(self) -> EngineTarget:
+        """The container's processes for an engine in one (the port is docker-proxy's), else the port's."""
+        return EngineTarget(kind="docker", container=self.container) if self.container else EngineTarget()
+
+
+def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
     """One entry per engine server: the outermost process whose command line names a known server and that
-    listens on a TCP port (its lowest, which is the HTTP API for all five engines)."""
+    listens on a TCP port (its lowest, which is the HTTP API for all five engines); or, in a Docker container
+    with its own network, that runs in a container publishing a port (the container's lowest)."""
     listening: dict[int, set[int]] = {}
     for conn in psutil.net_connections(kind="inet"):
         if conn.status == psutil.CONN_LISTEN and conn.pid and conn.laddr:
             listening.setdefault(conn.pid, set()).add(conn.laddr.port)
     found = []
     for pid, ports in listening.items():
-        try:
-            command = " ".join(psutil.Process(pid).cmdline())
-        except psutil.Error:
-            continue
-        profile = next((name for name, commands in COMMANDS.items() if any(c in command for c in commands)), None)
-        if profile:
-            found.append(Found(profile, pid, min(ports), command))
+        if (profile := _profile(pid)) is not None:
+            container = container_of(pid)
+            found.append(Found(profile[0], pid, min(ports), profile[1],
+                               container=container and name_of(docker_socket, container)))
+    seen = {f.pid for f in found}
+    by_container: dict[str, list[int]] = {}
+    for port, name in published(docker_socket).items():
+        by_container.setdefault(name, []).append(port)
+    for name, ports in by_container.items():
+        for pid in container_pids(docker_socket, name)[0]:
+            if pid not in seen and listens(pid) and (profile := _profile(pid)) is not None:
+                found.append(Found(profile[0], pid, min(ports), profile[1], container=name))
+                break
     return sorted(found, key=lambda f: f.port)
+
+
+def listens(pid: int, proc: Path = Path("/proc")) -> bool:
+    """The process holds a listening TCP socket, in whatever network namespace it is (its own /proc/<pid>/net
+    shows that namespace's sockets; psutil shows only ours)."""
+    listening = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / str(pid) / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        listening |= {f"socket:[{row.split()[9]}]" for row in rows if row.split()[3] == "0A"}  # 0A: LISTEN
+    try:
+        return any(os.readlink(proc / str(pid) / "fd" / fd) in listening for fd in os.listdir(proc / str(pid) / "fd"))
+    except OSError:
+        return False
+
+
+def _profile(pid: int) -> tuple[str, str] | None:
+    """The engine a process's command line names, and the command line."""
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return None
+    profile = next((name for name, commands in COMMANDS.items() if any(c in command for c in commands)), None)
+    return (profile, command) if profile else None
 
 
 def with_source(found: Found) -> Found:
     """The best source this engine offers now: /metrics when it answers, else llama.cpp's /slots, else the
-    journal of the systemd unit it runs in (for an engine with a log profile), else none."""
+    journal of the systemd unit it runs in or the log of its Docker container (for an engine with a log
+    profile), else none."""
     base = f"http://127.0.0.1:{found.port}"
     if found.profile != "ollama" and _answers(f"{base}/metrics"):
         return found
@@ -78,6 +135,8 @@ def with_source(found: Found) -> Found:
     unit = unit_of(found.pid)
     if unit and found.profile in LOG_BY_NAME:
         return Found(**{**_fields(found), "source": "log", "log_unit": unit})
+    if found.container and found.profile in LOG_BY_NAME:
+        return Found(**{**_fields(found), "source": "log", "log_container": found.container})
     return Found(**{**_fields(found), "source": "none"})
 
 
@@ -104,16 +163,20 @@ def _answers(url: str) -> bool:
 
 
 def _fields(found: Found) -> dict:
-    return {"profile": found.profile, "pid": found.pid, "port": found.port, "command": found.command}
+    return {"profile": found.profile, "pid": found.pid, "port": found.port, "command": found.command,
+            "container": found.container}
 
 
 def hint(metrics_url: str) -> str | None:
     """For `probe` when /metrics does not answer: a source the engine at that address does offer."""
     parts = metrics_url.split("/", 3)
     base = "/".join(parts[:3])
+    box = published(DOCKER_SOCKET).get(urlsplit(metrics_url).port or 80)
+    docker = f'its Docker container {box} has its log: source = "log", log_container = "{box}"' if box else None
     if _answers(f"{base}/slots"):
         return 'llama.cpp without --metrics: its /slots answers; watch it with source = "slots" (or start it ' \
-               'with --metrics)'
+               'with --metrics)' + (f"; or {docker}" if docker else "")
     if _answers(f"{base}/api/ps"):
-        return f'Ollama (no /metrics): {MORE["ollama"]}: source = "log", log_unit = "ollama.service"'
-    return None
+        return f'Ollama (no /metrics): {MORE["ollama"]}: source = "log", ' + \
+            (f'log_container = "{box}" (its Docker container)' if box else 'log_unit = "ollama.service"')
+    return docker

@@ -2,8 +2,9 @@
 
 `LogReader` is pure: lines in, an `EngineSample` out (progress counts the lines that prove tokens were
 processed; running is what the last lines said). The sources are thin edges that hand it the lines written
-since the last look: a file (followed across rotation and truncation) or the journal of a systemd unit
-(`_SYSTEMD_UNIT`). Each look is bounded in bytes and runs off the event loop with a deadline.
+since the last look: a file (followed across rotation and truncation), the journal of a systemd unit
+(`_SYSTEMD_UNIT`), or a Docker container's log (engine/dockerlog.py). Each look is bounded in bytes and runs
+off the event loop with a deadline.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuwarden.engine.dockerlog import DockerLines
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES, LogProfile
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.scraper import ScrapeError
@@ -127,18 +129,25 @@ class JournalLines:
         self._reader.close()
 
 
+LineSource = FileLines | JournalLines | DockerLines
+
+
 class LogScraper:
     """The log as a scraper: each `scrape()` reads the new lines and returns the reader's sample. The source is
     opened on the first look, so a journal that cannot be opened is a failed scrape, not a failed start."""
 
-    def __init__(self, open_lines: Callable[[], FileLines | JournalLines], where: str, profile: str = "auto") -> None:
+    def __init__(self, open_lines: Callable[[], LineSource], where: str, profile: str = "auto") -> None:
         self._open, self.where, self.reader = open_lines, where, LogReader(profile)
-        self.lines: FileLines | JournalLines | None = None
+        self.lines: LineSource | None = None
 
     @classmethod
-    def of(cls, file: Path | None, unit: str | None, profile: str = "auto") -> LogScraper:
+    def of(cls, file: Path | None, unit: str | None, profile: str = "auto", container: str | None = None,
+           docker_socket: Path = Path("/var/run/docker.sock")) -> LogScraper:
         if file:
             return cls(lambda: FileLines(file), str(file), profile)
+        if container:
+            return cls(lambda: DockerLines(container, docker_socket), f"the Docker log of container {container}",
+                       profile)
         return cls(lambda: JournalLines(unit), f"the journal of {unit}", profile)
 
     def _read(self) -> list[str]:

@@ -5,7 +5,8 @@ Who may be killed is decided here, once and strictly. The engine's user is the c
 the owner of the socket that serves its metrics_url (the process whose /metrics said it stalled). A target's
 roots are refused when they are PID 1, gpuwarden, one of its ancestors, a kernel thread, or not wholly (real,
 effective and saved uid) the engine's user; only then are descendants and the process group added, and the
-tree is never followed into another user's process.
+tree is never followed into another user's process. A `docker` target's roots are what a trusted Engine API
+names, each proven by its cgroup (engine/dockerapi.py).
 
 Orphans: psutil's `children()` loses descendants whose parent exited, so a tracker remembers every descendant
 it has seen (by pid and start time, so a reused pid is never mistaken for it), and also takes members of the
@@ -24,9 +25,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
+from gpuwarden.engine.dockerapi import container_pids
 from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
 
@@ -82,7 +83,8 @@ def _candidates(spec: TargetSpec, serving: list[psutil.Process]) -> tuple[list[p
     if spec.kind in ("unit", "cgroup"):
         return _in_cgroup(spec.cgroup if spec.kind == "cgroup" else _unit_cgroup(spec.unit)), []
     if spec.kind == "docker":
-        return _in_container(spec.docker_socket, spec.container), []
+        pids, refused = container_pids(spec.docker_socket, spec.container)
+        return _alive(pids), refused
     raise ValueError(f"no process roots for target kind {spec.kind!r}")
 
 
@@ -209,21 +211,6 @@ def _in_cgroup(path: Path | None) -> list[psutil.Process]:
         except OSError:
             continue
     return _alive(pids)
-
-
-def _in_container(sock: Path, container: str) -> list[psutil.Process]:
-    """The container's processes as host pids, from the Docker Engine API (`GET /containers/{id}/top`)."""
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://docker",
-                          timeout=5) as client:
-            response = client.get(f"/containers/{container}/top", params={"ps_args": "-o pid"})
-    except httpx.HTTPError:
-        return []
-    if response.status_code != 200:
-        return []
-    top = response.json()
-    column = top["Titles"].index("PID")
-    return _alive(int(row[column]) for row in top["Processes"])
 
 
 def _alive(pids) -> list[psutil.Process]:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from gpuwarden import families
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import discover, with_source
@@ -95,7 +96,8 @@ def base_url(config: EngineConfig) -> str:
 
 def source_of(config: EngineConfig) -> Scraper | LogScraper | SlotsScraper:
     if config.source == "log":
-        return LogScraper.of(config.log_file, config.log_unit, config.profile)
+        return LogScraper.of(config.log_file, config.log_unit, config.profile, config.log_container,
+                             config.target.docker_socket)
     if config.source == "slots":
         return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
     return Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes)
@@ -160,17 +162,16 @@ class EngineWatch:
                 if f.source == "none":
                     if f.name not in self._unwatchable:
                         self._unwatchable.add(f.name)
-                        log.warning("discovered %s serving on port %d (pid %d), but no source to watch it through "
-                                    "answers: %s", f.profile, f.port, f.pid, f.more)
+                        log.warning("discovered %s serving on port %d (%s), but no source to watch it through "
+                                    "answers: %s", f.profile, f.port, f.place, f.more)
                     continue
-                log.info("discovered %s serving on port %d (pid %d): watching it through %s, alerts only; for more: "
-                         "%s", f.profile, f.port, f.pid, f"the journal of {f.log_unit}" if f.log_unit else f.source,
-                         f.more)
+                log.info("discovered %s serving on port %d (%s): watching it through %s, alerts only; for more: "
+                         "%s", f.profile, f.port, f.place, f.through, f.more)
                 # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                 state = self.engines[f.name] = new_state(EngineConfig(
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
-                    canary_interval=60.0 if f.profile == "ollama" else 0.0, on_stall="alert", on_gpu_fault="alert",
-                    on_unresponsive="alert"))
+                    log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
+                    on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
                 self._tasks.create_task(self._watch(state))
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
@@ -199,7 +200,7 @@ class EngineWatch:
         except ScrapeError as exc:
             sample = None
             state.failures += 1
-            self.sink.count("gpuwarden_engine_scrape_failures_total", name, exc.reason)
+            self.sink.count(families.ENGINE_SCRAPE_FAILURES, name, exc.reason)
             error = str(exc)
         had_procs = bool(state.procs)
         await self.inspect(state)
@@ -208,7 +209,7 @@ class EngineWatch:
             self._exited(state, now)
         spinning = is_spinning(state.cpus)
         if sample is None:
-            self.sink.metric("gpuwarden_engine_up", 0, name)
+            self.sink.metric(families.ENGINE_UP, 0, name)
             silent_for = now - (state.answered or state.watched_since)  # an engine hung before we came counts
             if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
                     and silent_for >= state.detector.threshold(spinning)):
@@ -220,8 +221,8 @@ class EngineWatch:
         state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
         self._export(state, sample)
         verdict = state.detector.observe(sample, now, spinning)
-        self.sink.metric("gpuwarden_engine_stalled", 1 if verdict.stalled else 0, name)
-        self.sink.metric("gpuwarden_engine_stall_threshold_seconds", verdict.threshold, name)
+        self.sink.metric(families.ENGINE_STALLED, 1 if verdict.stalled else 0, name)
+        self.sink.metric(families.ENGINE_STALL_THRESHOLD, verdict.threshold, name)
         if verdict.new and verdict.stalled:
             event = self._stall_event(state, sample, verdict, spinning)
             if state.config.source == "log":  # the engine's word alone: a real completion confirms it first
@@ -248,7 +249,7 @@ class EngineWatch:
             return CanaryResult("off", 0.0, "the canary is off")
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
         result = await canary(base_url(cfg), api, cfg.canary_timeout)
-        self.sink.count("gpuwarden_engine_canaries_total", state.name, result.outcome)
+        self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
 
     async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
@@ -294,7 +295,7 @@ class EngineWatch:
             return  # a look-up that outran its deadline still holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
-            self.sink.metric("gpuwarden_engine_cpu_percent", state.cpu, state.name)
+            self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
         """From the device files they hold open, and for NVIDIA from NVML's process lists."""
@@ -311,10 +312,10 @@ class EngineWatch:
 
     def _export(self, state: EngineState, sample: EngineSample) -> None:
         name = state.name
-        self.sink.metric("gpuwarden_engine_up", 1, name)
-        for metric, value in (("gpuwarden_engine_requests_running", sample.running),
-                              ("gpuwarden_engine_requests_waiting", sample.waiting),
-                              ("gpuwarden_engine_generated_tokens_total", sample.generated)):
+        self.sink.metric(families.ENGINE_UP, 1, name)
+        for metric, value in ((families.ENGINE_REQUESTS_RUNNING, sample.running),
+                              (families.ENGINE_REQUESTS_WAITING, sample.waiting),
+                              (families.ENGINE_GENERATED_TOKENS, sample.generated)):
             if value is not None:
                 self.sink.metric(metric, value, name)
 

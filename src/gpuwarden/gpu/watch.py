@@ -13,15 +13,16 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
+from gpuwarden import families
 from gpuwarden.config import GpuConfig
 from gpuwarden.gpu import amd, nvidia
 from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
-from gpuwarden.kernel.xid import describe
+from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,10 @@ class GpuWatch:
     name = "gpus"
 
     def __init__(self, config: GpuConfig, gpus: Callable[[], list[Gpu]], sink: Sink,
-                 recorder: FlightRecorder) -> None:
+                 recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None) -> None:
+        """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do."""
         self.config, self.gpus, self.sink, self.recorder = config, gpus, sink, recorder
+        self.xid_overrides = xid_overrides or {}
         self.rules = TelemetryRules(config)
         self._worker = Worker("gpus")
         self._batch: tuple[asyncio.Future, float] | None = None
@@ -161,7 +164,7 @@ class GpuWatch:
                                 f"reading GPU {pci} has not returned for {took:.1f} s: the driver or the GPU "
                                 "hangs (the read is abandoned)", now, gpu=pci,
                                 evidence={"read_seconds": round(took, 2)})])
-        self.sink.count("gpuwarden_gpu_read_errors_total", pci, "timeout")
+        self.sink.count(families.GPU_READ_ERRORS, pci, "timeout")
 
     def _reader(self, gpu: Gpu) -> Callable[[float], GpuSample] | None:
         if gpu.pci in self._readers:
@@ -179,10 +182,10 @@ class GpuWatch:
     def _finished(self, pci: str, result, seconds: float) -> GpuSample | None:
         if isinstance(result, Exception):
             log.warning("reading GPU %s failed: %s", pci, result)
-            self.sink.count("gpuwarden_gpu_read_errors_total", pci, "error")
+            self.sink.count(families.GPU_READ_ERRORS, pci, "error")
             return None
         for state in set(result.problems.values()):
-            self.sink.count("gpuwarden_gpu_read_errors_total", pci, state)
+            self.sink.count(families.GPU_READ_ERRORS, pci, state)
         self.recorder.add(result)
         self._durations[pci] = seconds
         return result
@@ -202,12 +205,12 @@ class GpuWatch:
 
     def _export(self, samples: dict[str, GpuSample], gpus: dict[str, Gpu]) -> None:
         latest = {pci: s for pci, s in self.recorder.latest().items() if pci in gpus}
-        for name, series in series_of(latest).items():
-            self.sink.replace_series(name, series)
+        for family, series in series_of(latest).items():
+            self.sink.replace_series(family, series)
         up = {(pci, g.vendor, (latest.get(pci) and latest[pci].model) or ""): 1.0 if pci in samples else 0.0
               for pci, g in gpus.items()}
-        self.sink.replace_series("gpuwarden_gpu_reader_up", up)
-        self.sink.replace_series("gpuwarden_gpu_read_duration_seconds",
+        self.sink.replace_series(families.GPU_READER_UP, up)
+        self.sink.replace_series(families.GPU_READ_DURATION,
                                  {(pci,): self._durations[pci] for pci in gpus if pci in self._durations})
 
     async def _watch_xids(self) -> None:
@@ -218,40 +221,39 @@ class GpuWatch:
                 log.warning("NVML Xid events unavailable: %s", exc)
                 return
             for pci, xid in events:
-                severity, meaning = describe(xid)
-                self.sink.record([Event("xid", severity, f"Xid {xid}: {meaning} on {pci} (NVML)", time.time(),
+                severity, meaning = xid_catalog.judge(xid, self.xid_overrides)
+                self.sink.record([Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
                                         gpu=pci, evidence={"xid": xid, "source": "nvml"})])
 
 
-SERIES = {  # metric -> (extra label, sample fields that fill it)
-    "gpuwarden_gpu_power_watts": (None, "power_watts"),
-    "gpuwarden_gpu_power_cap_watts": (None, "power_cap_watts"),
-    "gpuwarden_gpu_fan_rpm": (None, "fan_rpm"),
-    "gpuwarden_gpu_busy_ratio": (None, "busy_ratio"),
-    "gpuwarden_gpu_voltage_volts": (None, "voltage_mv"),
-    "gpuwarden_gpu_clock_hz": ("clock", {"sclk": "sclk_hz", "mclk": "mclk_hz"}),
-    "gpuwarden_gpu_vram_bytes": ("kind", {"total": "vram_total_bytes", "used": "vram_used_bytes",
-                                          "visible_total": "vram_visible_total_bytes"}),
-    "gpuwarden_gpu_pcie_link_speed_gigatransfers": ("link", {"current": "pcie_speed_gts",
-                                                             "max": "pcie_max_speed_gts"}),
-    "gpuwarden_gpu_pcie_link_width": ("link", {"current": "pcie_width", "max": "pcie_max_width"}),
+SERIES = {  # family -> (extra label, sample fields that fill it)
+    families.GPU_POWER: (None, "power_watts"),
+    families.GPU_POWER_CAP: (None, "power_cap_watts"),
+    families.GPU_FAN: (None, "fan_rpm"),
+    families.GPU_BUSY: (None, "busy_ratio"),
+    families.GPU_VOLTAGE: (None, "voltage_mv"),
+    families.GPU_CLOCK: ("clock", {"sclk": "sclk_hz", "mclk": "mclk_hz"}),
+    families.GPU_VRAM: ("kind", {"total": "vram_total_bytes", "used": "vram_used_bytes",
+                                 "visible_total": "vram_visible_total_bytes"}),
+    families.GPU_PCIE_SPEED: ("link", {"current": "pcie_speed_gts", "max": "pcie_max_speed_gts"}),
+    families.GPU_PCIE_WIDTH: ("link", {"current": "pcie_width", "max": "pcie_max_width"}),
 }
 
 
-def series_of(samples: dict[str, GpuSample]) -> dict[str, dict[tuple[str, ...], float]]:
+def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple[str, ...], float]]:
     """Prometheus series for the latest samples, labelled gpu, vendor, model (and the extra label)."""
-    out: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in SERIES}
-    out["gpuwarden_gpu_temperature_celsius"] = {}
+    out: dict[families.Family, dict[tuple[str, ...], float]] = {family: {} for family in SERIES}
+    out[families.GPU_TEMPERATURE] = {}
     for s in samples.values():
         base = (s.gpu, s.vendor, s.model or "")
-        for name, (label, fields) in SERIES.items():
+        for family, (label, fields) in SERIES.items():
             for extra, attr in (fields.items() if label else [(None, fields)]):
                 value = getattr(s, attr)
                 if value is not None:
                     scale = 0.001 if attr == "voltage_mv" else 1.0
-                    out[name][(*base, extra) if extra else base] = float(value) * scale
+                    out[family][(*base, extra) if extra else base] = float(value) * scale
         for sensor, value in s.temperatures.items():
-            out["gpuwarden_gpu_temperature_celsius"][(*base, sensor)] = value
+            out[families.GPU_TEMPERATURE][(*base, sensor)] = value
     return out
 
 

@@ -10,8 +10,9 @@
   a new event. `flush` closes bursts that saw no line for `storm_window` (in the caller's time).
 - Oops reports span many lines: they are collected until they end, then judged by whether a GPU driver
   is in the trace.
-- A benign line costs one Aho-Corasick scan for the rules' literal hints; only lines that hold one are
-  matched against the rules' expressions. Rules without hints (those from the config) are tried on every line.
+- A benign line costs one Aho-Corasick scan for the rules' literal hints (derived from their expressions,
+  kernel/hints.py); only lines that hold one are matched against the expressions. A rule whose expression
+  yields no hints (a case-insensitive config rule) is tried on every line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import NamedTuple
 import ahocorasick
 
 from gpuwarden.kernel import xid as xid_catalog
+from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
     CORRELATIONS,
@@ -108,8 +110,9 @@ class Classifier:
     ) -> None:
         self._rules = [(re.compile(r.pattern), r) for r in (*extra_rules, *rules)]
         self._unhinted = [(regex, r) for regex, r in self._rules if not r.hints]
+        self._gsp_rule = next((r for r in rules if r.name == "nv_gsp_timeout"), None)
         self._gate = ahocorasick.Automaton()
-        for hint in {h for r in rules for h in r.hints} | set(OOPS_HINTS) | {"Hardware Error"}:
+        for hint in {h for _, r in self._rules for h in r.hints} | set(OOPS_HINTS) | set(literal_hints(GHES_RECORD)):
             self._gate.add_word(hint, hint)
         self._gate.make_automaton()
         self._severity_overrides = severity_overrides or {}
@@ -122,11 +125,9 @@ class Classifier:
         self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
         self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
-        self.lines = 0
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
-        self.lines += 1
         text = record.text
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
@@ -174,15 +175,9 @@ class Classifier:
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         if rule.kind == "xid":
             xid = int(m.group("xid"))
-            severity, meaning = xid_catalog.describe(xid)
-            if (cause := _CAUSED_BY.search(record.text)) and int(cause.group(1)) in xid_catalog.XIDS:
+            if cause := _CAUSED_BY.search(record.text):
                 evidence["caused_by"] = int(cause.group(1))
-                severity = max(severity, xid_catalog.describe(evidence["caused_by"])[0])
-                meaning = f"{meaning}, caused by Xid {evidence['caused_by']}"
-            elif cause:
-                evidence["caused_by"] = int(cause.group(1))
-            severity = self._xid_overrides.get(xid, severity)
-            meaning = f"Xid {xid}: {meaning}"
+            severity, meaning = xid_catalog.judge(xid, self._xid_overrides, evidence.get("caused_by"))
         if xid is not None:
             evidence["xid"] = xid
         if device:
@@ -286,7 +281,7 @@ class Classifier:
         if oops is None:
             return []
         if oops.severity is None and oops.dumped:  # a stack a driver printed on purpose, not a crash
-            return self._gsp_stack(oops, now) if oops.gsp else []
+            return self._gsp_stack(oops, now) if oops.gsp and self._gsp_rule else []
         if oops.gpu_modules:
             severity = oops.severity if oops.severity is not None else Severity.WARNING
             what = f"kernel oops in {', '.join(sorted(oops.gpu_modules))}"
@@ -303,7 +298,7 @@ class Classifier:
 
     def _gsp_stack(self, oops: _Oops, now: float) -> list[Burst]:
         """NVRM dumps the stack of _kgspRpcRecvPoll when a GSP RPC times out: part of the GSP timeout report."""
-        rule = next(r for r in RULES if r.name == "nv_gsp_timeout")
+        rule = self._gsp_rule
         evidence = {"line": oops.lines[0], "lines": oops.lines, "rule": rule.name, "runbook": rule.runbook,
                     "vendor": rule.vendor, "log_time": oops.last}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)

@@ -1,12 +1,15 @@
 """The kernel-line rule catalog, as data, derived from the drivers' own message templates.
 
-Each rule: a name, a regular expression searched in the message text (the part after any timestamp,
-`host kernel:` or `<N>` printk-level prefix), the event kind and severity, the vendor, what the line means,
-a runbook key, the literal hints of which every match holds one, and its provenance: the source files and
-format strings the expression was written from. Paths are in the Linux tree (`amdgpu/` is
-drivers/gpu/drm/amd/amdgpu, `amdkfd/` and `pm/` likewise), the PCI and firmware cores (`pci/`, `firmware/`,
-`acpi/`), or NVIDIA/open-gpu-kernel-modules (`nvidia/`, `kernel-open/`). tests/data/amdgpu-templates.json pins
-the amdgpu error templates; tests/unit/test_templates.py checks each is classified or ignored with a reason.
+Each rule: a stable name (what `[kernel] disable_rules` and `[kernel.rule_override.NAME]` refer to), a regular
+expression searched in the message text (the part after any timestamp, `host kernel:` or `<N>` printk-level
+prefix), the event kind and severity, the vendor, what the line means, a runbook key, its provenance (the
+source files and format strings the expression was written from), lines it must match (`examples`: each from
+the real-log corpus in tests/corpus/kernel, or made from one of its format strings with a `ffff:` address) and
+lines it must not (`counter_examples`). Its Aho-Corasick hints are derived from the expression (kernel/hints.py).
+Paths are in the Linux tree (`amdgpu/` is drivers/gpu/drm/amd/amdgpu, `amdkfd/` and `pm/` likewise), the PCI and
+firmware cores (`pci/`, `firmware/`, `acpi/`), or NVIDIA/open-gpu-kernel-modules (`nvidia/`, `kernel-open/`).
+tests/data/amdgpu-templates.json pins the amdgpu error templates; tests/unit/test_templates.py checks each is
+classified or ignored with a reason, and tests/unit/test_rules.py checks every rule against its examples.
 
 The first rule that matches a line wins, so specific rules stand before general ones. Config rules
 (`[[kernel.rule]]`) are tried before these.
@@ -14,11 +17,28 @@ The first rule that matches a line wins, so specific rules stand before general 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
+from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.model import Severity
 
 I, W, C = Severity.INFO, Severity.WARNING, Severity.CRITICAL
+A = "amdgpu ffff:fe:1f.7: amdgpu: "  # the prefix of amdgpu lines made from a format string
+
+
+class Example(NamedTuple):
+    text: str  # the message text, as the classifier sees it
+    origin: str  # the tests/corpus/kernel file it was copied from, or "template": made from a format string
+
+
+def corpus(file: str, text: str) -> Example:
+    return Example(text, file)
+
+
+def template(text: str) -> Example:
+    return Example(text, "template")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,34 +50,46 @@ class Rule:
     vendor: str
     meaning: str
     runbook: str
-    hints: tuple[str, ...] = ()  # literals of which every match contains one; () means "try every line"
     sources: tuple[str, ...] = ()  # "file: format string" the pattern was written from
     quiet: bool = False  # a line inside another report: it feeds correlations but makes no event of its own
+    examples: tuple[Example, ...] = ()
+    counter_examples: tuple[str, ...] = ()
+
+    @property
+    def hints(self) -> tuple[str, ...]:
+        """Literals of which every match contains one; () means "try every line"."""
+        return literal_hints(self.pattern)
 
 
-def _r(name, pattern, kind, severity, vendor, meaning, runbook, hints, *sources, quiet=False) -> Rule:
-    return Rule(name, pattern, kind, severity, vendor, meaning, runbook, tuple(hints.split("|")), sources, quiet)
+def _r(name, pattern, kind, severity, vendor, meaning, runbook, *sources, quiet=False, examples=(),
+       counter_examples=()) -> Rule:
+    return Rule(name, pattern, kind, severity, vendor, meaning, runbook, sources, quiet, examples, counter_examples)
 
 
 RULES: tuple[Rule, ...] = (
     # --- NVIDIA -------------------------------------------------------------------------------------
     _r("nv_xid", r"NVRM: Xid \(PCI:[0-9a-fA-F:.]+(?: [^)]*)?\): (?P<xid>\d+)", "xid", W, "nvidia",
        "NVIDIA Xid error", "xid",
-       "NVRM: Xid",
        'kernel-open/nvidia/nv-tracepoint.h: "Xid (PCI:%s): %u, %s"',
-       'nvidia/src/kernel/gpu/rc/kernel_rc.c: " caused by previous Xid %d"'),
+       'nvidia/src/kernel/gpu/rc/kernel_rc.c: " caused by previous Xid %d"',
+       examples=(corpus("020-nv-xid-13-and-43-sm-exceptions.log",
+                        "NVRM: Xid (PCI:0000:38:00): 43, pid=2924364, name=pt_main_thread, Ch 00000008"),
+                 corpus("023-nv-xid-31-13-32-mmu-fault-graphics-exception.log",
+                        "NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception: ESR 0x4041b0=0x0")),
+       counter_examples=("NVRM: Xid (PCI:ffff:fe:1f): unknown error",
+                         "nvidia-nvlink: Nvlink Core is being initialized, major device number 239")),
     _r("nv_fallen_off_bus", r"fallen off\s+(?:NVRM:\s+)?the bus", "device_lost", C, "nvidia",
        "the GPU fell off the PCIe bus and does not answer", "device_lost",
-       "fallen off",
        'nvidia/arch/nvalloc/unix/src/osinit.c: "GPU has fallen off the bus.\\n"',
-       'nvidia/arch/nvalloc/unix/src/osapi.c: "NVRM: fallen off the bus and is not responding to commands.\\n"'),
+       'nvidia/arch/nvalloc/unix/src/osapi.c: "NVRM: fallen off the bus and is not responding to commands.\\n"',
+       examples=(corpus("027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log",
+                        "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."),),
+       counter_examples=("NVRM: fallen off the stage",)),
     _r("nv_gsp_timeout",
        r"of waiting for RPC response from GPU\d* GSP|GSP RM heartbeat timed out|_kgspIsHeartbeatTimedOut: Heartbeat"
        r" timed out|\*+ GSP Timeout \*+|RPC (?:event )?history \(CPU [<-]|GSP-CrashCat Report|"
        r"kflcnCoreDump\w*: |Memory Subsystem Error detected",
        "gsp_error", C, "nvidia", "the GPU's GSP firmware stopped answering or crashed", "gsp",
-       "RPC response|heartbeat timed out|Heartbeat timed out|GSP Timeout|history (CPU|GSP-CrashCat|kflcnCoreDump|"
-       "Memory Subsystem Error",
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "Timeout after %llus of waiting for RPC response from GPU%d GSP!'
        ' Expected function %d (%s) sequence %u (0x%llx 0x%llx)."',
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "GSP RM heartbeat timed out\\n"',
@@ -68,51 +100,73 @@ RULES: tuple[Rule, ...] = (
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "GPU%d RPC event history (CPU <- GSP):\\n"',
        'nvidia/src/kernel/gpu/gsp/arch/turing/kernel_gsp_tu102.c: "***... GSP-CrashCat Report ...***\\n"',
        'nvidia/src/kernel/gpu/falcon/kernel_falcon.c: "TRACE: %02u = 0x%016llx\\n"',
-       'nvidia/src/kernel/gpu/mmu/kern_gmmu.c: "Memory Subsystem Error detected. kbusSendSysmembarSingle failed.\\n"'),
+       'nvidia/src/kernel/gpu/mmu/kern_gmmu.c: "Memory Subsystem Error detected. kbusSendSysmembarSingle failed.\\n"',
+       examples=(corpus("019-nv-xid-119-gsp-rpc-timeout.log", "NVRM: GPU4 RPC history (CPU -> GSP):"),
+                 corpus("050-nv-gsp-heartbeat-timed-out-no-xid-journal.log",
+                        "NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out"),
+                 corpus("052-nv-gsp-falcon-core-dump-talos.log",
+                        "NVRM: kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0")),
+       counter_examples=("NVRM: GSP firmware loaded",
+                         "NVRM: RPC history is empty")),
     _r("nv_init_failed", r"RmInitAdapter failed|rm_init_adapter failed|NVIDIA probe routine failed|"
        r"Cannot initialize GSP firmware RM|unexpected WPR2 already up",
        "gpu_missing", C, "nvidia", "the NVIDIA driver could not initialise a GPU", "device_lost",
-       "RmInitAdapter|rm_init_adapter|probe routine failed|Cannot initialize GSP|WPR2 already up",
        'nvidia/arch/nvalloc/unix/src/osinit.c: "RmInitAdapter failed! (0x%x:0x%x:%d)\\n"',
        'kernel-open/nvidia/nv.c: "rm_init_adapter failed, device minor number %d\\n"',
        'kernel-open/nvidia/nv.c: "NVRM: The NVIDIA probe routine failed for %d device(s).\\n"',
        'nvidia/arch/nvalloc/unix/src/osinit.c: "RmInitAdapter: Cannot initialize GSP firmware RM\\n"',
-       'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "unexpected WPR2 already up, cannot proceed with booting GSP\\n"'),
+       'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "unexpected WPR2 already up, cannot proceed with booting GSP\\n"',
+       examples=(corpus("053-nv-rminitadapter-gsp-firmware-gfw-boot.log",
+                        "NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792)"),
+                 corpus("017-nv-fallen-off-bus-no-xid-multiline.log",
+                        "NVRM: The NVIDIA probe routine failed for 1 device(s).")),
+       counter_examples=("NVRM: RmInitAdapter succeeded",)),
     # --- AMD: failed recovery and lost devices (before the generic reset rules) ---------------------
     _r("amd_device_lost", r"device lost from bus!", "device_lost", C, "amd",
        "the GPU fell off the PCIe bus", "device_lost",
-       "device lost from bus!",
-       'amdgpu/amdgpu_device.c: "device lost from bus!"'),
+       'amdgpu/amdgpu_device.c: "device lost from bus!"',
+       examples=(template(A + "device lost from bus!"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: device lost from bus",)),
     _r("amd_recovery_failed", r"GPU Recovery Failed: ?-?\d+|GPU recovery failed|GPU reset(?:\(\d+\))? failed|"
        r"GPU reset end with ret = -\d+|ASIC reset failed|(?i:mode[12]|baco) reset failed|PCIe error recovery failed|"
        r"pre asic reset failed",
        "reset_failed", C, "amd",
        "the driver's full GPU reset failed: the GPU is unusable until a reboot", "device_lost",
-       "Recovery Failed|recovery failed|GPU reset|ASIC reset failed|reset failed",
        'amdgpu/amdgpu_job.c: "GPU Recovery Failed: %d\\n"',
        'amdgpu/amdgpu_device.c: "GPU reset(%d) failed\\n"',
        'amdgpu/amdgpu_device.c: "GPU reset end with ret = %d\\n"',
        'amdgpu/amdgpu_device.c: "ASIC reset failed with error, %d for drm dev, %s"',
        'amdgpu/amdgpu_device.c: "GPU mode1 reset failed\\n"',
        'amdgpu/amdgpu_device.c: "PCIe error recovery failed, err:%d"',
-       'amdgpu/amdgpu_device.c: "GPU pre asic reset failed with err, %d for drm dev, %s "'),
+       'amdgpu/amdgpu_device.c: "GPU pre asic reset failed with err, %d for drm dev, %s "',
+       examples=(corpus("134-amd-psp-resume-failed-gpu-reset-1-failed-qcm.log",
+                        "amdgpu 0000:0b:00.0: amdgpu: GPU reset(1) failed"),
+                 corpus("135-amd-suspend-smu-psp-failed-mode1-reset-failed.log",
+                        "amdgpu 0000:03:00.0: amdgpu: GPU mode1 reset failed")),
+       counter_examples=("amdgpu 0000:0c:00.0: Ring gfx_0.0.0 reset failed",
+                         "amdgpu 000d:31:00.0: GPU reset(3) succeeded!")),
     _r("amd_smu_resume_failed", r"resume of IP block <smu> failed|SMC engine is not correctly up",
        "smu_error", C, "amd", "the power-management firmware (SMU) did not come back: the GPU is unusable",
        "device_lost",
-       "IP block <smu>|SMC engine",
        'amdgpu/amdgpu_device.c: "resume of IP block <%s> failed %d\\n"',
-       'pm/swsmu/amdgpu_smu.c: "SMC engine is not correctly up!\\n"'),
+       'pm/swsmu/amdgpu_smu.c: "SMC engine is not correctly up!\\n"',
+       examples=(corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
+                        "amdgpu 0000:03:00.0: amdgpu: resume of IP block <smu> failed -5"),),
+       counter_examples=("amdgpu 0000:83:00.0: amdgpu: SMU is resumed successfully!",)),
     _r("amd_resume_failed", r"resume of IP block <\w+> failed|amdgpu_device_ip_resume failed",
        "reset_failed", C, "amd", "a GPU block failed to resume after a reset or sleep: the GPU is unusable",
        "device_lost",
-       "resume of IP block|ip_resume failed",
        'amdgpu/amdgpu_device.c: "resume of IP block <%s> failed %d\\n"',
-       'amdgpu/amdgpu_device.c: "amdgpu_device_ip_resume failed (%d).\\n"'),
+       'amdgpu/amdgpu_device.c: "amdgpu_device_ip_resume failed (%d).\\n"',
+       examples=(corpus("134-amd-psp-resume-failed-gpu-reset-1-failed-qcm.log",
+                        "[drm:amdgpu_device_fw_loading [amdgpu]] *ERROR* resume of IP block <psp> failed -62"),
+                 corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
+                        "amdgpu 0000:03:00.0: amdgpu: amdgpu_device_ip_resume failed (-5).")),
+       counter_examples=("xhci_hcd 0000:00:14.0: Port resume timed out, port 1-6: 0x400603",)),
     _r("amd_init_failed",
        r"(?:hw_init|sw_init|early_init|late_init) of IP block <\w+> failed|amdgpu_device_ip_(?:late_)?init failed|"
        r"Fatal error during GPU init|amdgpu asic init failed|asic reset on init failed|gpu post error!",
        "gpu_missing", C, "amd", "the amdgpu driver could not initialise the GPU", "device_lost",
-       "of IP block|ip_init failed|Fatal error during GPU init|asic init failed|reset on init failed|post error",
        'amdgpu/amdgpu_device.c: "hw_init of IP block <%s> failed %d\\n"',
        'amdgpu/amdgpu_device.c: "sw_init of IP block <%s> failed %d\\n"',
        'amdgpu/amdgpu_device.c: "early_init of IP block <%s> failed %d\\n"',
@@ -122,40 +176,58 @@ RULES: tuple[Rule, ...] = (
        'amdgpu/amdgpu_kms.c: "Fatal error during GPU init\\n"',
        'amdgpu/amdgpu_device.c: "amdgpu asic init failed\\n"',
        'amdgpu/amdgpu_device.c: "asic reset on init failed\\n"',
-       'amdgpu/amdgpu_device.c: "gpu post error!\\n"'),
+       'amdgpu/amdgpu_device.c: "gpu post error!\\n"',
+       examples=(corpus("147-amd-init-mes-kiq-test-failed-fatal-error-during-gpu-init.log",
+                        "[drm:amdgpu_device_init [amdgpu]] *ERROR* hw_init of IP block <gfx_v11_0> failed -110"),
+                 corpus("147-amd-init-mes-kiq-test-failed-fatal-error-during-gpu-init.log",
+                        "amdgpu 0000:03:00.0: amdgpu: Fatal error during GPU init")),
+       counter_examples=("[drm] add ip block number 6 <powerplay>",
+                         "amdgpu 0000:0b:00.0: amdgpu: SMU is initialized successfully!")),
     _r("amd_wedged_recovered", r"device wedged, but recovered through reset", "gpu_reset", I, "amd",
        "the GPU hung and a reset recovered it", "reset",
-       "device wedged",
-       'drm/drm_drv.c: "device wedged, %s\\n"'),
+       'drm/drm_drv.c: "device wedged, %s\\n"',
+       examples=(corpus("013-amd-ring-gfx-timeout-per-ring-reset-llama-server.log",
+                        "amdgpu 0000:c2:00.0: [drm] device wedged, but recovered through reset"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: [drm] device wedged, needs recovery",)),
     _r("amd_wedged", r"device wedged", "gpu_wedged", C, "amd",
        "the GPU is wedged and needs recovery", "device_lost",
-       "device wedged",
-       'drm/drm_drv.c: "device wedged, %s\\n"'),
+       'drm/drm_drv.c: "device wedged, %s\\n"',
+       examples=(template("amdgpu ffff:fe:1f.7: [drm] device wedged, needs recovery"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: [drm] device unwedged",)),
     # --- AMD: hangs --------------------------------------------------------------------------------
     _r("amd_sq_intr", r"\bsq_intr: error", "sq_intr", W, "amd",
        "shader wave error interrupt (SQ): a kernel on the GPU faulted", "gpu_fault",
-       "sq_intr",
        'amdkfd/kfd_int_process_v9.c: "sq_intr: error, se %d, data 0x%x, sh %d, priv %d, wave_id %d,'
        ' simd_id %d, cu_id %d, err_type %d\\n"',
        'amdkfd/kfd_int_process_v10.c: "sq_intr: error, se %d, data 0x%x, sa %d, priv %d, wave_id %d,'
        ' simd_id %d, wgp_id %d, err_type %d\\n"',
        'amdkfd/kfd_int_process_v11.c: "sq_intr: error, detail 0x%08x, type %d, sh %d, priv %d, wave_id %d,'
-       ' simd_id %d, wgp_id %d\\n"'),
+       ' simd_id %d, wgp_id %d\\n"',
+       examples=(corpus("001-amd-sq-intr-wave-errors.log",
+                        "amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1, priv 1, wave_id 4,"
+                        " simd_id 0, wgp_id 0"),),
+       counter_examples=("amdgpu: disable_sq_intr: errors masked",)),
     _r("amd_ring_timeout", r"\bring \S+ timeout", "ring_timeout", W, "amd",
        "a GPU ring stopped completing jobs (job timeout)", "gpu_fault",
-       "timeout",
        'amdgpu/amdgpu_job.c: "ring %s timeout, signaled seq=%u, emitted seq=%u\\n"',
-       'amdgpu/amdgpu_job.c: "ring %s timeout, but soft recovered\\n"'),
+       'amdgpu/amdgpu_job.c: "ring %s timeout, but soft recovered\\n"',
+       examples=(corpus("115-amd-navi10-ring-reset-failed-baco-vram-lost.log",
+                        "amdgpu 0000:28:00.0: ring gfx_0.0.0 timeout, signaled seq=57638, emitted seq=57641"),
+                 corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log",
+                        "drmn0: ring gfx timeout, signaled seq=14416844, emitted seq=14416847")),
+       counter_examples=("amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0",
+                         "xhci_hcd 0000:00:14.0: Port resume timed out, port 1-6: 0x400603")),
     _r("amd_mes_no_response", r"MES failed to respon", "ring_timeout", C, "amd",
        "the micro-engine scheduler firmware stopped answering", "gpu_fault",
-       "MES failed to respon",
        'amdgpu/mes_v11_0.c: "MES failed to respond to msg=%s\\n"',
-       'amdgpu/mes_v11_0.c: "MES failed to respond to msg=%d\\n"'),
+       'amdgpu/mes_v11_0.c: "MES failed to respond to msg=%d\\n"',
+       examples=(corpus("060-amd-ring-reset-failed-mes-remove-queue-mode2.log",
+                        "amdgpu 0000:c5:00.0: amdgpu: MES failed to respond to msg=REMOVE_QUEUE"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: MES enabled",)),
     _r("amd_mes_failed", r"failed to \w+ hardware queue (?:from|to) MES|MES might be in unrecoverable state|"
        r"failed to (?:unmap|map|reset) legacy queue|failed to (?:remove|reset) hardware queue|"
        r"failed to (?:suspend|resume) all gangs|MES is busy|MES ring buffer is full",
        "ring_timeout", W, "amd", "the micro-engine scheduler failed a queue operation", "gpu_fault",
-       "hardware queue|MES might be|legacy queue|all gangs|MES is busy|MES ring buffer",
        'amdgpu/amdgpu_mes.c (Linux 6.13+): "failed to remove hardware queue from MES, doorbell=0x%x\\n"',
        'amdgpu/amdgpu_mes.c (Linux 6.13+): "MES might be in unrecoverable state, issue a GPU reset\\n"',
        'amdgpu/amdgpu_mes.c: "failed to unmap legacy queue\\n"',
@@ -167,36 +239,54 @@ RULES: tuple[Rule, ...] = (
        'amdgpu/amdgpu_mes.c: "failed to suspend all gangs"',
        'amdgpu/amdgpu_mes.c: "failed to resume all gangs"',
        'amdgpu/mes_v11_0.c: "MES is busy\\n"',
-       'amdgpu/mes_v11_0.c: "MES ring buffer is full.\\n"'),
+       'amdgpu/mes_v11_0.c: "MES ring buffer is full.\\n"',
+       examples=(corpus("060-amd-ring-reset-failed-mes-remove-queue-mode2.log",
+                        "amdgpu 0000:c5:00.0: amdgpu: failed to unmap legacy queue"),
+                 corpus("138-amd-mes-failed-sdma-ib-test-timed-out-ip-hung-reset.log",
+                        "amdgpu: failed to remove hardware queue from MES, doorbell=0x1202")),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: MES is idle",
+                         "amdgpu ffff:fe:1f.7: amdgpu: hardware queue added to MES")),
     _r("amd_kfd_preempt", r"qcm fence wait loop timeout|unsuccessful queues preemption|"
        r"queue preemption time ?out|Failed to evict (?:process )?queue|Failed to quiesce KFD|"
        r"Failed to restore (?:process )?queues", "ring_timeout", W, "amd",
        "KFD could not preempt the compute queues", "gpu_fault",
-       "qcm fence|preemption|Failed to evict|Failed to quiesce|Failed to restore",
        'amdkfd/kfd_device_queue_manager.c: "qcm fence wait loop timeout expired\\n"',
        'amdkfd/kfd_device_queue_manager.c: "The cp might be in an unrecoverable state due to an unsuccessful'
        ' queues preemption\\n"',
        'amdkfd/kfd_process.c: "Failed to evict process queues\\n"',
-       'amdgpu/amdgpu_amdkfd_gpuvm.c: "Failed to quiesce KFD\\n"'),
+       'amdgpu/amdgpu_amdkfd_gpuvm.c: "Failed to quiesce KFD\\n"',
+       examples=(corpus("049-amd-kfd-qcm-fence-timeout-mode2-reset.log",
+                        "amdgpu: qcm fence wait loop timeout expired"),
+                 corpus("047-amd-mes-failed-to-response-evict-queue-reset-gfx-hung.log",
+                        "amdgpu: Failed to evict process queues")),
+       counter_examples=("amdgpu: Evicted process queues",
+                         "workqueue: ib_cache_event_task [ib_core] hogged CPU for >10000us 4 times,"
+                         " consider switching to WQ_UNBOUND")),
     _r("amd_ip_hung", r"IP block:\S+ is hung", "ring_timeout", W, "amd",
        "a GPU IP block is hung", "gpu_fault",
-       "is hung",
-       'amdgpu/amdgpu_device.c: "IP block:%s is hung!\\n"'),
+       'amdgpu/amdgpu_device.c: "IP block:%s is hung!\\n"',
+       examples=(corpus("047-amd-mes-failed-to-response-evict-queue-reset-gfx-hung.log",
+                        "amdgpu 0000:03:00.0: amdgpu: IP block:gfx_v11_0 is hung!"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: IP block:gfx_v11_0 is idle",)),
     _r("amd_ring_test_failed", r"\bring \S+ (?:ib )?test failed|\bIB test (?:failed|timed out)|\bib ring test failed",
        "ring_timeout", C, "amd", "a GPU ring failed its self-test: the ring cannot run jobs", "device_lost",
-       "test failed|IB test timed out",
        'amdgpu/amdgpu_ring.c: "ring %s test failed (%d)\\n"',
        'amdgpu/amdgpu_mes.c: "ring %s ib test failed (%d)\\n"',
        'amdgpu/amdgpu_ib.c: "IB test failed on %s (%d).\\n"',
        'amdgpu/amdgpu_device.c: "ib ring test failed (%d).\\n"',
-       'amdgpu/sdma_v6_0.c: "amdgpu: IB test timed out\\n"'),
+       'amdgpu/sdma_v6_0.c: "amdgpu: IB test timed out\\n"',
+       examples=(corpus("059-amd-kiq-ring-test-failed-kcq-disable-baco-reset.log",
+                        "amdgpu 0000:1d:00.0: [drm:amdgpu_ring_test_helper [amdgpu]] *ERROR* ring"
+                        " kiq_2.1.0 test failed (-110)"),
+                 corpus("138-amd-mes-failed-sdma-ib-test-timed-out-ip-hung-reset.log",
+                        "[drm:sdma_v6_0_ring_test_ib [amdgpu]] *ERROR* amdgpu: IB test timed out")),
+       counter_examples=("[drm:gfx_v8_0_ring_test_ring] ring test on 2 succeeded in 5 usecs",
+                         "[drm] ring test on 0 succeeded in 4 usecs")),
     _r("amd_queue_map_failed", r"\bK[CG]Q (?:enable|disable) failed|failed to (?:remap|map) k?[cg]q|"
        r"failed to (?:map|unmap) (?:compute|gfx) queue|failed to halt cp gfx|Failed to lock KIQ|"
        r"fail(?:ed)? to wait on (?:gfx )?hqd deactiv|fail to remap queue|failed to (?:read|write) reg[: ]",
        "ring_timeout", W, "amd", "the driver could not map or unmap the hardware queues through the KIQ",
        "gpu_fault",
-       "Q enable failed|Q disable failed|failed to remap|failed to map|failed to unmap|failed to halt cp|"
-       "Failed to lock KIQ|hqd deactiv|remap queue|failed to read reg|failed to write reg",
        'amdgpu/amdgpu_gfx.c: "KCQ enable failed\\n"',
        'amdgpu/amdgpu_gfx.c: "KGQ enable failed\\n"',
        'amdgpu/gfx_v11_0.c: "KCQ disable failed\\n"',
@@ -211,104 +301,149 @@ RULES: tuple[Rule, ...] = (
        'amdgpu/amdgpu_gfx.c: "failed to read reg:%x\\n"',
        'amdgpu/amdgpu_gfx.c: "failed to write reg:%x\\n"',
        'amdgpu/amdgpu_mes.c: "failed to read reg (0x%x)\\n"',
-       'amdgpu/amdgpu_mes.c: "failed to write reg (0x%x)\\n"'),
+       'amdgpu/amdgpu_mes.c: "failed to write reg (0x%x)\\n"',
+       examples=(corpus("059-amd-kiq-ring-test-failed-kcq-disable-baco-reset.log",
+                        "[drm:gfx_v8_0_hw_fini [amdgpu]] *ERROR* KCQ disable failed"),
+                 corpus("060-amd-ring-reset-failed-mes-remove-queue-mode2.log",
+                        "[drm:gfx_v11_0_cp_gfx_enable.isra.0 [amdgpu]] *ERROR* failed to halt cp gfx")),
+       counter_examples=("[drm] kiq ring mec 3 pipe 1 q 0",
+                         "amdgpu 0000:12:00.0: kiq ring mec 2 pipe 1 q 0")),
     _r("amd_preempt_failed",
        r"ring \d+ failed to (?:preempt ib|be preempted)|Timeout waiting for (?:VM flush ACK|sem acquire in VM flush)",
        "ring_timeout", W, "amd", "the GPU did not preempt a ring or acknowledge a VM flush in time", "gpu_fault",
-       "failed to preempt|failed to be preempted|Timeout waiting for",
        'amdgpu/gfx_v11_0.c: "ring %d failed to preempt ib\\n"',
        'amdgpu/sdma_v6_0.c: "ring %d failed to be preempted\\n"',
        'amdgpu/gmc_v9_0.c: "Timeout waiting for VM flush ACK!\\n"',
-       'amdgpu/gmc_v9_0.c: "Timeout waiting for sem acquire in VM flush!\\n"'),
+       'amdgpu/gmc_v9_0.c: "Timeout waiting for sem acquire in VM flush!\\n"',
+       examples=(template(A + "ring 0 failed to preempt ib"),
+                 template(A + "Timeout waiting for VM flush ACK!")),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: ring 0 preempted ib",)),
     _r("amd_illegal_command", r"Illegal (?:register access|opcode|instruction) in command stream",
        "ring_timeout", W, "amd", "a command stream did something illegal; its ring will be reset", "gpu_fault",
-       "in command stream",
        'amdgpu/gfx_v11_0.c: "Illegal register access in command stream\\n"',
        'amdgpu/gfx_v11_0.c: "Illegal opcode in command stream \\n"',
-       'amdgpu/gfx_v11_0.c: "Illegal instruction in command stream\\n"'),
+       'amdgpu/gfx_v11_0.c: "Illegal instruction in command stream\\n"',
+       examples=(corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log",
+                        "[drm ERROR :gfx_v9_0_priv_reg_irq] Illegal register access in command stream"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: Illegal register access",)),
     # --- AMD: resets --------------------------------------------------------------------------------
     _r("amd_reset_begin", r"GPU (?:reset|jobs stop) begin", "gpu_reset", W, "amd",
        "the driver started a full GPU reset; VRAM and contexts may be lost", "reset",
-       "begin",
-       'amdgpu/amdgpu_device.c: "GPU %s begin!\\n"'),
+       'amdgpu/amdgpu_device.c: "GPU %s begin!\\n"',
+       examples=(corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log", "drmn0: GPU reset begin!"),),
+       counter_examples=("vfio-pci 0000:0c:00.0: AMD_NAVI14: begin psp mode 1 reset",)),
     _r("amd_reset_mode12", r"\b(?i:mode[12]) reset\s*$|GPU (?:psp )?mode1 reset\s*$", "gpu_reset", W, "amd",
        "a full GPU reset (MODE1/MODE2) is running", "reset",
-       "MODE1|MODE2|mode1|mode2|Mode1|Mode2",
        'amdgpu/soc21.c: "MODE1 reset\\n"',
        'amdgpu/soc21.c: "MODE2 reset\\n"',
        'amdgpu/amdgpu_device.c: "GPU mode1 reset\\n"',
-       'amdgpu/amdgpu_device.c: "GPU psp mode1 reset\\n"'),
+       'amdgpu/amdgpu_device.c: "GPU psp mode1 reset\\n"',
+       examples=(corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log", "drmn0: MODE2 reset"),
+                 corpus("133-amd-vega20-gfx-timeout-kfd-evict-warn-dump-stack-mode1.log",
+                        "amdgpu 0000:03:00.0: amdgpu: GPU psp mode1 reset")),
+       counter_examples=("vfio-pci 0000:0c:00.0: AMD_NAVI14: mode1 reset succeeded",
+                         "vfio-pci 0000:0c:00.0: AMD_NAVI14: MP1 reset")),
     _r("amd_reset_method", r"\bBACO reset\s*$|GPU (?:pci config )?reset\s*$", "gpu_reset", W, "amd",
        "a full GPU reset is running", "reset",
-       "BACO|GPU reset|GPU pci config reset",
        'amdgpu/soc21.c: "BACO reset\\n"',
-       'amdgpu/cik.c: "GPU pci config reset\\n"'),
+       'amdgpu/cik.c: "GPU pci config reset\\n"',
+       examples=(corpus("016-amd-ring-reset-failed-then-full-reset.log", "amdgpu 0000:0c:00.0: BACO reset"),
+                 corpus("091-amd-comp-ring-test-failed-reset-vce-suspend-failed-vram-lost.log",
+                        "amdgpu 000d:31:00.0: GPU pci config reset")),
+       counter_examples=("usb 1-3: reset full-speed USB device number 3 using xhci_hcd",
+                         "vfio-pci 0000:0c:00.0: AMD_NAVI14: performing reset")),
     _r("amd_ring_reset_failed", r"\b(?:Ring \S+|\w+ queue) reset failed", "gpu_reset", W, "amd",
        "a per-ring reset failed; the driver escalates to a full reset", "reset",
-       "reset failed",
-       'amdgpu/amdgpu_job.c (Linux 6.15+): "Ring %s reset failed\\n"'),
+       'amdgpu/amdgpu_job.c (Linux 6.15+): "Ring %s reset failed\\n"',
+       examples=(corpus("016-amd-ring-reset-failed-then-full-reset.log",
+                        "amdgpu 0000:0c:00.0: Ring gfx_0.0.0 reset failed"),
+                 corpus("002-amd-sq-intr-then-mode2-reset.log", "amdgpu 0000:c1:00.0: amdgpu: VPE queue reset failed")),
+       counter_examples=("amdgpu 0000:c2:00.0: Ring gfx_0.0.0 reset succeeded",)),
     _r("amd_reset_succeeded", r"GPU reset(?:\(\d+\))? succeeded|Ring \S+ reset succeeded", "gpu_reset", I, "amd",
        "the GPU reset succeeded", "reset",
-       "reset succeeded|) succeeded",
        'amdgpu/amdgpu_device.c: "GPU reset(%d) succeeded!\\n"',
        'amdgpu/amdgpu_device.c: "GPU reset succeeded, trying to resume\\n"',
-       'amdgpu/amdgpu_job.c (Linux 6.15+): "Ring %s reset succeeded\\n"'),
+       'amdgpu/amdgpu_job.c (Linux 6.15+): "Ring %s reset succeeded\\n"',
+       examples=(corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log",
+                        "amdgpu 0000:08:00.0: amdgpu: GPU reset(2) succeeded!"),
+                 corpus("013-amd-ring-gfx-timeout-per-ring-reset-llama-server.log",
+                        "amdgpu 0000:c2:00.0: Ring gfx_0.0.0 reset succeeded")),
+       counter_examples=("vfio-pci 0000:0c:00.0: AMD_NAVI14: mode1 reset succeeded",
+                         "[drm] ring test on 0 succeeded in 4 usecs")),
     _r("amd_ring_reset_start", r"Starting \S+ ring reset", "gpu_reset", I, "amd",
        "the driver is resetting one ring", "reset",
-       "ring reset",
-       'amdgpu/amdgpu_job.c (Linux 6.15+): "Starting %s ring reset\\n"'),
+       'amdgpu/amdgpu_job.c (Linux 6.15+): "Starting %s ring reset\\n"',
+       examples=(corpus("013-amd-ring-gfx-timeout-per-ring-reset-llama-server.log",
+                        "amdgpu 0000:c2:00.0: Starting gfx_0.0.0 ring reset"),),
+       counter_examples=("amdgpu 0000:c2:00.0: Ring gfx_0.0.0 reset succeeded",)),
     _r("amd_vram_lost", r"VRAM is lost", "gpu_reset", W, "amd",
        "VRAM contents were lost in the reset: every GPU process must restart", "reset",
-       "VRAM is lost",
-       'amdgpu/amdgpu_device.c: "VRAM is lost due to GPU reset!\\n"'),
+       'amdgpu/amdgpu_device.c: "VRAM is lost due to GPU reset!\\n"',
+       examples=(corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log", "[drm] VRAM is lost due to GPU reset!"),),
+       counter_examples=("[drm] Detected VRAM RAM=16368M, BAR=256M",)),
     _r("amd_suspend_failed", r"suspend of IP block <\w+> failed", "gpu_reset", W, "amd",
        "a GPU block failed to suspend before a reset or sleep", "reset",
-       "suspend of IP block",
-       'amdgpu/amdgpu_device.c: "suspend of IP block <%s> failed %d\\n"'),
+       'amdgpu/amdgpu_device.c: "suspend of IP block <%s> failed %d\\n"',
+       examples=(corpus("135-amd-suspend-smu-psp-failed-mode1-reset-failed.log",
+                        "[drm:amdgpu_device_ip_suspend_phase2 [amdgpu]] *ERROR* suspend of IP block"
+                        " <smu> failed -62"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: suspend of IP block <smu> done",)),
     # --- AMD: memory, RAS, SMU ----------------------------------------------------------------------
     _r("amd_page_fault", r"\[(?:gfx|mm)hub\d*\] (?:no-retry |retry )?(?:VMC )?page fault|\bVM fault \(0x|"
        r"\w+_L2_PROTECTION_FAULT_STATUS:|GPU fault detected: \d+|Can't handle page fault",
        "page_fault", W, "amd", "GPU page fault: a process touched unmapped GPU memory", "gpu_fault",
-       "page fault|VM fault|_L2_PROTECTION_FAULT_STATUS|GPU fault detected",
        'amdgpu/gmc_v9_0.c: "[%s] %s page fault (src_id:%u ring:%u vmid:%u pasid:%u)\\n"',
        'amdgpu/gmc_v9_0.c: "VM_L2_PROTECTION_FAULT_STATUS:0x%08X\\n"',
        'amdgpu/gfxhub_v2_0.c: "GCVM_L2_PROTECTION_FAULT_STATUS:0x%08X\\n"',
        'amdgpu/gmc_v8_0.c: "GPU fault detected: %d 0x%08x\\n"',
        'amdgpu/gmc_v8_0.c: "VM fault (0x%02x, vmid %d, pasid %d) at page %u, %s from \'%s\' (0x%08x) (%d)\\n"',
-       'amdgpu/amdgpu_vm.c: "Can\'t handle page fault (%d)\\n"'),
+       'amdgpu/amdgpu_vm.c: "Can\'t handle page fault (%d)\\n"',
+       examples=(corpus("071-amd-freebsd-dm-fences-timeout-retry-page-faults.log",
+                        "drmn0: VM_L2_PROTECTION_FAULT_STATUS:0x00341051"),
+                 corpus("074-amd-legacy-gpu-fault-vm-context1-ih-overflow.log",
+                        "VM fault (0x14, vmid 6) at page 1356316, write from 'TC0' (0x54433000) (8)")),
+       counter_examples=("[drm] PCIE GART of 512M enabled (table at 0x000000801FB00000).",
+                         "amdgpu ffff:fe:1f.7: amdgpu: [gfxhub0] page table base 0x8000")),
     _r("amd_ras_uncorrectable",
        r"\b(?:uncorrectable|uncorrected) (?:hardware )?errors? ?(?:\(\w+\) )?(?:detected|occurred)|"
        r"\buncorrectable hardware error\(|RAS controller interrupt|ERREVENT_ATHUB_INTERRUPT|poison (?:is )?consumed|"
        r"RAS Intr triggered, device disabled|RAS records:\d+ exceed threshold",
        "ras_error", C, "amd", "uncorrectable hardware error (RAS)", "ras",
-       "uncorrect|Uncorrect|RAS controller|ERREVENT_ATHUB|poison|RAS Intr|exceed threshold",
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!\\n"',
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "%lld new uncorrectable hardware errors detected in %s block\\n"',
        'amdgpu/amdgpu_kms.c: "RAS Intr triggered, device disabled!!"',
        'amdgpu/amdgpu_ras_eeprom.c: "RAS records:%d exceed threshold:%d"',
        'amdgpu/amdgpu_ras_eeprom.c: "RAS records:%d exceed threshold:%d, GPU will not be initialized. Replace this'
-       ' GPU or increase the threshold"'),
+       ' GPU or increase the threshold"',
+       examples=(corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
+                        "amdgpu 0000:e3:00.0: amdgpu: uncorrectable hardware"
+                        " error(ERREVENT_ATHUB_INTERRUPT) detected!"),
+                 corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
+                        "[drm] UVD VCPU state may lost due to RAS ERREVENT_ATHUB_INTERRUPT")),
+       counter_examples=("amdgpu 0000:66:00.0: amdgpu: RAS: optional ras ta ucode is not available",
+                         "amdgpu ffff:fe:1f.7: amdgpu: 0 uncorrectable hardware errors so far")),
     _r("amd_cp_ecc", r"CP ECC ERROR IRQ", "ras_error", W, "amd", "the command processor reported an ECC error",
        "ras",
-       "CP ECC ERROR",
-       'amdgpu/amdgpu_gfx.c: "CP ECC ERROR IRQ\\n"'),
+       'amdgpu/amdgpu_gfx.c: "CP ECC ERROR IRQ\\n"',
+       examples=(template(A + "CP ECC ERROR IRQ"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: CP ECC enabled",)),
     _r("amd_sw_ctf", r"GPU over temperature range\(SW CTF\)|going to shutdown due to GPU SW CTF", "thermal", C,
        "amd", "the GPU passed its critical temperature; the system shuts down", "thermal",
-       "SW CTF",
        'pm/swsmu/amdgpu_smu.c: "ERROR: GPU over temperature range(SW CTF) detected!\\n"',
-       'pm/swsmu/amdgpu_smu.c: "ERROR: System is going to shutdown due to GPU SW CTF!\\n"'),
+       'pm/swsmu/amdgpu_smu.c: "ERROR: System is going to shutdown due to GPU SW CTF!\\n"',
+       examples=(template(A + "ERROR: GPU over temperature range(SW CTF) detected!"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: SW CTF threshold 118 C",)),
     _r("amd_ras_correctable", r"\bcorrectable (?:hardware )?errors? detected", "ras_error", I, "amd",
        "correctable hardware error (RAS)", "ras",
-       "correctable",
-       'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "%lld new correctable hardware errors detected in %s block\\n"'),
+       'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "%lld new correctable hardware errors detected in %s block\\n"',
+       examples=(template(A + "3 new correctable hardware errors detected in umc block"),),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: correctable error counting enabled",)),
     _r("amd_smu_failure", r"\bSMU\b.*(?:fail|timeout|[Tt]imed out|not done)|\bsmu_\w+.*(?:failed|timeout)|"
        r"SMC is not ready|\[powerplay\] .*[Ff]ailed|Failed to send message 0x|"
        r"SMU: (?:I'm very busy|response:|unknown command|valid command, bad prerequisites|I'm debugging)|"
        r"Fail(?:ed)? to disable (?:dpm|smu) features|"
        r"Failed to \w+ (?:BACO state|gfxoff)!|\[PrepareMp1\] Failed|SMC failed to set mp1 state",
        "smu_error", W, "amd", "the power-management firmware (SMU) failed a request", "gpu_fault",
-       "SMU|smu_|SMC is not ready|powerplay|Failed to send message|dpm features|smu features|BACO state|gfxoff|"
-       "PrepareMp1|mp1 state",
        'pm/swsmu/smu_cmn.c: "SMU: I\'m not done with your previous command: SMN_C2PMSG_66:0x%08X'
        ' SMN_C2PMSG_82:0x%08X"',
        'pm/swsmu/amdgpu_smu.c: "SMC is not ready\\n"',
@@ -325,32 +460,66 @@ RULES: tuple[Rule, ...] = (
        'pm/swsmu/amdgpu_smu.c: "Failed to %s BACO state!\\n"',
        'pm/swsmu/amdgpu_smu.c: "Failed to %s gfxoff!\\n"',
        'pm/swsmu/smu_cmn.c: "[PrepareMp1] Failed!\\n"',
-       'amdgpu/amdgpu_device.c: "SMC failed to set mp1 state %d, %d\\n"'),
+       'amdgpu/amdgpu_device.c: "SMC failed to set mp1 state %d, %d\\n"',
+       examples=(corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
+                        "amdgpu 0000:03:00.0: amdgpu: SMC is not ready"),
+                 corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
+                        "amdgpu: [powerplay] Failed to set soft min gfxclk !")),
+       counter_examples=("amdgpu 0000:66:00.0: amdgpu: SMU is initialized successfully!",
+                         "amdgpu 0000:83:00.0: amdgpu: SMU driver if version not matched")),
     # --- PCIe AER (drivers/pci/pcie) and APEI/GHES -------------------------------------------------
     _r("aer_no_callback", r"AER: can't recover \(no error_detected callback\)|device has no AER-aware driver",
        "pcie_aer", W, "pcie", "a device on a failing PCIe link has no error recovery", "aer",
-       "can't recover|no AER-aware driver",
        'pci/pcie/err.c: "can\'t recover (no error_detected callback)\\n"',
-       'pci/pcie/err.c (before 5.x): "device has no AER-aware driver\\n"', quiet=True),
+       'pci/pcie/err.c (before 5.x): "device has no AER-aware driver\\n"', quiet=True,
+       examples=(corpus("149-aer-nonfatal-ahci-no-callback-recovery-failed-rpi5.log",
+                        "ahci 0000:01:00.0: AER: can't recover (no error_detected callback)"),
+                 corpus("007-amd-pcie-aer-uncorrected-fatal-malformed-tlp.log",
+                        "amdgpu 0000:06:00.0: device has no AER-aware driver")),
+       counter_examples=("pcieport 0000:00:01.1: AER: aer_layer=Data Link Layer, aer_agent=Receiver ID",)),
     _r("aer_recovery_failed", r"AER: [Dd]evice recovery failed", "pcie_aer", W, "pcie",
        "PCIe error recovery failed: the devices behind this port may be lost", "aer",
-       "recovery failed",
-       'pci/pcie/err.c: "device recovery failed\\n"'),
+       'pci/pcie/err.c: "device recovery failed\\n"',
+       examples=(corpus("007-amd-pcie-aer-uncorrected-fatal-malformed-tlp.log",
+                        "pcieport 0000:00:1c.4: AER: Device recovery failed"),),
+       counter_examples=("pcieport ffff:fe:1f.7: AER: device recovery successful",)),
     _r("aer_fatal", r"Uncorrect(?:ed|able) \(Fatal\)|DPC: containment event", "pcie_aer", C, "pcie",
        "fatal uncorrected PCIe error", "aer",
-       "(Fatal)|DPC: containment",
        'pci/pcie/aer.c: "PCIe Bus Error: severity=%s, type=%s, (%s)\\n" with "Uncorrectable (Fatal)"',
-       'pci/pcie/dpc.c: "containment event, status:%#06x source:%#06x\\n"'),
+       'pci/pcie/dpc.c: "containment event, status:%#06x source:%#06x\\n"',
+       examples=(corpus("007-amd-pcie-aer-uncorrected-fatal-malformed-tlp.log",
+                        "pcieport 0000:00:1c.4: AER: Uncorrected (Fatal) error received: id=00e4"),),
+       counter_examples=("pcieport 0000:80:1b.4: AER: Uncorrectable (Non-Fatal) error message"
+                         " received from 0000:80:1b.4",)),
     _r("aer_nonfatal", r"Uncorrect(?:ed|able) \(Non-Fatal\)", "pcie_aer", W, "pcie",
        "uncorrected, non-fatal PCIe error", "aer",
-       "(Non-Fatal)",
-       'pci/pcie/aer.c: "%s%s error message received from %04x:%02x:%02x.%d\\n" with "Uncorrectable (Non-Fatal)"'),
+       'pci/pcie/aer.c: "%s%s error message received from %04x:%02x:%02x.%d\\n" with "Uncorrectable (Non-Fatal)"',
+       examples=(corpus("148-aer-nonfatal-no-callback-recovery-failed-xhci-thunderbolt.log",
+                        "pcieport 0000:80:1b.4: AER: Uncorrectable (Non-Fatal) error message"
+                        " received from 0000:80:1b.4"),),
+       counter_examples=("pcieport 0000:00:1c.4: AER: Uncorrected (Fatal) error received: id=00e4",)),
     _r("aer_corrected", r"AER: (?:Multiple )?Correct(?:ed|able) error|severity=Correct(?:ed|able)", "pcie_aer", I,
        "pcie", "corrected PCIe error (the link retried)", "aer",
-       "Correct",
        'pci/pcie/aer.c: "%s%s error message received from %04x:%02x:%02x.%d\\n" with "Correctable"',
-       'pci/pcie/aer.c: "PCIe Bus Error: severity=%s, type=%s, (%s)\\n" with "Correctable"'),
+       'pci/pcie/aer.c: "PCIe Bus Error: severity=%s, type=%s, (%s)\\n" with "Correctable"',
+       examples=(corpus("078-benign-aer-corrected-receiver-error-localized-month.log",
+                        "pcieport 0000:00:1c.5: AER: Corrected error received: id=00e5"),
+                 corpus("008-benign-pcie-aer-correctable-timeout-during-amdgpu-init.log",
+                        "pcieport 0000:00:03.0: PCIe Bus Error: severity=Correctable, type=Data Link"
+                        " Layer, (Transmitter ID)")),
+       counter_examples=("pcieport 0000:00:01.1: AER: aer_layer=Data Link Layer, aer_agent=Receiver ID",
+                         "pcieport 0000:00:03.1:   device [1022:1453] error status/mask=00001000/00006000")),
 )
+
+
+
+def configured(disabled: Iterable[str] = (), severities: Mapping[str, Severity] | None = None) -> tuple[Rule, ...]:
+    """The built-in rules without those `disabled`, with their severity set by name where the config says so
+    (a correlation may still raise it; `[kernel.severity]` by kind still has the last word)."""
+    severities, disabled = severities or {}, set(disabled)
+    return tuple(replace(r, severity=severities[r.name]) if r.name in severities else r
+                 for r in RULES if r.name not in disabled)
+
 
 # APEI/GHES records (drivers/firmware/efi/cper.c: "%sevent severity: %s\n", "%s section_type: %s\n"): the
 # record's `{N}` id ties its severity line to its section line; a PCIe section is a pcie_aer event of that
@@ -360,8 +529,7 @@ GHES_SEVERITY = r"event severity: (?P<severity>corrected|recoverable|fatal|info)
 GHES_PCIE = r"section_type: PCIe error"
 GHES_SEVERITIES = {"corrected": I, "info": I, "recoverable": W, "fatal": C}
 GHES_RULE = Rule("ghes_pcie", GHES_PCIE, "pcie_aer", I, "pcie", "PCIe error reported by firmware (APEI/GHES)", "aer",
-                 ("Hardware Error",), ('firmware/efi/cper.c: "%sevent severity: %s\\n"',
-                                       'firmware/efi/cper.c: "%ssection_type: %s\\n"'))
+                 ('firmware/efi/cper.c: "%sevent severity: %s\\n"', 'firmware/efi/cper.c: "%ssection_type: %s\\n"'))
 
 # Lines that open a kernel oops report, with their severity. Searched at the start of the text or after a
 # `prefix: ` (e.g. "watchdog: BUG: soft lockup"); sources: arch/x86/mm/fault.c, arch/x86/kernel/dumpstack.c,

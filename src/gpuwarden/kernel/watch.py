@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from gpuwarden import families
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
-from gpuwarden.kernel.rules import Rule
+from gpuwarden.kernel.rules import Rule, configured
 from gpuwarden.kernel.sources import (
     KMSG,
     FileSource,
@@ -34,7 +35,8 @@ def classifier_for(config: KernelConfig) -> Classifier:
              r.runbook or r.kind)
         for i, r in enumerate(config.rule)
     )
-    return Classifier(extra_rules=extra, severity_overrides=config.severity_overrides(),
+    return Classifier(configured(config.disable_rules, config.rule_severities()), extra_rules=extra,
+                      severity_overrides=config.severity_overrides(),
                       xid_overrides=config.xid_overrides(), storm_window=config.storm_window)
 
 
@@ -88,8 +90,11 @@ class KernelWatch:
         the daemon runs on, degraded, and keeps its watchdog (this is no wedge a restart could cure)."""
         while True:
             try:
-                return open_source(self.config, self.cursor)
+                source = open_source(self.config, self.cursor)
+                self.sink.metric(families.SOURCE_UP, 1, "kernel")
+                return source
             except (OSError, ValueError, ImportError) as exc:
+                self.sink.metric(families.SOURCE_UP, 0, "kernel")
                 first = self.unavailable is None
                 self.unavailable = f"{self.config.source}: {exc}"
                 if first:
@@ -125,7 +130,7 @@ class KernelWatch:
                 bursts += flushed.new
                 if source.overruns > seen_overruns:
                     lost = source.overruns - seen_overruns
-                    sink.count("gpuwarden_kmsg_overruns_total", by=lost)
+                    sink.count(families.KMSG_OVERRUNS, by=lost)
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
                     burst.event = behind_port(burst.event, self.gpus_behind)
@@ -143,8 +148,8 @@ class KernelWatch:
                 for burst in flushed.grown:
                     if burst.row_id is not None:
                         sink.set_count(burst.row_id, burst.final)
-                sink.count("gpuwarden_kernel_lines_total", source.name, by=source.lines - seen_lines)
-                sink.count("gpuwarden_kernel_lines_malformed_total", source.name,
+                sink.count(families.KERNEL_LINES, source.name, by=source.lines - seen_lines)
+                sink.count(families.KERNEL_LINES_MALFORMED, source.name,
                            by=source.malformed - seen_malformed)
                 seen_lines, seen_malformed, seen_overruns = source.lines, source.malformed, source.overruns
                 sink.polled(f"kernel_{source.name}")

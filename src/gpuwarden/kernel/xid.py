@@ -1,8 +1,11 @@
 """NVIDIA Xid catalog: severity and meaning per Xid (NVIDIA's "XID Errors" table, condensed).
 
 Application-caused Xids (13, 31, 43, ...) are warnings: the process died, the GPU is fine. Xids that
-mean the GPU or its firmware is broken are critical. Config `[kernel] xid = {"13" = "critical"}` overrides.
+mean the GPU or its firmware is broken are critical. Config `[kernel] xid = {"13" = "critical"}` overrides:
+`judge` applies it, for Xids read from the kernel log and from NVML events alike.
 """
+
+from collections.abc import Mapping
 
 from gpuwarden.model import Severity
 
@@ -49,3 +52,15 @@ UNKNOWN = (W, "Xid not in gpuwarden's catalog")
 
 def describe(xid: int) -> tuple[Severity, str]:
     return XIDS.get(xid, UNKNOWN)
+
+
+def judge(xid: int, overrides: Mapping[int, Severity] | None = None, caused_by: int | None = None
+          ) -> tuple[Severity, str]:
+    """An Xid's severity and meaning ("Xid N: ..."): the catalog's, at least as severe as the Xid that caused it
+    when the catalog knows that one (an Xid 45 cleanup after NVLink Xid 149 is a warning, not info), then the
+    configured override, which has the last word."""
+    severity, meaning = describe(xid)
+    if caused_by in XIDS:
+        severity = max(severity, XIDS[caused_by][0])
+        meaning = f"{meaning}, caused by Xid {caused_by}"
+    return (overrides or {}).get(xid, severity), f"Xid {xid}: {meaning}"

@@ -1,0 +1,152 @@
+"""A real Docker engine (Debian's docker.io, tests/peers/docker.py) and a real llama-server in a container
+with its port published on 127.0.0.1: the `docker` kill target and the Docker log source.
+
+The container's processes are the Engine API's answer (`/containers/{id}/top`), each proven by its cgroup;
+a host process with the very same command line (the container's "twin", in a network namespace of its own)
+is never taken. The log is the Engine API's followed stream, its 8-byte frames demultiplexed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+
+import psutil
+import pytest
+from helpers import GPUWARDEN, wait_for
+
+from gpuwarden.engine.discovery import discover, with_source
+from gpuwarden.engine.dockerapi import container_of
+from gpuwarden.engine.dockerlog import DockerLines
+from gpuwarden.engine.processes import TargetSpec, resolve
+from peers.docker import SOCKET, docker
+from peers.freezer import Freezer
+from peers.load import Load
+
+INTERVAL, MIN_STALL, GRACE, CANARY = 2.0, 10.0, 10.0, 5.0
+BUSY = 25.0  # a busy engine is watched this long and must never be called stalled
+BAD = {"engine_stall", "engine_unresponsive", "engine_killed", "kill_refused"}
+
+pytestmark = pytest.mark.root  # dockerd, ptrace, and killing root's container processes
+
+
+def events(d, kinds):
+    return [e for e in d.events() if e["kind"] in kinds]
+
+
+def wait_event(d, kind, timeout):
+    return wait_for(lambda: next(iter(events(d, {kind})), None), timeout, interval=0.25, what=f"a {kind} event")
+
+
+def test_the_docker_target_is_the_containers_processes_proven_by_their_cgroup(containers):
+    box = containers()
+    twin = box.start_twin()
+    pids = box.pids()
+    assert len(pids) == 2  # docker-init and llama-server
+    assert psutil.Process(twin.pid).cmdline() == psutil.Process(box.engine_pid()).cmdline()  # the same command
+    cid = box.inspect()["Id"]
+    assert {container_of(pid) for pid in pids} == {cid} and container_of(twin.pid) is None
+
+    found = resolve(TargetSpec("docker", container=box.name, port=box.port, host="127.0.0.1"))
+    assert sorted(p.pid for p in found.roots) == pids and not found.refused
+    assert found.uid == 0  # the published port is served by root's docker-proxy
+    by_id = resolve(TargetSpec("docker", container=cid[:12], uid=0))
+    assert sorted(p.pid for p in by_id.roots) == pids
+
+    gone = resolve(TargetSpec("docker", container="gwtest-no-such-container", uid=0))
+    assert gone.roots == [] and "No such container" in gone.refused[0]
+
+
+def test_an_engine_in_a_container_is_discovered_with_its_container_and_its_docker_log(containers, daemon_factory):
+    """llama-server with neither /metrics nor /slots, in a container with its own network: found by the port
+    its container publishes, and watched through the container's log."""
+    box = containers(metrics=False, flags=("--no-slots",))
+    found = [f for f in discover() if f.container == box.name]
+    assert [(f.profile, f.port, f.pid) for f in found] == [("llamacpp", box.port, box.engine_pid())]
+    assert with_source(found[0]).source == "log" and with_source(found[0]).log_container == box.name
+    out = subprocess.run([*GPUWARDEN, "probe", "--json", box.metrics_url], capture_output=True, text=True, timeout=30)
+    assert f'log_container = "{box.name}"' in json.loads(out.stdout)["hint"]
+    d = daemon_factory("").start()
+    d.wait_log(f"serving on port {box.port} (pid {box.engine_pid()} in container {box.name}): watching it through "
+               f"the Docker log of container {box.name}", timeout=30)
+
+
+def complete(url: str, tokens: int) -> None:
+    body = json.dumps({"prompt": [1, 2, 3], "n_predict": tokens}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"{url}/completion", body), timeout=30).read()
+
+
+def serves(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def until_a_request_ends(lines: DockerLines) -> list[str]:
+    seen: list[str] = []
+    wait_for(lambda: seen.extend(lines.read()) or any("stop processing" in line for line in seen), 15,
+             what="a request's end in the Docker log")
+    return seen
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["multiplexed", "tty"])
+def test_the_docker_log_from_now_on_followed_across_a_restart_never_twice(containers, tty):
+    box = containers(tty=tty)
+    lines = DockerLines(box.name, SOCKET)
+    try:
+        assert lines.read() == []  # from now on: the start-up lines before are not news
+        complete(box.url, 8)
+        first = until_a_request_ends(lines)
+        assert sum("processing task" in line for line in first) == 1
+        docker("restart", "--time", "1", box.name)
+        wait_for(lambda: box.running() and serves(box.url), 30, what="the restarted container to serve")
+        complete(box.url, 8)
+        seen = until_a_request_ends(lines)
+        assert sum("llama_server: initializing" in line for line in seen) == 1, seen  # the new start-up, once
+        assert sum("processing task" in line for line in seen) == 1  # the first request not read again
+    finally:
+        lines.close()
+
+
+def test_llamacpp_in_a_container_from_its_docker_log_busy_is_never_killed_frozen_is_killed_through_docker(
+        containers, daemon_factory):
+    """llama-server without --metrics in a container: its progress read from the Docker log (Engine API,
+    followed), a frozen inference thread a stall confirmed by the canary, and the kill through kind = "docker":
+    the container's processes, not the host twin with the same command line."""
+    box = containers(metrics=False)
+    twin = box.start_twin()
+    d = daemon_factory(
+        f'[[engine]]\nname = "engine"\nmetrics_url = "{box.metrics_url}"\nsource = "log"\n'
+        f'log_container = "{box.name}"\nprofile = "llamacpp"\nscrape_interval = "{INTERVAL}s"\n'
+        f'min_stall = "{MIN_STALL}s"\nkill_grace = "{GRACE}s"\ncanary_timeout = "{CANARY}s"\n'
+        f'[engine.target]\nkind = "docker"\ncontainer = "{box.name}"\n').start()
+    d.wait_serving()
+    pids = box.pids()
+    with Load(box.url, streams=4, max_tokens=300, deadline=BUSY + 60, timeout=120):
+        running = wait_for(lambda: "gpuwarden_engine_requests_running{" in d.metrics()
+                           and any(line.startswith("gpuwarden_engine_requests_running") and float(line.split()[-1])
+                                   >= 1 for line in d.metrics().splitlines()), 20, interval=0.5,
+                           what="the Docker log to say requests run")
+        assert running
+        time.sleep(BUSY)
+        assert not events(d, BAD), [e["message"] for e in events(d, BAD)]
+        freezer = Freezer(box.engine_pid()).__enter__()
+        stalled_at = time.monotonic()
+        try:
+            stall = wait_event(d, "engine_stall", MIN_STALL + 60)
+            assert f"read from the Docker log of container {box.name}" in stall["message"]
+            assert stall["evidence"]["canary"]["outcome"] == "timeout", stall["evidence"]["canary"]
+            killed = wait_event(d, "engine_killed", 30)
+            wait_for(lambda: box.gone(pids), GRACE + 10, interval=0.1, what="the container's processes to be gone")
+            took = time.monotonic() - stalled_at
+        finally:
+            freezer.thaw()
+    taken = sorted(int(e.split()[0]) for e in killed["evidence"]["terminated"] + killed["evidence"]["killed"])
+    assert taken == pids, (taken, pids, killed["message"])
+    wait_for(lambda: not box.running(), 15, what="the container to stop")
+    assert twin.poll() is None and os.readlink(f"/proc/{twin.pid}/exe").endswith("llama-server")
+    print(f"llama.cpp in a container (Docker log): onset to the container's processes gone {took:.1f} s")
