@@ -27,7 +27,8 @@ from fakesysfs import build  # noqa: E402
 from gpuwarden.config import GpuConfig  # noqa: E402
 from gpuwarden.gpu.discovery import discover  # noqa: E402
 from gpuwarden.gpu.recorder import FlightRecorder  # noqa: E402
-from gpuwarden.gpu.watch import GpuWatch, NullSink  # noqa: E402
+from gpuwarden.gpu.watch import GpuWatch  # noqa: E402
+from gpuwarden.model import NullSink  # noqa: E402
 
 CARDS = ["rdna3", "rdna3", "rdna3", "rdna3", "mi300", "mi300", "rdna4", "rdna4"]
 TICK = os.sysconf("SC_CLK_TCK")

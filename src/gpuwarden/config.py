@@ -26,12 +26,15 @@ from pydantic import (
 )
 
 from gpuwarden.alert.runbooks import RUNBOOKS
-from gpuwarden.engine.dockerapi import CONTAINER_NAME
 from gpuwarden.kernel.rules import RULES
+from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
-from gpuwarden.model import KINDS, Severity, normalize_pci
+from gpuwarden.model import Severity, normalize_pci
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
+# Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
+# API path beyond /containers/{name}.
+CONTAINER_NAME = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]+")
 DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range is full; this is outside it
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
+
+from gpuwarden.families import Family
 
 
 class Severity(enum.IntEnum):
@@ -21,17 +23,8 @@ class Severity(enum.IntEnum):
         return cls[text.upper()]
 
 
-KINDS = frozenset(
-    """sq_intr ring_timeout gpu_reset reset_failed device_lost page_fault ras_error pcie_aer xid gsp_error
-    kernel_oops gpu_unresponsive gpu_missing thermal power fan clock pcie_link config_asymmetry engine_stall
-    engine_unresponsive engine_exited engine_crash_loop engine_killed unbind_attempt device_removed gpu_wedged
-    guard_lost cache_poisoned watchdog_error kmsg_overrun smu_error kill_refused store_unwritable""".split()
-)
-
 HISTORY = "history"  # evidence key of an event that is history, not live
 CONDITION = "condition"  # evidence key of a telemetry condition's own identity (one GPU can have several)
-
-ACTION_KINDS = frozenset({"engine_killed", "cache_poisoned"})  # events that say what gpuwarden itself did
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +109,46 @@ class GpuSample:
     overdrive: dict[str, dict[str, float]] = field(default_factory=dict)  # pp_od_clk_voltage sections
     throttle: tuple[str, ...] = ()
     problems: dict[str, str] = field(default_factory=dict)  # file or call -> "busy", "gone", ...
+
+
+class Sink(Protocol):
+    """The one interface every component reports through; the hub implements it. Components only emit: batches
+    of events (with the cursor of the source that read them), a storm's final count, a condition that ended,
+    counts and gauges. What is stored, alerted and done about them is the hub's and the policy's business."""
+
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
+    def set_count(self, row_id: int, event: Event) -> None: ...
+    def resolve(self, dedupe_key: str, message: str) -> None: ...
+    def count(self, family: Family, *labels: str, by: float = 1) -> None: ...
+    def metric(self, family: Family, value: float, *labels: str) -> None: ...
+    def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None: ...
+    def polled(self, source: str) -> None: ...
+    def kernel_lines(self, now: float, texts: list[str]) -> None: ...
+
+
+class NullSink:
+    """For one-off readings (`gpuwarden status`, benchmarks): events and metrics go nowhere."""
+
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
+        return [0] * len(events)
+
+    def set_count(self, row_id: int, event: Event) -> None:
+        pass
+
+    def resolve(self, dedupe_key: str, message: str) -> None:
+        pass
+
+    def count(self, family: Family, *labels: str, by: float = 1) -> None:
+        pass
+
+    def metric(self, family: Family, value: float, *labels: str) -> None:
+        pass
+
+    def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None:
+        pass
+
+    def polled(self, source: str) -> None:
+        pass
+
+    def kernel_lines(self, now: float, texts: list[str]) -> None:
+        pass

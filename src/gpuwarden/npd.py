@@ -29,15 +29,12 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import families
+from gpuwarden.kinds import ENGINE_KINDS, GPU_LOST_KINDS
 from gpuwarden.model import HISTORY
 
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE = 80  # NPD's default max_output_length, in bytes
 CONDITIONS = ("gpu", "engine", "daemon")
-
-# The faults that lose a GPU until a reboot; config/prometheus/gpuwarden-rules.yml's GpuwardenGpuLost too.
-GPU_LOST_KINDS = frozenset({"device_lost", "reset_failed", "gpu_wedged", "gpu_missing", "gpu_unresponsive", "xid"})
-ENGINE_KINDS = frozenset({"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "engine_killed"})
 
 Verdict = tuple[int, str]
 Row = dict[str, Any]

@@ -9,20 +9,27 @@ actions out.
 - Only live, local evidence acts: an event from a line logged before gpuwarden started (journal look-back,
   catch-up after a restart) is history, and a kernel fault acts only for a GPU this daemon has seen on this
   machine since it started (it may be gone now: a GPU off the bus is exactly the case) or for a line that
-  names none on a box that has GPUs. What the config asks for but the evidence does not allow is a `Hold`.
+  names none on a box that has GPUs. What the config asks for but the evidence does not allow is a `Refuse`.
+- At most `kill_budget` kills per engine per `kill_budget_window`: beyond it a kill is refused and a person must
+  act (a `Refuse` with `by_hand`, alerted as kill_refused). A dry run is never refused for its budget.
+- A kill goes ahead only for a target that resolved to its own processes, and not too many (`target_refusal`,
+  asked by the actuator right before it signals, on a fresh look).
+- An engine whose processes are gone, not by our kill, has exited; enough exits within a window are a crash
+  loop (`exited`).
+
+Times given to the policy (`now`, kills, exits) are monotonic seconds: the policy never reads a clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwarden.kinds import GPU_FAULT_KINDS
 from gpuwarden.model import Event, Severity
 
-# Kernel faults after which an engine on that GPU is killed at once: the GPU is hanging or faulting and a
-# hung engine is how GPUs get lost. Xids count when their catalog severity is critical (79, 119, 95...).
-GPU_FAULT_KINDS = frozenset({"sq_intr", "ring_timeout", "page_fault"})
 # Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
 QUARANTINE_KINDS = frozenset({"engine_crash_loop"})
+OUR_KILL_SLACK = 10.0  # seconds beyond kill_grace in which an engine's processes going is taken for our kill
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,59 +39,125 @@ class EngineView:
     on_stall: str  # kill | alert
     on_gpu_fault: str
     on_unresponsive: str = "kill"
+    dry_run: bool = False
+    kill_budget: int = 3
+    kill_budget_window: float = 3600.0
+    kills: tuple[float, ...] = ()  # monotonic times of its real kills (not dry runs)
+
+
+@dataclass(frozen=True, slots=True)
+class Situation:
+    """What the policy knows besides the event, as plain values."""
+
+    engines: list[EngineView]
+    gpus_seen: frozenset[str]  # every GPU discovered since start
+    now: float  # monotonic
+    cache_dry_run: bool = False  # [cache] dry_run, or on_crash_loop = "alert"
 
 
 @dataclass(frozen=True, slots=True)
 class Kill:
     engine: str
     reason: str
+    dry_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Quarantine:
     reason: str
+    dry_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
-    """An action the config asks for that the evidence does not allow: reported, never done."""
+class Refuse:
+    """An action the config asks for that may not be done: reported, never done. `by_hand`: it is needed and a
+    person must do it (kill_refused, alerted); otherwise the evidence does not allow it (a log line)."""
 
     action: Kill | Quarantine
-    why: str
+    reason: str
+    by_hand: bool = False
 
 
-Action = Kill | Quarantine | Hold
+@dataclass(frozen=True, slots=True)
+class AlertOnly:
+    """An action the config turned into an alert (on_stall = "alert"...): the event's alert is all there is."""
+
+    action: Kill
+    reason: str
+
+
+Action = Kill | Quarantine | Refuse | AlertOnly
 
 
 def is_gpu_fault(event: Event) -> bool:
+    """A kernel fault after which an engine on that GPU is killed at once: the GPU is hanging or faulting and a
+    hung engine is how GPUs get lost. Xids count when their catalog severity is critical (79, 119, 95...)."""
     return event.kind in GPU_FAULT_KINDS or (event.kind == "xid" and event.severity == Severity.CRITICAL)
 
 
-def decide(event: Event, engines: list[EngineView], gpus_seen: frozenset[str]) -> list[Action]:
-    wanted = _wanted(event, engines)
-    why = _not_allowed(event, gpus_seen)
-    return [Hold(action, why) for action in wanted] if why else wanted
+def decide(event: Event, situation: Situation) -> list[Action]:
+    wanted = _wanted(event, situation)
+    if why := _not_allowed(event, situation.gpus_seen):
+        return [Refuse(a, why) if isinstance(a, Kill | Quarantine) else a for a in wanted]
+    return [_within_budget(a, situation) if isinstance(a, Kill) else a for a in wanted]
+
+
+def budget_spent(view: EngineView, now: float) -> bool:
+    return sum(1 for t in view.kills if now - t <= view.kill_budget_window) >= view.kill_budget
+
+
+def _within_budget(kill: Kill, situation: Situation) -> Kill | Refuse:
+    view = next(e for e in situation.engines if e.name == kill.engine)
+    if kill.dry_run or not budget_spent(view, situation.now):
+        return kill
+    return Refuse(kill, f"its kill budget ({view.kill_budget} per {view.kill_budget_window:.0f} s) is spent",
+                  by_hand=True)
+
+
+def target_refusal(processes: int, refused: list[str], max_processes: int) -> str | None:
+    """Why a kill may not go ahead on what the engine's target resolved to now (None: it may)."""
+    if not processes and refused:
+        return f"its target was refused ({'; '.join(refused)})"
+    if processes > max_processes:
+        return f"its target resolves to {processes} processes, more than max_kill_processes ({max_processes})"
+    return None
+
+
+def exited(exits: tuple[float, ...], now: float, last_kill: float | None, grace: float,
+           window: float) -> tuple[float, ...] | None:
+    """An engine's processes are gone at `now`. None: that is our own kill, not news. Else its exits within
+    `window`, this one included (as many as `crash_loop_exits` make a crash loop)."""
+    if last_kill is not None and now - last_kill < grace + OUR_KILL_SLACK:
+        return None
+    return (*(t for t in exits if now - t <= window), now)
 
 
 def _canary_timed_out(event: Event) -> bool:
     return (event.evidence.get("canary") or {}).get("outcome") == "timeout"
 
 
-def _wanted(event: Event, engines: list[EngineView]) -> list[Kill | Quarantine]:
+def _per_engine(engines: list[EngineView], setting: str, reason: str) -> list[Kill | AlertOnly]:
+    """A kill for each of `engines` whose `setting` (on_stall...) says kill; an alert only for the others."""
+    return [Kill(e.name, reason, e.dry_run) if getattr(e, setting) == "kill"
+            else AlertOnly(Kill(e.name, reason, e.dry_run), f'{setting} = "{getattr(e, setting)}"') for e in engines]
+
+
+def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | AlertOnly]:
+    named = [e for e in situation.engines if e.name == event.engine]
     if event.kind == "engine_stall":
-        return [Kill(e.name, "stalled") for e in engines if e.name == event.engine and e.on_stall == "kill"]
+        return _per_engine(named, "on_stall", "stalled")
     if event.kind == "engine_unresponsive":
         if not event.evidence.get("requests_running") and not _canary_timed_out(event):
             return []  # an idle engine whose /metrics hangs: reported, not killed
         reason = "a real completion did not return" if _canary_timed_out(event) else \
             "unresponsive with requests running"
-        return [Kill(e.name, reason) for e in engines if e.name == event.engine and e.on_unresponsive == "kill"]
+        return _per_engine(named, "on_unresponsive", reason)
     if is_gpu_fault(event):
         where = f" on {event.gpu}" if event.gpu else ""
-        return [Kill(e.name, f"kernel reported {event.kind}{where}") for e in engines
-                if e.on_gpu_fault == "kill" and _uses(e, event.gpu)]
+        return _per_engine([e for e in situation.engines if _uses(e, event.gpu)], "on_gpu_fault",
+                           f"kernel reported {event.kind}{where}")
     if event.kind in QUARANTINE_KINDS:
-        return [Quarantine(event.kind.replace("engine_", ""))]
+        return [Quarantine(event.kind.replace("engine_", ""), situation.cache_dry_run)]
     return []
 
 

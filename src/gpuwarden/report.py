@@ -20,11 +20,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.model import ACTION_KINDS, Event, GpuSample, Severity
+from gpuwarden.kinds import OUTCOMES
+from gpuwarden.model import Event, GpuSample, Severity
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ACTION_KINDS | {"kill_refused"}  # what gpuwarden did, and a kill it was not allowed to do
 BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go into the bundle
 SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
 WINDOW = 60.0  # the incident stays open this long: critical events join it, and it is written again at the end

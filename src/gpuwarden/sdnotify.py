@@ -19,10 +19,6 @@ class Notifier:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         self.watchdog_seconds = _watchdog_seconds(env)
 
-    @property
-    def enabled(self) -> bool:
-        return self._sock is not None
-
     def send(self, *lines: str) -> bool:
         """Send `KEY=VALUE` lines as one datagram; False when not under a notify socket or it failed."""
         if not self._sock:

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from helpers import wait_for
 
-from gpuwarden.act.killer import KillBudget, kill
+from gpuwarden.act.killer import kill
 from peers.freezer import Freezer, thread_state
 
 GRACE = 60.0  # far longer than any of these kills may take: returning well before it proves no wait
@@ -99,11 +99,3 @@ def test_a_tree_that_goes_quiet_after_sigterm_is_killed_without_waiting_the_grac
         waiting.kill()
         waiting.wait()
 
-
-def test_kill_budget():
-    budget = KillBudget(limit=2, window=100)
-    for t in (0, 10):
-        assert budget.allow(t)
-        budget.spend(t)
-    assert not budget.allow(50)
-    assert budget.allow(101)  # the first kill left the window

@@ -12,7 +12,7 @@ from gpuwarden.store import Store
 
 def test_the_lag_gauge_grows_during_a_block(tmp_path):
     daemon = Daemon(parse(f'[daemon]\nstate_dir = "{tmp_path}"\n'), None, Notifier({}))
-    daemon.store = Store(tmp_path / "gpuwarden.db")
+    daemon.hub.store = Store(tmp_path / "gpuwarden.db")
     during: list[float] = []
     blocking = threading.Event()
 
@@ -22,7 +22,7 @@ def test_the_lag_gauge_grows_during_a_block(tmp_path):
         during.append(daemon.metrics.snapshot()["gpuwarden_loop_lag_seconds"][()])
 
     async def scenario():
-        watcher = asyncio.create_task(daemon._watch_loop_lag())
+        watcher = asyncio.create_task(daemon.health.watch_loop_lag())
         await asyncio.sleep(1.2)
         reader = threading.Thread(target=sample)
         reader.start()

@@ -1,5 +1,7 @@
 """Config-space and `resource` parsing on byte layouts built from the PCI Express specification, and which GPUs
-sit behind a port."""
+sit behind a port (the GPU inventory, on a sysfs tree built like a real one)."""
+
+import asyncio
 
 from fakesysfs import (
     ATOMIC_COMPLETER,
@@ -12,7 +14,8 @@ from fakesysfs import (
     config_space,
     resource_file,
 )
-from gpuwarden.gpu.pci import PcieCap, bar_sizes, behind, link_speed, pcie_capability
+from gpuwarden.gpu.inventory import GpuInventory
+from gpuwarden.gpu.pci import PcieCap, bar_sizes, link_speed, pcie_capability
 from gpuwarden.kernel.watch import behind_port
 from gpuwarden.model import Event, Severity
 
@@ -58,10 +61,24 @@ def test_gpus_behind_a_port(tmp_path):
     below = add_bridge(tmp_path, below, "0000:02:00.0", 0x1002, 0x1479, DOWNSTREAM)
     add_gpu(tmp_path, "0000:03:00.0", "rdna3", parent=below)
     add_gpu(tmp_path, "0000:83:00.0", "mi300", hwmon_index=5)
-    gpus = ["0000:03:00.0", "0000:83:00.0"]
-    assert behind(tmp_path, "0000:00:01.1", gpus) == ["0000:03:00.0"]
-    assert behind(tmp_path, "0000:83:00.0", gpus) == ["0000:83:00.0"]  # a line from the GPU itself
-    assert behind(tmp_path, "0000:00:1c.4", gpus) == []
+    inventory = GpuInventory(tmp_path)
+    assert inventory.behind("0000:00:01.1") == []  # nothing discovered yet
+    assert [g.pci for g in asyncio.run(inventory.refresh())] == ["0000:03:00.0", "0000:83:00.0"]
+    assert inventory.behind("0000:00:01.1") == ["0000:03:00.0"]
+    assert inventory.behind("0000:83:00.0") == ["0000:83:00.0"]  # a line from the GPU itself
+    assert inventory.behind("0000:00:1c.4") == []
+
+
+def test_a_gpu_that_went_stays_seen_but_is_no_longer_behind_its_port(tmp_path):
+    """The policy lets a fault kill for a GPU seen since start, even one off the bus now."""
+    port = add_bridge(tmp_path, "pci0000:00", "0000:00:01.1", 0x1022, 0x1483, ROOT_PORT)
+    add_gpu(tmp_path, "0000:03:00.0", "rdna3", parent=port)
+    inventory = GpuInventory(tmp_path)
+    asyncio.run(inventory.refresh())
+    assert inventory.behind("0000:00:01.1") == ["0000:03:00.0"]
+    (tmp_path / "bus/pci/devices/0000:03:00.0").unlink()  # off the bus
+    assert asyncio.run(inventory.refresh()) == []
+    assert inventory.behind("0000:00:01.1") == [] and inventory.seen == {"0000:03:00.0"}
 
 
 def test_an_event_at_a_port_names_the_gpu_behind_it():

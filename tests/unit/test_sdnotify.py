@@ -4,9 +4,9 @@ import socket
 from gpuwarden.sdnotify import Notifier
 
 
-def test_no_socket_means_disabled():
+def test_no_socket_means_nothing_is_sent():
     n = Notifier({})
-    assert not n.enabled and not n.ready()
+    assert not n.ready() and not n.status("up") and not n.watchdog()
 
 
 def test_watchdog_only_for_this_pid():

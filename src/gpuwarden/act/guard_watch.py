@@ -7,19 +7,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from gpuwarden import families
 from gpuwarden.act.guard import Guard, GuardError, paths_for, status
 from gpuwarden.config import GuardConfig
-from gpuwarden.model import Event, Severity
+from gpuwarden.model import Event, Severity, Sink
 
 log = logging.getLogger(__name__)
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
 
 
 class GuardWatch:

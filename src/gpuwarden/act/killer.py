@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import psutil
@@ -117,19 +116,3 @@ def _signal(proc: psutil.Process, sig: int) -> None:
     except psutil.NoSuchProcess:
         pass
 
-
-class KillBudget:
-    """At most `limit` kills per `window` seconds for one engine; beyond it gpuwarden alerts instead."""
-
-    def __init__(self, limit: int = 3, window: float = 3600.0) -> None:
-        self.limit, self.window = limit, window
-        self._kills: deque[float] = deque()
-
-    def allow(self, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        while self._kills and now - self._kills[0] > self.window:
-            self._kills.popleft()
-        return len(self._kills) < self.limit
-
-    def spend(self, now: float | None = None) -> None:
-        self._kills.append(time.monotonic() if now is None else now)

@@ -197,5 +197,4 @@ def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool
     said += [f"could not move {f['dir']} ({f['error']})" for f in failures]
     message = f"{files} zero-byte file(s) in compile caches ({reason}): " + ("; ".join(said) or f"{verb} nothing")
     return Event("cache_poisoned", Severity.CRITICAL if failures else Severity.WARNING, message, now,
-                 evidence={"moved": moves, "failed": failures, "reason": reason, "dry_run": dry_run,
-                           "runbook": "cache_poisoned"})
+                 evidence={"moved": moves, "failed": failures, "reason": reason, "dry_run": dry_run})

@@ -7,7 +7,8 @@ from datetime import datetime
 
 from gpuwarden.alert.runbooks import runbook_for
 from gpuwarden.alert.storm import Outgoing
-from gpuwarden.model import ACTION_KINDS, Severity
+from gpuwarden.kinds import ACTION_KINDS
+from gpuwarden.model import Severity
 
 _EVIDENCE_LINES = 12
 

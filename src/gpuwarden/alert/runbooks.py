@@ -1,4 +1,7 @@
-"""What to do next, per runbook key. Kernel rules name their key; other kinds map through KIND_RUNBOOK."""
+"""What to do next, per runbook key. An event names its key in its evidence (kernel rules do), else its kind's
+key in the catalog (kinds.py) applies."""
+
+from gpuwarden.kinds import runbook
 
 RUNBOOKS: dict[str, str] = {
     "device_lost": (
@@ -26,7 +29,6 @@ RUNBOOKS: dict[str, str] = {
         "The engine stopped generating with requests in flight. gpuwarden killed it (or, with on_stall = "
         "\"alert\", left it to you): restart it, and find the request that hung in the engine's log at the time "
         "of this alert. If the GPU faults next, the kill came too late: lower min_stall."),
-    "engine": "The engine stopped answering /metrics while its processes run: check its log; restart it if hung.",
     "crash_loop": (
         "The engine keeps dying. A power cut during its first compile leaves zero-byte files in the torch, "
         "inductor or triton caches: look for them (find ~/.cache -size 0 -type f), move the cache aside (do not "
@@ -51,19 +53,6 @@ RUNBOOKS: dict[str, str] = {
     "kmsg": "Kernel messages were lost before gpuwarden read them: check `dmesg` by hand for GPU faults.",
 }
 
-KIND_RUNBOOK: dict[str, str] = {
-    "watchdog_error": "daemon",
-    "store_unwritable": "store",
-    "kmsg_overrun": "kmsg",
-    "kernel_oops": "oops",
-    "engine_unresponsive": "engine",
-    "engine_crash_loop": "crash_loop",
-    "engine_exited": "crash_loop",
-    "kill_refused": "kill_refused",
-    "device_lost": "device_lost",
-    "reset_failed": "device_lost",
-}
-
 
 def runbook_for(kind: str, key: str | None = None) -> str | None:
-    return RUNBOOKS.get(key or KIND_RUNBOOK.get(kind, ""))
+    return RUNBOOKS.get(key or runbook(kind) or "")

@@ -22,9 +22,6 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-# Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
-# API path beyond /containers/{name}.
-CONTAINER_NAME = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]+")
 TIMEOUT = 1.5  # for the head of an answer, then for its body: a log look (inspect, then logs) has 5 s
 _MAX_HEAD = 64 << 10
 _MAX_JSON = 4 << 20  # /containers/{id}/json of a large container is tens of KB

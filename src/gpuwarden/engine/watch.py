@@ -1,4 +1,5 @@
-"""The engines component: scrape each engine, detect stalls, exits and crash loops, and kill on request."""
+"""The engines component: scrape each engine, detect stalls, exits and crash loops, and report them. It never
+kills: the policy decides and the actuator kills, through `inspect` for a fresh look at the processes."""
 
 from __future__ import annotations
 
@@ -6,15 +7,12 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field, replace
-from typing import Protocol
 from urllib.parse import urlsplit
 
 import psutil
 
 from gpuwarden import families
-from gpuwarden.act.killer import KillBudget, kill
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import discover, with_source
@@ -27,9 +25,9 @@ from gpuwarden.engine.slots import SlotsScraper
 from gpuwarden.engine.stall import StallDetector, Verdict
 from gpuwarden.gpu import nvidia
 from gpuwarden.logsetup import redact
-from gpuwarden.model import Event, Severity
+from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.policy import EngineView
+from gpuwarden.policy import EngineView, exited
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +35,6 @@ SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning proce
 _INSPECT_DEADLINE = 10.0
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def resolve(self, dedupe_key: str, message: str) -> None: ...
-    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
-    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
 
 
 _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
@@ -54,7 +45,6 @@ class EngineState:
     config: EngineConfig
     scraper: Scraper | LogScraper | SlotsScraper
     detector: StallDetector
-    budget: KillBudget
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # candidates the target named but may not be killed
@@ -65,9 +55,9 @@ class EngineState:
     answered: float | None = None  # monotonic time of the last successful scrape
     watched_since: float | None = None  # monotonic time of the first scrape
     unresponsive: bool = False
-    exits: deque[float] = field(default_factory=deque)
-    killing: bool = False
-    last_kill: float = -1e9
+    exits: tuple[float, ...] = ()  # monotonic times of its exits within the crash-loop window
+    kills: list[float] = field(default_factory=list)  # monotonic times of its real kills within the budget window
+    killing: bool = False  # the actuator is killing it now
     sample: EngineSample | None = None
     canary_at: float = -1e9  # monotonic time of the last canary
     canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
@@ -81,9 +71,15 @@ class EngineState:
     def cpu(self) -> float | None:
         return max(self.cpus) if self.cpus else None
 
+    @property
+    def gpu(self) -> str | None:
+        """Its GPU when it uses exactly one."""
+        return next(iter(self.gpus)) if self.gpus and len(self.gpus) == 1 else None
+
     def view(self) -> EngineView:
         cfg = self.config
-        return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive)
+        return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
+                          cfg.kill_budget, cfg.kill_budget_window, tuple(self.kills))
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
@@ -121,7 +117,6 @@ def stall_floor(config: EngineConfig) -> float:
 def new_state(config: EngineConfig) -> EngineState:
     return EngineState(
         config, source_of(config), StallDetector(config.stall_multiple, stall_floor(config), config.max_stall),
-        KillBudget(config.kill_budget, config.kill_budget_window),
         gpus=frozenset(config.gpus) if config.gpus else None)
 
 
@@ -141,7 +136,7 @@ class EngineWatch:
         new = EngineWatch(settings, engines, self.sink, nvml)
         for name, state in new.engines.items():
             if name in self.engines:
-                state.budget, state.tracker = self.engines[name].budget, self.engines[name].tracker
+                state.kills, state.tracker = self.engines[name].kills, self.engines[name].tracker
         return new
 
     def samples(self) -> dict[str, dict]:
@@ -211,7 +206,7 @@ class EngineWatch:
             self.sink.count(families.ENGINE_SCRAPE_FAILURES, name, exc.reason)
             error = str(exc)
         had_procs = bool(state.procs)
-        await self._inspect(state)
+        await self.inspect(state)
         now = time.monotonic()
         if had_procs and not state.procs:
             self._exited(state, now)
@@ -287,7 +282,7 @@ class EngineWatch:
             state.canary_failed = False
             self.sink.resolve(f"engine_unresponsive:{state.name}", f"{state.name} completes a request again")
 
-    async def _inspect(self, state: EngineState) -> None:
+    async def inspect(self, state: EngineState) -> None:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline. A kill that comes
         while the scrape's look-up runs waits for that one (its answer is the one it needs), never for nothing."""
         if state.looking is None or state.looking.done():
@@ -347,7 +342,7 @@ class EngineWatch:
         if source == "log":
             message += f" (read from {state.scraper.where})"
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=_only(state.gpus), evidence={"figures": figures, "spinning": spinning, "runbook": "stall",
+                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning,
                                                       "source": source})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
@@ -356,8 +351,8 @@ class EngineWatch:
         figures = {"canary_seconds": round(result.seconds, 1), "running": sample.running, "cpu_percent": state.cpu,
                    "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=_only(state.gpus), evidence={"canary": asdict(result), "figures": figures,
-                                                      "requests_running": sample.running or 0, "runbook": "stall"})
+                     gpu=state.gpu, evidence={"canary": asdict(result), "figures": figures,
+                                                      "requests_running": sample.running or 0})
 
     def _unresponsive_event(self, state: EngineState, error: str, silent_for: float) -> Event:
         """/metrics hangs or fails while the engine's processes live. Whether requests were running when it last
@@ -372,77 +367,26 @@ class EngineWatch:
         figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,
                    "cpu_percent": state.cpu, "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
-                     engine=state.name, gpu=_only(state.gpus),
-                     evidence={"error": error, "figures": figures, "requests_running": running or 0,
-                               "runbook": "stall"})
+                     engine=state.name, gpu=state.gpu,
+                     evidence={"error": error, "figures": figures, "requests_running": running or 0})
 
     def _exited(self, state: EngineState, now: float) -> None:
-        if now - state.last_kill < state.config.kill_grace + 10:
-            return  # we killed it: not news
         cfg = state.config
-        state.exits.append(now)
-        while state.exits and now - state.exits[0] > cfg.crash_loop_window:
-            state.exits.popleft()
+        exits = exited(state.exits, now, state.kills[-1] if state.kills else None, cfg.kill_grace,
+                       cfg.crash_loop_window)
+        if exits is None:
+            return  # we killed it: not news
+        state.exits = exits
         self._record(Event("engine_exited", Severity.WARNING, f"{state.name}'s processes are gone", time.time(),
-                           engine=state.name, evidence={"exits_in_window": len(state.exits)}))
-        if len(state.exits) >= cfg.crash_loop_exits:
+                           engine=state.name, evidence={"exits_in_window": len(exits)}))
+        if len(exits) >= cfg.crash_loop_exits:
             self._record(Event("engine_crash_loop", Severity.CRITICAL,
-                               f"{state.name} exited {len(state.exits)} times within {cfg.crash_loop_window:.0f} s",
-                               time.time(), engine=state.name, evidence={"exits": len(state.exits)}))
-            state.exits.clear()
+                               f"{state.name} exited {len(exits)} times within {cfg.crash_loop_window:.0f} s",
+                               time.time(), engine=state.name, evidence={"exits": len(exits)}))
+            state.exits = ()
 
     def _record(self, event: Event) -> None:
         self.sink.record([event])
-
-    # --- killing ------------------------------------------------------------------------------------
-
-    async def kill(self, name: str, reason: str) -> None:
-        state = self.engines.get(name)
-        if state is None or state.killing:
-            return
-        cfg = state.config
-        if not cfg.dry_run and not state.budget.allow():
-            self._record(Event("kill_refused", Severity.CRITICAL,
-                               f"{name} should be killed ({reason}) but its kill budget ({cfg.kill_budget} per "
-                               f"{cfg.kill_budget_window:.0f} s) is spent: act by hand", time.time(), engine=name,
-                               evidence={"reason": reason}))
-            return
-        state.killing = True
-        try:
-            await self._inspect(state)
-            if refusal := self._refusal(state):
-                self._record(Event("kill_refused", Severity.CRITICAL, f"{name} should be killed ({reason}) but "
-                                   f"{refusal}: act by hand", time.time(), engine=name,
-                                   evidence={"reason": reason, "refused": state.refused,
-                                             "processes": len(state.procs)}))
-                return
-            if not state.procs:
-                log.warning("%s should be killed (%s) but none of its processes was found", name, reason)
-                return
-            if not cfg.dry_run:
-                state.budget.spend()
-                state.last_kill = time.monotonic()
-            report = await asyncio.to_thread(kill, state.procs, cfg.kill_grace, cfg.dry_run)
-            if not cfg.dry_run:
-                self.sink.count(families.ENGINE_KILLS, name)
-            severity = Severity.CRITICAL if report.survivors else Severity.WARNING
-            self._record(Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
-                               engine=name, gpu=_only(state.gpus),
-                               evidence={"reason": reason, "terminated": report.terminated, "killed": report.killed,
-                                         "survivors": report.survivors, "dry_run": report.dry_run,
-                                         "refused": state.refused}))
-        finally:
-            state.killing = False
-
-    @staticmethod
-    def _refusal(state: EngineState) -> str | None:
-        """Why this kill may not go ahead (None: it may)."""
-        if not state.procs and state.refused:
-            return f"its target was refused ({'; '.join(state.refused)})"
-        if len(state.procs) > state.config.max_kill_processes:
-            return (f"its target resolves to {len(state.procs)} processes, more than max_kill_processes "
-                    f"({state.config.max_kill_processes})")
-        return None
 
 
 def is_spinning(cpus: list[float]) -> bool:
@@ -450,6 +394,3 @@ def is_spinning(cpus: list[float]) -> bool:
     at 200 % and no throughput; a hung GPU's waiter spins). A stopped or frozen engine does not spin."""
     return bool(cpus) and max(cpus) >= SPINNING_PERCENT
 
-
-def _only(gpus: frozenset[str] | None) -> str | None:
-    return next(iter(gpus)) if gpus and len(gpus) == 1 else None

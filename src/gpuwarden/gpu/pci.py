@@ -121,11 +121,6 @@ def numa_node(sysfs_root: Path, bdf: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def behind(sysfs_root: Path, port: str, devices: list[str]) -> list[str]:
-    """Those of `devices` that are `port` or hang below it."""
-    return [d for d in devices if port in device_dir(sysfs_root, d).parts]
-
-
 def root_complex(sysfs_root: Path, bdf: str) -> str:
     """`pci0000:00`: the host bridge the device hangs under."""
     return next((p.name for p in device_dir(sysfs_root, bdf).parents if p.name.startswith("pci")), "?")

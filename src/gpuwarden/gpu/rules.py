@@ -113,12 +113,12 @@ class TelemetryRules:
                 yield f"config_asymmetry:{a.gpu}:{b.gpu}", Event(
                     "config_asymmetry", W, f"{a.model} GPUs {a.gpu} and {b.gpu} differ: {'; '.join(differences)} "
                     "(a setting written to both may have reached only one)", now,
-                    evidence={"gpus": [a.gpu, b.gpu], "differences": differences, "runbook": "asymmetry"})
+                    evidence={"gpus": [a.gpu, b.gpu], "differences": differences})
 
     @staticmethod
     def _event(kind: str, severity: Severity, s: GpuSample, now: float, what: str, figures: dict) -> Event:
         return Event(kind, severity, f"{what} on {s.gpu}", now, gpu=s.gpu,
-                     evidence={"figures": figures, "runbook": kind})
+                     evidence={"figures": figures})
 
     def _diff(self, found: dict[str, Event]) -> list[Change]:
         changes = []

@@ -10,11 +10,10 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from gpuwarden import families
 from gpuwarden.gpu.discovery import is_gpu_class
-from gpuwarden.model import Event, Severity, normalize_pci
+from gpuwarden.model import Event, Severity, Sink, normalize_pci
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +22,6 @@ REOPEN = 60.0  # seconds between tries to open the uevent socket when it cannot 
 _PCI_IN_PATH = re.compile(r"/([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)")
 REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel panic: reboot and wait 10 minutes "
                   "instead")
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
-    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
 
 
 def is_gpu(props: Mapping[str, str], known: set[str]) -> bool:
@@ -51,16 +44,16 @@ def classify(props: Mapping[str, str], now: float, known: set[str] = frozenset()
         gpu = _address(props)
         if action == "remove":
             return Event("device_removed", Severity.CRITICAL, f"GPU {gpu} was removed from the PCI bus; "
-                         f"{REBOOT_INSTEAD}", now, gpu=gpu, evidence={**evidence, "runbook": "device_lost"})
+                         f"{REBOOT_INSTEAD}", now, gpu=gpu, evidence=evidence)
         what = "unbound from its driver" if action == "unbind" else "bound to a driver again"
         return Event("unbind_attempt", Severity.CRITICAL, f"GPU {gpu} was {what}; {REBOOT_INSTEAD}", now, gpu=gpu,
-                     evidence={**evidence, "runbook": "device_lost"})
+                     evidence=evidence)
     if subsystem == "drm" and action == "change" and "WEDGED" in props:
         gpu = _address(props)
         method = props["WEDGED"]
         severity = Severity.WARNING if method == "none" else Severity.CRITICAL
         return Event("gpu_wedged", severity, f"GPU {gpu or '?'} reported itself wedged (recovery: {method})", now,
-                     gpu=gpu, evidence={**evidence, "runbook": "reset" if method == "none" else "device_lost"})
+                     gpu=gpu, evidence={**evidence, "runbook": "reset"} if method == "none" else evidence)
     return None
 
 

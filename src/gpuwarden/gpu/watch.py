@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Protocol
 
 from gpuwarden import families
 from gpuwarden.config import GpuConfig
@@ -24,32 +23,9 @@ from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.kernel import xid as xid_catalog
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
 
 log = logging.getLogger(__name__)
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def resolve(self, dedupe_key: str, message: str) -> None: ...
-    def replace_series(self, family: families.Family, series: dict[tuple[str, ...], float]) -> None: ...
-    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
-
-
-class NullSink:
-    """For one-off readings (`gpuwarden status`, benchmarks): events and metrics go nowhere."""
-
-    def record(self, events, cursor=None):
-        return []
-
-    def resolve(self, *args):
-        pass
-
-    def replace_series(self, *args):
-        pass
-
-    def count(self, *args, **kwargs):
-        pass
 
 
 class Worker:
@@ -187,7 +163,7 @@ class GpuWatch:
         self.sink.record([Event("gpu_unresponsive", Severity.CRITICAL,
                                 f"reading GPU {pci} has not returned for {took:.1f} s: the driver or the GPU "
                                 "hangs (the read is abandoned)", now, gpu=pci,
-                                evidence={"read_seconds": round(took, 2), "runbook": "device_lost"})])
+                                evidence={"read_seconds": round(took, 2)})])
         self.sink.count(families.GPU_READ_ERRORS, pci, "timeout")
 
     def _reader(self, gpu: Gpu) -> Callable[[float], GpuSample] | None:
@@ -225,7 +201,7 @@ class GpuWatch:
             self.recorder.forget(pci)
             self._readers.pop(pci, None)
             self.sink.record([Event("gpu_missing", Severity.CRITICAL, f"GPU {pci} ({self._seen[pci].vendor}) "
-                                    "disappeared from the PCI bus", now, gpu=pci, evidence={"runbook": "device_lost"})])
+                                    "disappeared from the PCI bus", now, gpu=pci)])
 
     def _export(self, samples: dict[str, GpuSample], gpus: dict[str, Gpu]) -> None:
         latest = {pci: s for pci, s in self.recorder.latest().items() if pci in gpus}
@@ -247,7 +223,7 @@ class GpuWatch:
             for pci, xid in events:
                 severity, meaning = xid_catalog.judge(xid, self.xid_overrides)
                 self.sink.record([Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
-                                        gpu=pci, evidence={"xid": xid, "source": "nvml", "runbook": "xid"})])
+                                        gpu=pci, evidence={"xid": xid, "source": "nvml"})])
 
 
 SERIES = {  # family -> (extra label, sample fields that fill it)

@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
 
 from gpuwarden import families
 from gpuwarden.config import KernelConfig
@@ -22,22 +21,12 @@ from gpuwarden.kernel.sources import (
     Source,
     this_boot,
 )
-from gpuwarden.model import Event, Severity
+from gpuwarden.model import Event, Severity, Sink
 
 log = logging.getLogger(__name__)
 
 REOPEN = 60.0  # seconds between tries to open a kernel source that cannot be read
 CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one SQLite write a second is enough
-
-
-class Sink(Protocol):
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def set_count(self, row_id: int, event: Event) -> None: ...
-    def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
-    def polled(self, source: str) -> None: ...
-    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
-    def kernel_lines(self, now: float, texts: list[str]) -> None: ...
-    def gpus_behind(self, port: str) -> list[str]: ...
 
 
 def classifier_for(config: KernelConfig) -> Classifier:
@@ -78,10 +67,12 @@ def open_source(config: KernelConfig, cursor: str | None) -> Source:
 class KernelWatch:
     name = "kernel"
 
-    def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None, live_since: float | None = None) -> None:
+    def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None, live_since: float | None = None,
+                 gpus_behind: Callable[[str], list[str]] = lambda port: []) -> None:
         """`live_since`: the daemon's start on the monotonic clock (the kernel's printk clock); a line logged
-        before it is history. None: every line is live."""
-        self.sink, self.config, self.cursor = sink, config, cursor
+        before it is history. None: every line is live. `gpus_behind`: the GPUs below a PCIe port (a look-up in
+        what the GPU inventory found, never sysfs on the loop)."""
+        self.sink, self.config, self.cursor, self.gpus_behind = sink, config, cursor, gpus_behind
         self.classifier = classifier_for(config)
         self.source: Source | None = None
         self.unavailable: str | None = None  # why no kernel source can be read now
@@ -142,7 +133,7 @@ class KernelWatch:
                     sink.count(families.KMSG_OVERRUNS, by=lost)
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
-                    burst.event = behind_port(burst.event, sink.gpus_behind)
+                    burst.event = behind_port(burst.event, self.gpus_behind)
                     if self._is_history(burst):
                         burst.event = burst.event.as_history()
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)

@@ -1,0 +1,129 @@
+"""gpuwarden's own health: the event loop's lag, systemd's STATUS line and WATCHDOG pings, components that
+fail, and a store that cannot be written. Its loops are supervised components like the others; what goes wrong
+is reported through the sink as events (watchdog_error, store_unwritable)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+from gpuwarden import families
+from gpuwarden.config import DaemonConfig
+from gpuwarden.exporter import SelfMetrics
+from gpuwarden.model import Event, Severity, Sink
+from gpuwarden.sdnotify import Notifier
+from gpuwarden.store import QueuedStore, Store
+from gpuwarden.supervise import Supervisor
+
+log = logging.getLogger("gpuwarden")
+
+LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
+
+
+class Loop:
+    """A supervised component made of one coroutine function."""
+
+    def __init__(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        self.name, self._body = name, body
+
+    async def run(self) -> None:
+        await self._body()
+
+
+class Health:
+    def __init__(self, config: DaemonConfig, sink: Sink, metrics: SelfMetrics, notifier: Notifier,
+                 summary: Callable[[], str]) -> None:
+        """`summary`: the daemon's one-line state, for STATUS. `config` is replaced on a reload."""
+        self.config, self.sink, self.metrics, self.notifier, self.summary = config, sink, metrics, notifier, summary
+        self.supervisor: Supervisor | None = None  # set by the daemon: the watchdog pings only while it is healthy
+        self.store: Store | QueuedStore | None = None
+        self.store_error: str | None = None  # why the store cannot be written now; None while it can
+        self.lag = 0.0
+
+    def loops(self) -> list[Loop]:
+        loops = [Loop("loop_lag", self.watch_loop_lag), Loop("status", self.report_status)]
+        if self.notifier.watchdog_seconds:
+            loops.append(Loop("watchdog", self.ping_watchdog))
+        return loops
+
+    # --- reported to -------------------------------------------------------------------------------
+
+    def crashed(self, name: str, exc: BaseException) -> None:
+        """The supervisor's report of a component that failed."""
+        try:
+            self.sink.record([Event("watchdog_error", Severity.WARNING, f"component {name} failed: {exc}",
+                                    time.time(), evidence={"component": name, "error": repr(exc)})])
+        except Exception:
+            log.exception("could not record the failure of %s", name)
+
+    def component_state(self, name: str, up: bool, restarts: int) -> None:
+        self.metrics.set(families.COMPONENT_UP, 1 if up else 0, name)
+        self.metrics.set(families.COMPONENT_RESTARTS, restarts, name)
+
+    def store_health(self, error: str | None) -> None:
+        """Writing to the store started failing (`error`) or works again (None): one alert, one STATUS line."""
+        was, self.store_error = self.store_error, error
+        if error and not was:
+            self.sink.record([Event("store_unwritable", Severity.WARNING,
+                                    f"events cannot be stored: {error}. They are logged, alerted and acted on, kept "
+                                    "in memory and written when the store works again", time.time(),
+                                    evidence={"error": error, "store": str(self.store.path)})])
+        elif was and not error:
+            log.info("the store is written again")
+            self.sink.resolve(Event("store_unwritable", Severity.WARNING, "", 0).dedupe_key,
+                              f"the store is written again ({self.config.state_dir})")
+        self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
+        self.notifier.status(self.summary())
+
+    # --- the loops ---------------------------------------------------------------------------------
+
+    async def watch_loop_lag(self) -> None:
+        loop = asyncio.get_running_loop()
+        beat = [time.monotonic()]  # when the loop last woke the probe, for the thread that exports the lag
+        stop = threading.Event()
+        threading.Thread(target=self._export_loop_lag, args=(beat, stop), name="loop-lag", daemon=True).start()
+        try:
+            while True:
+                start = loop.time()
+                await asyncio.sleep(LAG_PROBE)
+                beat[0] = time.monotonic()
+                self.lag = max(0.0, loop.time() - start - LAG_PROBE)
+                self._lag_measured()
+        finally:
+            stop.set()
+
+    def _export_loop_lag(self, beat: list[float], stop: threading.Event) -> None:
+        """From a thread: a loop that is blocked right now cannot say so itself. The gauge is the larger of the
+        lateness so far of the probe that is due (a block in progress) and the last one measured."""
+        while not stop.wait(LAG_PROBE / 2):
+            late = max(0.0, time.monotonic() - beat[0] - LAG_PROBE)
+            self.metrics.set(families.LOOP_LAG, max(late, self.lag))
+
+    def _lag_measured(self) -> None:
+        self.metrics.set(families.LOOP_LAG, self.lag)
+        if self.lag > self.config.loop_lag_warn:
+            self.metrics.inc(families.LOOP_BLOCKED)
+            self.sink.record([Event("watchdog_error", Severity.WARNING,
+                                    f"the event loop was blocked for {self.lag:.2f} s", time.time(),
+                                    evidence={"loop_lag_seconds": round(self.lag, 3)})])
+
+    async def report_status(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.status_interval)
+            self.notifier.status(self.summary())
+            if isinstance(self.store, QueuedStore):
+                self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
+                self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)
+
+    async def ping_watchdog(self) -> None:
+        """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""
+        period = self.notifier.watchdog_seconds / 2
+        while True:
+            if self.supervisor.healthy() and self.lag < period:
+                self.notifier.watchdog()
+            else:
+                log.error("not pinging the watchdog: %s, loop lag %.2f s", self.supervisor.summary(), self.lag)
+            await asyncio.sleep(period)

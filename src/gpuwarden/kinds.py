@@ -1,0 +1,74 @@
+"""The one catalog of event kinds: for each, the runbook its alert points to, and whether it is a GPU fault, an
+action gpuwarden took, or an outcome (what a report lists under "actions"). An event may name a runbook of its
+own in its evidence (a kernel rule does; a wedged GPU that recovers by itself points to "reset"): that wins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    runbook: str | None  # a key of alert.runbooks.RUNBOOKS; None: no runbook
+    gpu_fault: bool = False  # an engine on that GPU is killed at once (an Xid counts when critical: policy)
+    action: bool = False  # says what gpuwarden itself did
+    outcome: bool = False  # what gpuwarden did, or a kill it was not allowed to do
+    condition: str | None = None  # the node condition it bears on (npd-check): "gpu", a critical one loses the
+    # GPU until a reboot (config/prometheus/gpuwarden-rules.yml's GpuwardenGpuLost too); "engine", an engine's
+    # trouble or its fix
+
+
+CATALOG: dict[str, Kind] = {
+    # the kernel log (a kernel rule names its own runbook; these are the defaults)
+    "sq_intr": Kind("gpu_fault", gpu_fault=True),
+    "ring_timeout": Kind("gpu_fault", gpu_fault=True),
+    "page_fault": Kind("gpu_fault", gpu_fault=True),
+    "gpu_reset": Kind("reset"),
+    "reset_failed": Kind("device_lost", condition="gpu"),
+    "device_lost": Kind("device_lost", condition="gpu"),
+    "smu_error": Kind("gpu_fault"),
+    "ras_error": Kind("ras"),
+    "pcie_aer": Kind("aer"),
+    "xid": Kind("xid", condition="gpu"),
+    "gsp_error": Kind("gsp"),
+    "kernel_oops": Kind("oops"),
+    "kmsg_overrun": Kind("kmsg"),
+    # GPU telemetry, the PCI bus and uevents
+    "gpu_unresponsive": Kind("device_lost", condition="gpu"),
+    "gpu_missing": Kind("device_lost", condition="gpu"),
+    "thermal": Kind("thermal"),
+    "power": Kind("power"),
+    "fan": Kind("fan"),
+    "clock": Kind("clock"),
+    "pcie_link": Kind("pcie_link"),
+    "config_asymmetry": Kind("asymmetry"),
+    "unbind_attempt": Kind("device_lost"),
+    "device_removed": Kind("device_lost"),
+    "gpu_wedged": Kind("device_lost", condition="gpu"),
+    # engines
+    "engine_stall": Kind("stall", condition="engine"),
+    "engine_unresponsive": Kind("stall", condition="engine"),
+    "engine_exited": Kind("crash_loop"),
+    "engine_crash_loop": Kind("crash_loop", condition="engine"),
+    # what gpuwarden did, or was not allowed to do
+    "engine_killed": Kind(None, action=True, outcome=True, condition="engine"),
+    "cache_poisoned": Kind("cache_poisoned", action=True, outcome=True),
+    "kill_refused": Kind("kill_refused", outcome=True, condition="engine"),
+    # gpuwarden itself
+    "guard_lost": Kind(None),
+    "watchdog_error": Kind("daemon"),
+    "store_unwritable": Kind("store"),
+}
+
+KINDS = frozenset(CATALOG)
+GPU_FAULT_KINDS = frozenset(k for k, v in CATALOG.items() if v.gpu_fault)
+ACTION_KINDS = frozenset(k for k, v in CATALOG.items() if v.action)
+OUTCOMES = frozenset(k for k, v in CATALOG.items() if v.outcome)
+GPU_LOST_KINDS = frozenset(k for k, v in CATALOG.items() if v.condition == "gpu")
+ENGINE_KINDS = frozenset(k for k, v in CATALOG.items() if v.condition == "engine")
+
+
+def runbook(kind: str) -> str | None:
+    """The kind's runbook key (an unknown kind, a user rule's own, has none)."""
+    entry = CATALOG.get(kind)
+    return entry.runbook if entry else None

@@ -1,0 +1,76 @@
+"""The hub and the actuator in this process, with a real store and a running loop: an event is stored before
+the policy sees it, and what the actuator does (or may not do) comes back as an event of its own."""
+
+import asyncio
+
+from gpuwarden import policy
+from gpuwarden.act.actuator import Actuator
+from gpuwarden.config import CacheConfig
+from gpuwarden.exporter import SelfMetrics
+from gpuwarden.gpu.recorder import FlightRecorder
+from gpuwarden.hub import Hub
+from gpuwarden.model import Event, Severity
+from gpuwarden.store import Store
+
+GPU = "ffff:fe:1f.7"
+
+
+def hub_for(tmp_path, engines: list[policy.EngineView]) -> Hub:
+    hub = Hub(SelfMetrics(), FlightRecorder(), lambda: policy.Situation(engines, frozenset({GPU}), 1000.0),
+              lambda action, event: actuator.execute(action, event), tmp_path / "incidents", "test")
+    actuator = Actuator(hub, None, CacheConfig(dirs=[tmp_path / "cache"]))
+    hub.store = Store(tmp_path / "gpuwarden.db")
+    return hub
+
+
+def stall(engine: str) -> Event:
+    return Event("engine_stall", Severity.WARNING, f"{engine} stalled", 1.0, engine=engine)
+
+
+def test_a_kill_past_the_budget_is_stored_then_refused_for_a_person(tmp_path):
+    hub = hub_for(tmp_path, [policy.EngineView("e", None, "kill", "kill", kill_budget=2, kills=(990.0, 995.0))])
+
+    async def scenario():
+        [event_id] = hub.record([stall("e")])
+        assert [e["id"] for e in hub.store.events()] == [event_id]  # stored before anything is done
+        await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
+    first, refused = hub.store.events()
+    assert first["kind"] == "engine_stall" and refused["kind"] == "kill_refused"
+    assert refused["message"] == "e should be killed (stalled) but its kill budget (2 per 3600 s) is spent: act by hand"
+    assert refused["severity"] == "critical" and refused["evidence"] == {"reason": "stalled"}
+    assert hub.metrics.snapshot()["gpuwarden_events_total"] == {("engine_stall", "warning"): 1,
+                                                                ("kill_refused", "critical"): 1}
+
+
+def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path):
+    hub = hub_for(tmp_path, [policy.EngineView("e", None, "kill", "kill", kill_budget=0),
+                             policy.EngineView("quiet", None, "alert", "alert")])
+
+    async def scenario():
+        hub.record([stall("e").as_history(), stall("quiet")])
+        await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
+    assert [e["kind"] for e in hub.store.events()] == ["engine_stall", "engine_stall"]
+
+
+def test_a_crash_loop_moves_the_poisoned_cache_aside_and_says_so(tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache/kernel.bin").write_bytes(b"")  # a write cut by a power loss
+    hub = hub_for(tmp_path, [])
+
+    async def scenario():
+        hub.record([Event("engine_crash_loop", Severity.WARNING, "e exited 3 times", 1.0, engine="e")])
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if len(hub.store.events()) > 1:
+                break
+
+    asyncio.run(scenario())
+    loop, poisoned = hub.store.events()
+    assert (loop["kind"], poisoned["kind"]) == ("engine_crash_loop", "cache_poisoned")
+    assert poisoned["evidence"]["reason"] == "crash_loop" and not poisoned["evidence"]["dry_run"]
+    [moved] = tmp_path.glob("cache.BROKEN-*-crash_loop")
+    assert (moved / "kernel.bin").stat().st_size == 0 and not (tmp_path / "cache").exists()

@@ -1,0 +1,111 @@
+"""The import rule, checked on every module's imports (parsed, not run): between packages, imports go one way,
+down these layers, and never in a cycle. A package may import others of its own layer, without a cycle.
+
+    entry points    cli, __main__, doctor, npd
+    wiring          daemon
+    the event path  hub (stores, alerts, asks the policy), health
+    effects         act (the actuator, killer, guard, quarantine), alert
+    components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
+    decisions       policy: pure, events and plain views in, typed actions out
+    foundation      model, kinds, config, store, report, exporter, and small helpers
+
+A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden". A
+package's pure data modules (the kernel rule catalog, the runbooks) count as their own node in the foundation, so
+that config can check rule and runbook names against them: they may import only the foundation, which the layer
+check holds.
+"""
+
+import ast
+from pathlib import Path
+
+import gpuwarden
+
+SRC = Path(gpuwarden.__file__).parent
+# a package's modules that are pure data, each a node of its own
+DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
+LAYERS = [
+    {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
+     "sdnotify", "supervise", "reloads", *DATA},
+    {"policy"},
+    {"kernel", "gpu", "engine"},
+    {"act", "alert"},
+    {"hub", "health"},
+    {"daemon"},
+    {"cli", "__main__", "doctor", "npd"},
+]
+LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def package_of(module: str) -> str:
+    """gpuwarden.engine.watch -> engine; gpuwarden.policy -> policy; gpuwarden -> gpuwarden;
+    gpuwarden.kernel.rules -> kernel.rules (data)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "gpuwarden"
+    if ".".join(parts[1:3]) in DATA:
+        return ".".join(parts[1:3])
+    name = parts[1]
+    return name if (SRC / name).is_dir() or (SRC / f"{name}.py").exists() else "gpuwarden"
+
+
+def graph() -> dict[str, dict[str, str]]:
+    """package -> {imported package: the first file:line that imports it}."""
+    edges: dict[str, dict[str, str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        me = package_of("gpuwarden." + ".".join(rel.with_suffix("").parts).removesuffix(".__init__"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                base = node.module
+                modules = [f"{base}.{a.name}" for a in node.names] if base == "gpuwarden" else [base]
+            else:
+                assert not isinstance(node, ast.ImportFrom) or node.level == 0, f"{rel}: relative import"
+                continue
+            for module in modules:
+                if module == "gpuwarden" or module.startswith("gpuwarden."):
+                    target = package_of(module)
+                    if target != me:
+                        edges.setdefault(me, {}).setdefault(target, f"{rel}:{node.lineno}")
+    return edges
+
+
+def cycles(edges: dict[str, dict[str, str]]) -> list[list[str]]:
+    """Every cycle found by a depth-first walk (each as the path that closes it)."""
+    found, done = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        if node in path:
+            found.append([*path[path.index(node):], node])
+            return
+        if node in done:
+            return
+        for target in edges.get(node, {}):
+            walk(target, [*path, node])
+        done.add(node)
+
+    for start in edges:
+        walk(start, [])
+    return found
+
+
+def test_the_scan_sees_the_known_edges():
+    edges = graph()
+    assert {"policy", "engine", "model"} <= set(edges["act"])  # the actuator kills through the engine watch
+    assert "act" not in edges["engine"]  # the cycle engine <-> act is broken: engines never kill
+
+
+def test_no_cycle_between_packages():
+    edges = graph()
+    assert cycles(edges) == []
+    assert cycles({"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}}) == [["a", "b", "c", "a"]]  # the check sees one
+
+
+def test_every_package_has_a_layer_and_imports_only_its_own_or_lower_layers():
+    edges = graph()
+    packages = set(edges) | {t for targets in edges.values() for t in targets}
+    assert packages - set(LAYER) == set(), "a new package: give it its layer in LAYERS (and docs/architecture.md)"
+    upward = {f"{source} -> {target} ({where})" for source, targets in edges.items()
+              for target, where in targets.items() if LAYER[target] > LAYER[source]}
+    assert upward == set()
