@@ -231,12 +231,21 @@ class Daemon:
             _exit_now("a second stop signal while stopping")
         self._stopping.set()
 
-    def _start_exporter(self) -> None:
+    def _start_exporter(self, retry: bool = False) -> None:
+        """The port is unprivileged: anyone may hold it (a boot, a restart). The daemon runs on without its
+        metrics, which matter less than its watch and its killer, and takes the port when it is free."""
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        self.exporter = Exporter(self.metrics, cfg.listen, cfg.port)
-        self.exporter.start()
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port)
+        try:
+            exporter.start()
+        except OSError as exc:
+            if not retry:
+                log.error("cannot serve metrics on %s:%d: %s; trying again every %.0f s", cfg.listen, cfg.port,
+                          exc.strerror or exc, self.config.daemon.status_interval)
+            return
+        self.exporter = exporter
         log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
 
     def _start_components(self) -> None:
@@ -318,10 +327,7 @@ class Daemon:
                 if self.exporter:
                     self.exporter.stop()
                     self.exporter = None
-                try:
-                    self._start_exporter()
-                except OSError as exc:  # the components must come back all the same
-                    log.error("the exporter cannot serve on the new address: %s", exc)
+                self._start_exporter()
             logsetup.setup(new.daemon.log_level)
             self._start_components()
             await asyncio.sleep(0)
@@ -364,6 +370,10 @@ class Daemon:
     async def _report_status(self) -> None:
         while True:
             await asyncio.sleep(self.config.daemon.status_interval)
+            if self.exporter is None and self.config.exporter.enabled:
+                async with self._reload_lock:  # a reload starts its own
+                    if self.exporter is None:
+                        await asyncio.to_thread(self._start_exporter, True)  # `listen` may need a name look-up
             self.notifier.status(self.summary())
             if isinstance(self.store, QueuedStore):
                 self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)

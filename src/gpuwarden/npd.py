@@ -16,15 +16,18 @@ be read in time, or at all, is unknown rather than a hang or a guess.
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
+import socket
 import sqlite3
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -139,9 +142,49 @@ def metrics_url(listen: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
-def fetch(url: str, timeout: float, limit: int = 4 << 20) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read(limit).decode(errors="replace")
+def fetch(url: str, timeout: float, limit: int = 4 << 20) -> tuple[str, int | None]:
+    """The body of GET `url`, and the uid of the socket that answered (None: not found in /proc/net)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.connect()
+        uid = peer_uid(conn.sock)
+        conn.request("GET", parts.path)
+        response = conn.getresponse()
+        if response.status != 200:
+            raise OSError(f"HTTP {response.status}")
+        return response.read(limit).decode(errors="replace"), uid
+    finally:
+        conn.close()
+
+
+def peer_uid(sock: socket.socket, proc_net: Path = Path("/proc/net")) -> int | None:
+    """Who owns the other end of a loopback TCP connection: the row whose local end is our peer and whose
+    remote end is us (an accepted socket has its listener's owner)."""
+    ours, peer = _endpoint(*sock.getsockname()[:2]), _endpoint(*sock.getpeername()[:2])
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc_net / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if _endpoint_hex(cols[1]) == peer and _endpoint_hex(cols[2]) == ours:
+                return int(cols[7])
+    return None
+
+
+def _endpoint(host: str, port: int) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    address = ipaddress.ip_address(host)
+    return getattr(address, "ipv4_mapped", None) or address, port
+
+
+def _endpoint_hex(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """/proc/net/tcp's ADDR:PORT: the address in 32-bit words of host (little-endian) order, the port in hex."""
+    addr, port = text.split(":")
+    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
+    address = ipaddress.ip_address(raw)
+    return getattr(address, "ipv4_mapped", None) or address, int(port, 16)
 
 
 # --- the command ---------------------------------------------------------------------------------------
@@ -160,10 +203,16 @@ def check(condition: str, config, window: float, timeout: float, now: float | No
         return UNKNOWN, "unknown: [exporter] is disabled, so the daemon cannot be asked"
     url = metrics_url(config.exporter.listen, config.exporter.port)
     try:
-        text = fetch(url, wait)
-    except OSError as exc:
-        why = getattr(exc, "reason", exc)  # urllib wraps the socket's error
-        return PROBLEM, f"gpuwarden is not running: no answer at {url[7:-8]} ({getattr(why, 'strerror', None) or why})"
+        text, uid = fetch(url, wait)
+    except (OSError, http.client.HTTPException) as exc:
+        return PROBLEM, f"gpuwarden is not running: no answer at {url[7:-8]} ({getattr(exc, 'strerror', None) or exc})"
+    # Its port is unprivileged: anyone can serve a healthy-looking gpuwarden there while it is down. The daemon is
+    # the owner of its state dir (root, as a service).
+    state = config.daemon.state_dir
+    owner = state.stat().st_uid if state.exists() else 0
+    if uid != owner:
+        who = "an unknown socket" if uid is None else f"uid {uid}"
+        return PROBLEM, f"gpuwarden is not what answers at {url[7:-8]}: {who} does, not uid {owner}"
     return judge_daemon(text)
 
 
