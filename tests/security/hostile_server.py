@@ -4,6 +4,7 @@
 - exporter: /metrics says it is a healthy gpuwarden (its build info, every component up, the store writable)
 - drip: every answer comes one byte every half second, forever (each read is quick, the whole never ends)
 - engine: /metrics is FILE (an engine's dump, unchanging); every other path answers a 200 of 400 MB at once
+- list: /metrics is FILE; every other path answers the JSON `[]` (valid, of no shape an API has)
 """
 
 import http.server
@@ -32,18 +33,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
         super().handle_one_request()
 
     def do_GET(self):
-        if MODE == "exporter" or (MODE == "engine" and self.path == "/metrics"):
-            body = GPUWARDEN if MODE == "exporter" else Path(FILE).read_bytes()
+        if MODE == "exporter":
+            self.answer(GPUWARDEN)
+        elif self.path == "/metrics":
+            self.answer(Path(FILE).read_bytes())
+        elif MODE == "list":
+            self.answer(b"[]")
+        else:
             self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(HUGE))
             self.end_headers()
-            self.wfile.write(body)
-            return
+            for _ in range(HUGE // len(CHUNK)):
+                self.wfile.write(CHUNK)
+
+    def answer(self, body: bytes):
         self.send_response(200)
-        self.send_header("Content-Length", str(HUGE))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        for _ in range(HUGE // len(CHUNK)):
-            self.wfile.write(CHUNK)
+        self.wfile.write(body)
 
     do_POST = do_GET
 

@@ -96,3 +96,21 @@ def test_a_dripping_server_holds_up_neither_discovery_nor_probe(attacker, daemon
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("api", ["ollama", "openai"])
+def test_a_canary_answer_of_the_wrong_shape_is_an_error_not_a_crash(attacker, daemon_factory, corpus, api):
+    """Valid JSON of no shape the API has (`[]` where an object is due) is the canary's error; it used to escape
+    as an AttributeError and take down the watch of every engine."""
+    port = free_port()
+    serve(attacker, port, "list", dump=corpus / "metrics" / "vllm-01.prom")
+    d = daemon_factory(f'[[engine]]\nname = "odd"\nurl = "http://127.0.0.1:{port}"\ncanary = "{api}"\n'
+                       f'canary_interval = "1s"\nscrape_interval = "0.5s"\non_stall = "alert"\n'
+                       f'[engine.target]\nuser = "{attacker.name}"\n')
+    d.start()
+    d.wait_serving()
+    wait_for(lambda: 'gpuwarden_engine_canaries_total{engine="odd",outcome="error"}' in d.metrics(), 20, 0.5,
+             what="a canary's error")
+    time.sleep(1)
+    assert "component engines failed" not in d.log()
+    assert 'gpuwarden_component_restarts_total{component="engines"} 0.0' in d.metrics()
