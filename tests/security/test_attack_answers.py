@@ -114,3 +114,31 @@ def test_a_canary_answer_of_the_wrong_shape_is_an_error_not_a_crash(attacker, da
     time.sleep(1)
     assert "component engines failed" not in d.log()
     assert 'gpuwarden_component_restarts_total{component="engines"} 0.0' in d.metrics()
+
+
+def test_a_log_line_built_against_the_rules_does_not_block_the_daemon(attacker, daemon_factory):
+    """A log line carries text that others choose (a prompt vLLM logs, the request path in Ollama's GIN line):
+    SGLang's prefix repeated with no end for the rule's gap made its search quadratic on the event loop (this
+    line held it for about a minute). Rules now ignore lines longer than any they know, and their gaps are
+    bounded."""
+    log = attacker.write(attacker.home / "engine.log", "")
+    d = daemon_factory(f'[[engine]]\nname = "chatty"\nurl = "http://127.0.0.1:{free_port()}"\nsource = "log"\n'
+                       f'log_file = "{log}"\nscrape_interval = "0.5s"\non_stall = "alert"\n'
+                       f'[engine.target]\nuser = "{attacker.name}"\n')
+    d.start()
+    d.wait_serving()
+    time.sleep(1.5)  # the first look has positioned the reader at the end of the log
+    attacker.run(SYSTEM_PYTHON, "-c", "import sys; open(sys.argv[1], 'a').write('prompt: ' + "
+                 "'Decode batch, #running-req: 1, ' * 20000 + '\\n')", str(log))
+
+    def lag() -> float:
+        try:
+            return float(next(line.split()[1] for line in d.metrics().splitlines()
+                              if line.startswith("gpuwarden_loop_lag_seconds ")))
+        except OSError:  # no answer at all: a regex holds the GIL, the exporter's thread waits too
+            return float("inf")
+    lags = []
+    for _ in range(30):
+        time.sleep(0.5)
+        lags.append(lag())
+    assert max(lags) < 10, f"the daemon was blocked (loop lag {max(lags):.1f} s)"
