@@ -167,7 +167,10 @@ def peer_uid(sock: socket.socket, proc_net: Path = Path("/proc/net")) -> int | N
             rows = (proc_net / table).read_text().splitlines()[1:]
         except OSError:
             continue
+        mark = f":{peer[1]:04X} "  # the peer's port ends the row's local address: parse only those rows
         for row in rows:
+            if mark not in row:
+                continue
             cols = row.split()
             if _endpoint_hex(cols[1]) == peer and _endpoint_hex(cols[2]) == ours:
                 return int(cols[7])
