@@ -1,6 +1,6 @@
 """A local user answers where root's gpuwarden and its tools ask: on the exporter's port while the daemon is not
 there, as a canary that answers too much, as a server that answers one byte at a time. The user is real
-(gwattacker) and so are its servers (hostile_server.py, run from its home)."""
+(gwattacker) and so are its servers (impostor_server.py, run from its home)."""
 
 import os
 import shutil
@@ -14,17 +14,17 @@ from helpers import GPUWARDEN, free_port, wait_for
 
 pytestmark = pytest.mark.root
 
-HOSTILE = Path(__file__).with_name("hostile_server.py")
+IMPOSTOR = Path(__file__).with_name("impostor_server.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def serve(attacker, port: int, mode: str, *extra: str, dump: Path | None = None):
-    """hostile_server.py run by the attacker from its home, once it accepts connections."""
-    files = [HOSTILE] + ([dump] if dump else [])
+    """impostor_server.py run by the attacker from its home, once it accepts connections."""
+    files = [IMPOSTOR] + ([dump] if dump else [])
     for src in files:
         shutil.copy(src, attacker.home / src.name)
         os.chown(attacker.home / src.name, attacker.uid, attacker.gid)
-    proc = attacker.popen([SYSTEM_PYTHON, HOSTILE.name, str(port), mode, *([dump.name] if dump else []), *extra])
+    proc = attacker.popen([SYSTEM_PYTHON, IMPOSTOR.name, str(port), mode, *([dump.name] if dump else []), *extra])
 
     def listening():
         assert proc.poll() is None, "the attacker's server exited"

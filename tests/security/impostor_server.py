@@ -1,4 +1,4 @@
-"""What a local user can serve on loopback to mislead root's gpuwarden. Usage: hostile_server.py PORT MODE [FILE]
+"""What a local user can serve on loopback to mislead root's gpuwarden. Usage: impostor_server.py PORT MODE [FILE]
 [anything else: only shown in the command line, e.g. "vllm serve" for discovery to find it].
 
 - exporter: /metrics says it is a healthy gpuwarden (its build info, every component up, the store writable)
