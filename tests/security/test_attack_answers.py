@@ -142,3 +142,45 @@ def test_a_log_line_built_against_the_rules_does_not_block_the_daemon(attacker, 
         time.sleep(0.5)
         lags.append(lag())
     assert max(lags) < 10, f"the daemon was blocked (loop lag {max(lags):.1f} s)"
+
+
+HOLD = """
+import resource, socket, sys, threading, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+held = []
+def hold():
+    for _ in range(int(sys.argv[2])):
+        try:
+            held.append(socket.create_connection(("127.0.0.1", int(sys.argv[1])), 30))
+        except OSError:
+            pass
+for t in [threading.Thread(target=hold) for _ in range(16)]:
+    t.start()
+time.sleep(600)
+"""
+
+
+def test_connections_held_to_the_exporter_cost_the_daemon_no_more_than_a_few_descriptors(attacker, daemon_factory):
+    """Anyone can connect to the exporter. Each connection held open, unanswered, used to keep a thread and a
+    descriptor of the daemon for ever: enough of them (systemd's soft LimitNOFILE is 1024) and it can open
+    nothing else, /proc included, so it can neither judge nor kill."""
+    d = daemon_factory()
+    d.start()
+    d.wait_serving()
+    before = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+    holder = attacker.popen([SYSTEM_PYTHON, "-c", HOLD, str(d.port), "40"])  # 16 × 40 connections
+    time.sleep(15)
+    held = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+    assert held < before + 40, f"{held - before} more descriptors with connections held"
+    # While they are held Prometheus may be refused (GpuwardenDown says so); once they go, it is served again.
+    holder.kill()
+    holder.wait()
+    assert "gpuwarden_build_info" in wait_for(lambda: _metrics(d), 15, 0.5, what="the exporter again")
+    assert d.proc.poll() is None
+
+
+def _metrics(d) -> str | None:
+    try:
+        return d.metrics()
+    except OSError:
+        return None
