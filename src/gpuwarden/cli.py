@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
         return subparsers.add_parser(name, parents=[common], **kw)
 
     command("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
+    reload = command("reload", help="make a running daemon re-read its configuration, and wait until it has")
+    reload.add_argument("--pid", type=int, required=True, help="the daemon's pid (systemd: $MAINPID)")
+    reload.add_argument("--timeout", type=float, default=20.0, help="seconds to wait (default 20)")
+    reload.set_defaults(handler=cmd_reload)
     check = command("check", help="validate the configuration and print it")
     check.add_argument("file", nargs="?", type=Path, help="the configuration file (same as --config)")
     check.set_defaults(handler=cmd_check)
@@ -132,6 +136,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     os._exit(rc)
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    """ExecReload: returns when the daemon has re-read its configuration; 78 when it refused it."""
+    from gpuwarden import reloads
+
+    try:
+        done = reloads.request(args.pid, args.timeout)
+    except (LookupError, TimeoutError, OSError) as exc:
+        print(f"gpuwarden reload: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if not done["ok"]:
+        print(f"gpuwarden reload: the running configuration stays:\n{done['error']}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"gpuwarden reload: reloaded {done['config']}")
+    return EXIT_OK
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from gpuwarden.alert.targets import build
     from gpuwarden.engine.watch import target_spec
@@ -140,7 +160,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"gpuwarden check: two files given ({args.file} and --config {args.config})", file=sys.stderr)
         return EXIT_USAGE
     config, path = configuration.load(args.file or args.config)
-    build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+    try:
+        build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+    except ConfigError as exc:
+        raise configuration.placed(exc, path) from None
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
     print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
     for engine in config.engine:
@@ -173,7 +196,11 @@ def cmd_events(args: argparse.Namespace) -> int:
         print(f"gpuwarden events: --since: {exc}", file=sys.stderr)
         return EXIT_USAGE
     config, _ = configuration.load(args.config)
-    store = Store(config.daemon.state_dir / "gpuwarden.db")
+    db = config.daemon.state_dir / "gpuwarden.db"
+    if not db.exists():  # opening it would make an empty store, and a state_dir where none was meant
+        print(f"gpuwarden events: no store at {db}: gpuwarden has not run with this state_dir", file=sys.stderr)
+        return EXIT_OK  # no events, as from an empty store
+    store = Store(db)
     try:
         rows = store.events(since=since)
     finally:

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden.alert.runbooks import RUNBOOKS
 from gpuwarden.engine.dockerapi import CONTAINER_NAME
 from gpuwarden.kernel.rules import RULES
 from gpuwarden.logsetup import redact
@@ -35,7 +36,12 @@ DEFAULT_EXPORTER_PORT = 10440  # the Prometheus port registry's 9100-9999 range 
 
 
 class ConfigError(Exception):
-    """A configuration that cannot be used; `str()` is the message for the user."""
+    """A configuration that cannot be used; `str()` is the message for the user. `loc` is the key it is about,
+    for an error found after parsing (an alert URL apprise refuses), so that `placed` can name the line."""
+
+    def __init__(self, message: str, loc: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -111,7 +117,7 @@ def default_state_dir() -> Path:
 
 
 class DaemonConfig(Section):
-    state_dir: Path = Field(default_factory=default_state_dir)
+    state_dir: AbsolutePath = Field(default_factory=default_state_dir)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     loop_lag_warn: Interval = 1.0
     status_interval: Period = 30.0
@@ -127,10 +133,9 @@ class ExporterConfig(Section):
     def _host_port(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not isinstance(listen := data.get("listen"), str):
             return data
-        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
-        if not m:
+        if not (split := _host_and_port(listen)) or split[1] > 65535:  # no port, or one `listen` itself refuses
             return data
-        host, port = m.group(1) or m.group(3), int(m.group(2) or m.group(4))
+        host, port = split
         if "port" in data and data["port"] != port:
             raise ValueError(f"listen {listen!r} names port {port} but port = {data['port']!r}: say it once")
         return {**data, "listen": host, "port": port}
@@ -138,12 +143,20 @@ class ExporterConfig(Section):
     @field_validator("listen")
     @classmethod
     def _resolvable(cls, value: str) -> str:
+        if (split := _host_and_port(value)) and split[1] > 65535:
+            raise ValueError(f"{value!r}: port {split[1]} is above 65535")
         try:
             socket.getaddrinfo(value, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except (socket.gaierror, UnicodeError) as exc:
             raise ValueError(f"{value!r} is not an address to listen on ({exc}); use an address such as "
                              "\"127.0.0.1\", or \"host:port\"") from None
         return value
+
+
+def _host_and_port(listen: str) -> tuple[str, int] | None:
+    """`host:port` or `[v6]:port` split; None for a bare address."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
+    return (m.group(1) or m.group(3), int(m.group(2) or m.group(4))) if m else None
 
 
 class KernelRule(Section):
@@ -157,16 +170,28 @@ class KernelRule(Section):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from None
+        return _regex(value)
+
+    @field_validator("runbook")
+    @classmethod
+    def _known_runbook(cls, value: str) -> str:
+        if value and value not in RUNBOOKS:  # else the alert would silently carry no runbook
+            hint = difflib.get_close_matches(value, RUNBOOKS, n=1)
+            raise ValueError(f"unknown runbook {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         return value
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, value: str) -> str:
         return _check_kind(value)
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return value
 
 
 def _check_kind(value: str) -> str:
@@ -191,7 +216,7 @@ RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule
 
 class KernelConfig(Section):
     source: Literal["auto", "journal", "kmsg", "file"] = "auto"
-    file: Path | None = None
+    file: AbsolutePath | None = None
     lookback: Duration = 600.0
     storm_window: Duration = 2.0  # 0: every line is its own event
     rule: list[KernelRule] = []
@@ -226,6 +251,12 @@ class KernelConfig(Section):
         return value
 
     @model_validator(mode="after")
+    def _file_for_file(self) -> KernelConfig:
+        if self.source == "file" and self.file is None:  # else `run` would watch no kernel log at all
+            raise ValueError('source = "file" needs file, the log file to follow')
+        return self
+
+    @model_validator(mode="after")
     def _disabled_not_overridden(self) -> KernelConfig:
         if both := sorted(set(self.disable_rules) & set(self.rule_severity)):
             raise ValueError(f"rule {both[0]!r} is in disable_rules and in [kernel.rule_severity]: say which")
@@ -251,7 +282,7 @@ class AlertTarget(Section):
 class AlertsConfig(Section):
     urls: list[SecretStr] = []  # shorthand for targets at min_severity "warning"
     target: list[AlertTarget] = []
-    config_file: Path | None = None  # an apprise config file (TEXT or YAML); its tags work as `tags` above
+    config_file: AbsolutePath | None = None  # an apprise config file (TEXT or YAML); its tags work as `tags` above
     config_file_min_severity: SeverityName = "warning"
     hostname: str = Field(default_factory=socket.gethostname)
     cooldown: Duration = 600.0
@@ -273,13 +304,18 @@ class EngineTarget(Section):
     """Which processes are the engine: what a kill kills."""
 
     kind: Literal["port", "pidfile", "cmdline", "unit", "cgroup", "docker"] = "port"
-    pidfile: Path | None = None
+    pidfile: AbsolutePath | None = None
     pattern: str | None = None  # cmdline: a regular expression searched in the command line
     unit: str | None = None  # unit: a systemd unit, killed as its whole cgroup
-    cgroup: Path | None = None  # cgroup: a cgroup v2 directory
+    cgroup: AbsolutePath | None = None  # cgroup: a cgroup v2 directory
     container: ContainerName | None = None  # docker: a container name or id
     docker_socket: AbsolutePath = Path("/var/run/docker.sock")  # root's dockerd (also for log_container)
     user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return value if value is None else _regex(value)
 
     @field_validator("user")
     @classmethod
@@ -294,8 +330,6 @@ class EngineTarget(Section):
                   "docker": "container"}.get(self.kind)
         if needed and getattr(self, needed) is None:
             raise ValueError(f"target kind {self.kind!r} needs {needed!r}")
-        if self.pattern is not None:
-            re.compile(self.pattern)
         return self
 
 
@@ -332,7 +366,7 @@ class EngineConfig(Section):
     # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
     # llama.cpp's /slots
     source: Literal["metrics", "log", "slots"] = "metrics"
-    log_file: Path | None = None
+    log_file: AbsolutePath | None = None
     log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
     log_container: ContainerName | None = None  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
@@ -403,7 +437,7 @@ class EnginesConfig(Section):
 
 
 class GpuConfig(Section):
-    sysfs_root: Path = Path("/sys")  # where GPUs are found, read and guarded
+    sysfs_root: AbsolutePath = Path("/sys")  # where GPUs are found, read and guarded
     interval: Interval = 1.0
     read_deadline: Interval = 3.0  # a read that takes longer: gpu_unresponsive, and it is abandoned
     recorder_window: Duration = 900.0  # telemetry kept in memory for incident reports
@@ -432,7 +466,7 @@ class GuardConfig(Section):
 
 
 class CacheConfig(Section):
-    dirs: list[Path] | None = None  # compile caches to watch; default: the usual ones of root and login users
+    dirs: list[AbsolutePath] | None = None  # compile caches to watch; default: the usual ones of root and login users
     on_crash_loop: Literal["quarantine", "alert"] = "quarantine"
     dry_run: bool = False  # say what would be moved, move nothing
 
@@ -452,8 +486,9 @@ class Config(Section):
     @classmethod
     def _unique_names(cls, value: list[EngineConfig]) -> list[EngineConfig]:
         names = [e.name for e in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"engine names must be unique: {names}")
+        for name in names:
+            if (n := names.count(name)) > 1:
+                raise ValueError(f"engine name {name!r} is used {'twice' if n == 2 else f'{n} times'}")
         return value
 
 
@@ -484,6 +519,15 @@ def parse(text: str, name: str = "<config>") -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(err, text, name) for err in exc.errors())) from None
+
+
+def placed(exc: ConfigError, path: Path | None) -> ConfigError:
+    """`exc` with the file and line of its key, for an error found after parsing."""
+    try:
+        line = line_of(path.read_text(encoding="utf-8"), exc.loc) if path and exc.loc else None
+    except (OSError, UnicodeDecodeError):
+        line = None
+    return ConfigError(f"{path}:{line}: {exc}", exc.loc) if line else exc
 
 
 def _describe(err: Any, text: str, name: str) -> str:
@@ -527,7 +571,7 @@ _KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
 def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     """The 1-based line in TOML `text` that defines the key at `loc`, or its closest enclosing table."""
     want = [str(p) for p in loc]
-    best, best_len = None, 0
+    best, best_len, first = None, 0, None
     table: list[str] = []
     array_counts: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -550,7 +594,9 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
             best, best_len = number, n
             if n == len(want):
                 break
-    return best
+        elif first is None and path[:len(want)] == want:  # an array of tables as a whole: its first entry
+            first = number
+    return best or first
 
 
 def _in_latest(parts: list[str], array_counts: dict[str, int]) -> list[str]:

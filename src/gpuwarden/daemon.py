@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, policy, report
+from gpuwarden import families, logsetup, policy, reloads, report
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.alert.alerter import Alerter
@@ -28,7 +28,9 @@ from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.model import Event, Severity
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.sdnotify import Notifier
+from gpuwarden.sockets import holder
 from gpuwarden.store import QueuedStore, Store
 from gpuwarden.supervise import Supervisor
 
@@ -39,6 +41,7 @@ _LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
 _REDISCOVER_SECONDS = 5.0
 _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
+_CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
 
 
 def _describe(action: policy.Kill | policy.Quarantine) -> str:
@@ -75,6 +78,7 @@ class Daemon:
         self._actions: set[asyncio.Task] = set()
         self.exporter: Exporter | None = None
         self.kernel: KernelWatch | None = None
+        self.uevents: UeventWatch | None = None
         self.gpus: list = []
         self.gpus_seen: set[str] = set()  # every GPU discovered since start: a fault may kill only for these
         self.started = time.monotonic()  # kernel lines logged before this are history
@@ -198,7 +202,7 @@ class Daemon:
         self.metrics.set(families.STORE_WRITABLE, 1)
         self.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store, self.metrics,
                                self.incidents.folder_for)
-        self.engines = EngineWatch(self.config.engines, self.config.engine, self)
+        self.engines = EngineWatch(self.config.engines, self.config.engine, self, nvml=self.config.gpu.nvml)
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)
@@ -232,8 +236,9 @@ class Daemon:
         self._stopping.set()
 
     def _start_exporter(self, retry: bool = False) -> None:
-        """The port is unprivileged: anyone may hold it (a boot, a restart). The daemon runs on without its
-        metrics, which matter less than its watch and its killer, and takes the port when it is free."""
+        """The port is unprivileged: another user may hold it (a boot, a restart). Then the daemon runs on without
+        its metrics, which matter less than its watch and its killer, and takes the port when it is free. Held
+        by root or by us (another gpuwarden, a wrong `listen`) it is an error, as ever."""
         cfg = self.config.exporter
         if not cfg.enabled:
             return
@@ -241,12 +246,17 @@ class Daemon:
         try:
             exporter.start()
         except OSError as exc:
-            if not retry:
-                log.error("cannot serve metrics on %s:%d: %s; trying again every %.0f s", cfg.listen, cfg.port,
-                          exc.strerror or exc, self.config.daemon.status_interval)
+            if retry:
+                return
+            uid = holder(cfg.listen, cfg.port)
+            if uid is None or uid in (0, os.geteuid()):
+                raise  # another gpuwarden, or this configuration's mistake: not a user's doing
+            log.error("%s: uid %d holds it; running on without metrics, trying again every %.0f s", exc, uid,
+                      self.config.daemon.status_interval)
             return
         self.exporter = exporter
-        log.info("serving metrics on http://%s:%d/metrics", cfg.listen, self.exporter.port)
+        host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen  # an IPv6 address goes in brackets in a URL
+        log.info("serving metrics on http://%s:%d/metrics", host, self.exporter.port)
 
     def _start_components(self) -> None:
         gpus = self._discover()
@@ -258,7 +268,7 @@ class Daemon:
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self._current_gpus, self, self.recorder,
                                                        xid_overrides=self.config.kernel.xid_overrides()))
-        self.supervisor.start("uevents", lambda: UeventWatch(self, self._guarded_devices, self._pci_changed))
+        self.supervisor.start("uevents", self._uevent_watch)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
             self.guard = GuardWatch(guard, self.config.gpu.sysfs_root, lambda: list(self._guarded_devices()),
@@ -295,15 +305,22 @@ class Daemon:
         self.kernel = watch
         return watch
 
+    def _uevent_watch(self) -> UeventWatch:
+        self.uevents = UeventWatch(self, self._guarded_devices, self._pci_changed)
+        return self.uevents
+
     def summary(self) -> str:
         gpus = len(self.gpus)
         store = f"; STORE UNWRITABLE ({self.store_error})" if self.store_error else ""
+        uevents = f"; uevents unavailable ({self.uevents.unavailable})" if self.uevents and self.uevents.unavailable \
+            else ""
         kernel = self.kernel.status if self.kernel else "none"
         return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}{store}")
+                f"{self.supervisor.summary()}{store}{uevents}")
 
     async def reload(self) -> None:
         async with self._reload_lock:
+            began = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # before the file is read: `gpuwarden reload`
             self.notifier.reloading()
             def load():  # off the loop: `listen` may need a name look-up, a config_file is read
                 new, path = configuration.load(self.config_arg)
@@ -317,23 +334,36 @@ class Daemon:
                 log.error("reload failed, the running configuration stays:\n%s", exc)
                 self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
                 self.notifier.ready()
+                await self._confirm_reload(began, str(exc), None)
                 return
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter
             self.config = new
             self.alerter.configure(new.alerts, targets)
-            self.engines = self.engines.reconfigured(new.engines, new.engine)
+            self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()
                     self.exporter = None
-                self._start_exporter()
+                try:
+                    self._start_exporter()
+                except OSError as exc:  # the components must come back all the same
+                    log.error("the exporter cannot serve on the new address: %s", exc)
             logsetup.setup(new.daemon.log_level)
             self._start_components()
             await asyncio.sleep(0)
             log.info("reloaded %s", path or "built-in defaults")
             self.notifier.ready()
             self.notifier.status(self.summary())
+            await self._confirm_reload(began, None, str(path or "built-in defaults"))
+
+    async def _confirm_reload(self, began: int, error: str | None, config: str | None) -> None:
+        """Tell `gpuwarden reload` (ExecReload) that the reload that began at `began` is done."""
+        state_dir = self.store.path.parent  # where this daemon writes, whatever a new config says
+        try:
+            await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
+        except (OSError, TimeoutError, Busy) as exc:
+            log.error("cannot confirm the reload in %s: %s", state_dir, exc)
 
     # --- small loops --------------------------------------------------------------------------------
 

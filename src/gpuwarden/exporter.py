@@ -104,7 +104,13 @@ class Exporter:
         family = socket.getaddrinfo(self._listen or None, self._port, type=socket.SOCK_STREAM,
                                     flags=socket.AI_PASSIVE)[0][0]
         server_class = type("Server", (_Server,), {"address_family": family})
-        self._server = make_server(self._listen, self._port, make_wsgi_app(self.registry), server_class, _Handler)
+        try:
+            self._server = make_server(self._listen, self._port, make_wsgi_app(self.registry), server_class,
+                                       _Handler)
+        except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
+            host = f"[{self._listen}]" if ":" in self._listen else self._listen
+            raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
+                                     f"port; another gpuwarden?): {exc.strerror}") from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True)
         self._thread.start()
 

@@ -41,6 +41,9 @@ LOOP_BLOCKED = _declare("gpuwarden_loop_blocked_total", "counter",
                         "Times the event loop was blocked beyond loop_lag_warn.")
 SOURCE_LAST_SUCCESS = _declare("gpuwarden_source_last_success_timestamp_seconds", "gauge",
                                "When a source last delivered or polled successfully (Unix time).", "source")
+SOURCE_UP = _declare("gpuwarden_source_up", "gauge",
+                     "1 while a source (kernel, uevents) can be read, 0 while it cannot (retried every minute).",
+                     "source")
 KERNEL_LINES = _declare("gpuwarden_kernel_lines_total", "counter", "Kernel log lines read, by source.", "source")
 KERNEL_LINES_MALFORMED = _declare("gpuwarden_kernel_lines_malformed_total", "counter",
                                   "Kernel log lines that could not be parsed.", "source")

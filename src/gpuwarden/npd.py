@@ -17,9 +17,7 @@ be read in time, or at all, is unknown rather than a hang or a guess.
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
-import socket
 import sqlite3
 import threading
 import time
@@ -33,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import families
 from gpuwarden.model import HISTORY
+from gpuwarden.sockets import peer_uid
 
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE = 80  # NPD's default max_output_length, in bytes
@@ -156,38 +155,6 @@ def fetch(url: str, timeout: float, limit: int = 4 << 20) -> tuple[str, int | No
         return response.read(limit).decode(errors="replace"), uid
     finally:
         conn.close()
-
-
-def peer_uid(sock: socket.socket, proc_net: Path = Path("/proc/net")) -> int | None:
-    """Who owns the other end of a loopback TCP connection: the row whose local end is our peer and whose
-    remote end is us (an accepted socket has its listener's owner)."""
-    ours, peer = _endpoint(*sock.getsockname()[:2]), _endpoint(*sock.getpeername()[:2])
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = (proc_net / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        mark = f":{peer[1]:04X} "  # the peer's port ends the row's local address: parse only those rows
-        for row in rows:
-            if mark not in row:
-                continue
-            cols = row.split()
-            if _endpoint_hex(cols[1]) == peer and _endpoint_hex(cols[2]) == ours:
-                return int(cols[7])
-    return None
-
-
-def _endpoint(host: str, port: int) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
-    address = ipaddress.ip_address(host)
-    return getattr(address, "ipv4_mapped", None) or address, port
-
-
-def _endpoint_hex(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
-    """/proc/net/tcp's ADDR:PORT: the address in 32-bit words of host (little-endian) order, the port in hex."""
-    addr, port = text.split(":")
-    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
-    address = ipaddress.ip_address(raw)
-    return getattr(address, "ipv4_mapped", None) or address, int(port, 16)
 
 
 # --- the command ---------------------------------------------------------------------------------------

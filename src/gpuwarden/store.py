@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections import deque
@@ -90,7 +92,8 @@ class Store:
     def __init__(self, path: Path, timeout: float = 5.0) -> None:
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _private(path)
             self._db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -139,11 +142,13 @@ class Store:
 
     # --- alerts -----------------------------------------------------------------------------------
 
-    def unalerted_events(self, since: float) -> list[tuple[int, Event]]:
-        """Events at or after `since` that the alerter never handled (the daemon died first)."""
+    def unalerted_events(self, since: float, below: int | None = None) -> list[tuple[int, Event]]:
+        """Events at or after `since` (and with an id below `below`) that the alerter never handled (the daemon
+        died first)."""
         rows = self._db.execute(
             "SELECT id, time, kind, severity, gpu, engine, message, evidence, count FROM events"
-            " WHERE alerted = 0 AND time >= ? ORDER BY id", (since,)).fetchall()
+            " WHERE alerted = 0 AND time >= ? AND id < ? ORDER BY id",
+            (since, below if below is not None else 2**63 - 1)).fetchall()
         return [(r[0], Event(r[2], Severity.parse(r[3]), r[6], r[1], r[4], r[5], json.loads(r[7]), r[8]))
                 for r in rows]
 
@@ -214,6 +219,24 @@ class Store:
         self._db.close()
 
 
+def _private(path: Path) -> None:
+    """The events hold kernel lines and process lists: the database is its owner's alone, created 0600 before
+    SQLite opens it (SQLite gives -wal and -shm the database's mode). A database or -wal/-shm of ours that others
+    may read (made before this rule) is tightened; a link or another user's file is left alone. By path only:
+    closing any descriptor of the database would drop the locks of this process's open connections to it."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.chmod(name, stat.S_IMODE(st.st_mode) & 0o700)
+
+
 def _explain(path: Path, exc: sqlite3.DatabaseError) -> str:
     """What went wrong, from SQLite's error code (its text is the same for different causes)."""
     code = getattr(exc, "sqlite_errorname", "") or ""
@@ -272,6 +295,7 @@ class QueuedStore:
         self._loop, self._on_health = loop, on_health
         last_event, last_outbox = self._writer.last_ids()
         self._next = {"events": last_event + 1, "outbox": last_outbox + 1}
+        self.first_id = last_event + 1  # events of this process have ids from here on
         self._moved: dict[tuple[str, int], int] = {}  # (table, id handed out) -> the row's id, where they differ
         self._lost: set[tuple[str, int]] = set()  # rows dropped unwritten: writes about them are skipped
         self._ops: deque[tuple] = deque()
@@ -355,7 +379,9 @@ class QueuedStore:
         return sorted(rows, key=lambda r: (r["time"], r["id"]))[-limit:]
 
     def unalerted_events(self, since: float) -> list[tuple[int, Event]]:
-        return self._reader.unalerted_events(since)
+        """Only events stored before this store was opened: those of this process reach the alerter directly,
+        even when they were stored before the alerter started (the kernel component starts first)."""
+        return self._reader.unalerted_events(since, below=self.first_id)
 
     def outbox(self) -> list[OutboxRow]:
         return self._reader.outbox()

@@ -5,6 +5,8 @@ import subprocess
 
 from helpers import GPUWARDEN
 
+from gpuwarden.store import Store
+
 
 def run(*args, stdin=None):
     return subprocess.run([*GPUWARDEN, *args], capture_output=True, text=True, input=stdin, timeout=60)
@@ -41,9 +43,20 @@ def test_replay_table_and_missing_file(corpus, tmp_path):
 def test_events_on_an_empty_store(tmp_path):
     cfg = tmp_path / "gw.toml"
     cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n')
+    Store(tmp_path / "gpuwarden.db").close()  # as a daemon that recorded nothing leaves it
     result = run("--config", str(cfg), "events", "--since", "1h")
     assert result.returncode == 0 and "no events since 1h ago" in result.stderr
     assert run("--config", str(cfg), "events", "--since", "soon").returncode == 2
+
+
+def test_events_without_a_store_say_so_and_create_nothing(tmp_path):
+    """A new user asks before the daemon ever ran (or as another user, whose default state_dir differs)."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}/state"\n')
+    result = run("events", "--config", str(cfg))
+    assert result.returncode == 0 and result.stdout == ""
+    assert f"no store at {tmp_path}/state/gpuwarden.db: gpuwarden has not run with this state_dir" in result.stderr
+    assert not (tmp_path / "state").exists()
 
 
 def test_quarantine_moves_the_poisoned_caches_and_records_it(tmp_path):

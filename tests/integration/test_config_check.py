@@ -41,11 +41,24 @@ ENGINE = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:1/metrics"\n'
      ":6: engine[0].target.container: 'vllm/../../x' is not a Docker container name or id"),
     (ENGINE + '[engine.target]\nkind = "docker"\ncontainer = "vllm"\ndocker_socket = "docker.sock"\n',
      ":7: engine[0].target.docker_socket: 'docker.sock' is not an absolute path"),
+    ('[kernel]\nstorm_window = "2s"\nsource = "file"\n',
+     ':1: kernel: source = "file" needs file, the log file to follow'),
+    ('[exporter]\nenabled = true\nlisten = "127.0.0.1:99999"\n',
+     ":3: exporter.listen: '127.0.0.1:99999': port 99999 is above 65535"),
+    ('[alerts]\ncooldown = "10m"\nurls = ["ntfys://ntfy.example.org/box", "notaservice://x"]\n',
+     ":3: alerts.urls[1]: apprise does not accept this URL (2:notaservice)"),
+    ('[alerts]\n\n[[alerts.target]]\nurl = "ntfys://ntfy.example.org/box"\n\n[[alerts.target]]\nname = "pager"\n'
+     'url = "tgram://bottoken/chatid"\n', ":8: alerts.target[1].url: apprise does not accept this URL (pager)"),
+    (ENGINE + '[engine.target]\nkind = "cmdline"\npattern = "vllm serve (Qwen"\n',
+     ":6: engine[0].target.pattern: not a regular expression: missing ), unterminated subpattern"),
+    ('[[kernel.rule]]\npattern = "my_driver: fatal"\nkind = "gpu_reset"\nrunbook = "devce_lost"\n',
+     ":4: kernel.rule[0].runbook: unknown runbook 'devce_lost' (did you mean 'device_lost'?)"),
 ], ids=["scrape_interval", "scrape_timeout", "min_stall-above-max_stall", "max_body_bytes", "status_interval",
         "loop_lag_warn", "gpu.interval", "read_deadline", "retry_initial", "retry_max-below-retry_initial",
         "send_timeout", "discover_interval", "verify_interval", "listen-unresolvable", "listen-two-ports",
         "disable_rules-unknown", "rule_severity-unknown", "two-log-sources", "log_container-name",
-        "target-container-name", "docker_socket-relative"])
+        "target-container-name", "docker_socket-relative", "kernel-file-without-file", "listen-port-too-big",
+        "alert-url", "alert-target-url", "target-pattern-not-a-regex", "rule-runbook-unknown"])
 def test_check_refuses_a_value_that_breaks_run_naming_key_and_line(tmp_path, config, names):
     path = tmp_path / "bad.toml"
     path.write_text(config)

@@ -155,6 +155,32 @@ def test_an_engine_that_stops_answering_is_unresponsive(daemon_factory, fake_eng
     assert d.stop() == 0
 
 
+def test_a_configured_engine_that_does_not_answer_is_said_once_and_again_when_it_answers(daemon_factory, fake_engine):
+    """Nothing serves the URL (a wrong port, an engine not started yet): no process lives there, so it is never
+    engine_unresponsive, and without this line the log said nothing at all about the engine."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    d = daemon_factory(f'[[engine]]\nname = "late"\nmetrics_url = "{url}"\nscrape_interval = "{INTERVAL}s"\n').start()
+    d.wait_log("engine late: cannot read its progress from /metrics (3 tries, last: refused")
+    time.sleep(4 * INTERVAL)
+    assert d.log().count("engine late: cannot read") == 1
+    fake_engine("progress", port=port)
+    d.wait_log("engine late: /metrics answers again")
+    assert d.stop() == 0
+
+
+def test_nvml_off_is_off_for_the_engines_too(daemon_factory, fake_engine):
+    """[gpu] nvml = false (say, where NVML hangs) kept the GPU reader off, but the engine watch still loaded NVML
+    to map the engine's processes to GPUs. No NVIDIA driver here: loading it logs "NVML not available"."""
+    engine = fake_engine("progress")
+    d = daemon_factory(engine_config(engine) + "[gpu]\nnvml = false\n").start()
+    d.wait_serving()
+    wait_for(lambda: 'gpuwarden_engine_cpu_percent{engine="fake"}' in d.metrics(), 15,
+             what="the engine's processes looked at")
+    assert "NVML" not in d.log()
+    assert d.stop() == 0
+
+
 def test_an_engine_hung_before_the_daemon_came_is_unresponsive_but_not_killed(daemon_factory, fake_engine):
     """It never answered: silence counts from the first try, and with nothing known to be running it is only
     reported."""

@@ -44,7 +44,7 @@ def journal_has(text: str) -> bool:
 def test_restart_under_auto_reads_lines_written_while_down_once(daemon_factory, journald):
     d = daemon_factory(kernel='source = "auto"\nlookback = "0s"')
     d.start()
-    d.wait_log("kernel source: journal")
+    d.wait_log("kernel source: kmsg (journal catch-up)")
     t = tag()
     before = f"amdgpu ffff:fe:1f.7: amdgpu: GPU reset begin! {t} while running"
     write_kmsg(before)
@@ -54,7 +54,7 @@ def test_restart_under_auto_reads_lines_written_while_down_once(daemon_factory, 
     while_down = f"amdgpu ffff:fe:1f.7: amdgpu: device lost from bus! {t} while down"
     write_kmsg(while_down)
     d.start()
-    d.wait_log("kernel source: journal")
+    d.wait_log("kernel source: kmsg (journal catch-up)")
     after = f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=2 {t} after"
     write_kmsg(after)
     wait_for(lambda: sum(t in e["evidence"].get("line", "") for e in d.events()) >= 3, 10,

@@ -95,7 +95,7 @@ def test_restart_resumes_from_the_journal_cursor_without_loss_or_repeats(daemon_
 @pytest.mark.root
 def test_auto_picks_the_journal_when_it_holds_kernel_entries(daemon_factory, journald, notify_socket):
     d = daemon_factory(kernel='source = "auto"', env={"NOTIFY_SOCKET": notify_socket.path}).start()
-    notify_socket.wait("STATUS=kernel source journal")
+    notify_socket.wait("STATUS=kernel source kmsg (journal catch-up)")
     assert d.stop() == 0
 
 

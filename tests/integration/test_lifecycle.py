@@ -2,11 +2,13 @@
 
 import re
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 
 import pytest
-from helpers import GPUWARDEN
+from helpers import GPUWARDEN, free_port, wait_for
 
 
 def test_ready_watchdog_status_and_stopping(daemon_factory, notify_socket):
@@ -91,3 +93,36 @@ def test_a_store_that_cannot_be_opened_is_a_runtime_failure(daemon_factory):
     d.start()
     assert d.proc.wait(15) == 1
     assert "database is corrupt" in d.log()
+
+
+def test_a_taken_exporter_port_names_the_address_and_the_keys(daemon_factory):
+    """As when `make run` meets the installed service on 10440: "Address already in use" alone said not which."""
+    d = daemon_factory()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", d.port))
+        taken.listen()
+        d.start()
+        assert d.proc.wait(15) == 1
+    assert (f"cannot serve metrics on 127.0.0.1:{d.port} ([exporter] listen and port; another gpuwarden?): "
+            "Address already in use") in d.log()
+
+
+def test_an_ipv6_listen_is_logged_as_a_url_that_answers(tmp_path):
+    """`listen = "[::1]:PORT"`: the log said http://::1:PORT/metrics, which no browser or curl takes."""
+    port, log = free_port(), tmp_path / "kern.log"
+    log.touch()
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}/state"\n[exporter]\nlisten = "[::1]:{port}"\n'
+                   f'[guard]\nenabled = false\n[kernel]\nsource = "file"\nfile = "{log}"\n')
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen([*GPUWARDEN, "--config", str(cfg), "run"], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        url = wait_for(lambda: (m := re.search(r"serving metrics on (\S+)", stderr.read_text())) and m.group(1), 15,
+                       what="the serving line")
+        assert url == f"http://[::1]:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert b"gpuwarden_build_info" in answer.read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0

@@ -59,6 +59,11 @@ def test_errors_inside_arrays_of_tables_point_at_the_right_entry():
     assert lines[1] == "gw.toml:7: kernel.rule[1].kind: unknown event kind 'sq_int' (did you mean 'sq_intr'?)"
 
 
+def test_a_repeated_engine_name_names_it_and_a_line():
+    engine = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:8000/metrics"\n'
+    assert error_of("[daemon]\n" + engine + engine) == "gw.toml:2: engine: engine name 'e' is used twice"
+
+
 def test_missing_required_key_points_at_its_table():
     assert error_of('[kernel]\n[[kernel.rule]]\nkind = "xid"\n') == \
         "gw.toml:2: kernel.rule[0].pattern: required key is missing"
@@ -152,3 +157,53 @@ def test_built_in_rules_are_disabled_and_overridden_by_name():
 ], ids=["unknown-disabled", "unknown-overridden", "xid", "quiet", "both", "bad-severity"])
 def test_rule_names_are_checked_with_key_and_line(text, message):
     assert error_of(text) == message
+
+
+def test_the_readmes_toml_examples_pass_check():
+    """A new user copies these: each parses, and apprise takes its alert URLs (as `check` and `run` build them)."""
+    import re
+
+    from gpuwarden.alert.targets import build
+    from paths import ROOT
+
+    blocks = re.findall(r"^```toml\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    assert len(blocks) >= 4
+    for block in blocks:
+        build(parse(block, "README.md").alerts)
+
+
+def test_the_example_configs_commented_alert_urls_are_accepted():
+    """Uncommenting an example URL of config/gpuwarden.toml gives a target apprise takes."""
+    import re
+
+    from gpuwarden.alert.targets import build
+    from paths import ROOT
+
+    text = (ROOT / "config" / "gpuwarden.toml").read_text()
+    alerts = text[text.index("\n[alerts]"):text.index("\n[engines]")]
+    lines = re.findall(r"^# (urls = \[.*\]|url = \".*?\")", alerts, re.M)
+    assert len(lines) == 2
+    for line in lines:
+        build(parse("[alerts]\n" + (line if line.startswith("urls") else f"[[alerts.target]]\n{line}")).alerts)
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ('[daemon]\nstate_dir = "~/gpuwarden"\n', "gw.toml:2: daemon.state_dir"),
+    ('[kernel]\nsource = "file"\nfile = "kern.log"\n', "gw.toml:3: kernel.file"),
+    ('[alerts]\nconfig_file = "apprise.yml"\n', "gw.toml:2: alerts.config_file"),
+    ('[gpu]\nsysfs_root = "sys"\n', "gw.toml:2: gpu.sysfs_root"),
+    ('[cache]\ndirs = ["/root/.cache/vllm", ".triton/cache"]\n', "gw.toml:2: cache.dirs[1]"),
+    ('[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8080"\nsource = "log"\nlog_file = "llama.log"\n',
+     "gw.toml:5: engine[0].log_file"),
+    ('[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8080"\n[engine.target]\nkind = "pidfile"\n'
+     'pidfile = "run/e.pid"\n',
+     "gw.toml:6: engine[0].target.pidfile"),
+    ('[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8080"\n[engine.target]\nkind = "cgroup"\n'
+     'cgroup = "system.slice"\n',
+     "gw.toml:6: engine[0].target.cgroup"),
+], ids=["state_dir", "kernel.file", "config_file", "sysfs_root", "cache.dirs", "log_file", "pidfile", "cgroup"])
+def test_paths_must_be_absolute(text, where):
+    """The daemon runs in / under systemd, `check` and `events` wherever the user is: a relative path (or a `~`,
+    which nothing expands) would name another file for each of them."""
+    assert error_of(text).startswith(f"{where}: '")
+    assert error_of(text).endswith("is not an absolute path")

@@ -169,3 +169,84 @@ def test_beyond_its_bound_the_queue_drops_writes_and_counts_them(tmp_path):
     rows = Store(path).events()
     assert [(r["id"], r["kind"], r["count"]) for r in rows] == [(kept[0], "ring_timeout", 1),
                                                                 (kept[1], "sq_intr", 1)]
+
+
+def test_only_events_stored_before_this_process_count_as_never_alerted(tmp_path):
+    """On a first start the log said "alerting 17 event(s) stored before the last stop but never alerted" for
+    events stored milliseconds earlier by the same process: the kernel component starts before the alerter."""
+    import asyncio
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+    earlier = Store(path)  # a daemon that stored an event and died before alerting it
+    earlier.add_events([event("ring_timeout")])
+    earlier.close()
+
+    async def scenario(kind: str) -> list[str]:
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None)
+        store.add_events([event(kind)])  # this process's own, before its alerter recovers the backlog
+        while store.pending:
+            await asyncio.sleep(0.01)
+        kinds = [e.kind for _, e in store.unalerted_events(since=0)]
+        store.close()
+        return kinds
+
+    assert asyncio.run(scenario("sq_intr")) == ["ring_timeout"]
+    assert asyncio.run(scenario("page_fault")) == ["ring_timeout", "sq_intr"]  # the next start: both earlier
+
+
+def test_the_state_dir_and_database_are_the_owners_alone(tmp_path):
+    """Events hold kernel lines and process lists: a new state dir is 0700, the database and its -wal/-shm
+    0600, whatever the umask (`gpuwarden run` by hand, not only under the unit's UMask=0077)."""
+    import os
+
+    state = tmp_path / "state"
+    old = os.umask(0o022)
+    try:
+        store = Store(state / "gpuwarden.db")
+        store.add_events([event()])
+        modes = {p.name: p.stat().st_mode & 0o777 for p in state.iterdir()}
+        store.close()
+    finally:
+        os.umask(old)
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert modes == {"gpuwarden.db": 0o600, "gpuwarden.db-wal": 0o600, "gpuwarden.db-shm": 0o600}
+
+
+def test_a_database_others_could_read_is_tightened(tmp_path):
+    path = tmp_path / "gpuwarden.db"
+    Store(path).close()
+    path.chmod(0o644)  # made by a gpuwarden before this rule
+    Store(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_reader_beside_the_daemon_loses_none_of_its_writes(tmp_path):
+    """Making the database private must never close a descriptor of it: that drops the SQLite locks of the
+    process's open connections (POSIX locks are per process); a reader in another process (`gpuwarden events`)
+    then took itself for the only one and removed the WAL that the daemon went on writing into."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from gpuwarden.store import QueuedStore
+
+    path = tmp_path / "gw.db"
+    read = (f"from pathlib import Path; from gpuwarden.store import Store; "
+            f"print(len(Store(Path({str(path)!r})).events()))")
+    seen = []
+
+    async def scenario():
+        store = QueuedStore(path, asyncio.get_running_loop(), lambda error: None)
+        for i in range(4):
+            store.add_events([event("sq_intr", t=float(i))])
+            while store.pending:
+                await asyncio.sleep(0.01)
+            seen.append(int(subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
+                                           check=True).stdout))
+        store.close()
+
+    asyncio.run(scenario())
+    assert seen == [1, 2, 3, 4]
+    assert len(Store(path).events()) == 4

@@ -50,6 +50,7 @@ class Alerter:
         self._outbox: dict[str, deque[OutboxRow]] = {}  # target -> its rows, oldest first
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
+        self._early: set[int] = set()  # ids submitted before the first run: this run's, not left by the last
         self.configure(config, targets)
 
     def configure(self, config: AlertsConfig, targets: list[Target]) -> None:
@@ -61,6 +62,8 @@ class Alerter:
     # --- from the daemon (synchronous, on the loop) -----------------------------------------------
 
     def submit(self, events: list[Event], ids: list[int]) -> None:
+        if not self._recovered:
+            self._early.update(ids)
         now, suppressed = time.time(), []
         for event, event_id in zip(events, ids, strict=True):
             if not self.storm.offer(event, event_id, now):
@@ -101,7 +104,9 @@ class Alerter:
             known = {r.id for r in waiting.get(name, ())}
             waiting.setdefault(name, deque()).extend(r for r in rows if r.id not in known)
         self._outbox = waiting
-        backlog = self.store.unalerted_events(since=time.time() - self.config.give_up_after)
+        backlog = [(i, e) for i, e in self.store.unalerted_events(since=time.time() - self.config.give_up_after)
+                   if i not in self._early]  # offering those again would count each as a repeat of itself
+        self._early.clear()
         if backlog:
             log.info("alerting %d event(s) stored before the last stop but never alerted", len(backlog))
         now = time.time()

@@ -48,14 +48,16 @@ def _port(parts: urllib.parse.SplitResult) -> int | None:
 
 
 def build(config: AlertsConfig) -> list[Target]:
-    specs = [(u.get_secret_value(), None, "warning", ()) for u in config.urls]
-    specs += [(t.url.get_secret_value(), t.name, t.min_severity, tuple(t.tags)) for t in config.target]
+    specs = [(u.get_secret_value(), None, "warning", (), ("alerts", "urls", i)) for i, u in enumerate(config.urls)]
+    specs += [(t.url.get_secret_value(), t.name, t.min_severity, tuple(t.tags), ("alerts", "target", i, "url"))
+              for i, t in enumerate(config.target)]
     targets = []
-    for index, (url, name, severity, tags) in enumerate(specs, 1):
+    for index, (url, name, severity, tags, loc) in enumerate(specs, 1):
         obj = apprise.Apprise()
         name = name or safe_name(index, url)
         if not obj.add(url):
-            raise ConfigError(f"alerts: target {name}: apprise does not accept this URL")
+            key = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[")
+            raise ConfigError(f"{key}: apprise does not accept this URL ({name})", loc)
         targets.append(Target(name, obj, Severity.parse(severity), frozenset(tags)))
     if config.config_file:
         targets += _from_apprise_config(config.config_file, Severity.parse(config.config_file_min_severity),
@@ -65,10 +67,10 @@ def build(config: AlertsConfig) -> list[Target]:
 
 def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Target]:
     if not path.is_file():
-        raise ConfigError(f"alerts.config_file: {path}: no such file")
+        raise ConfigError(f"alerts.config_file: {path}: no such file", ("alerts", "config_file"))
     cfg = apprise.AppriseConfig()
     if not cfg.add(str(path)):
-        raise ConfigError(f"alerts.config_file: {path}: apprise cannot read it")
+        raise ConfigError(f"alerts.config_file: {path}: apprise cannot read it", ("alerts", "config_file"))
     targets = []
     for index, service in enumerate(cfg.services(), start):  # apprise 2 (1.x called it servers())
         obj = apprise.Apprise()
@@ -76,5 +78,5 @@ def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Tar
         targets.append(Target(safe_name(index, service.url()), obj, severity,
                               frozenset(str(tag) for tag in service.tags)))
     if not targets:
-        raise ConfigError(f"alerts.config_file: {path}: no usable URL in it")
+        raise ConfigError(f"alerts.config_file: {path}: no usable URL in it", ("alerts", "config_file"))
     return targets

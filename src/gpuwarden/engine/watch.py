@@ -46,6 +46,9 @@ class Sink(Protocol):
     def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
 
 
+_ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
+
+
 @dataclass
 class EngineState:
     config: EngineConfig
@@ -125,17 +128,17 @@ def new_state(config: EngineConfig) -> EngineState:
 class EngineWatch:
     name = "engines"
 
-    def __init__(self, settings: EnginesConfig, engines: list[EngineConfig], sink: Sink) -> None:
+    def __init__(self, settings: EnginesConfig, engines: list[EngineConfig], sink: Sink, nvml: bool = True) -> None:
         self.settings, self.sink = settings, sink
         self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
         self._tasks: asyncio.TaskGroup | None = None
-        self._nvml = None  # loaded on first use; False when there is no NVIDIA driver
+        self._nvml = None if nvml else False  # loaded on first use; False when off ([gpu] nvml) or no driver
         self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
 
-    def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig]) -> EngineWatch:
+    def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
         stay (a reload must not reset how often an engine may be killed)."""
-        new = EngineWatch(settings, engines, self.sink)
+        new = EngineWatch(settings, engines, self.sink, nvml)
         for name, state in new.engines.items():
             if name in self.engines:
                 state.budget, state.tracker = self.engines[name].budget, self.engines[name].tracker
@@ -213,8 +216,12 @@ class EngineWatch:
         if had_procs and not state.procs:
             self._exited(state, now)
         spinning = is_spinning(state.cpus)
+        endpoint = _ENDPOINT[state.config.source]
         if sample is None:
             self.sink.metric(families.ENGINE_UP, 0, name)
+            if state.failures == state.config.unresponsive_after:  # once per outage; nothing else may say it
+                log.warning("engine %s: cannot read its progress from %s (%d tries, last: %s); watching on",
+                            name, endpoint, state.failures, redact(error))
             silent_for = now - (state.answered or state.watched_since)  # an engine hung before we came counts
             if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
                     and silent_for >= state.detector.threshold(spinning)):
@@ -223,6 +230,8 @@ class EngineWatch:
             return
         if state.unresponsive:
             self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
+        if state.failures >= state.config.unresponsive_after:
+            log.info("engine %s: %s answers again", name, endpoint)
         state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
         self._export(state, sample)
         verdict = state.detector.observe(sample, now, spinning)
@@ -357,7 +366,7 @@ class EngineWatch:
         running = last.running if last else None
         was = (f"{running:.0f} request(s) were running when it last answered" if running
                else "no request was running when it last answered" if last else "it has never answered")
-        endpoint = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}[state.config.source]
+        endpoint = _ENDPOINT[state.config.source]
         message = (f"{state.name} has not answered {endpoint} for {silent_for:.0f} s ({state.failures} tries, "
                    f"last: {error}) while its {len(state.procs)} process(es) live; {was}")
         figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,

@@ -18,6 +18,8 @@ from gpuwarden.model import Event, Severity, normalize_pci
 
 log = logging.getLogger(__name__)
 
+REOPEN = 60.0  # seconds between tries to open the uevent socket when it cannot be opened
+
 _PCI_IN_PATH = re.compile(r"/([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)")
 REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel panic: reboot and wait 10 minutes "
                   "instead")
@@ -26,6 +28,7 @@ REBOOT_INSTEAD = ("after a device lost, unbind/bind is a known way to a kernel p
 class Sink(Protocol):
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
     def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
+    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
 
 
 def is_gpu(props: Mapping[str, str], known: set[str]) -> bool:
@@ -66,14 +69,33 @@ class UeventWatch:
 
     def __init__(self, sink: Sink, known: Callable[[], set[str]], on_pci_change: Callable[[], None]) -> None:
         self.sink, self.known, self.on_pci_change = sink, known, on_pci_change
+        self.unavailable: str | None = None  # why uevents cannot be read now
+
+    async def _open(self):
+        """The kernel's uevent socket, once it opens. When it cannot (pyudev finds no libudev in a /dev without
+        /dev/null; netlink refused) that is reported once and tried again every REOPEN seconds: the daemon runs
+        on, degraded, and keeps its watchdog (a restart cannot cure it)."""
+        while True:
+            try:
+                monitor = _monitor()
+                self.sink.metric(families.SOURCE_UP, 1, "uevents")
+                return monitor
+            except (OSError, ImportError) as exc:
+                self.sink.metric(families.SOURCE_UP, 0, "uevents")
+                if self.unavailable is None:
+                    self.unavailable = f"{type(exc).__name__}: {exc}"
+                    self.sink.record([Event(
+                        "watchdog_error", Severity.WARNING, f"kernel uevents cannot be read ({self.unavailable}): "
+                        f"GPU unbinds and removals are seen only in the kernel log; trying again every "
+                        f"{REOPEN:.0f} s", time.time(), evidence={"component": self.name, "error": self.unavailable})])
+                    log.warning("uevents unavailable (%s); trying again every %.0f s", self.unavailable, REOPEN)
+            await asyncio.sleep(REOPEN)
 
     async def run(self) -> None:
-        import pyudev
-
-        monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
-        monitor.filter_by("pci")
-        monitor.filter_by("drm")
-        monitor.start()
+        monitor = await self._open()
+        if self.unavailable:
+            log.info("uevents readable again after: %s", self.unavailable)
+            self.unavailable = None
         loop = asyncio.get_running_loop()
         loop.add_reader(monitor.fileno(), self._drain, monitor)
         try:
@@ -90,3 +112,13 @@ class UeventWatch:
                 self.sink.record([event])
             if props.get("SUBSYSTEM") == "pci" and props.get("ACTION") in ("add", "bind", "remove", "unbind"):
                 self.on_pci_change()
+
+
+def _monitor():
+    import pyudev
+
+    monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
+    monitor.filter_by("pci")
+    monitor.filter_by("drm")
+    monitor.start()
+    return monitor

@@ -30,7 +30,8 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 class Source:
-    name = "source"
+    name = "source"  # the store's cursor key and the metrics' `source` label
+    label = "source"  # what the log and STATUS= call it
     kernel_clock = False  # records' timestamps are the kernel's monotonic time of this boot
 
     def __init__(self, tick: float = 1.0) -> None:
@@ -63,6 +64,7 @@ class KmsgSource(Source):
     """/dev/kmsg from its end: only new records. EPIPE (records overwritten unread) is counted."""
 
     name = "kmsg"
+    label = "kmsg"
     kernel_clock = True
 
     def __init__(self, path: str = KMSG, tick: float = 1.0) -> None:
@@ -125,6 +127,7 @@ class JournalSource(Source):
     """Kernel entries of the systemd journal, resumed from a cursor, through the reader's fd."""
 
     name = "journal"
+    label = "journal"
     kernel_clock = True
 
     def __init__(self, cursor: str | None, lookback: float, tick: float = 1.0, path: str | None = None,
@@ -244,7 +247,8 @@ class JournalKmsgSource(Source):
     taken for one; kmsg positions compare by sequence number and have no such limit.
     """
 
-    name = "journal"
+    name = "journal"  # its cursors continue those of `source = "journal"`
+    label = "kmsg (journal catch-up)"  # it reads kmsg live: "journal" would read as the slow source
     kernel_clock = True
 
     def __init__(self, position: str | None, lookback: float, tick: float = 1.0, kmsg_path: str = KMSG,
@@ -354,6 +358,7 @@ class FileSource(Source):
     file). It is polled every `tick`: files offer no readiness to wait on."""
 
     name = "file"
+    label = "file"
 
     def __init__(self, path: Path, tick: float = 1.0) -> None:
         super().__init__(tick)

@@ -35,6 +35,7 @@ class Sink(Protocol):
     def set_count(self, row_id: int, event: Event) -> None: ...
     def count(self, family: families.Family, *labels: str, by: float = 1) -> None: ...
     def polled(self, source: str) -> None: ...
+    def metric(self, family: families.Family, value: float, *labels: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
     def gpus_behind(self, port: str) -> list[str]: ...
 
@@ -89,7 +90,7 @@ class KernelWatch:
 
     @property
     def status(self) -> str:
-        return self.source.name if self.source else f"unavailable ({self.unavailable})" if self.unavailable \
+        return self.source.label if self.source else f"unavailable ({self.unavailable})" if self.unavailable \
             else "opening"
 
     async def _open(self) -> Source:
@@ -98,8 +99,11 @@ class KernelWatch:
         the daemon runs on, degraded, and keeps its watchdog (this is no wedge a restart could cure)."""
         while True:
             try:
-                return open_source(self.config, self.cursor)
+                source = open_source(self.config, self.cursor)
+                self.sink.metric(families.SOURCE_UP, 1, "kernel")
+                return source
             except (OSError, ValueError, ImportError) as exc:
+                self.sink.metric(families.SOURCE_UP, 0, "kernel")
                 first = self.unavailable is None
                 self.unavailable = f"{self.config.source}: {exc}"
                 if first:
@@ -117,7 +121,7 @@ class KernelWatch:
         if self.unavailable:
             log.info("kernel source readable again after: %s", self.unavailable)
             self.unavailable = None
-        log.info("kernel source: %s", source.name)
+        log.info("kernel source: %s", source.label)
         seen_malformed = seen_overruns = seen_lines = 0
         saved_at = 0.0
         try:

@@ -1,0 +1,80 @@
+"""A reload that its caller can wait for: `gpuwarden reload --pid PID` (the unit's ExecReload) signals the daemon
+and returns only when the daemon confirms that a reload which read the configuration after the signal finished,
+good or bad. systemd 252 has no notify-reload, and `kill -HUP` returns at once, so `systemctl reload && curl`
+could see the old configuration.
+
+The confirmation is `state_dir/reload.json` (0600, replaced atomically): the daemon's pid and the CLOCK_MONOTONIC
+time at which that reload began to read the configuration. The caller takes the clock before it signals and
+accepts only a confirmation from that pid that began later. No earlier reload can pass for this one (it began
+before the signal), nor a reload of an earlier daemon (another pid); signals that the kernel merges still get a
+reload that read the file after all of them, and the clock is one for every process of the boot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+FILE = "reload.json"
+DB = "gpuwarden.db"
+
+
+def confirm(state_dir: Path, pid: int, began_ns: int, error: str | None, config: str | None) -> None:
+    """Written by the daemon when a reload that began at `began_ns` finished; `error` is why it failed."""
+    record = {"pid": pid, "began_ns": began_ns, "finished": time.time(), "ok": error is None, "error": error,
+              "config": config}
+    tmp = state_dir / f".{FILE}.{pid}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, state_dir / FILE)
+
+
+def read(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((state_dir / FILE).read_text())
+    except (OSError, ValueError):
+        return None  # not written yet, or replaced while read: the next look sees it
+
+
+def answers(record: dict[str, Any] | None, pid: int, asked_ns: int) -> bool:
+    """Is `record` the confirmation of a reload of `pid` asked for at `asked_ns`?"""
+    return bool(record) and record.get("pid") == pid and int(record.get("began_ns", -1)) >= asked_ns
+
+
+def state_dir_of(pid: int) -> Path:
+    """The state dir of the gpuwarden daemon `pid`: where the database it holds open lies. A process that holds
+    no gpuwarden database is not signalled (SIGHUP ends most processes)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        raise LookupError(f"no process {pid}") from None
+    except PermissionError:
+        raise LookupError(f"cannot see the open files of process {pid} (run as its user or root)") from None
+    for fd in fds:
+        try:
+            target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+        if target.name == DB:
+            return target.parent
+    raise LookupError(f"process {pid} is not a gpuwarden daemon (it holds no {DB} open)")
+
+
+def request(pid: int, timeout: float, poll: float = 0.05) -> dict[str, Any]:
+    """Signal `pid` and wait up to `timeout` seconds for its confirmation; TimeoutError, LookupError."""
+    state_dir = state_dir_of(pid)
+    asked = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answers(record := read(state_dir), pid, asked):
+            return record
+        if not Path(f"/proc/{pid}").exists():
+            raise LookupError(f"process {pid} ended before it confirmed the reload")
+        time.sleep(poll)
+    raise TimeoutError(f"process {pid} did not confirm the reload within {timeout:.0f} s (see its log)")
