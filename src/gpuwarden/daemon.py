@@ -24,11 +24,12 @@ from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
-from gpuwarden.health import Health
+from gpuwarden.health import Health, Loop
 from gpuwarden.hub import Hub
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.sdnotify import Notifier
+from gpuwarden.sockets import holder
 from gpuwarden.store import QueuedStore
 from gpuwarden.supervise import Supervisor
 
@@ -117,12 +118,26 @@ class Daemon:
             _exit_now("a second stop signal while stopping")
         self._stopping.set()
 
-    def _start_exporter(self) -> None:
+    def _start_exporter(self, retry: bool = False) -> None:
+        """The port is unprivileged: another user may hold it (a boot, a restart). Then the daemon runs on without
+        its metrics, which matter less than its watch and its killer, and takes the port when it is free. Held
+        by root or by us (another gpuwarden, a wrong `listen`) it is an error, as ever."""
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        self.exporter = Exporter(self.metrics, cfg.listen, cfg.port)
-        self.exporter.start()
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port)
+        try:
+            exporter.start()
+        except OSError as exc:
+            if retry:
+                return
+            uid = holder(cfg.listen, cfg.port)
+            if uid is None or uid in (0, os.geteuid()):
+                raise  # another gpuwarden, or this configuration's mistake: not a user's doing
+            log.error("%s: uid %d holds it; running on without metrics, trying again every %.0f s", exc, uid,
+                      self.config.daemon.status_interval)
+            return
+        self.exporter = exporter
         host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen  # an IPv6 address goes in brackets in a URL
         log.info("serving metrics on http://%s:%d/metrics", host, self.exporter.port)
 
@@ -144,6 +159,16 @@ class Daemon:
             self.supervisor.start("guard", lambda: self.guard)
         for loop in self.health.loops():
             self.supervisor.start(loop.name, lambda loop=loop: loop)
+        if self.exporter is None and self.config.exporter.enabled:
+            self.supervisor.start("exporter", lambda: Loop("exporter", self._take_exporter_port))
+
+    async def _take_exporter_port(self) -> None:
+        """Another user held the exporter's port at the start: take it once it is free."""
+        while self.exporter is None:
+            await asyncio.sleep(self.config.daemon.status_interval)
+            async with self._reload_lock:  # a reload starts its own
+                if self.exporter is None:
+                    await asyncio.to_thread(self._start_exporter, True)  # `listen` may need a name look-up
 
     def _guarded_devices(self) -> set[str]:
         return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))

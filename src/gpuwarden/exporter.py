@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 import platform
+import socket
+import sys
 import threading
 from collections import defaultdict
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpuwarden import __version__
@@ -97,12 +101,18 @@ class Exporter:
         return self._server.server_port if self._server else self._port
 
     def start(self) -> None:
+        family = socket.getaddrinfo(self._listen or None, self._port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("Server", (_Server,), {"address_family": family})
         try:
-            self._server, self._thread = start_http_server(self._port, addr=self._listen, registry=self.registry)
+            self._server = make_server(self._listen, self._port, make_wsgi_app(self.registry), server_class,
+                                       _Handler)
         except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
             host = f"[{self._listen}]" if ":" in self._listen else self._listen
             raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
                                      f"port; another gpuwarden?): {exc.strerror}") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         if self._server:
@@ -110,3 +120,46 @@ class Exporter:
             self._server.server_close()
             self._thread.join(timeout=5)
             self._server = None
+
+
+# Anyone on the box can connect to the exporter. One thread per connection with no deadline let a local user
+# hold a descriptor and a thread of the daemon per connection until it had none left (systemd's soft
+# LimitNOFILE is 1024), which starves everything else it opens: /proc, sockets, the store. So a connection has
+# CONNECTION_TIMEOUT per read, and past MAX_CONNECTIONS at once a new one is closed unanswered.
+MAX_CONNECTIONS = 16
+CONNECTION_TIMEOUT = 5.0
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+    def __init__(self, *args, **kw) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kw)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client that timed out or hung up is no error of ours
+            super().handle_error(request, client_address)
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT
+
+    def log_message(self, format, *args) -> None:
+        pass

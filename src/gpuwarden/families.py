@@ -30,8 +30,8 @@ def _gpu(name: str, doc: str, *extra: str) -> Family:
 
 
 BUILD_INFO = _declare("gpuwarden_build_info", "gauge", "Version of the running gpuwarden.", "version", "python")
-COMPONENT_UP = _declare("gpuwarden_component_up", "gauge", "1 while the component runs, 0 while it waits to restart.",
-                        "component")
+COMPONENT_UP = _declare("gpuwarden_component_up", "gauge",
+                        "1 while the component runs (or finished its work), 0 while it waits to restart.", "component")
 COMPONENT_RESTARTS = _declare("gpuwarden_component_restarts_total", "counter",
                               "Restarts of a component after it failed.", "component")
 EVENTS = _declare("gpuwarden_events_total", "counter", "Events recorded, by kind and severity.", "kind", "severity")

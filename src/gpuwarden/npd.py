@@ -16,21 +16,23 @@ be read in time, or at all, is unknown rather than a hang or a guess.
 
 from __future__ import annotations
 
+import http.client
 import json
 import sqlite3
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import families
 from gpuwarden.kinds import ENGINE_KINDS, GPU_LOST_KINDS
 from gpuwarden.model import HISTORY
+from gpuwarden.sockets import peer_uid
 
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE = 80  # NPD's default max_output_length, in bytes
@@ -136,9 +138,20 @@ def metrics_url(listen: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
-def fetch(url: str, timeout: float, limit: int = 4 << 20) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read(limit).decode(errors="replace")
+def fetch(url: str, timeout: float, limit: int = 4 << 20) -> tuple[str, int | None]:
+    """The body of GET `url`, and the uid of the socket that answered (None: not found in /proc/net)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.connect()
+        uid = peer_uid(conn.sock)
+        conn.request("GET", parts.path)
+        response = conn.getresponse()
+        if response.status != 200:
+            raise OSError(f"HTTP {response.status}")
+        return response.read(limit).decode(errors="replace"), uid
+    finally:
+        conn.close()
 
 
 # --- the command ---------------------------------------------------------------------------------------
@@ -157,10 +170,16 @@ def check(condition: str, config, window: float, timeout: float, now: float | No
         return UNKNOWN, "unknown: [exporter] is disabled, so the daemon cannot be asked"
     url = metrics_url(config.exporter.listen, config.exporter.port)
     try:
-        text = fetch(url, wait)
-    except OSError as exc:
-        why = getattr(exc, "reason", exc)  # urllib wraps the socket's error
-        return PROBLEM, f"gpuwarden is not running: no answer at {url[7:-8]} ({getattr(why, 'strerror', None) or why})"
+        text, uid = fetch(url, wait)
+    except (OSError, http.client.HTTPException) as exc:
+        return PROBLEM, f"gpuwarden is not running: no answer at {url[7:-8]} ({getattr(exc, 'strerror', None) or exc})"
+    # Its port is unprivileged: anyone can serve a healthy-looking gpuwarden there while it is down. The daemon is
+    # the owner of its state dir (root, as a service).
+    state = config.daemon.state_dir
+    owner = state.stat().st_uid if state.exists() else 0
+    if uid != owner:
+        who = "an unknown socket" if uid is None else f"uid {uid}"
+        return PROBLEM, f"gpuwarden is not what answers at {url[7:-8]}: {who} does, not uid {owner}"
     return judge_daemon(text)
 
 

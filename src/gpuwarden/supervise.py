@@ -89,7 +89,7 @@ class Supervisor:
 
     def _set(self, name: str, state: _State, up: bool) -> None:
         state.up = up
-        self._on_state(name, up, state.restarts)
+        self._on_state(name, up or state.done, state.restarts)  # one that finished its work is not down
 
     def healthy(self) -> bool:
         """False once any component has failed `unhealthy_after` times in a row."""

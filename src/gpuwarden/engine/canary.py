@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,26 @@ API_OF_PROFILE = {"llamacpp": "llamacpp", "ollama": "ollama", "sglang": "sglang"
 # A 503 from /health_generate that came this late is its own deadline passing, not a server starting or
 # stopping (those answer at once; its wait polls once a second, so it answers after 1 s at the earliest).
 SGLANG_WAITED = 1.0
+# A one-token completion, a model list or /api/ps is a few KB: a longer answer is not a canary's, and is not read
+# on (the engine's user must not make root's daemon hold what it sends, as a scrape's body is capped too).
+MAX_ANSWER = 1 << 20
+
+
+class TooLarge(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status_code: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +79,7 @@ async def canary(base_url: str, api: str, timeout: float) -> CanaryResult:
         except (TimeoutError, httpx.TimeoutException):
             return CanaryResult("timeout", time.monotonic() - started,
                                 f"a real completion did not return in {timeout:.0f} s{last}")
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             return CanaryResult("error", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
     seconds = time.monotonic() - started
     if response is None:
@@ -71,16 +92,28 @@ async def canary(base_url: str, api: str, timeout: float) -> CanaryResult:
     return CanaryResult("ok", seconds, f"one token in {seconds:.2f} s")
 
 
-async def _complete(client: httpx.AsyncClient, base: str, api: str) -> httpx.Response | None:
+async def _complete(client: httpx.AsyncClient, base: str, api: str) -> Answer | None:
     if api == "sglang":
-        return await client.get(f"{base}/health_generate")
+        return await _send(client, "GET", f"{base}/health_generate")
     if api == "llamacpp":
-        return await client.post(f"{base}/completion", json={"prompt": [1], "n_predict": 1, "cache_prompt": False})
+        return await _send(client, "POST", f"{base}/completion",
+                           json={"prompt": [1], "n_predict": 1, "cache_prompt": False})
     if api == "ollama":
-        models = (await client.get(f"{base}/api/ps")).json().get("models") or []
+        models = (await _send(client, "GET", f"{base}/api/ps")).json().get("models") or []
         if not models:
             return None
-        return await client.post(f"{base}/api/generate", json={
+        return await _send(client, "POST", f"{base}/api/generate", json={
             "model": models[0]["name"], "prompt": "1", "stream": False, "options": {"num_predict": 1}})
-    model = (await client.get(f"{base}/v1/models")).json()["data"][0]["id"]
-    return await client.post(f"{base}/v1/completions", json={"model": model, "prompt": [1], "max_tokens": 1})
+    model = (await _send(client, "GET", f"{base}/v1/models")).json()["data"][0]["id"]
+    return await _send(client, "POST", f"{base}/v1/completions", json={"model": model, "prompt": [1], "max_tokens": 1})
+
+
+async def _send(client: httpx.AsyncClient, method: str, url: str, **kw) -> Answer:
+    """The status and body, at most MAX_ANSWER bytes of it (TooLarge past that)."""
+    async with client.stream(method, url, **kw) as response:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_ANSWER:
+                raise TooLarge(f"{url.rsplit('/', 1)[-1]} answered more than {MAX_ANSWER} bytes")
+        return Answer(response.status_code, bytes(body))

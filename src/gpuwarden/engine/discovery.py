@@ -5,19 +5,20 @@ switch on to get more."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import psutil
 
 from gpuwarden.config import EngineTarget
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
 from gpuwarden.engine.logprofiles import LOG_BY_NAME
 from gpuwarden.engine.profiles import PROFILES
+from gpuwarden.engine.scraper import client
 
 COMMANDS = {**{p.name: p.commands for p in PROFILES}, "ollama": ("ollama serve",)}
 # what to switch on for per-step progress, by engine
@@ -154,11 +155,14 @@ def unit_of(pid: int, proc: Path = Path("/proc")) -> str | None:
 
 
 def _answers(url: str) -> bool:
+    """A 200 status within _PROBE_TIMEOUT for the whole exchange: anyone can serve what discovery asks, one byte
+    at a time (a timeout per read would wait on it for ever, and on every engine after it)."""
+    async def status() -> int:
+        async with client(_PROBE_TIMEOUT) as http, asyncio.timeout(_PROBE_TIMEOUT), http.stream("GET", url) as r:
+            return r.status_code
     try:
-        with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT) as response:
-            response.read(1 << 20)
-            return response.status == 200
-    except (OSError, ValueError):
+        return asyncio.run(status()) == 200
+    except (httpx.HTTPError, httpx.InvalidURL, TimeoutError):
         return False
 
 

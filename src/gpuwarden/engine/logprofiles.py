@@ -40,6 +40,8 @@ def _r(pattern: str) -> re.Pattern[str]:
 
 
 _NUM = r"[0-9]+(?:\.[0-9]+)?"
+# Every gap in a rule is bounded: a line may carry a client's text (a prompt, Ollama's request path), and an
+# unbounded gap tried from each of its repeats is quadratic (a 500 KB line took 28 s of the event loop).
 
 LOG_PROFILES: tuple[LogProfile, ...] = (
     LogProfile(
@@ -58,10 +60,10 @@ LOG_PROFILES: tuple[LogProfile, ...] = (
         # ("Decode batch. #running-req" before 2025), and "Prefill batch[...], #new-seq: N, #new-token: T, ...
         # #running-req: R" for every prefill batch.
         "sglang",
-        (LineRule(_r(rf"Decode batch(?: \[\d+\])?[.,] #running-req: (?P<running>\d+),.*?"
+        (LineRule(_r(rf"Decode batch(?: \[\d+\])?[.,] #running-req: (?P<running>\d+),.{{0,512}}?"
                      rf"gen throughput \(token/s\): (?P<gen>{_NUM})"), running="set", tokens=("gen",)),
          LineRule(_r(r"Prefill batch(?: \[\d+\])?(?:\(mixed #running-req: \d+\))?[.,] #new-seq: (?P<new>\d+), "
-                     r"#new-token: (?P<tokens>\d+),.*?#running-req: (?P<running>\d+)"),
+                     r"#new-token: (?P<tokens>\d+),.{0,512}?#running-req: (?P<running>\d+)"),
                   running="set", tokens=("tokens",))),
         per_step=True, interval=0.0, knows_running=True),
     LogProfile(
@@ -84,8 +86,8 @@ LOG_PROFILES: tuple[LogProfile, ...] = (
         # request, "[GIN] date | status | latency | client | METHOD "path"". No line says what is running,
         # so the log only shows completions; the canary and /api/ps do the rest.
         "ollama",
-        (LineRule(_r(r'\[GIN\] [^|]+\| 200 \|[^|]+\|[^|]+\| POST +"/(?:api/generate|api/chat|v1/chat/completions|'
-                     r'v1/completions)"'), progress=True),),
+        (LineRule(_r(r'\[GIN\] [^|]{1,100}\| 200 \|[^|]{1,100}\|[^|]{1,100}\| POST +'
+                     r'"/(?:api/generate|api/chat|v1/chat/completions|v1/completions)"'), progress=True),),
         per_step=False, interval=0.0, knows_running=False),
 )
 
