@@ -109,3 +109,16 @@ def test_every_package_has_a_layer_and_imports_only_its_own_or_lower_layers():
     upward = {f"{source} -> {target} ({where})" for source, targets in edges.items()
               for target, where in targets.items() if LAYER[target] > LAYER[source]}
     assert upward == set()
+
+
+def test_only_model_defines_a_sink_and_the_daemon_handles_no_event():
+    """Components see the hub through model.Sink alone; daemon.py wires, it never records, alerts or acts."""
+    protocols = {f"{path.relative_to(SRC)}: {node.name}" for path in sorted(SRC.rglob("*.py"))
+                 for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+                 and any(getattr(base, "id", None) == "Protocol" for base in node.bases)}
+    assert protocols == {"model.py: Sink", "supervise.py: Component"}
+    daemon = ast.parse((SRC / "daemon.py").read_text())
+    methods = {node.name for node in ast.walk(daemon) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert methods.isdisjoint({"record", "resolve", "set_count", "count", "metric", "_act", "kernel_lines"})
+    made = {node.func.id for node in ast.walk(daemon) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert "Event" not in made  # the daemon makes no event of its own
