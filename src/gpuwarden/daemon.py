@@ -30,7 +30,7 @@ from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.sockets import holder
-from gpuwarden.store import QueuedStore
+from gpuwarden.store import QueuedStore, private_folder
 from gpuwarden.supervise import Supervisor
 
 log = logging.getLogger("gpuwarden")
@@ -79,6 +79,9 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        state_dir = self.config.daemon.state_dir
+        if warning := private_folder(state_dir, ours=state_dir == configuration.default_state_dir()):
+            log.warning("%s", warning)
         self.store = self.hub.store = self.health.store = QueuedStore(
             self.config.daemon.state_dir / "gpuwarden.db", loop, self.health.store_health)
         self.metrics.set(families.STORE_WRITABLE, 1)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuwarden.kinds import OUTCOMES
 from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.store import private_folder
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,8 @@ class Incidents:
 
     @staticmethod
     def _write(path: Path, content: dict[str, Any]) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent, ours=True)  # bundles hold kernel lines and process lists
+        path.mkdir(exist_ok=True)
         (path / FAILED).unlink(missing_ok=True)
         _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
         log.info("incident report written: %s", path)

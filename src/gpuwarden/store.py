@@ -219,6 +219,21 @@ class Store:
         self._db.close()
 
 
+def private_folder(folder: Path, ours: bool) -> str | None:
+    """Make a state folder private: created 0700; one made before that rule (0755) is tightened when it is
+    gpuwarden's own (`ours`: the built-in state dir, the incidents folder), a real folder of this user, by path.
+    A folder the user chose is never chmodded (it may be shared): what is wrong with it is returned, to warn."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or not st.st_mode & 0o077:
+        return None
+    if ours and st.st_uid == os.geteuid():
+        os.chmod(folder, 0o700)
+        return None
+    return f"{folder} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}): its events hold kernel lines " \
+           "and process lists; chmod 700 it"
+
+
 def _private(path: Path) -> None:
     """The events hold kernel lines and process lists: the database is its owner's alone, created 0600 before
     SQLite opens it (SQLite gives -wal and -shm the database's mode). A database or -wal/-shm of ours that others

@@ -1,10 +1,12 @@
 import sqlite3
+import stat
 
 import pytest
 
 from faults import LockHolder
+from gpuwarden import report
 from gpuwarden.model import Event, Severity
-from gpuwarden.store import SCHEMA_VERSION, Store, StoreError
+from gpuwarden.store import SCHEMA_VERSION, Store, StoreError, private_folder
 
 
 def event(kind="sq_intr", t=100.0, **kw):
@@ -250,3 +252,31 @@ def test_a_reader_beside_the_daemon_loses_none_of_its_writes(tmp_path):
     asyncio.run(scenario())
     assert seen == [1, 2, 3, 4]
     assert len(Store(path).events()) == 4
+
+
+def test_a_state_folder_is_made_private_and_an_old_open_one_of_ours_is_tightened(tmp_path):
+    new = tmp_path / "new" / "state"
+    assert private_folder(new, ours=False) is None and stat.S_IMODE(new.stat().st_mode) == 0o700
+    old = tmp_path / "old"  # made 0755 before the 0700 rule
+    old.mkdir(mode=0o755)
+    old.chmod(0o755)
+    assert private_folder(old, ours=True) is None and stat.S_IMODE(old.stat().st_mode) == 0o700
+
+
+def test_a_folder_the_user_chose_is_never_chmodded_nor_one_reached_through_a_link(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    warning = private_folder(shared, ours=False)
+    assert "open to other users (mode 0755)" in warning and stat.S_IMODE(shared.stat().st_mode) == 0o755
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    assert private_folder(link, ours=True) is None and stat.S_IMODE(shared.stat().st_mode) == 0o755
+
+
+def test_incident_bundles_live_in_a_private_folder(tmp_path):
+    incidents = tmp_path / "incidents"
+    incidents.mkdir()
+    incidents.chmod(0o755)  # an incidents folder from before the rule
+    report.Incidents._write(incidents / "20261203-120000-sq_intr", {"trigger": {}})
+    assert stat.S_IMODE(incidents.stat().st_mode) == 0o700
