@@ -39,6 +39,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
+def _seconds(text: str) -> float:
+    """A --timeout: a finite number of seconds above zero (0 or less would answer before asking)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuwarden", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
@@ -55,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     command("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
     reload = command("reload", help="make a running daemon re-read its configuration, and wait until it has")
     reload.add_argument("--pid", type=int, required=True, help="the daemon's pid (systemd: $MAINPID)")
-    reload.add_argument("--timeout", type=float, default=20.0, help="seconds to wait (default 20)")
+    reload.add_argument("--timeout", type=_seconds, default=20.0, help="seconds to wait (default 20)")
     reload.set_defaults(handler=cmd_reload)
     check = command("check", help="validate the configuration and print it")
     check.add_argument("file", nargs="?", type=Path, help="the configuration file (same as --config)")
@@ -75,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
     probe.add_argument("--json", action="store_true")
     probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
-    probe.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    probe.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
 
     status = command("status", help="a table of every GPU's latest reading")
@@ -107,7 +118,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="gpu: a GPU lost since boot; engine: an engine problem left unfixed within --window; "
                           "daemon: gpuwarden down or failing (default gpu)")
     npd.add_argument("--window", default="15m", help="how far back --condition engine looks (default 15m)")
-    npd.add_argument("--timeout", type=float, default=4.0, help="seconds for the whole check (default 4, NPD's is 5)")
+    npd.add_argument("--timeout", type=_seconds, default=4.0,
+                     help="seconds for the whole check (default 4, NPD's is 5)")
     npd.set_defaults(handler=cmd_npd_check)
 
     command("test-alert", help="send a test message to every alert target").set_defaults(

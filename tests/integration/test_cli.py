@@ -3,6 +3,7 @@
 import json
 import subprocess
 
+import pytest
 from helpers import GPUWARDEN
 
 from gpuwarden.store import Store
@@ -83,3 +84,10 @@ def test_quarantine_moves_the_poisoned_caches_and_records_it(tmp_path):
     assert again.returncode == 0 and "nothing moved" in again.stdout
     named = run("--config", str(cfg), "quarantine", str(caches[2]))  # a named directory moves as asked
     assert named.returncode == 0 and not caches[2].exists() and "0 zero-byte" in named.stdout
+
+
+@pytest.mark.parametrize("command", [["npd-check"], ["probe", "http://127.0.0.1:9/metrics"], ["reload", "--pid", "1"]])
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_cannot_be_waited_is_a_usage_error(command, timeout):
+    result = subprocess.run([*GPUWARDEN, *command, "--timeout", timeout], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "is not a number of seconds above 0" in result.stderr, result.stderr
