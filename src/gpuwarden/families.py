@@ -34,7 +34,11 @@ COMPONENT_UP = _declare("gpuwarden_component_up", "gauge",
                         "1 while the component runs (or finished its work), 0 while it waits to restart.", "component")
 COMPONENT_RESTARTS = _declare("gpuwarden_component_restarts_total", "counter",
                               "Restarts of a component after it failed.", "component")
-EVENTS = _declare("gpuwarden_events_total", "counter", "Events recorded, by kind and severity.", "kind", "severity")
+EVENTS = _declare("gpuwarden_events_total", "counter", "Live events recorded, by kind and severity.", "kind",
+                  "severity")
+HISTORY_EVENTS = _declare("gpuwarden_history_events_total", "counter",
+                          "Events from lines logged before gpuwarden started (look-back, catch-up), by kind and "
+                          "severity: reported, never acted on.", "kind", "severity")
 LOOP_LAG = _declare("gpuwarden_loop_lag_seconds", "gauge",
                     "How late the event loop is: the last check, or the one due now while a block goes on.")
 LOOP_BLOCKED = _declare("gpuwarden_loop_blocked_total", "counter",

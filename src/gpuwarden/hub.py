@@ -47,7 +47,9 @@ class Hub:
         if self.alerter and events:
             self.alerter.submit(events, ids)
         for event in events:
-            self.metrics.inc(families.EVENTS, event.kind, str(event.severity), by=event.count)
+            # apart: an alerting rule on the live counter must not fire for an earlier boot's fault at a start
+            counter = families.EVENTS if event.live else families.HISTORY_EVENTS
+            self.metrics.inc(counter, event.kind, str(event.severity), by=event.count)
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
             for action in policy.decide(event, self.situation()):

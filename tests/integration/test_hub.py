@@ -54,6 +54,9 @@ def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path)
 
     asyncio.run(scenario())
     assert [e["kind"] for e in hub.store.events()] == ["engine_stall", "engine_stall"]
+    counted = hub.metrics.snapshot()  # history is counted apart from live events
+    assert counted["gpuwarden_events_total"] == {("engine_stall", "warning"): 1}
+    assert counted["gpuwarden_history_events_total"] == {("engine_stall", "warning"): 1}
 
 
 def test_a_crash_loop_moves_the_poisoned_cache_aside_and_says_so(tmp_path):
