@@ -14,7 +14,22 @@ from gpuwarden.engine.canary import api_for, canary
 from gpuwarden.engine.discovery import COMMANDS, MORE, unit_of
 
 
-class FakeOllama:
+class Loopback:
+    """An HTTP server on a free loopback port, answered by `handler`, until close()."""
+
+    def serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        handler.log_message = lambda *args: None
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeOllama(Loopback):
     """/api/ps lists `loaded`; /api/generate answers at once, or after `delay` seconds."""
 
     def __init__(self, loaded=("tiny:latest",), delay=0.0):
@@ -39,17 +54,7 @@ class FakeOllama:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.fixture
@@ -108,7 +113,7 @@ def test_a_discovered_engines_unit_comes_from_its_cgroup(tmp_path):
     assert set(MORE) == set(COMMANDS)  # every engine discovery finds says what to switch on
 
 
-class FakeSGLang:
+class FakeSGLang(Loopback):
     """/health_generate as sglang/srt/entrypoints/http_server.py (sgl-project/sglang@0025436e) answers it: 200
     once the scheduler answered; 503 after its own deadline (it polls once a second, so never before 1 s) when
     nothing came back; 503 at once while the server starts."""
@@ -126,13 +131,7 @@ class FakeSGLang:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.serve(Handler)
 
 
 @pytest.mark.parametrize(("answer", "outcome"), [("ok", "ok"), ("stuck", "timeout"), ("starting", "error")])
@@ -141,8 +140,7 @@ def test_sglang_canary_is_its_own_health_generation(answer, outcome):
     try:
         result = asyncio.run(canary(fake.url, api_for("auto", "sglang"), 5))
     finally:
-        fake.server.shutdown()
-        fake.server.server_close()
+        fake.close()
     assert fake.paths == ["/health_generate"]
     assert result.outcome == outcome, result
     if outcome == "timeout":
