@@ -124,6 +124,7 @@ class DaemonConfig(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     loop_lag_warn: Interval = 1.0
     status_interval: Period = 30.0
+    incidents_keep: int = Field(default=100, ge=1, le=100_000)  # newest incident bundles kept; older deleted
 
 
 class ExporterConfig(Section):
