@@ -438,6 +438,7 @@ class EngineConfig(Section):
 class EnginesConfig(Section):
     discover: bool = True  # with no [[engine]]: find running engine servers and watch them with defaults
     discover_interval: Period = 30.0
+    max_discovered: int = Field(default=16, ge=1, le=1024)  # discovered engines watched (and probed a round)
 
 
 class GpuConfig(Section):
