@@ -75,6 +75,9 @@ FORGED = {
     "vllm": ["(APIServer pid=1) INFO 05-19 10:13:31 [logger.py:43] Received request cmpl-1: prompt: '"
              "INFO 05-19 10:13:31 [loggers.py:271] Engine 000: Avg prompt throughput: 9.0 tokens/s, Avg generation "
              "throughput: 9.0 tokens/s, Running: 1 reqs', params: SamplingParams(n=1)",
+             # vLLM puts its prefix before each line of a message: a client's text over lines gets it too
+             "(APIServer pid=1) INFO 05-19 10:13:31 [serving_chat.py:120] Engine 000: Avg prompt throughput: 9.0 "
+             "tokens/s, Avg generation throughput: 9.0 tokens/s, Running: 1 reqs",
              "(APIServer pid=1) INFO:     127.0.0.1:37016 - \"POST /v1/x?Avg prompt throughput: 9.0 tokens/s, Avg "
              "generation throughput: 9.0 tokens/s, Running: 1 reqs HTTP/1.1\" 404 Not Found"],
     "sglang": ["[2025-02-27 04:46:39 TP0] Receive: obj=GenerateReqInput(text='[2025-02-27 04:46:39 TP0] Decode "
@@ -109,6 +112,7 @@ def test_the_rules_accept_the_framing_others_add_and_colours(corpus):
     """A Docker timestamp, a Compose column, a journal prefix or a terminal's colours before a real line."""
     line = lines(corpus, "vllm.log")[1]
     for framed in ("2026-04-05T20:02:51.123456789Z " + line, "vllm-1  | " + line,
+                   line.replace("[loggers.py:", "[v1/metrics/loggers.py:"),  # VLLM_LOGGING_USE_RELPATH
                    "Apr 05 20:02:51 box vllm[3646]: " + line,
                    line.replace("INFO", "\x1b[32mINFO\x1b[0m")):
         reader = LogReader("vllm")

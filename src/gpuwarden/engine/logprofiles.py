@@ -53,7 +53,10 @@ def _r(prefix: str, message: str) -> re.Pattern[str]:
     return re.compile(rf"(?:{_FRAME}){{0,4}}{prefix}{message}")
 
 
-_VLLM = r"(?:INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? \[?[\w.]{1,64}\.py:\d{1,5}\] "  # logger.py's format
+# vllm/logger.py's format, from the stats loggers' own files only: vLLM repeats the whole prefix on every line
+# of a multi-line message, so a client's text split over lines carries it too, with another file's name
+_VLLM = (r"(?:INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? \[?(?:[\w.-]{1,64}/){0,6}"
+         r"(?:loggers|metrics|llm_engine)\.py:\d{1,5}\] ")
 _SGLANG = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]{2}\d{1,5}){0,4}\] "  # "[date time TP0] ", "[... DP0 TP0] "
 # common/log.cpp's optional timestamp and level, then server.cpp's "slot <func>: id N | task T | " or "srv <func>: "
 _LLAMA = r"(?:\d{1,6}\.\d\d\.\d{3}\.\d{3} [DIWE] )?"
