@@ -124,6 +124,7 @@ class DaemonConfig(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     loop_lag_warn: Interval = 1.0
     status_interval: Period = 30.0
+    incidents_keep: int = Field(default=100, ge=1, le=100_000)  # newest incident bundles kept; older deleted
 
 
 class ExporterConfig(Section):
@@ -437,6 +438,7 @@ class EngineConfig(Section):
 class EnginesConfig(Section):
     discover: bool = True  # with no [[engine]]: find running engine servers and watch them with defaults
     discover_interval: Period = 30.0
+    max_discovered: int = Field(default=16, ge=1, le=1024)  # discovered engines watched (and probed a round)
 
 
 class GpuConfig(Section):

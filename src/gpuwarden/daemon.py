@@ -52,6 +52,7 @@ class Daemon:
         act = lambda action, event: self.actuator.execute(action, event)  # noqa: E731 (the actuator comes next)
         self.hub = Hub(self.metrics, self.recorder, self._situation, act, config.daemon.state_dir / "incidents",
                        config.alerts.hostname)
+        self.hub.incidents.keep = config.daemon.incidents_keep
         self.actuator = Actuator(self.hub, None, config.cache)
         self.health = Health(config.daemon, self.hub, self.metrics, self.notifier, self.summary)
         self.supervisor = Supervisor(self.health.crashed, self.health.component_state)
@@ -222,6 +223,7 @@ class Daemon:
             exporter_changed = new.exporter != self.config.exporter
             self.config = new
             self.health.config, self.actuator.cache, self.hub.hostname = new.daemon, new.cache, new.alerts.hostname
+            self.hub.incidents.keep = new.daemon.incidents_keep
             self.alerter.configure(new.alerts, targets)
             self._set_engines(self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml))
             if exporter_changed:

@@ -13,6 +13,9 @@ import asyncio
 import json
 import logging
 import os
+import re
+import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +35,8 @@ WINDOW = 60.0  # the incident stays open this long: critical events join it, and
 KERNEL_LINES = 2000  # the daemon keeps this many recent kernel lines for the bundles
 PICTURE, BUNDLE, FAILED = "timeline.png", "incident.json", "render-error.txt"
 _TELEMETRY = ("power_watts", "sclk_hz", "busy_ratio", "state")
+KEEP = 100  # bundles kept ([daemon] incidents_keep): one a minute, forever, would fill the state disk
+_NAMED = re.compile(r"\d{8}-\d{6}-[a-z_]{1,64}(?:-\d{1,9})?")  # what folder_name and _unique make
 
 
 def folder_name(event: Event) -> str:
@@ -70,8 +75,8 @@ class Incidents:
     SETTLE and again when the window closes, each time followed by a fresh picture."""
 
     def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
-                 settle: float = SETTLE, window: float = WINDOW) -> None:
-        self.folder, self.gather, self.settle, self.window = folder, gather, settle, window
+                 settle: float = SETTLE, window: float = WINDOW, keep: int = KEEP) -> None:
+        self.folder, self.gather, self.settle, self.window, self.keep = folder, gather, settle, window, keep
         self._open: tuple[float, Path] | None = None  # (opened at, folder)
         self._by_event: dict[int, Path] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -98,23 +103,45 @@ class Incidents:
         for wait in (self.settle, self.window - self.settle):
             await asyncio.sleep(wait)
             try:
-                await asyncio.to_thread(self._write, path, self.gather(trigger, trigger_id, opened))
+                await asyncio.to_thread(self._write, path, self.gather(trigger, trigger_id, opened), self.keep)
                 await render_in_child(path, self.folder.parent / "matplotlib")
             except Exception:
                 log.exception("incident report %s could not be written", path)
         self._by_event = {i: p for i, p in self._by_event.items() if p != path}
 
     @staticmethod
-    def _write(path: Path, content: dict[str, Any]) -> None:
+    def _write(path: Path, content: dict[str, Any], keep: int = KEEP) -> None:
         private_folder(path.parent, ours=True)  # bundles hold kernel lines and process lists
+        new = not path.exists()
         path.mkdir(exist_ok=True)
         (path / FAILED).unlink(missing_ok=True)
         _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
         log.info("incident report written: %s", path)
+        if new:
+            try:
+                prune(path.parent, keep, path)
+            except OSError as exc:  # the new bundle is written all the same, and its picture drawn
+                log.error("cannot delete old incident reports in %s: %s", path.parent, exc)
 
     def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+
+def prune(folder: Path, keep: int, spare: Path | None = None) -> list[str]:
+    """Delete the oldest bundles beyond the newest `keep` (names start with their time, so they sort by it).
+    Only real folders named like a bundle count; a link, a file or another name is left as it is, and
+    rmtree removes a link inside a bundle without following it. `spare` (the bundle being written) stays."""
+    bundles = []
+    for entry in os.scandir(folder):
+        if _NAMED.fullmatch(entry.name) and stat.S_ISDIR(entry.stat(follow_symlinks=False).st_mode):
+            bundles.append(entry.name)
+    old = [n for n in sorted(bundles, reverse=True)[keep:] if spare is None or n != spare.name]
+    for name in old:
+        shutil.rmtree(folder / name, onerror=lambda _f, p, exc: log.error("cannot delete %s: %s", p, exc[1]))
+    if old:
+        log.info("deleted %d old incident report(s) in %s, keeping the newest %d", len(old), folder, keep)
+    return old
 
 
 def _unique(path: Path) -> Path:

@@ -53,12 +53,16 @@ ENGINE = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:1/metrics"\n'
      ":6: engine[0].target.pattern: not a regular expression: missing ), unterminated subpattern"),
     ('[[kernel.rule]]\npattern = "my_driver: fatal"\nkind = "gpu_reset"\nrunbook = "devce_lost"\n',
      ":4: kernel.rule[0].runbook: unknown runbook 'devce_lost' (did you mean 'device_lost'?)"),
+    ('[engines]\nmax_discovered = 0\n', ":2: engines.max_discovered: Input should be greater than or equal to 1"),
+    ('[daemon]\nlog_level = "info"\nincidents_keep = 0\n',
+     ":3: daemon.incidents_keep: Input should be greater than or equal to 1"),
 ], ids=["scrape_interval", "scrape_timeout", "min_stall-above-max_stall", "max_body_bytes", "status_interval",
         "loop_lag_warn", "gpu.interval", "read_deadline", "retry_initial", "retry_max-below-retry_initial",
         "send_timeout", "discover_interval", "verify_interval", "listen-unresolvable", "listen-two-ports",
         "disable_rules-unknown", "rule_severity-unknown", "two-log-sources", "log_container-name",
         "target-container-name", "docker_socket-relative", "kernel-file-without-file", "listen-port-too-big",
-        "alert-url", "alert-target-url", "target-pattern-not-a-regex", "rule-runbook-unknown"])
+        "alert-url", "alert-target-url", "target-pattern-not-a-regex", "rule-runbook-unknown",
+        "max_discovered", "incidents_keep"])
 def test_check_refuses_a_value_that_breaks_run_naming_key_and_line(tmp_path, config, names):
     path = tmp_path / "bad.toml"
     path.write_text(config)

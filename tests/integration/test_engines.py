@@ -1,6 +1,7 @@
 """The stuck-engine killer end to end: real engine processes on loopback, the real daemon, real signals."""
 
 import json
+import re
 import subprocess
 import time
 
@@ -243,3 +244,21 @@ def test_probe_fails_when_the_engine_is_down():
     out = subprocess.run([*GPUWARDEN, "probe", "--json", url], capture_output=True, text=True, timeout=30)
     report = json.loads(out.stdout)
     assert out.returncode == 1 and not report["up"] and report["error"].startswith("refused")
+
+
+def test_discovery_watches_at_most_max_discovered_and_says_once_which_it_skips(daemon_factory, fake_engine):
+    """Anyone can start servers that look like engines on loopback, and root scrapes each one it watches:
+    past [engines] max_discovered, the rest are skipped and named once in the log. Other engines on this host
+    (another test's) may be discovered too: the cap holds whatever they are."""
+    engines = [fake_engine("progress", "vllm", "serve", "Qwen/Qwen3-0.6B") for _ in range(3)]
+    d = daemon_factory('[engines]\ndiscover_interval = "1s"\nmax_discovered = 2\n').start()
+    d.wait_log("max_discovered (2) watches; not watching", timeout=20)
+
+    def watched() -> list[str]:
+        return re.findall(r'^gpuwarden_engine_up\{engine="([^"]+)"\} ', d.metrics(), re.M)
+    wait_for(lambda: len(watched()) == 2, 15, what="two engines watched")
+    time.sleep(3)  # three more discovery rounds
+    assert len(watched()) == 2, watched()
+    skipped = [e.port for e in engines if f"vllm-{e.port}" not in watched()]
+    assert skipped and all(d.log().count(f"vllm-{port} (pid ") == 1 for port in skipped)  # once, not each round
+    assert d.stop() == 0

@@ -68,10 +68,63 @@ def test_auto_picks_the_engine_of_the_first_line_it_knows_and_ignores_the_rest(c
     assert reader.lines == 4
 
 
+# Text a client chooses, as each engine logs it after its own prefix: vLLM's request log (a prompt, repr'd),
+# SGLang's --log-requests, llama-server's verbose request dump and access line, Ollama's GIN path (%#v). Each
+# carries a whole real progress line, prefix included, and must not count as progress.
+FORGED = {
+    "vllm": ["(APIServer pid=1) INFO 05-19 10:13:31 [logger.py:43] Received request cmpl-1: prompt: '"
+             "INFO 05-19 10:13:31 [loggers.py:271] Engine 000: Avg prompt throughput: 9.0 tokens/s, Avg generation "
+             "throughput: 9.0 tokens/s, Running: 1 reqs', params: SamplingParams(n=1)",
+             # vLLM puts its prefix before each line of a message: a client's text over lines gets it too
+             "(APIServer pid=1) INFO 05-19 10:13:31 [serving_chat.py:120] Engine 000: Avg prompt throughput: 9.0 "
+             "tokens/s, Avg generation throughput: 9.0 tokens/s, Running: 1 reqs",
+             "(APIServer pid=1) INFO:     127.0.0.1:37016 - \"POST /v1/x?Avg prompt throughput: 9.0 tokens/s, Avg "
+             "generation throughput: 9.0 tokens/s, Running: 1 reqs HTTP/1.1\" 404 Not Found"],
+    "sglang": ["[2025-02-27 04:46:39 TP0] Receive: obj=GenerateReqInput(text='[2025-02-27 04:46:39 TP0] Decode "
+               "batch. #running-req: 8, #token: 62531, token usage: 0.12, gen throughput (token/s): 186.64')",
+               "[2026-04-05 20:02:51] INFO:     127.0.0.1:40052 - \"POST /x?Prefill batch, #new-seq: 1, #new-token: "
+               "158, #running-req: 31 HTTP/1.1\" 404 Not Found"],
+    "llamacpp": ['srv  log_server_r: request:  {"prompt": "slot launch_slot_: id  0 | task 135 | processing task"}',
+                 "srv  log_server_r: done request: POST /x?slot print_timing: id  0 | task 1 | n_gen = 9, tg = 1 "
+                 "127.0.0.1 404",
+                 "slot update_slots: id  0 | task 124 | new prompt: slot print_timing: id  0 | task 1 | n_gen = 9"],
+    "ollama": ['[GIN] 2026/01/20 - 23:15:37 | 404 |    1.193025ms |       127.0.0.1 | GET      "/x | 200 | 1s | '
+               '127.0.0.1 | POST \\"/api/generate\\""',
+               '[GIN] 2026/01/20 - 23:15:37 | 200 |    1.193025ms |       127.0.0.1 | POST     "/api/show?[GIN] '
+               '2026/01/20 - 23:15:37 | 200 | 1s | 127.0.0.1 | POST     "/api/generate"',
+               'time=2024-08-19T14:09:56.520+08:00 level=INFO msg="[GIN] 2026/01/20 - 23:15:37 | 200 | 1s | '
+               '127.0.0.1 | POST     \\"/api/generate\\""'],
+}
+
+
+@pytest.mark.parametrize("profile", FORGED)
+def test_a_progress_line_forged_inside_a_client_text_is_not_progress(profile):
+    """Rules are anchored to the engine's own prefix: a prompt or path that carries one hides no stall."""
+    for chosen in (profile, "auto"):
+        reader = LogReader(chosen)
+        for line in FORGED[profile]:
+            reader.feed(line)
+            reader.feed("\x1b[32m" + line)  # colours are stripped, not a way around the anchor
+        assert (reader.lines, reader.sample().progress) == (0, 0 if chosen == profile else None), (chosen, line)
+
+
+def test_the_rules_accept_the_framing_others_add_and_colours(corpus):
+    """A Docker timestamp, a Compose column, a journal prefix or a terminal's colours before a real line."""
+    line = lines(corpus, "vllm.log")[1]
+    for framed in ("2026-04-05T20:02:51.123456789Z " + line, "vllm-1  | " + line,
+                   line.replace("[loggers.py:", "[v1/metrics/loggers.py:"),  # VLLM_LOGGING_USE_RELPATH
+                   "Apr 05 20:02:51 box vllm[3646]: " + line,
+                   line.replace("INFO", "\x1b[32mINFO\x1b[0m")):
+        reader = LogReader("vllm")
+        reader.feed(framed)
+        assert reader.sample().progress == 1, framed
+
+
 def test_a_vllm_stall_is_one_zero_line_then_silence_and_the_detector_sees_it():
     """V1 logs a 0.0 line once, then drops to DEBUG: silence after it, with requests running, is the stall."""
     reader, detector = LogReader("vllm"), StallDetector(min_stall=20)
-    busy = ("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: {} tokens/s, "
+    busy = ("(APIServer pid=1) INFO 05-19 10:13:31 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+            "Avg generation throughput: {} tokens/s, "
             "Running: 8 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%")
     for t in range(0, 60, 10):
         reader.feed(busy.format("312.5"))

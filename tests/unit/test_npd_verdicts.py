@@ -73,3 +73,26 @@ def test_a_check_that_hangs_is_unknown_in_time_and_one_that_raises_is_unknown():
     def broken():
         raise LookupError("no store at /x")
     assert npd.bounded(broken, 5) == (npd.UNKNOWN, "unknown: no store at /x")
+
+
+def test_the_store_is_asked_only_for_the_conditions_kinds(tmp_path):
+    """A big store is mostly other kinds (AER, page faults): they are left in SQLite, never decoded (a row
+    whose evidence is not JSON would fail the read if it were), and the verdicts are the same."""
+    import sqlite3
+
+    from gpuwarden.store import Store
+
+    db = tmp_path / "gpuwarden.db"
+    Store(db).close()
+    with sqlite3.connect(db) as conn:
+        insert = ("INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, dedupe_key)"
+                  " VALUES (?, ?, ?, ?, ?, '', ?, '')")
+        conn.executemany(insert, [(BOOT + i, "aer_corrected", "warning", "0000:03:00.0", None, "not json")
+                                  for i in range(1, 2000)])
+        conn.execute(insert, (BOOT + 5, "device_lost", "critical", "0000:03:00.0", None, "{}"))
+        conn.execute(insert, (BOOT + 9, "engine_stall", "critical", None, "vllm", "{}"))
+    gpu = npd.read_events(db, BOOT, 1.0, npd.GPU_LOST_KINDS)
+    assert [r["kind"] for r in gpu] == ["device_lost"] and npd.judge_gpu(gpu, BOOT)[0] == npd.PROBLEM
+    engine = npd.read_events(db, BOOT, 1.0, npd.ENGINE_KINDS)
+    assert [(r["kind"], r["engine"]) for r in engine] == [("engine_stall", "vllm")]
+    assert npd.read_events(db, BOOT + 6, 1.0, npd.GPU_LOST_KINDS) == []  # and only since `since`

@@ -84,3 +84,38 @@ def test_listing_and_a_failed_render(tmp_path):
 def test_folder_names_are_time_and_kind():
     event = Event("device_lost", Severity.CRITICAL, "x", T0, gpu=GPUS[0])
     assert report.folder_name(event) == "20261202-162228-device_lost"
+
+
+def test_only_the_newest_bundles_are_kept_and_nothing_else_is_touched(tmp_path):
+    """[daemon] incidents_keep: writing a new bundle deletes the oldest real bundle folders beyond it; a link
+    named like a bundle, a file, another folder, and what a link inside a bundle points to all stay."""
+    incidents, outside = tmp_path / "incidents", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    names = [f"2026120{day}-162228-device_lost" for day in range(1, 6)] + ["20261201-162228-device_lost-2"]
+    for name in names:
+        (incidents / name).mkdir(parents=True)
+        (incidents / name / report.BUNDLE).write_text("{}")
+    (incidents / "20261201-162228-device_lost" / "link").symlink_to(outside)  # inside the oldest one
+    (incidents / "20261130-000000-device_lost").symlink_to(outside, target_is_directory=True)  # oldest name
+    (incidents / "20261129-000000-device_lost").write_text("a file")
+    (incidents / "notes").mkdir()
+    newest = incidents / report.folder_name(Event("device_lost", Severity.CRITICAL, "x", T0 + 86400 * 5))
+
+    report.Incidents._write(newest, incident(), keep=3)
+
+    assert sorted(p.name for p in incidents.iterdir()) == [
+        "20261129-000000-device_lost", "20261130-000000-device_lost", "20261204-162228-device_lost",
+        "20261205-162228-device_lost", newest.name, "notes"]
+    assert (outside / "precious").read_text() == "keep me" and newest.name == "20261207-162228-device_lost"
+    report.Incidents._write(newest, incident(), keep=1)  # written again (the window's end): no new folder
+    assert (incidents / "20261204-162228-device_lost").is_dir()
+
+
+def test_the_bundle_being_written_is_never_deleted_even_when_older(tmp_path):
+    incidents = tmp_path / "incidents"
+    for name in ("20261203-000000-device_lost", "20261204-000000-device_lost"):
+        (incidents / name).mkdir(parents=True)
+    spare = incidents / "20261201-000000-gpu_reset"
+    report.Incidents._write(spare, incident(), keep=1)
+    assert sorted(p.name for p in incidents.iterdir()) == [spare.name, "20261204-000000-device_lost"]

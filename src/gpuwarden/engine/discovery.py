@@ -98,6 +98,12 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
     return sorted(found, key=lambda f: f.port)
 
 
+def probe_order(new: list[Found], probed: dict[str, float]) -> list[Found]:
+    """The servers not watched yet, the longest unprobed first: with at most [engines] max_discovered probed a
+    round, a crowd of servers that never answer cannot keep a later one from its turn."""
+    return sorted(new, key=lambda f: probed.get(f.name, float("-inf")))
+
+
 def listens(pid: int, proc: Path = Path("/proc")) -> bool:
     """The process holds a listening TCP socket, in whatever network namespace it is (its own /proc/<pid>/net
     shows that namespace's sockets; psutil shows only ours)."""

@@ -1,7 +1,10 @@
 """What each engine's own log lines say about progress, as data (the log twin of profiles.py).
 
-Each rule is a regular expression searched anywhere in a line (so any logging prefix, journal or Docker
-framing fits) and what a match means. Lines no rule matches are ignored, never guessed at. Each format was
+Each rule is a regular expression anchored at the start of a line: the engine's own logger prefix, then the
+message. Only framing that something outside the engine adds may come first (a journal or syslog prefix, a
+Docker or ISO timestamp, a Docker Compose service column, vLLM's `(APIServer pid=N)`): a rule searched
+anywhere matched a progress line forged inside a prompt the engine logs, or an Ollama request path, and hid a
+stall. What a match means is data too. Lines no rule matches are ignored, never guessed at. Each format was
 read in the engine's source; the comment says where and since when. Real lines of each, with where they were
 found, are in tests/corpus/logs/.
 """
@@ -35,8 +38,30 @@ class LogProfile:
     knows_running: bool  # the log says how many requests run (Ollama's does not: its canary watches it)
 
 
-def _r(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+# What others put before an engine's line, each form from tests/corpus/logs: a journal or syslog line
+# ("Jan 20 23:15:37 host ollama[1232]: "), an ISO or RFC 3339 time, a Compose column ("llama-cpp   | "), a
+# process tag ("(APIServer pid=1) ", "[51429] "). None can hold a logged prompt: that comes after the prefix.
+_FRAME = (r"(?:\S{1,8} {1,2}\d{1,2} \d\d:\d\d:\d\d(?: {1,2}[\w.-]{1,64})? {1,2}[\w.@/-]{1,64}:?\[\d+\]: "
+          r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? "
+          r"|[\w.-]{1,64} {1,64}\| "
+          r"|\(?\w{1,64} pid=\d+\) "
+          r"|\[\d+\] )")
+
+
+def _r(prefix: str, message: str) -> re.Pattern[str]:
+    """Framing, the engine's logger prefix, then its message: nothing else may come before the message."""
+    return re.compile(rf"(?:{_FRAME}){{0,4}}{prefix}{message}")
+
+
+# vllm/logger.py's format, from the stats loggers' own files only: vLLM repeats the whole prefix on every line
+# of a multi-line message, so a client's text split over lines carries it too, with another file's name
+_VLLM = (r"(?:INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? \[?(?:[\w.-]{1,64}/){0,6}"
+         r"(?:loggers|metrics|llm_engine)\.py:\d{1,5}\] ")
+_SGLANG = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]{2}\d{1,5}){0,4}\] "  # "[date time TP0] ", "[... DP0 TP0] "
+# common/log.cpp's optional timestamp and level, then server.cpp's "slot <func>: id N | task T | " or "srv <func>: "
+_LLAMA = r"(?:\d{1,6}\.\d\d\.\d{3}\.\d{3} [DIWE] )?"
+_SLOT = _LLAMA + r"slot +\w{1,12}: id +(?P<key>\d+) \| task -?\d+ \| "
+_SRV = _LLAMA + r"srv +\w{1,12}: "
 
 
 _NUM = r"[0-9]+(?:\.[0-9]+)?"
@@ -50,7 +75,7 @@ LOG_PROFILES: tuple[LogProfile, ...] = (
         # Running: %d reqs, ...", every VLLM_LOG_STATS_INTERVAL (10 s; 5 s in V0). V1 logs it at DEBUG once
         # this and the last interval both read 0 tokens/s: a stall shows as one 0.0 line, then silence.
         "vllm",
-        (LineRule(_r(rf"(?:Engine (?P<key>\d+): )?Avg prompt throughput: (?P<prompt>{_NUM}) tokens/s, "
+        (LineRule(_r(_VLLM, rf"(?:Engine (?P<key>\d+): )?Avg prompt throughput: (?P<prompt>{_NUM}) tokens/s, "
                      rf"Avg generation throughput: (?P<gen>{_NUM}) tokens/s, Running: (?P<running>\d+) reqs"),
                   running="set", tokens=("prompt", "gen")),),
         per_step=True, interval=10.0, knows_running=True),
@@ -60,9 +85,9 @@ LOG_PROFILES: tuple[LogProfile, ...] = (
         # ("Decode batch. #running-req" before 2025), and "Prefill batch[...], #new-seq: N, #new-token: T, ...
         # #running-req: R" for every prefill batch.
         "sglang",
-        (LineRule(_r(rf"Decode batch(?: \[\d+\])?[.,] #running-req: (?P<running>\d+),.{{0,512}}?"
+        (LineRule(_r(_SGLANG, rf"Decode batch(?: \[\d+\])?[.,] #running-req: (?P<running>\d+),.{{0,512}}?"
                      rf"gen throughput \(token/s\): (?P<gen>{_NUM})"), running="set", tokens=("gen",)),
-         LineRule(_r(r"Prefill batch(?: \[\d+\])?(?:\(mixed #running-req: \d+\))?[.,] #new-seq: (?P<new>\d+), "
+         LineRule(_r(_SGLANG, r"Prefill batch(?: \[\d+\])?(?:\(mixed #running-req: \d+\))?[.,] #new-seq: (?P<new>\d+), "
                      r"#new-token: (?P<tokens>\d+),.{0,512}?#running-req: (?P<running>\d+)"),
                   running="set", tokens=("tokens",))),
         per_step=True, interval=0.0, knows_running=True),
@@ -73,21 +98,26 @@ LOG_PROFILES: tuple[LogProfile, ...] = (
         # processing, n_tokens" (prompts over 3 s) and "n_gen = N, tg = " (every 3 s past 100 tokens, newer
         # builds). Older builds log only the per-request lines: progress then proves itself per request.
         "llamacpp",
-        (LineRule(_r(r"launch_slot_: id +(?P<key>\d+) \| task \d+ \| processing task"), running="busy",
+        (LineRule(_r(_SLOT.replace(r"\w{1,12}", "launch_slot_"), "processing task"), running="busy",
                   progress=True),
-         LineRule(_r(r"release: id +(?P<key>\d+) \| task \d+ \| stop processing"), running="idle", progress=True),
-         LineRule(_r(rf"(?:\||^)\s*total time = +(?P<ms>{_NUM}) ms /"), request_ms=True),
-         LineRule(_r(r"\| (?:n_gen = +\d+, tg = |prompt processing, n_tokens = |prompt done, n_tokens = )"),
+         LineRule(_r(_SLOT.replace(r"\w{1,12}", "release"), "stop processing"), running="idle", progress=True),
+         # print_timing's last line: its own, or (older builds) the bare third line of one multi-line message
+         LineRule(_r(rf"(?:{_SLOT.replace('?P<key>', '')})?", rf" *total time = +(?P<ms>{_NUM}) ms /"),
+                  request_ms=True),
+         LineRule(_r(_SLOT, r" *(?:n_gen = +\d+, tg = |prompt processing, n_tokens = |prompt done, n_tokens = )"),
                   progress=True),
-         LineRule(_r(r"update_slots: all slots are idle"), all_idle=True)),
+         LineRule(_r(_SRV.replace(r"\w{1,12}", "update_slots"), "all slots are idle"), all_idle=True)),
         per_step=False, interval=0.0, knows_running=True),
     LogProfile(
         # server/routes.go through gin's LoggerWithWriter (every Ollama release): one line per finished HTTP
         # request, "[GIN] date | status | latency | client | METHOD "path"". No line says what is running,
         # so the log only shows completions; the canary and /api/ps do the rest.
         "ollama",
-        (LineRule(_r(r'\[GIN\] [^|]{1,100}\| 200 \|[^|]{1,100}\|[^|]{1,100}\| POST +'
-                     r'"/(?:api/generate|api/chat|v1/chat/completions|v1/completions)"'), progress=True),),
+        # gin's fields are its own (date, status, latency, a parsed IP) and the path is quoted (%#v): the line
+        # must end at the path's closing quote, so no path can carry a second line's fields
+        (LineRule(_r(r"\[GIN\] \d{4}/\d\d/\d\d - \d\d:\d\d:\d\d \| ",
+                     r'200 \| {0,16}[\d.µunmhs]{1,32} \| {0,40}[\da-fA-F.:]{1,45} \| POST +'
+                     r'"/(?:api/generate|api/chat|v1/chat/completions|v1/completions)"\s*$'), progress=True),),
         per_step=False, interval=0.0, knows_running=False),
 )
 

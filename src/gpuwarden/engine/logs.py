@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,8 @@ _DEADLINE = 5.0
 # The lines the rules know are under 400 characters (tests/corpus/logs); a longer one carries someone's text and
 # is passed over, which also bounds the rules' work per line.
 MAX_RULE_LINE = 2048
+# A terminal's colours (a Docker TTY, vLLM's coloured level) sit inside the prefix the rules are anchored to
+_COLOUR = re.compile(r"\x1b\[[0-9;]{0,16}m")
 
 
 class LogReader:
@@ -37,9 +40,10 @@ class LogReader:
     def feed(self, line: str) -> None:
         if len(line) > MAX_RULE_LINE:
             return
+        line = _COLOUR.sub("", line) if "\x1b" in line else line
         for profile in (self.profile,) if self.profile else LOG_PROFILES:
             for rule in profile.rules:
-                match = rule.pattern.search(line)
+                match = rule.pattern.match(line)  # anchored: see logprofiles.py
                 if match:
                     self.profile = profile  # auto: the first engine whose line is seen
                     self.lines += 1

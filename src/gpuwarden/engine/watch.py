@@ -15,7 +15,7 @@ import psutil
 from gpuwarden import families
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
-from gpuwarden.engine.discovery import discover, with_source
+from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.metrics import EngineSample
@@ -129,6 +129,8 @@ class EngineWatch:
         self._tasks: asyncio.TaskGroup | None = None
         self._nvml = None if nvml else False  # loaded on first use; False when off ([gpu] nvml) or no driver
         self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
+        self._skipped: set[str] = set()  # discovered engines already said to be past max_discovered
+        self._probed: dict[str, float] = {}  # when each discovered server was last probed for a source
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -158,9 +160,12 @@ class EngineWatch:
         first = True
         while True:
             found = await asyncio.to_thread(discover)
-            for f in found:
-                if f.name in self.engines:
-                    continue
+            # Anyone can start servers that look like engines: root watches (and probes) a bounded number.
+            cap = self.settings.max_discovered
+            for f in probe_order([f for f in found if f.name not in self.engines], self._probed)[:cap]:
+                if len(self.engines) >= cap:
+                    break
+                self._probed[f.name] = time.monotonic()
                 f = await asyncio.to_thread(with_source, f)
                 if f.source == "none":
                     if f.name not in self._unwatchable:
@@ -176,10 +181,22 @@ class EngineWatch:
                     log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
                     on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
                 self._tasks.create_task(self._watch(state))
+            if len(self.engines) >= cap:
+                self._say_skipped([f for f in found if f.name not in self.engines], cap)
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
             first = False
             await asyncio.sleep(self.settings.discover_interval)
+
+    def _say_skipped(self, skipped: list[Found], cap: int) -> None:
+        new = [f for f in skipped if f.name not in self._skipped]
+        if new:
+            self._skipped.update(f.name for f in new)
+            names = ", ".join(f"{f.name} ({f.place})" for f in new[:10]) + (f" and {len(new) - 10} more"
+                                                                           if len(new) > 10 else "")
+            log.warning("discovered more engine servers than [engines] max_discovered (%d) watches; not watching "
+                        "%s. Configure the engines to watch ([[engine]]): configured ones are always watched",
+                        cap, names)
 
     # --- one engine ---------------------------------------------------------------------------------
 
