@@ -218,7 +218,6 @@ def test_a_ring_timeout_takes_the_process_of_the_information_line_after_it():
     events = classify_text(_corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log"))
     timeout = next(e for e in events if e.kind == "ring_timeout")
     assert timeout.evidence["process"] == {"pid": 3503, "name": "cosmic-comp"}
-    assert timeout.message.endswith("(raised by pid 3503 cosmic-comp)")
     # the kernel's own job (no task): pid 0, the GPU's own hang
     sdma = next(e for e in classify_text(_corpus("116-amd-sdma0-timeout-mode2-reset-resume-no-stamps.log"))
                 if e.kind == "ring_timeout")

@@ -83,6 +83,7 @@ class Burst:
     arrived: float  # caller's time of the latest line
     count: int = 1
     row_id: int | None = None
+    boot: str | None = None  # the boot its line was logged in, where the source says (a journal's catch-up)
 
     @property
     def final(self) -> Event:
@@ -220,8 +221,6 @@ class Classifier:
                 evidence["context_process"], process = process, None
         if process:
             evidence["process"] = process
-            if process["pid"]:
-                meaning = f"{meaning} (raised by pid {process['pid']} {process['name']})"
         if xid is not None:
             evidence["xid"] = xid
         if device:
@@ -232,8 +231,11 @@ class Classifier:
         if rule.quiet:
             return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
-        return [b for b in (self._burst(rule.kind, severity, gpu, device, xid, meaning, evidence, stamp, now),
-                            *outcomes) if b]
+        bursts = [b for b in (self._burst(rule.kind, severity, gpu, device, xid, meaning, evidence, stamp, now),
+                              *outcomes) if b]
+        for burst in bursts:  # a held line is released by a later record, which may be of another boot
+            burst.boot = burst.boot or record.boot
+        return bursts
 
     def _burst(self, kind: str, severity: Severity, gpu: str | None, device: str | None, xid: int | None,
                meaning: str, evidence: dict, stamp: float, now: float) -> Burst | None:
