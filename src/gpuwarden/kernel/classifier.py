@@ -140,6 +140,7 @@ class Classifier:
         self.storm_window = storm_window
         self.max_burst = max_burst
         self._bursts: dict[tuple, Burst] = {}
+        self._latest: dict[tuple, tuple] = {}  # (kind, severity, subject, xid) -> the key of its latest burst
         # rule -> recent lines: (gpu, log time, text, other device)
         self._recent: dict[str, list[tuple[str | None, float, str, str | None]]] = {}
         self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
@@ -154,8 +155,9 @@ class Classifier:
         out: list[Burst] = []
         if held := self._held:
             self._held = None
-            process = process_named(text) if _same_gpu(held.record, record) and not self._is_rule_line(text) \
-                else None
+            process = process_named(text) if _same_gpu(held.record, record) else None
+            if process is not None and self._is_rule_line(text):
+                process = None  # a fault of its own that names its process inline
             out += self._event(held.rule, held.match, held.record, held.stamp, held.now, process=process)
             if process is not None:  # the line was the fault's own process line
                 return out
@@ -194,6 +196,8 @@ class Classifier:
         for key, burst in list(self._bursts.items()):
             if everything or now - burst.arrived > self.storm_window:
                 del self._bursts[key]
+                if self._latest.get(key[:4]) == key:
+                    del self._latest[key[:4]]
                 if burst.count > 1:
                     grown.append(burst)
         new = []
@@ -243,8 +247,7 @@ class Classifier:
         process (a line that names no process joins the latest of them)."""
         pid = (evidence.get("process") or {}).get("pid")
         key = (kind, severity, gpu or device, xid, pid)
-        burst = self._bursts.get(key) if pid is not None else \
-            max((b for k, b in self._bursts.items() if k[:4] == key[:4]), key=lambda b: b.last, default=None)
+        burst = self._bursts.get(key if pid is not None else self._latest.get(key[:4], key))
         if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst:
             burst.count += 1
             burst.last, burst.arrived = stamp, now
@@ -253,6 +256,7 @@ class Classifier:
         event = Event(kind=kind, severity=severity, message=f"{meaning}{subject}", time=now, gpu=gpu,
                       evidence=evidence)
         burst = self._bursts[key] = Burst(event, stamp, stamp, now)
+        self._latest[key[:4]] = key
         return burst
 
     def _correlate(self, name: str, gpu: str | None, stamp: float, now: float, severity: Severity,
@@ -356,6 +360,8 @@ class Classifier:
 
 def process_named(text: str) -> dict | None:
     """The process a driver's line names: {"pid", "name"} (pid 0: the driver knew none), or None."""
+    if "pid" not in text:  # every format has it: most fault lines are done here
+        return None
     for regex in _PROCESS:
         if m := regex.search(text):
             return {"pid": int(m.group("pid") or 0), "name": m.group("name")}
