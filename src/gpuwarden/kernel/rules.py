@@ -402,6 +402,9 @@ RULES: tuple[Rule, ...] = (
        'amdgpu/amdgpu_vm.c: "Can\'t handle page fault (%d)\\n"', process_follows=True,
        examples=(corpus("071-amd-freebsd-dm-fences-timeout-retry-page-faults.log",
                         "drmn0: VM_L2_PROTECTION_FAULT_STATUS:0x00341051"),
+                 corpus("143-amd-gfx1151-no-retry-fault-process-on-own-line.log",  # its process: the next line
+                        "amdgpu 0000:c6:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3"
+                        " pasid:32769)"),
                  corpus("074-amd-legacy-gpu-fault-vm-context1-ih-overflow.log",
                         "VM fault (0x14, vmid 6) at page 1356316, write from 'TC0' (0x54433000) (8)")),
        counter_examples=("[drm] PCIE GART of 512M enabled (table at 0x000000801FB00000).",
