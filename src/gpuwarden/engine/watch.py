@@ -80,7 +80,7 @@ class EngineState:
         cfg = self.config
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
                           cfg.kill_budget, cfg.kill_budget_window, tuple(self.kills),
-                          frozenset(p.pid for p in self.procs))
+                          pids=frozenset(p.pid for p in self.procs))
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
