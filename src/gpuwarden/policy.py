@@ -5,6 +5,10 @@ actions out.
   completion (the canary) time out, is killed (or only alerted, as its config says); so is an engine on a GPU
   that the kernel reports hanging or faulting. A stall read from a log alone kills only once a canary confirmed
   it: a log is the engine's word, a completion is proof.
+- A GPU fault that the driver pins on a process (`evidence["process"]`, a pid other than 0) kills only the
+  engines that process belongs to: any local user with GPU access can make a GPU fault, and must not thereby
+  kill the engines sharing it (each of those gets a `Refuse`). A fault with no process, or pid 0, is the GPU's
+  own: every engine on it is killed.
 - An engine in a crash loop gets its poisoned compile caches moved aside.
 - Only live, local evidence acts: an event from a line logged before gpuwarden started (journal look-back,
   catch-up after a restart) is history, and a kernel fault acts only for a GPU this daemon has seen on this
@@ -22,7 +26,7 @@ Times given to the policy (`now`, kills, exits) are monotonic seconds: the polic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuwarden.kinds import GPU_FAULT_KINDS
 from gpuwarden.model import Event, Severity
@@ -43,6 +47,7 @@ class EngineView:
     kill_budget: int = 3
     kill_budget_window: float = 3600.0
     kills: tuple[float, ...] = ()  # monotonic times of its real kills (not dry runs)
+    pids: frozenset[int] = frozenset()  # its processes at the last look (none known: no fault is pinned on it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +147,28 @@ def _per_engine(engines: list[EngineView], setting: str, reason: str) -> list[Ki
             else AlertOnly(Kill(e.name, reason, e.dry_run), f'{setting} = "{getattr(e, setting)}"') for e in engines]
 
 
-def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | AlertOnly]:
+def _raised_by(event: Event) -> tuple[int, str] | None:
+    """The process the driver says raised the fault (pid, name); None when it names none, or pid 0 (none)."""
+    process = event.evidence.get("process")
+    if not isinstance(process, dict) or not isinstance(pid := process.get("pid"), int) or pid <= 0:
+        return None
+    return pid, str(process.get("name") or "")
+
+
+def _gpu_fault(event: Event, situation: Situation) -> list[Kill | AlertOnly | Refuse]:
+    """A kill for each engine on the GPU, or, when a process raised the fault, for its engines only."""
+    on_gpu = {e.name: e for e in situation.engines if _uses(e, event.gpu)}
+    reason = f"kernel reported {event.kind}" + (f" on {event.gpu}" if event.gpu else "")
+    if (raised := _raised_by(event)) is None:
+        return _per_engine(list(on_gpu.values()), "on_gpu_fault", reason)
+    pid, name = raised
+    return [a if not isinstance(a, Kill)
+            else replace(a, reason=f"{reason}, raised by its process {pid} ({name})") if pid in on_gpu[a.engine].pids
+            else Refuse(a, f"the fault was raised by pid {pid} ({name}), not one of {a.engine}'s processes")
+            for a in _per_engine(list(on_gpu.values()), "on_gpu_fault", reason)]
+
+
+def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | AlertOnly | Refuse]:
     named = [e for e in situation.engines if e.name == event.engine]
     if event.kind == "engine_stall":
         return _per_engine(named, "on_stall", "stalled")
@@ -153,9 +179,7 @@ def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | Aler
             "unresponsive with requests running"
         return _per_engine(named, "on_unresponsive", reason)
     if is_gpu_fault(event):
-        where = f" on {event.gpu}" if event.gpu else ""
-        return _per_engine([e for e in situation.engines if _uses(e, event.gpu)], "on_gpu_fault",
-                           f"kernel reported {event.kind}{where}")
+        return _gpu_fault(event, situation)
     if event.kind in QUARANTINE_KINDS:
         return [Quarantine(event.kind.replace("engine_", ""), situation.cache_dry_run)]
     return []

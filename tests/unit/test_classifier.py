@@ -1,10 +1,11 @@
 from kernel_helpers import classify_text, kinds
 
 from gpuwarden.config import parse
-from gpuwarden.kernel.classifier import Classifier
+from gpuwarden.kernel.classifier import PROCESS_WAIT, Classifier
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.watch import classifier_for
 from gpuwarden.model import Severity
+from paths import CORPUS
 
 C, W, I = Severity.CRITICAL, Severity.WARNING, Severity.INFO
 
@@ -181,8 +182,9 @@ def test_reset_after_wave_errors_on_the_same_gpu_is_escalated():
 
 def test_journal_device_field_names_the_gpu_for_gpu_rules_only():
     c = Classifier()
-    gpu = c.feed(KernelRecord("[drm] ring gfx_0.0.0 timeout", 1.0, device="0000:03:00.0"), 0)[0].event
-    port = c.feed(KernelRecord("AER: Uncorrected (Fatal) error received", 1.0, device="0000:00:01.1"), 0)[0].event
+    assert c.feed(KernelRecord("[drm] ring gfx_0.0.0 timeout", 1.0, device="0000:03:00.0"), 0) == []  # it waits
+    gpu, port = (b.event for b in c.feed(KernelRecord("AER: Uncorrected (Fatal) error received", 1.0,
+                                                      device="0000:00:01.1"), 0))  # for a process line: not this
     assert gpu.gpu == "0000:03:00.0"
     assert port.gpu is None and port.evidence["pci"] == "0000:00:01.1"
 
@@ -204,3 +206,76 @@ def test_a_function_offset_in_an_ordinary_message_does_not_open_an_oops():
     line = ("[3540.4] amdgpu 0000:03:00.0: PM: pci_pm_suspend_noirq(): amdgpu_pmops_suspend_noirq+0x0/0x40 [amdgpu]"
             " returns -22")
     assert "kernel_oops" not in kinds(classify_text(line))
+
+
+# --- the process a fault belongs to -------------------------------------------------------------------------
+
+def _corpus(name: str) -> str:
+    return (CORPUS / "kernel" / name).read_text()
+
+
+def test_a_ring_timeout_takes_the_process_of_the_information_line_after_it():
+    events = classify_text(_corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log"))
+    timeout = next(e for e in events if e.kind == "ring_timeout")
+    assert timeout.evidence["process"] == {"pid": 3503, "name": "cosmic-comp"}
+    # the kernel's own job (no task): pid 0, the GPU's own hang
+    sdma = next(e for e in classify_text(_corpus("116-amd-sdma0-timeout-mode2-reset-resume-no-stamps.log"))
+                if e.kind == "ring_timeout")
+    assert sdma.evidence["process"] == {"pid": 0, "name": ""}
+
+
+def test_a_page_fault_takes_its_process_from_its_own_line_or_the_next_one():
+    inline = [e for e in classify_text(_corpus("004-amd-gfxhub-page-fault-mi210.log")) if e.kind == "page_fault"]
+    # the log starts inside an earlier report: its status lines name no process
+    assert [e.evidence.get("process") for e in inline] == [None, {"pid": 2919831, "name": "pt_main_thread"}]
+    split = [e for e in classify_text(_corpus("143-amd-gfx1151-no-retry-fault-process-on-own-line.log"))
+             if e.kind == "page_fault"]
+    # the status lines of the report name no process: they join its burst, they are no fault of their own
+    assert [(e.evidence["process"]["pid"], e.evidence["rule"]) for e in split] == [(12924, "amd_page_fault")]
+    assert split[0].count > 1
+
+
+def test_faults_of_two_processes_in_one_burst_are_two_events():
+    """An attacker's faults must not swallow the engine's own fault into their burst, nor the other way."""
+    line = "[5.{:03d}] amdgpu ffff:fe:1f.7: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:{} " \
+           "pasid:{}, for process {} pid {} thread {} pid {})"
+    text = "\n".join((line.format(1, 3, 32769, "evil", 666, "evil", 666),
+                      "[5.002] amdgpu ffff:fe:1f.7: amdgpu: VM_L2_PROTECTION_FAULT_STATUS:0x00301031",
+                      line.format(3, 4, 32770, "vllm", 4242, "vllm", 4243),
+                      line.format(4, 3, 32769, "evil", 666, "evil", 666)))
+    events = [e for e in classify_text(text) if e.kind == "page_fault"]
+    assert [(e.evidence["process"]["pid"], e.count) for e in events] == [(666, 3), (4242, 1)]
+
+
+def test_a_process_line_of_another_gpu_is_not_the_faults():
+    c = Classifier()
+    assert c.feed(KernelRecord("amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=3",
+                               1.0), 0) == []
+    other = "amdgpu ffff:fe:1f.6: amdgpu:  Process vllm pid 4242 thread vllm pid 4243"
+    [timeout] = [b.event for b in c.feed(KernelRecord(other, 1.0), 0)]
+    assert "process" not in timeout.evidence and timeout.gpu == "ffff:fe:1f.7"
+
+
+def test_a_fault_line_waits_for_its_process_line_across_reads_and_not_longer():
+    timeout = KernelRecord("amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=3", 1.0)
+    process = KernelRecord("amdgpu ffff:fe:1f.7: amdgpu:  Process vllm pid 4242 thread vllm pid 4243", 1.0)
+    c = Classifier()
+    assert c.feed(timeout, 100.0) == [] and c.flush(100.0).new == []  # the read ended between the two lines
+    [event] = [b.event for b in c.feed(process, 100.1)]
+    assert event.evidence["process"] == {"pid": 4242, "name": "vllm"}
+    c = Classifier()
+    c.feed(timeout, 100.0)
+    assert c.flush(100.0 + PROCESS_WAIT / 2).new == []
+    [late] = [b.event for b in c.flush(100.0 + PROCESS_WAIT * 2).new]  # never lost: released without a process
+    assert late.kind == "ring_timeout" and "process" not in late.evidence
+
+
+def test_an_xid_names_its_process_only_when_it_is_an_applications_own():
+    events = classify_text(_corpus("020-nv-xid-13-and-43-sm-exceptions.log"))
+    by_xid = {e.evidence["xid"]: e for e in events}
+    assert by_xid[43].evidence["process"] == {"pid": 2924364, "name": "pt_main_thread"}
+    assert by_xid[13].evidence["process"] == {"pid": 0, "name": "<unknown>"}
+    gsp = [e for e in classify_text(_corpus("019-nv-xid-119-gsp-rpc-timeout.log")) if e.kind == "xid"]
+    # the GSP stopped answering while nvidia-smi asked it something: the GPU's fault, not nvidia-smi's
+    assert gsp and all("process" not in e.evidence for e in gsp)
+    assert gsp[0].evidence["context_process"] == {"pid": 2024380, "name": "nvidia-smi"}

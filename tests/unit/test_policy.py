@@ -144,3 +144,53 @@ def test_exits_within_the_window_count_and_our_own_kill_is_no_exit():
     assert exited((0.0, 50.0), 620.0, None, 10.0, 600.0) == (50.0, 620.0)  # the first left the window
     assert exited((), 100.0, 85.0, 10.0, 600.0) is None  # killed 15 s ago, grace 10 s: within 10 s more
     assert exited((), 100.0, 75.0, 10.0, 600.0) == (100.0,)
+
+
+# --- a fault the driver pins on a process kills only that process's engine ----------------------------------
+
+OWNER = EngineView("owner", frozenset({GPU_A}), "kill", "kill", pids=frozenset({4242, 4250}))
+OTHER = EngineView("other", frozenset({GPU_A}), "kill", "kill", pids=frozenset({5000}))
+UNSEEN = EngineView("unseen", frozenset({GPU_A}), "kill", "kill")  # its processes not found yet
+
+
+def test_a_fault_raised_by_an_engines_process_kills_only_that_engine():
+    fault = ev("page_fault", gpu=GPU_A, process={"pid": 4242, "name": "vllm"})
+    reason = f"kernel reported page_fault on {GPU_A}"
+    assert decide(fault, Situation([OWNER, OTHER, UNSEEN, B], SEEN, 1000.0)) == [
+        Kill("owner", f"{reason}, raised by its process 4242 (vllm)"),
+        Refuse(Kill("other", reason), "the fault was raised by pid 4242 (vllm), not one of other's processes"),
+        Refuse(Kill("unseen", reason), "the fault was raised by pid 4242 (vllm), not one of unseen's processes")]
+
+
+def test_a_fault_raised_by_a_stranger_kills_no_engine():
+    """Any local user in the render group can make the GPU fault: that must not make gpuwarden a weapon."""
+    for kind, severity in (("page_fault", Severity.WARNING), ("ring_timeout", Severity.WARNING),
+                           ("xid", Severity.CRITICAL)):
+        fault = ev(kind, gpu=GPU_A, severity=severity, process={"pid": 31337, "name": "evil"})
+        actions = decide(fault, Situation([OWNER, OTHER], SEEN, 1000.0))
+        assert [(type(a), a.action.engine, a.by_hand) for a in actions] == [(Refuse, "owner", False),
+                                                                            (Refuse, "other", False)], kind
+        assert all("raised by pid 31337 (evil)" in a.reason for a in actions)
+
+
+def test_a_fault_of_pid_0_or_of_no_process_is_the_gpus_own_and_kills_every_engine_on_it():
+    for evidence in ({"process": {"pid": 0, "name": ""}}, {"process": {"pid": 0, "name": "<unknown>"}}, {},
+                     {"context_process": {"pid": 31337, "name": "nvidia-smi"}}):
+        fault = ev("ring_timeout", gpu=GPU_A, **evidence)
+        assert [a.engine for a in acts(fault, [OWNER, OTHER])] == ["owner", "other"], evidence
+
+
+def test_a_thread_id_is_not_a_process_of_the_engine_and_a_thread_of_it_is_not_needed():
+    """The pid is the faulting task's process (its tgid): an engine's own process ids are what it is matched on."""
+    assert [type(a) for a in acts(ev("sq_intr", gpu=GPU_A, process={"pid": 4250, "name": "x"}), [OWNER])] == [Kill]
+    assert [type(a) for a in acts(ev("sq_intr", gpu=GPU_A, process={"pid": 4243, "name": "x"}), [OWNER])] == [Refuse]
+
+
+def test_a_pinned_fault_still_obeys_history_budget_and_the_alert_setting():
+    fault = ev("page_fault", gpu=GPU_A, process={"pid": 4242, "name": "vllm"})
+    assert [a.reason for a in acts(fault.as_history(), [OWNER])] == ["history: logged before gpuwarden started"]
+    spent = EngineView("owner", frozenset({GPU_A}), "kill", "kill", kill_budget=1, kills=(999.0,),
+                       pids=frozenset({4242}))
+    assert [(type(a), a.by_hand) for a in acts(fault, [spent])] == [(Refuse, True)]
+    alert = EngineView("owner", frozenset({GPU_A}), "kill", "alert", pids=frozenset({4242}))
+    assert [type(a) for a in decide(fault, Situation([alert], SEEN, 1000.0))] == [AlertOnly]

@@ -6,11 +6,20 @@ from functools import cache
 
 import pytest
 
-from gpuwarden.kernel.classifier import Classifier
+from gpuwarden.kernel.classifier import Classifier, process_named
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.hints import hints
 from gpuwarden.kernel.records import KernelRecord
-from gpuwarden.kernel.rules import GHES_RECORD, OOPS_END, OOPS_HEADERS, OOPS_HINTS, RULES, TRACE_LINE, Rule
+from gpuwarden.kernel.rules import (
+    GHES_RECORD,
+    OOPS_END,
+    OOPS_HEADERS,
+    OOPS_HINTS,
+    PROCESS_FORMATS,
+    RULES,
+    TRACE_LINE,
+    Rule,
+)
 from gpuwarden.model import Severity
 from paths import CORPUS
 
@@ -82,6 +91,31 @@ def test_every_example_says_where_it_comes_from_truthfully(rule):
             assert all(d.lower().endswith("ffff") for d in _PCI.findall(example.text)), example.text
         else:
             assert example.text in _corpus_texts(example.origin), f"not a line of {example.origin}"
+
+
+@pytest.mark.parametrize("fmt", PROCESS_FORMATS, ids=lambda f: f.name)
+def test_process_formats_name_their_examples_process_truthfully(fmt):
+    """Each example is a line of its corpus file or fits one of the format's own format strings, and names the
+    pid and name it says (a crafted process name included)."""
+    assert fmt.examples
+    for example, pid, name in fmt.examples:
+        if example.origin == "template":
+            assert any(re.search(_format_regex(s), example.text) for s in fmt.sources), example.text
+            assert all(d.lower().endswith("ffff") for d in _PCI.findall(example.text)), example.text
+        else:
+            assert example.text in _corpus_texts(example.origin), f"not a line of {example.origin}"
+        assert process_named(example.text) == {"pid": pid, "name": name}, example.text
+
+
+@pytest.mark.parametrize("text", [
+    "amdgpu ffff:fe:1f.7: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3 pasid:32769)",
+    "amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=3",
+    "Process information: process vllm pid 4242",  # cut: no thread part, so no pid is trusted
+    "Process information: process a-name-far-too-long-for-a-comm pid 4242 thread x pid 4243",
+    "NVRM: Xid (PCI:ffff:fe:1f): 79, GPU has fallen off the bus.",  # drivers before pids were printed
+])
+def test_lines_that_name_no_process(text):
+    assert process_named(text) is None
 
 
 @pytest.mark.parametrize(("pattern", "expected"), [

@@ -79,7 +79,8 @@ class EngineState:
     def view(self) -> EngineView:
         cfg = self.config
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
-                          cfg.kill_budget, cfg.kill_budget_window, tuple(self.kills))
+                          cfg.kill_budget, cfg.kill_budget_window, tuple(self.kills),
+                          pids=frozenset(p.pid for p in self.procs))
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:

@@ -10,6 +10,12 @@
   a new event. `flush` closes bursts that saw no line for `storm_window` (in the caller's time).
 - Oops reports span many lines: they are collected until they end, then judged by whether a GPU driver
   is in the trace.
+- A fault names the process it belongs to (`evidence["process"]`, rules.PROCESS_FORMATS) in its own line, or, for
+  a rule with `process_follows`, in the next line of the same report: such a line waits for the next record (at
+  most PROCESS_WAIT seconds, in the caller's time, for a report cut between reads). A burst is one process's: a
+  line naming another process starts a new event; a line that names none (a fault's status lines) joins the
+  latest. An Xid names a process in every line, but only an application's Xid (xid.PROCESS_XIDS) is that
+  process's fault; for the others it is kept as `context_process`.
 - A benign line costs one Aho-Corasick scan for the rules' literal hints (derived from their expressions,
   kernel/hints.py); only lines that hold one are matched against the expressions. A rule whose expression
   yields no hints (a case-insensitive config rule) is tried on every line.
@@ -41,6 +47,7 @@ from gpuwarden.kernel.rules import (
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
+    PROCESS_FORMATS,
     RULES,
     TRACE_LINE,
     Correlation,
@@ -62,6 +69,8 @@ _GHES_PCIE = re.compile(GHES_PCIE)
 _OOPS_HEADERS = [(re.compile(p), s) for p, s in OOPS_HEADERS]
 _OOPS_END = re.compile(OOPS_END)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
+_PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
+PROCESS_WAIT = 0.5  # seconds a fault line waits for its report's process line when the reads split them
 
 
 @dataclass
@@ -74,10 +83,21 @@ class Burst:
     arrived: float  # caller's time of the latest line
     count: int = 1
     row_id: int | None = None
+    boot: str | None = None  # the boot its line was logged in, where the source says (a journal's catch-up)
 
     @property
     def final(self) -> Event:
         return replace(self.event, count=self.count)
+
+
+class _Held(NamedTuple):
+    """A fault line waiting for the process line that may follow it."""
+
+    rule: Rule
+    match: re.Match[str]
+    record: KernelRecord
+    stamp: float
+    now: float
 
 
 class Flushed(NamedTuple):
@@ -120,17 +140,27 @@ class Classifier:
         self.storm_window = storm_window
         self.max_burst = max_burst
         self._bursts: dict[tuple, Burst] = {}
+        self._latest: dict[tuple, tuple] = {}  # (kind, severity, subject, xid) -> the key of its latest burst
         # rule -> recent lines: (gpu, log time, text, other device)
         self._recent: dict[str, list[tuple[str | None, float, str, str | None]]] = {}
         self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
         self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
+        self._held: _Held | None = None
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
         text = record.text
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
+        if held := self._held:
+            self._held = None
+            process = process_named(text) if _same_gpu(held.record, record) else None
+            if process is not None and self._is_rule_line(text):
+                process = None  # a fault of its own that names its process inline
+            out += self._event(held.rule, held.match, held.record, held.stamp, held.now, process=process)
+            if process is not None:  # the line was the fault's own process line
+                return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
         gated = next(self._gate.iter(text), None) is not None
@@ -146,9 +176,16 @@ class Classifier:
         for regex, rule in self._rules if gated else self._unhinted:
             m = regex.search(text)
             if m:
-                out += self._event(rule, m, record, stamp, now)
+                if rule.process_follows and process_named(text) is None:
+                    self._held = _Held(rule, m, record, stamp, now)
+                else:
+                    out += self._event(rule, m, record, stamp, now)
                 break
         return out
+
+    def _is_rule_line(self, text: str) -> bool:
+        """A line of a fault of its own (one that names its process inline is not the process line of another)."""
+        return any(regex.search(text) for regex, _ in self._rules)
 
     def flush(self, now: float, *, everything: bool = False) -> Flushed:
         """Close bursts and oops reports that ended (`everything`: all of them, at the end of a replay).
@@ -159,25 +196,35 @@ class Classifier:
         for key, burst in list(self._bursts.items()):
             if everything or now - burst.arrived > self.storm_window:
                 del self._bursts[key]
+                if self._latest.get(key[:4]) == key:
+                    del self._latest[key[:4]]
                 if burst.count > 1:
                     grown.append(burst)
         new = []
+        if (held := self._held) and (everything or now - held.now > PROCESS_WAIT):
+            self._held = None
+            new += self._event(held.rule, held.match, held.record, held.stamp, held.now)
         if self._oops and (everything or now - self._oops.arrived > self.storm_window):
-            new = self._close_oops(now)
+            new += self._close_oops(now)
         return Flushed(new, grown)
 
     # --- one-line events -------------------------------------------------------------------------
 
     def _event(self, rule: Rule, m: re.Match[str], record: KernelRecord, stamp: float, now: float,
-               severity: Severity | None = None) -> list[Burst]:
+               severity: Severity | None = None, process: dict | None = None) -> list[Burst]:
         gpu, device = _attribute(record, rule.vendor)
         severity, meaning, xid = severity or rule.severity, rule.meaning, None
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
+        process = process or process_named(record.text)
         if rule.kind == "xid":
             xid = int(m.group("xid"))
             if cause := _CAUSED_BY.search(record.text):
                 evidence["caused_by"] = int(cause.group(1))
             severity, meaning = xid_catalog.judge(xid, self._xid_overrides, evidence.get("caused_by"))
+            if process and xid not in xid_catalog.PROCESS_XIDS:
+                evidence["context_process"], process = process, None
+        if process:
+            evidence["process"] = process
         if xid is not None:
             evidence["xid"] = xid
         if device:
@@ -188,14 +235,19 @@ class Classifier:
         if rule.quiet:
             return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
-        return [b for b in (self._burst(rule.kind, severity, gpu, device, xid, meaning, evidence, stamp, now),
-                            *outcomes) if b]
+        bursts = [b for b in (self._burst(rule.kind, severity, gpu, device, xid, meaning, evidence, stamp, now),
+                              *outcomes) if b]
+        for burst in bursts:  # a held line is released by a later record, which may be of another boot
+            burst.boot = burst.boot or record.boot
+        return bursts
 
     def _burst(self, kind: str, severity: Severity, gpu: str | None, device: str | None, xid: int | None,
                meaning: str, evidence: dict, stamp: float, now: float) -> Burst | None:
-        """A new event, or None when the line joins the open burst of the same kind, severity and subject."""
-        key = (kind, severity, gpu or device, xid)
-        burst = self._bursts.get(key)
+        """A new event, or None when the line joins the open burst of the same kind, severity, subject and
+        process (a line that names no process joins the latest of them)."""
+        pid = (evidence.get("process") or {}).get("pid")
+        key = (kind, severity, gpu or device, xid, pid)
+        burst = self._bursts.get(key if pid is not None else self._latest.get(key[:4], key))
         if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst:
             burst.count += 1
             burst.last, burst.arrived = stamp, now
@@ -204,6 +256,7 @@ class Classifier:
         event = Event(kind=kind, severity=severity, message=f"{meaning}{subject}", time=now, gpu=gpu,
                       evidence=evidence)
         burst = self._bursts[key] = Burst(event, stamp, stamp, now)
+        self._latest[key[:4]] = key
         return burst
 
     def _correlate(self, name: str, gpu: str | None, stamp: float, now: float, severity: Severity,
@@ -303,6 +356,22 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
+
+
+def process_named(text: str) -> dict | None:
+    """The process a driver's line names: {"pid", "name"} (pid 0: the driver knew none), or None."""
+    if "pid" not in text:  # every format has it: most fault lines are done here
+        return None
+    for regex in _PROCESS:
+        if m := regex.search(text):
+            return {"pid": int(m.group("pid") or 0), "name": m.group("name")}
+    return None
+
+
+def _same_gpu(first: KernelRecord, then: KernelRecord) -> bool:
+    """Two lines may be of one report: they name the same GPU, or one of them names none."""
+    a, b = _attribute(first, "amd")[0], _attribute(then, "amd")[0]
+    return a is None or b is None or a == b
 
 
 def _attribute(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:

@@ -52,6 +52,7 @@ class Rule:
     runbook: str
     sources: tuple[str, ...] = ()  # "file: format string" the pattern was written from
     quiet: bool = False  # a line inside another report: it feeds correlations but makes no event of its own
+    process_follows: bool = False  # the driver may name the faulting process on the next line (PROCESS_FORMATS)
     examples: tuple[Example, ...] = ()
     counter_examples: tuple[str, ...] = ()
 
@@ -61,9 +62,10 @@ class Rule:
         return literal_hints(self.pattern)
 
 
-def _r(name, pattern, kind, severity, vendor, meaning, runbook, *sources, quiet=False, examples=(),
-       counter_examples=()) -> Rule:
-    return Rule(name, pattern, kind, severity, vendor, meaning, runbook, sources, quiet, examples, counter_examples)
+def _r(name, pattern, kind, severity, vendor, meaning, runbook, *sources, quiet=False, process_follows=False,
+       examples=(), counter_examples=()) -> Rule:
+    return Rule(name, pattern, kind, severity, vendor, meaning, runbook, sources, quiet, process_follows, examples,
+                counter_examples)
 
 
 RULES: tuple[Rule, ...] = (
@@ -210,7 +212,7 @@ RULES: tuple[Rule, ...] = (
     _r("amd_ring_timeout", r"\bring \S+ timeout", "ring_timeout", W, "amd",
        "a GPU ring stopped completing jobs (job timeout)", "gpu_fault",
        'amdgpu/amdgpu_job.c: "ring %s timeout, signaled seq=%u, emitted seq=%u\\n"',
-       'amdgpu/amdgpu_job.c: "ring %s timeout, but soft recovered\\n"',
+       'amdgpu/amdgpu_job.c: "ring %s timeout, but soft recovered\\n"', process_follows=True,
        examples=(corpus("115-amd-navi10-ring-reset-failed-baco-vram-lost.log",
                         "amdgpu 0000:28:00.0: ring gfx_0.0.0 timeout, signaled seq=57638, emitted seq=57641"),
                  corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log",
@@ -397,9 +399,12 @@ RULES: tuple[Rule, ...] = (
        'amdgpu/gfxhub_v2_0.c: "GCVM_L2_PROTECTION_FAULT_STATUS:0x%08X\\n"',
        'amdgpu/gmc_v8_0.c: "GPU fault detected: %d 0x%08x\\n"',
        'amdgpu/gmc_v8_0.c: "VM fault (0x%02x, vmid %d, pasid %d) at page %u, %s from \'%s\' (0x%08x) (%d)\\n"',
-       'amdgpu/amdgpu_vm.c: "Can\'t handle page fault (%d)\\n"',
+       'amdgpu/amdgpu_vm.c: "Can\'t handle page fault (%d)\\n"', process_follows=True,
        examples=(corpus("071-amd-freebsd-dm-fences-timeout-retry-page-faults.log",
                         "drmn0: VM_L2_PROTECTION_FAULT_STATUS:0x00341051"),
+                 corpus("143-amd-gfx1151-no-retry-fault-process-on-own-line.log",  # its process: the next line
+                        "amdgpu 0000:c6:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3"
+                        " pasid:32769)"),
                  corpus("074-amd-legacy-gpu-fault-vm-context1-ih-overflow.log",
                         "VM fault (0x14, vmid 6) at page 1356316, write from 'TC0' (0x54433000) (8)")),
        counter_examples=("[drm] PCIE GART of 512M enabled (table at 0x000000801FB00000).",
@@ -519,6 +524,71 @@ def configured(disabled: Iterable[str] = (), severities: Mapping[str, Severity] 
     severities, disabled = severities or {}, set(disabled)
     return tuple(replace(r, severity=severities[r.name]) if r.name in severities else r
                  for r in RULES if r.name not in disabled)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFormat:
+    """How a driver names the process a fault belongs to: in the fault's own line, or in the line right after it
+    (for a rule with `process_follows`). Groups: `pid` (absent: the driver knew no process) and `name`. Names are
+    a task's comm (at most 15 characters, chosen by whoever runs the task): the expressions bound them and anchor
+    the pid between the driver's fixed words, so that a process name cannot pass for another pid."""
+
+    name: str
+    pattern: str
+    sources: tuple[str, ...]
+    examples: tuple[tuple[Example, int, str], ...]  # a line, the pid and the name it names (0: no process)
+
+
+_COMM = r".{0,15}"
+PROCESS_FORMATS: tuple[ProcessFormat, ...] = (
+    ProcessFormat(
+        "amd_task_info",
+        rf"(?:Process information: process|Process info: process|for process|: +Process) (?P<name>{_COMM}) "
+        rf"(?:pid|tid) (?P<pid>\d+) thread {_COMM} pid \d+\)?\s*$",
+        ('amdgpu/gmc_v9_0.c, gmc_v10_0.c, gmc_v11_0.c (before about Linux 6.10, in the fault line): "[%s] %s page fault'
+         ' (src_id:%u ring:%u vmid:%u pasid:%u, for process %s pid %d thread %s pid %d)\\n"',
+         'amdgpu/gmc_v9_0.c, gmc_v10_0.c, gmc_v11_0.c (from about Linux 6.10, the next line):'
+         ' " for process %s pid %d thread %s pid %d)\\n"',
+         'amdgpu/amdgpu_job.c (until 2025, the line after "ring %s timeout"): "Process information: process %s pid %d'
+         ' thread %s pid %d\\n"',
+         'amdgpu/amdgpu_vm.c amdgpu_vm_print_task_info (2025 kernels, the line after a page fault or a ring timeout):'
+         ' " Process %s pid %d thread %s pid %d\\n"',
+         'amdkfd/kfd_events.c (a 2024 patch, queue hang detection): "Process info: process %s tid %d thread %s'
+         ' pid %d\\n"'),
+        ((corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log",
+                 "[drm:amdgpu_job_timedout [amdgpu]] *ERROR* Process information: process cosmic-comp pid 3503"
+                 " thread cosmic-com:cs0 pid 3539"), 3503, "cosmic-comp"),
+         (corpus("143-amd-gfx1151-no-retry-fault-process-on-own-line.log",
+                 "amdgpu 0000:c6:00.0: amdgpu:  for process pt_main_thread pid 12924 thread pt_main_thread pid"
+                 " 12924)"), 12924, "pt_main_thread"),
+         (corpus("004-amd-gfxhub-page-fault-mi210.log",
+                 "amdgpu 0000:25:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:144 vmid:3 pasid:32769,"
+                 " for process pt_main_thread pid 2919831 thread pt_main_thread pid 2919831)"), 2919831,
+          "pt_main_thread"),
+         (corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log",
+                 "drmn0: Process information: process  pid 167175 thread  pid 167175"), 167175, ""),
+         (corpus("116-amd-sdma0-timeout-mode2-reset-resume-no-stamps.log",
+                 "[drm:amdgpu_job_timedout [amdgpu]] *ERROR* Process information: process  pid 0 thread  pid 0"),
+          0, ""),
+         (template(A + " Process vllm pid 4242 thread vllm pid 4250"), 4242, "vllm"),
+         (template("[drm] *ERROR* Process info: process python3 tid 4242 thread python3 pid 4250"), 4242,
+          "python3"),
+         # a name made to look like the format still names its own pid, not the one it spells
+         (template(A + " Process a pid 9 thread  pid 4242 thread a pid 4243"), 4242, "a pid 9 thread "))),
+    ProcessFormat(
+        "nv_xid_process",
+        rf"Xid \(PCI:[^)]*\): \d+, (?:pid=(?P<pid>\d+)|pid='<unknown>'), +name=(?P<name>{_COMM}?)(?:, |$)",
+        ('nvidia/src/kernel (nvErrorLog): "Xid (PCI:%s): %u, pid=%d, name=%s, %s" in the Xid line; the pid is'
+         ' \'<unknown>\' when the driver raised it outside any process (drivers before 4xx printed no pid)',),
+        ((corpus("020-nv-xid-13-and-43-sm-exceptions.log",
+                 "NVRM: Xid (PCI:0000:38:00): 43, pid=2924364, name=pt_main_thread, Ch 00000008"), 2924364,
+          "pt_main_thread"),
+         (corpus("124-nv-xid-109-syslog-without-host-or-ident.log",
+                 "NVRM: Xid (PCI:0000:02:00): 109, pid=8494,   name=RenderThread, channel 0x0000000d, CTX SWITCH"
+                 " TIMEOUT, Info 0x14c011"), 8494, "RenderThread"),
+         (corpus("122-nv-xid-31-mmu-fault-62-halt-45-cleanup.log",
+                 "NVRM: Xid (PCI:0000:0a:00): 45, pid='<unknown>', name=<unknown>, Ch 00000008"), 0, "<unknown>"))),
+)
 
 
 # APEI/GHES records (drivers/firmware/efi/cper.c: "%sevent severity: %s\n", "%s section_type: %s\n"): the

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from gpuwarden import families
 from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.classifier import Burst, Classifier
+from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import Rule, configured
 from gpuwarden.kernel.sources import (
     KMSG,
@@ -116,7 +117,7 @@ class KernelWatch:
         seen_malformed = seen_overruns = seen_lines = 0
         saved_at = 0.0
         try:
-            async for batch in source.batches():
+            async for batch, ended in _then_end(source.batches()):
                 now = time.time()
                 bursts: list[Burst] = []
                 for record in batch:
@@ -126,7 +127,7 @@ class KernelWatch:
                             burst.event = burst.event.as_history()
                     bursts += started
                 sink.kernel_lines(now, [r.text for r in batch])
-                flushed = self.classifier.flush(now)
+                flushed = self.classifier.flush(now, everything=ended)
                 bursts += flushed.new
                 if source.overruns > seen_overruns:
                     lost = source.overruns - seen_overruns
@@ -159,9 +160,20 @@ class KernelWatch:
 
     def _is_history(self, burst: Burst) -> bool:
         """Judged by the line's own kernel time, not by when it was read. kmsg and journal records carry the
-        kernel's monotonic time (a record of an earlier boot is marked as it is fed); a file's lines are read
-        from its end, so they are new."""
+        kernel's monotonic time (a line of an earlier boot is history whatever its time: marked as it is fed, or
+        by the burst's own boot for a line the classifier held); a file's lines are read from its end, so they
+        are new."""
+        if burst.boot and burst.boot != self.boot:
+            return True
         return self.live_since is not None and self.source.kernel_clock and burst.first < self.live_since
+
+
+async def _then_end(batches: AsyncIterator[list[KernelRecord]]) -> AsyncIterator[tuple[list[KernelRecord], bool]]:
+    """The source's batches, then an empty one when it ends: what the classifier still holds (a fault line
+    waiting for its process line, an open oops report) is recorded, not lost."""
+    async for batch in batches:
+        yield batch, False
+    yield [], True
 
 
 def behind_port(event: Event, gpus_behind: Callable[[str], list[str]]) -> Event:

@@ -49,6 +49,11 @@ XIDS: dict[int, tuple[Severity, str]] = {
 
 UNKNOWN = (W, "Xid not in gpuwarden's catalog")
 
+# Xids that are one process's own (NVIDIA's table: "user application error"): the pid in the line raised it. In
+# the others the pid is only the process the driver ran for when it noticed the GPU (or its firmware, memory,
+# link) failing: the fault is the GPU's, every process on it is hit.
+PROCESS_XIDS = frozenset({13, 31, 43, 45, 68, 69, 94, 109})
+
 
 def describe(xid: int) -> tuple[Severity, str]:
     return XIDS.get(xid, UNKNOWN)

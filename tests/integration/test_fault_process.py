@@ -1,0 +1,55 @@
+"""A GPU fault kills only the engine whose process raised it: the real daemon reads a real /dev/kmsg, two real
+engine processes share one GPU (a fake Radeon sysfs tree: none is here), and the fault lines name a real process.
+Any user in the render group can make a GPU fault; gpuwarden must not be the weapon that kills the engines
+sharing that GPU."""
+
+import subprocess
+import time
+
+import pytest
+from helpers import TEST_GPU, wait_for, write_kmsg
+from test_engines import engine_config, events_of, fake_gpus, wait_event
+
+
+def ring_timeout(seq: int, pid: int, name: str) -> None:
+    """A ring timeout and its process line, as amdgpu_job.c prints them (two records, the process on the second)."""
+    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: ring gfx_0.0.0 timeout, signaled seq={seq}, emitted seq={seq + 2}")
+    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu:  Process {name} pid {pid} thread {name}:cs0 pid {pid}")
+
+
+@pytest.mark.root
+def test_a_fault_kills_only_the_engine_whose_process_raised_it(daemon_factory, fake_engine, tmp_path):
+    mine, other = fake_engine("progress"), fake_engine("progress")
+    config = (engine_config(mine, "mine", gpus=f'["{TEST_GPU}"]', min_stall='"10m"')
+              + engine_config(other, "other", gpus=f'["{TEST_GPU}"]', min_stall='"10m"')
+              + fake_gpus(tmp_path, TEST_GPU))
+    d = daemon_factory(config, kernel='source = "kmsg"').start()
+    d.wait_serving()
+    for name in ("mine", "other"):  # scraped, so its processes are known
+        wait_for(lambda n=name: f'gpuwarden_engine_up{{engine="{n}"}} 1.0' in d.metrics(), 10, what=f"{name} up")
+    stranger = subprocess.Popen(["sleep", "60"])  # a local user's own GPU program
+    try:
+        ring_timeout(1000 + time.time_ns() % 1000, stranger.pid, "sleep")
+        fault = wait_event(d, "ring_timeout")
+        assert fault["evidence"]["process"] == {"pid": stranger.pid, "name": "sleep"}, fault
+        for engine in ("mine", "other"):
+            d.wait_log(f"not acting on ring_timeout (would kill {engine}: kernel reported ring_timeout on {TEST_GPU})"
+                       f": the fault was raised by pid {stranger.pid} (sleep), not one of {engine}'s processes")
+        time.sleep(1)
+        assert not events_of(d, "engine_killed")
+        assert mine.alive() == mine.pids() and other.alive() == other.pids()
+
+        pid = mine.pids()[0]
+        ring_timeout(2000 + time.time_ns() % 1000, pid, "python3")  # now the engine's own job hangs
+        killed = wait_event(d, "engine_killed")
+        assert killed["engine"] == "mine", killed
+        assert f"raised by its process {pid} (python3)" in killed["message"]
+        wait_for(lambda: not mine.alive(), 10, what="the engine whose process faulted to die")
+        d.wait_log(f"the fault was raised by pid {pid} (python3), not one of other's processes")
+        time.sleep(1)
+        assert other.alive() == other.pids() and len(events_of(d, "engine_killed")) == 1
+        assert [e["evidence"]["process"]["pid"] for e in events_of(d, "ring_timeout")] == [stranger.pid, pid]
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert d.stop() == 0
