@@ -79,12 +79,13 @@ def test_the_store_is_asked_only_for_the_conditions_kinds(tmp_path):
     """A big store is mostly other kinds (AER, page faults): they are left in SQLite, never decoded (a row
     whose evidence is not JSON would fail the read if it were), and the verdicts are the same."""
     import sqlite3
+    from contextlib import closing
 
     from gpuwarden.store import Store
 
     db = tmp_path / "gpuwarden.db"
     Store(db).close()
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:  # closed too: an open db would pass this process for a daemon
         insert = ("INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, dedupe_key)"
                   " VALUES (?, ?, ?, ?, ?, '', ?, '')")
         conn.executemany(insert, [(BOOT + i, "aer_corrected", "warning", "0000:03:00.0", None, "not json")
