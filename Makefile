@@ -38,6 +38,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/engine_bench.py
 	$(VENV)/bin/python bench/telemetry_bench.py
 	$(VENV)/bin/python bench/target_bench.py
+	$(VENV)/bin/python bench/npd_bench.py
 	$(VENV)/bin/python bench/durability_bench.py
 
 system-deps:
