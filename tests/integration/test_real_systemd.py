@@ -157,7 +157,7 @@ def test_make_install_and_enable_now_start_it_active_with_status(box):
     state = box.show("gpuwarden", "ActiveState", "SubState", "StatusText", "Type", "WatchdogUSec")
     assert state["ActiveState"] == "active" and state["SubState"] == "running", state
     assert state["Type"] == "notify" and state["WatchdogUSec"] == "30s", state
-    assert re.match(r"kernel source \S+; 0 GPUs; (\d+)/\1 components up$", state["StatusText"]), state
+    assert re.match(r"kernel source [^;]+; 0 GPUs; (\d+)/\1 components up$", state["StatusText"]), state
     status = box.run("systemctl status gpuwarden --no-pager").stdout
     assert "Status: \"kernel source" in status, status
 
