@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from gpuwarden.engine import canary as canary_module
 from gpuwarden.engine.canary import api_for, canary
 from gpuwarden.engine.discovery import COMMANDS, MORE, unit_of
 
@@ -134,8 +135,12 @@ class FakeSGLang(Loopback):
         self.serve(Handler)
 
 
-@pytest.mark.parametrize(("answer", "outcome"), [("ok", "ok"), ("stuck", "timeout"), ("starting", "error")])
-def test_sglang_canary_is_its_own_health_generation(answer, outcome):
+@pytest.mark.parametrize(("answer", "waited", "outcome"), [
+    ("ok", 5.0, "ok"), ("stuck", 1.0, "timeout"), ("starting", 1.0, "error"),
+    ("stuck", 5.0, "error"),  # a 503 sooner than SGLang's own deadline could be a slow start: no kill
+])
+def test_sglang_canary_is_its_own_health_generation(monkeypatch, answer, waited, outcome):
+    monkeypatch.setattr(canary_module, "SGLANG_WAITED", waited)  # the fake's deadline is 1.2 s, not SGLang's 20 s
     fake = FakeSGLang(answer)
     try:
         result = asyncio.run(canary(fake.url, api_for("auto", "sglang"), 5))

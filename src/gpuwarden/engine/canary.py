@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import httpx
 
 API_OF_PROFILE = {"llamacpp": "llamacpp", "ollama": "ollama", "sglang": "sglang"}  # others speak OpenAI
-# A 503 from /health_generate that came this late is its own deadline passing, not a server starting or
-# stopping (those answer at once; its wait polls once a second, so it answers after 1 s at the earliest).
-SGLANG_WAITED = 1.0
+# A 503 from /health_generate that came this late is its own deadline passing (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s
+# unless set), not a server starting or stopping: those answer at once, and even a machine too busy to answer a
+# 503 in well under 5 s must not pass a starting engine for a stuck one.
+SGLANG_WAITED = 5.0
 # A one-token completion, a model list or /api/ps is a few KB: a longer answer is not a canary's, and is not read
 # on (the engine's user must not make root's daemon hold what it sends, as a scrape's body is capped too).
 MAX_ANSWER = 1 << 20
