@@ -162,10 +162,15 @@ def _gpu_fault(event: Event, situation: Situation) -> list[Kill | AlertOnly | Re
     if (raised := _raised_by(event)) is None:
         return _per_engine(list(on_gpu.values()), "on_gpu_fault", reason)
     pid, name = raised
-    return [a if not isinstance(a, Kill)
-            else replace(a, reason=f"{reason}, raised by its process {pid} ({name})") if pid in on_gpu[a.engine].pids
-            else Refuse(a, f"the fault was raised by pid {pid} ({name}), not one of {a.engine}'s processes")
-            for a in _per_engine(list(on_gpu.values()), "on_gpu_fault", reason)]
+    actions: list[Kill | AlertOnly | Refuse] = []
+    for action in _per_engine(list(on_gpu.values()), "on_gpu_fault", reason):
+        if isinstance(action, Kill) and pid in on_gpu[action.engine].pids:
+            action = replace(action, reason=f"{reason}, raised by its process {pid} ({name})")
+        elif isinstance(action, Kill):
+            action = Refuse(action, f"the fault was raised by pid {pid} ({name}), not one of {action.engine}'s "
+                                    "processes")
+        actions.append(action)
+    return actions
 
 
 def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | AlertOnly | Refuse]:
