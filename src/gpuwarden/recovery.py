@@ -75,13 +75,16 @@ def compare(before: dict[str, GpuState], now: dict[str, GpuState]) -> Verdict:
     return Verdict(back, sorted(set(before) - set(now)), changed, sorted(set(now) - set(before)), len(before))
 
 
-def verdict_event(v: Verdict, incident: str | None, lost: list[str], now: float) -> Event:
-    """`gpus_back` or `gpus_changed`, for the incident that lost the GPUs (`lost`) in the last boot."""
+def verdict_event(v: Verdict, incident: str | None, lost: list[str], now: float,
+                  gpus: dict[str, GpuState] | None = None) -> Event:
+    """`gpus_back` or `gpus_changed`, for the incident that lost the GPUs (`lost`) in the last boot; `gpus`, as
+    they are now, describe those back as before."""
     evidence: dict[str, Any] = {"present": v.back + [c for c in sorted({*v.back, *_subjects(v.changed)})
                                                      if c not in v.back], "lost": lost}
     if incident:
         evidence["incident"] = incident
     if v.as_before:
+        evidence["changes"] = [f"{g} as before: {describe(gpus[g])}" for g in v.back if gpus and g in gpus]
         return Event("gpus_back", Severity.INFO, f"GPUs back {len(v.back)}/{v.total}, as before", now,
                      evidence=evidence)
     changes = [f"{m} missing" for m in v.missing] + v.changed + [f"{n} new (it was not there before)" for n in v.new]
@@ -89,6 +92,18 @@ def verdict_event(v: Verdict, incident: str | None, lost: list[str], now: float)
     return Event("gpus_changed", Severity.CRITICAL if v.missing else Severity.WARNING,
                  f"GPUs after the reboot: {len(v.back)}/{v.total} back as before; {'; '.join(changes)}", now,
                  evidence=evidence)
+
+
+def describe(g: GpuState) -> str:
+    """`Radeon AI PRO R9700, driver amdgpu, link 16.0 GT/s x16, BAR 0 32 GiB, AtomicOps yes`."""
+    speed, width = (g.links[0][1], g.links[0][2]) if g.links else (None, None)
+    parts = [g.model, f"driver {g.driver or 'none'}", f"link {speed or '?'} GT/s x{width or '?'}"]
+    if g.bars:
+        index, size = max(g.bars, key=lambda bar: bar[1])
+        parts.append(f"BAR {index} {_size(size)}")
+    if g.atomics is not None:
+        parts.append(f"AtomicOps {'yes' if g.atomics else 'no'}")
+    return ", ".join(parts)
 
 
 def _differences(a: GpuState, b: GpuState) -> list[str]:
@@ -217,11 +232,12 @@ class Recovery:
                  time.strftime("%Y-%m-%d %H:%M", time.localtime(baseline[1])))
         started = time.monotonic()
         while True:
-            verdict = compare(baseline[2], await self._off(read, self.sysfs_root))
+            gpus = await self._off(read, self.sysfs_root)
+            verdict = compare(baseline[2], gpus)
             if verdict.as_before or time.monotonic() - started >= self.wait:
                 break
             await asyncio.sleep(self.every)
-        event = verdict_event(verdict, incident, lost, time.time())
+        event = verdict_event(verdict, incident, lost, time.time(), gpus)
         if verdict.as_before:
             await self._save(boot, now)
         else:  # the baseline stays the one from before the fault, checked against again after the next reboot

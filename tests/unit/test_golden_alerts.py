@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from gpuwarden import recovery
 from gpuwarden.alert.messages import Context, compose
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.model import Event, Severity
@@ -51,7 +52,8 @@ KILLED = ev(2, "engine_killed", C, "killed qwen-72b: 3 processes (stalled)", eng
 RESTARTING = ev(4, "engine_restarting", W, "restarting qwen-72b through its systemd unit vllm-qwen.service",
                 engine="qwen-72b", gpu=GPU0, evidence={"unit": "vllm-qwen.service"})
 
-RING = "20261204-031207-ring_timeout"
+BEFORE = {gpu: recovery.GpuState(gpu, "amd", "Radeon AI PRO R9700", "amdgpu", ((0, 32 << 30), (2, 2 << 20)),
+                                  ((gpu, 16.0, 16),), True) for gpu in (GPU0, GPU1)}
 LOST = "20261204-031207-reset_failed"
 
 SITUATIONS = {
@@ -108,17 +110,11 @@ SITUATIONS = {
                                    "(14 zero-byte files)", engine="llama-8b",
            incident="20261204-031207-engine_crash_loop"),
     ],
-    "gpus_back": [
-        ev(0, "gpus_back", I, "GPUs back 2/2, as before", incident=LOST, evidence={
-            "boot": "8e0f6c1b-...", "gpus": [GPU0, GPU1]}),
-    ],
-    "gpus_missing": [
-        ev(0, "gpus_changed", C, "GPUs after the reboot: 1/2 back; ffff:03:00.0 missing; ffff:04:00.0 link "
-                                 "x16 → x4", incident=LOST, evidence={
-            "missing": [GPU0], "changed": ["ffff:04:00.0 link x16 → x4"],
-            "changes": ["ffff:03:00.0 missing (was: amd Radeon AI PRO R9700, driver amdgpu)",
-                        "ffff:04:00.0 link x16 → x4"]}),
-    ],
+    # after the reboot, the verdicts as recovery.py makes them (the incident that lost GPU 0 in the last boot)
+    "gpus_back": [(0, recovery.verdict_event(recovery.compare(BEFORE, BEFORE), LOST, [GPU0], T0,
+                                                            BEFORE))],
+    "gpus_missing": [(0, recovery.verdict_event(recovery.compare(BEFORE, {GPU1: replace(
+        BEFORE[GPU1], links=((GPU1, 16.0, 4),))}), LOST, [GPU0], T0))],
     "kill_refused": [
         (0, replace(STALL[1], evidence={**STALL[1].evidence, "decision": [
             decision("refuse", "qwen-72b", "its kill budget (3 per 3600 s) is spent", by_hand=True)]})),

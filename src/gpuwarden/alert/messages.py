@@ -88,9 +88,14 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
         blocks.append(("What happened", happened))
     if decisions := _decisions(out.events, ctx):
         blocks.append(("Decision", decisions))
-    if did := [_sentence(e.message) for e in out.events if e.kind in FOLLOW_UP_KINDS]:
-        found = any(e.kind.startswith("gpus_") for e in out.events)
-        blocks.append(("What gpuwarden found" if found else "Outcome" if out.ends else "What gpuwarden did", did))
+    if lost := sorted({g for e in out.events for g in e.evidence.get("lost") or ()}):
+        blocks.append(("Lost before the reboot", ", ".join(lost)))
+    if found := [c for e in out.events if e.kind.startswith("gpus_") for c in e.evidence.get("changes") or
+                 [_sentence(e.message)]]:
+        blocks.append(("What gpuwarden found", found))
+    if did := [_sentence(e.message) for e in out.events if e.kind in FOLLOW_UP_KINDS and
+               not e.kind.startswith("gpus_")]:
+        blocks.append(("Outcome" if out.ends else "What gpuwarden did", did))
     if evidence := _evidence(out.events):
         blocks.append(("Evidence", _Code(evidence)))
     for gpu in dict.fromkeys(e.gpu for e in out.events if e.gpu and not out.ends):
@@ -252,7 +257,6 @@ def _evidence(events: list[Event]) -> list[str]:
         if process := event.evidence.get("process"):
             lines.append(f"process the kernel named: pid {process.get('pid')} ({process.get('name')})")
         lines += [f"{k}: {v}" for k, v in (event.evidence.get("figures") or {}).items() if v is not None]
-        lines += [str(change) for change in event.evidence.get("changes") or ()]
     lines = list(dict.fromkeys(lines))
     return lines[:_EVIDENCE_LINES] + ([f"... ({len(lines) - _EVIDENCE_LINES} more lines)"]
                                       if len(lines) > _EVIDENCE_LINES else [])

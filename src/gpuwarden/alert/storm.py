@@ -194,7 +194,11 @@ class StormControl:
 
 
 def _impact(event: Event) -> Severity:
-    """The severity a message is routed with: history (logged before the start) and a dry run never page."""
+    """The severity a message is routed with: history (logged before the start) and a dry run never page; the
+    GPUs back after a reboot answer the page of their loss (sent before the reboot, by another process), and
+    reach where it went."""
+    if event.kind == "gpus_back":
+        return Severity.CRITICAL
     if not event.live or event.evidence.get("dry_run"):
         return min(event.severity, Severity.WARNING)
     return event.severity
