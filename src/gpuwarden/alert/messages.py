@@ -47,7 +47,9 @@ class Context:
         return f"GPU {index} ({pci}{', ' + model if model else ''})"
 
     def engines_on(self, pci: str) -> list[str]:
-        return sorted(name for name, gpus in self.engines.items() if gpus is None or pci in gpus)
+        """The engines on the GPU; one whose GPUs are unknown may be on any (the policy counts it too)."""
+        return sorted(name if gpus is not None else f"{name} (its GPU unknown)" for name, gpus in self.engines.items()
+                      if gpus is None or pci in gpus)
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def _cause(e: Event, ctx: Context) -> str:
     elif e.kind in _WORDS:
         what = f"{ctx.gpu(e.gpu)} {_WORDS[e.kind]}"
     else:
-        return e.message
+        return e.message.split(". ", 1)[0]  # its first sentence: a title is a line
     if process := e.evidence.get("process"):
         what += f" by pid {process.get('pid')} ({process.get('name')})"
     return what
@@ -191,8 +193,9 @@ def _back(e: Event) -> str:
 
 
 def _repeats_title(out: Outgoing, ctx: Context) -> str:
-    kinds = ", ".join(dict.fromkeys(k.split(":", 1)[0] for k in out.repeats))
-    return f"{out.subject}: {kinds} goes on"
+    """A storm's follow-up: how many more of what."""
+    counts = ", ".join(f"{n:,} more {key.split(':', 1)[0]}" for key, (n, _) in out.repeats.items())
+    return f"{out.subject}: {counts}"
 
 
 # --- the body ----------------------------------------------------------------------------------------------
