@@ -91,3 +91,15 @@ def test_history_is_marked_and_says_nothing_was_done():
     m = compose(Outgoing("GPU ffff:fe:1f.7", [old], [1], severity=Severity.WARNING), CTX, "gw-h")
     assert "(logged before gpuwarden started; no action)" in m.title
     assert "Logged before gpuwarden started: history, never acted on." in m.body
+
+
+def test_a_gpu_off_the_bus_is_never_told_to_reset_in_place():
+    xid79 = Event("xid", Severity.CRITICAL, "Xid 79: GPU has fallen off the bus on 0000:03:00.0", 1.0,
+                  gpu="0000:03:00.0", evidence={"xid": 79, "runbook": "xid", "decision": [
+                      {"action": "kill", "engine": "vllm", "reason": "kernel reported xid", "by_hand": False,
+                       "dry_run": False}]})
+    m = compose(Outgoing("GPU 0000:03:00.0", [xid79], [1], severity=Severity.CRITICAL), CTX, "gw-x")
+    steps = m.text.split("What to do:")[1]
+    assert "nvidia-smi -r" not in steps and "Start vllm again" not in steps  # nothing runs there before a reboot
+    assert steps.startswith("\n  1. Reboot, then wait a full 10 minutes")
+    assert m.title.endswith("— reboot needed; on it: engine vllm")

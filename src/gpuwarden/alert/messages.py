@@ -172,7 +172,8 @@ def _cause(e: Event, ctx: Context) -> str:
     if e.kind.startswith("engine_") and e.kind in _WORDS:
         return f"engine {e.engine} {_WORDS[e.kind]}"
     if e.kind == "xid":
-        what = f"{ctx.gpu(e.gpu)} Xid {e.evidence.get('xid')}"
+        what = f"{ctx.gpu(e.gpu)} Xid {e.evidence.get('xid')}" + \
+            (" (fell off the bus)" if e.evidence.get("xid") in runbooks.OFF_THE_BUS_XIDS else "")
     elif e.kind in _WORDS:
         what = f"{ctx.gpu(e.gpu)} {_WORDS[e.kind]}"
     else:
