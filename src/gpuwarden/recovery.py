@@ -79,8 +79,8 @@ def verdict_event(v: Verdict, incident: str | None, lost: list[str], now: float,
                   gpus: dict[str, GpuState] | None = None) -> Event:
     """`gpus_back` or `gpus_changed`, for the incident that lost the GPUs (`lost`) in the last boot; `gpus`, as
     they are now, describe those back as before."""
-    evidence: dict[str, Any] = {"present": v.back + [c for c in sorted({*v.back, *_subjects(v.changed)})
-                                                     if c not in v.back], "lost": lost}
+    # the GPUs present now (their gpu_lost conditions end), and those the last boot lost
+    evidence: dict[str, Any] = {"gpus_present": sorted({*v.back, *_subjects(v.changed)}), "lost": lost}
     if incident:
         evidence["incident"] = incident
     if v.as_before:

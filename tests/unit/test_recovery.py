@@ -31,7 +31,8 @@ def test_the_same_tree_is_back_as_before(tmp_path):
     verdict = recovery.compare(before, recovery.read(root))
     event = recovery.verdict_event(verdict, "20261204-031207-reset_failed", [GPU1], 1.0)
     assert (event.kind, event.severity, event.message) == ("gpus_back", Severity.INFO, "GPUs back 2/2, as before")
-    assert event.evidence["incident"] == "20261204-031207-reset_failed" and event.evidence["present"] == [GPU0, GPU1]
+    assert event.evidence["incident"] == "20261204-031207-reset_failed"
+    assert event.evidence["gpus_present"] == [GPU0, GPU1]
 
 
 def test_a_narrower_link_and_a_missing_gpu_are_named(tmp_path):
@@ -43,7 +44,7 @@ def test_a_narrower_link_and_a_missing_gpu_are_named(tmp_path):
     event = recovery.verdict_event(verdict, None, [GPU1], 1.0)
     assert event.kind == "gpus_changed" and event.severity == Severity.CRITICAL
     assert event.message == f"GPUs after the reboot: 0/2 back as before; {GPU1} missing; {GPU0} link x16 → x4"
-    assert event.evidence["present"] == [GPU0]
+    assert event.evidence["gpus_present"] == [GPU0]
 
 
 def test_bar_driver_and_a_changed_link_alone_are_a_warning(tmp_path):
