@@ -189,7 +189,9 @@ def _own(cause: str, e: Event) -> str:
 
 def _back(e: Event) -> str:
     seconds = e.evidence.get("seconds_since_kill")
-    return f"first completion {seconds:.0f} s after the kill" if isinstance(seconds, int | float) else e.message
+    if isinstance(seconds, int | float):
+        return f"first completion {seconds:.0f} s after the kill"
+    return e.message.removeprefix(f"{e.engine} back: ")
 
 
 def _repeats_title(out: Outgoing, ctx: Context) -> str:
