@@ -49,8 +49,8 @@ STALL_RESTART = (0, replace(STALL[1], evidence={**STALL[1].evidence,
 KILLED = ev(2, "engine_killed", C, "killed qwen-72b: 3 processes (stalled)", engine="qwen-72b", gpu=GPU0,
             evidence={"reason": "stalled", "terminated": ["4301", "4302", "4303"], "killed": [], "survivors": [],
                       "dry_run": False})
-RESTARTING = ev(4, "engine_restarting", W, "restarting qwen-72b through its systemd unit vllm-qwen.service",
-                engine="qwen-72b", gpu=GPU0, evidence={"unit": "vllm-qwen.service"})
+RESTARTING = ev(4, "engine_restarting", W, "qwen-72b: asking its systemd unit to start it again; back once a real "
+                "completion returns", engine="qwen-72b", gpu=GPU0, evidence={"supervisor": "systemd unit"})
 
 BEFORE = {gpu: recovery.GpuState(gpu, "amd", "Radeon AI PRO R9700", "amdgpu", ((0, 32 << 30), (2, 2 << 20)),
                                   ((gpu, 16.0, 16),), True) for gpu in (GPU0, GPU1)}
@@ -62,8 +62,9 @@ SITUATIONS = {
         43, "engine_back", I, "qwen-72b back: first completion 41 s after the kill", engine="qwen-72b", gpu=GPU0,
         evidence={"seconds_since_kill": 41.2, "canary": {"outcome": "ok", "seconds": 0.4}})],
     "restart_failed": [STALL_RESTART, KILLED, RESTARTING, ev(
-        604, "engine_restart_failed", C, "qwen-72b did not serve a completion within 600 s of its restart; "
-        "gpuwarden stops restarting it", engine="qwen-72b", gpu=GPU0, evidence={"seconds_since_kill": 602.0})],
+        604, "engine_restart_failed", C, "qwen-72b is not back 600 s after gpuwarden restarted it (restart_timeout "
+        "600 s): its processes started but it never completed a request; gpuwarden will not restart it again",
+        engine="qwen-72b", gpu=GPU0, evidence={"waited_seconds": 600.0, "by_gpuwarden": True, "started": True})],
     "gpu_lost_with_engines": [
         ev(0, "ring_timeout", C, "a GPU ring timed out: the GPU is hung on ffff:03:00.0", gpu=GPU0, incident=LOST,
            evidence={"line": "amdgpu ffff:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=88213, emitted "
@@ -141,6 +142,12 @@ def render(situation, markdown):
                      f"{m.title}\n\n"
                      + (m.body if markdown else m.text))
     return "\n\n".join(parts) + "\n"
+
+
+def test_the_docs_show_golden_messages_as_they_are():
+    docs = (ROOT / "docs" / "pages.md").read_text()
+    for situation in ("restart_back", "gpu_lost_with_engines", "gpus_missing"):
+        assert render(situation, False).rstrip() in docs, f"docs/pages.md shows an old {situation} message"
 
 
 @pytest.mark.parametrize("situation", sorted(SITUATIONS))

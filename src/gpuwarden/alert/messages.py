@@ -97,7 +97,8 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
         blocks.append(("What gpuwarden found", found))
     if did := [_sentence(e.message) for e in out.events if e.kind in FOLLOW_UP_KINDS and
                not e.kind.startswith("gpus_")]:
-        blocks.append(("Outcome" if out.ends else "What gpuwarden did", did))
+        outcome = out.ends or _first(out.events, "engine_restart_failed")
+        blocks.append(("Outcome" if outcome else "What gpuwarden did", did))
     if evidence := _evidence(out.events):
         blocks.append(("Evidence", _Code(evidence)))
     for gpu in dict.fromkeys(e.gpu for e in out.events if e.gpu and not out.ends):
