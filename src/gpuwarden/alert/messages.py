@@ -124,7 +124,8 @@ def _message(alert_id: str, title: str, blocks: list, incident: str | None, out:
 
 def _headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> str:
     """What broke and what gpuwarden did, in one line."""
-    cause = _cause(_first_fault([*earlier, *events]) or events[0], ctx)
+    fault = _first_fault([*earlier, *events])  # none: an outcome alone (its fault was told apart, or by no one)
+    cause = _cause(fault, ctx) if fault else str(events[0].evidence.get("reason") or events[0].message)
     if e := _first(events, "gpus_back", "gpus_changed"):
         return e.message
     if lost := next((e for e in events if _lost(e) and e.live), None):
