@@ -103,3 +103,4 @@ def test_after_a_lost_gpu_each_new_boot_says_what_came_back(tmp_path):
     assert [e.kind for e in recorded] == ["gpus_changed", "gpus_back"]
     boots.next("boot-d")
     assert run(state, fresh, store, boots, recorded) is None  # the loss is behind the new baseline
+    store.close()
