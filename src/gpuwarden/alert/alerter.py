@@ -22,7 +22,7 @@ import apprise
 
 from gpuwarden import families
 from gpuwarden.alert.messages import Context, compose
-from gpuwarden.alert.storm import StormControl
+from gpuwarden.alert.storm import FOLLOW_UP_KINDS, StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
@@ -153,8 +153,11 @@ class Alerter:
         # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
         tone = apprise.NotifyType.SUCCESS if message.resolved else NOTIFY_TYPES[
             max((e.severity for e in out.events), default=message.severity)]
+        # a picture is being drawn for the first page of a fault; a follow-up, or the GPUs back after a reboot,
+        # takes the picture that is there, if any, without waiting
+        fresh = not out.follow_up and any(e.kind not in FOLLOW_UP_KINDS for e in out.events)
         payload = {"title": message.title, "body": message.body, "text": message.text, "resolved": message.resolved,
-                   "notify": tone.value, "incident": incident and str(incident)}
+                   "notify": tone.value, "incident": incident and str(incident), "picture_wait": fresh}
         ids = self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
         for name, row_id in zip(wanted, ids, strict=True):
             self._outbox.setdefault(name, deque()).append(
@@ -210,7 +213,10 @@ class Alerter:
     async def _send(self, target: Target, row: OutboxRow) -> str | None:
         """None on success, else what went wrong (without the URL: it holds secrets)."""
         folder = row.payload.get("incident")
-        attach = await self._picture(Path(folder), row.created) if folder and target.takes_attachments else None
+        attach = None
+        if folder and target.takes_attachments:
+            wait = _PICTURE_WAIT if row.payload.get("picture_wait", True) else 0.0
+            attach = await self._picture(Path(folder), row.created, wait)
         markdown = target.markdown or "text" not in row.payload  # a row queued before plain text was kept
         return await send(target, row.payload["title"], row.payload["body" if markdown else "text"],
                           row.payload.get("notify") or (apprise.NotifyType.SUCCESS if row.payload["resolved"]
@@ -218,9 +224,9 @@ class Alerter:
                           self.config.send_timeout, attach, markdown)
 
     @staticmethod
-    async def _picture(folder: Path, created: float) -> str | None:
-        """The incident's timeline.png, waiting for it up to _PICTURE_WAIT after the alert was made."""
-        while (found := picture(folder)) is None and time.time() - created < _PICTURE_WAIT:
+    async def _picture(folder: Path, created: float, wait: float) -> str | None:
+        """The incident's timeline.png, waiting for it up to `wait` seconds after the alert was made."""
+        while (found := picture(folder)) is None and time.time() - created < wait:
             await asyncio.sleep(0.25)
         return str(found) if found else None
 
