@@ -110,9 +110,9 @@ def engine_step(decision: dict, gpu_gone: bool) -> str | None:
     if decision.get("dry_run") and action in ("kill", "restart"):
         return f"Restart {engine} yourself if it is stuck: this is a dry run, gpuwarden killed nothing."
     if action == "kill":
-        return (f"Start {engine} again: gpuwarden killed it and does not start it (a systemd unit with "
-                f"Restart=on-failure stays down after SIGTERM): `systemctl restart <its unit>` or "
-                f"`docker restart <its container>`.")
+        return (f"Check that {engine} runs again, and start it if not: gpuwarden killed it and does not start it, "
+                "and a systemd unit with Restart=on-failure stays down after SIGTERM (`systemctl restart <its unit>`, "
+                "`docker restart <its container>`).")
     if action == "restart":
         return (f"Nothing to do for {engine} yet: gpuwarden is restarting it and follows up on this incident when "
                 "a real completion succeeds, or pages again if it does not come back.")
