@@ -35,7 +35,10 @@ def decision(action, engine, reason, by_hand=False, dry_run=False):
 
 
 def ev(at, kind, severity, message, incident="20261204-031207-engine_stall", **fields):
-    evidence = {"incident": incident, **fields.pop("evidence", {})} if incident else fields.pop("evidence", {})
+    """As the hub records it: with its incident, and the policy's decision (none wanted, unless given)."""
+    evidence = {"decision": [], **fields.pop("evidence", {})}
+    if incident:
+        evidence["incident"] = incident
     return at, Event(kind, severity, message, T0 + at, evidence=evidence, **fields)
 
 

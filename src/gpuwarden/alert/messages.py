@@ -219,7 +219,7 @@ def _happened(out: Outgoing, ctx: Context) -> str | list[str]:
 def _decisions(events: list[Event], ctx: Context) -> list[str]:
     said: list[str] = []
     for e in events:
-        if "decision" not in e.evidence:
+        if "decision" not in e.evidence or e.kind in FOLLOW_UP_KINDS:  # an outcome is no question for the policy
             continue
         if not e.evidence["decision"]:
             said.append(_no_action(e, ctx))
