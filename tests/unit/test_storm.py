@@ -115,3 +115,13 @@ def test_history_and_dry_runs_never_page():
     storm.offer(Event("ring_timeout", Severity.CRITICAL, "x", 0, gpu="ffff:03:00.0").as_history(), 1, 0)
     storm.offer(Event("engine_killed", Severity.CRITICAL, "x", 0, engine="e", evidence={"dry_run": True}), 2, 0)
     assert {o.severity for o in storm.due(0)} == {Severity.WARNING}
+
+
+def test_a_warning_just_before_the_fault_it_led_to_goes_out_in_the_incident_s_page():
+    storm = StormControl(group_window=5)
+    storm.offer(ev(0.0, "sq_intr"), 1, 0.0)  # no incident: a warning opens none
+    storm.offer(inc(1.0, "device_lost", incident="lost", gpu="0000:03:00.0", engine=None), 2, 1.0)
+    assert storm.due(4.9) == []  # the window runs from the warning
+    [page] = storm.due(5.0)
+    assert [e.kind for e in page.events] == ["sq_intr", "device_lost"] and page.event_ids == [1, 2]
+    assert page.incident == "lost"

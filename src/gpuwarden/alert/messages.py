@@ -47,9 +47,12 @@ class Context:
         return f"GPU {index} ({pci}{', ' + model if model else ''})"
 
     def engines_on(self, pci: str) -> list[str]:
-        """The engines on the GPU; one whose GPUs are unknown may be on any (the policy counts it too)."""
-        return sorted(name if gpus is not None else f"{name} (its GPU unknown)" for name, gpus in self.engines.items()
-                      if gpus is None or pci in gpus)
+        """The engines known to run on the GPU."""
+        return sorted(name for name, gpus in self.engines.items() if gpus is not None and pci in gpus)
+
+    def engines_maybe_on(self, pci: str) -> list[str]:
+        """The engines whose GPUs are unknown: they may be on any (the policy counts them too)."""
+        return sorted(name for name, gpus in self.engines.items() if gpus is None)
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,11 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     if evidence := _evidence(out.events):
         blocks.append(("Evidence", _Code(evidence)))
     for gpu in dict.fromkeys(e.gpu for e in out.events if e.gpu and not out.ends):
-        engines = ctx.engines_on(gpu)
-        blocks.append((f"Engines on {ctx.gpu(gpu)}", ", ".join(engines) if engines else "none of gpuwarden's"))
+        engines, maybe = ctx.engines_on(gpu), ctx.engines_maybe_on(gpu)
+        text = ", ".join(engines) if engines else "none known"
+        if maybe:
+            text += f"; perhaps (their GPUs are unknown): {', '.join(maybe)}"
+        blocks.append((f"Engines on {ctx.gpu(gpu)}", text))
     if out.follow_up:
         blocks.append(("The incident so far", _Code([_line(e, ctx) for e in every])))
     if steps := _steps(out, ctx):
@@ -129,6 +135,7 @@ def _headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> s
     if e := _first(events, "gpus_back", "gpus_changed"):
         return e.message
     if lost := next((e for e in events if _lost(e) and e.live), None):
+        # engines whose GPUs are unknown are named in the body only: a title is one line
         killed = {e.engine for e in events if e.kind == "engine_killed"}
         engines = [f"{name} (killed)" if name in killed else name for name in ctx.engines_on(lost.gpu or "")]
         return f"{_cause(lost, ctx)} — reboot needed" + (f"; on it: engine {', '.join(engines)}" if engines else "")
@@ -252,7 +259,7 @@ def _no_action(e: Event, ctx: Context) -> str:
     if _lost(e):
         return "nothing more to do for a lost GPU: only a reboot brings it back (gpuwarden never resets or " \
                "unbinds it)."
-    if e.gpu and e.kind not in GPU_LOST_KINDS and not ctx.engines_on(e.gpu):
+    if e.gpu and e.kind not in GPU_LOST_KINDS and not ctx.engines_on(e.gpu) and not ctx.engines_maybe_on(e.gpu):
         return f"no action: none of gpuwarden's engines runs on {ctx.gpu(e.gpu)}."
     return "no action: gpuwarden reports this kind of event and does not act on it."
 

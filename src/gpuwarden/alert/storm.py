@@ -95,6 +95,7 @@ class StormControl:
             if state and state.sent and not _news(event, state):
                 state.quiet += event.count
                 return False
+            self._adopt(subject_of(event), incident)
             self._join(f"incident {incident}", event, event_id, now)
             self._keys[event.dedupe_key] = _Key(now, event.severity, f"incident {incident}", incident=incident)
             return True
@@ -164,6 +165,18 @@ class StormControl:
         if event.kind in ("gpus_back", "gpus_changed"):
             self._lost.clear()  # a new boot's GPUs: a loss from now on is news
         return None if incident is None else str(incident)
+
+    def _adopt(self, subject: str, incident: str) -> None:
+        """An incident opened by an event about a subject whose lesser events wait in their window (a warning
+        just before the fault it led to): they go out in the incident's page, not in a message of their own."""
+        if (group := self._groups.pop(subject, None)) is None:
+            return
+        target = self._groups.setdefault(f"incident {incident}", _Group(opened=group.opened))
+        target.opened = min(target.opened, group.opened)
+        target.events[:0], target.event_ids[:0] = group.events, group.event_ids
+        for event in group.events:
+            if key := self._keys.get(event.dedupe_key):
+                key.subject, key.incident = f"incident {incident}", incident
 
     def _join(self, subject: str, event: Event, event_id: int | None, now: float) -> None:
         group = self._groups.setdefault(subject, _Group(opened=now))
