@@ -131,7 +131,8 @@ def test_a_storm_of_10000_identical_kernel_events_is_one_message_and_a_count(dae
     bodies = [b for b in receiver.json_bodies() if "GPU 0000:31:00.0" in b["title"]]
     assert len(bodies) == 2, [b["title"] for b in receiver.json_bodies()]
     first, follow_up = bodies
-    assert first["title"] == "box1: GPU 0000:31:00.0 shader fault (SQ interrupt)"
+    # "— not acted on" follows where an engine found on this machine might be on that GPU (one not seen here)
+    assert first["title"].startswith("box1: GPU 0000:31:00.0 shader fault (SQ interrupt)")
     assert "more `sq_intr` since" not in first["message"]
     assert follow_up["title"] == "box1: GPU 0000:31:00.0: 9,999 more sq_intr"
     assert "And 9,999 more `sq_intr` since" in follow_up["message"]
