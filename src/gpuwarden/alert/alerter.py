@@ -22,7 +22,7 @@ import apprise
 
 from gpuwarden import families
 from gpuwarden.alert.messages import Context, compose
-from gpuwarden.alert.storm import FOLLOW_UP_KINDS, StormControl
+from gpuwarden.alert.storm import StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
@@ -47,8 +47,9 @@ class Alerter:
     def __init__(self, config: AlertsConfig, targets: list[Target], store: Store | QueuedStore,
                  metrics: SelfMetrics, incident_for: Callable[[list[int]], Path | None] = lambda ids: None,
                  incidents_dir: Path | None = None, context: Callable[[], Context] | None = None) -> None:
-        """`incident_for`: the folder of events that name no incident; `incidents_dir`: where the folder of an
-        incident named in the events (`evidence["incident"]`) is; `context`: the host's GPUs and engines now."""
+        """`incident_for`: the folder of the incident these events belong to while this process writes it (its
+        picture is coming); `incidents_dir`: where the folder of an incident named in the events
+        (`evidence["incident"]`) is; `context`: the host's GPUs and engines now."""
         self.store, self.metrics, self.incident_for = store, metrics, incident_for
         self.incidents_dir, self.context = incidents_dir, context or (lambda: Context(self.config.hostname))
         self.storm = StormControl()
@@ -144,18 +145,16 @@ class Alerter:
             await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
 
     def _enqueue(self, out, now: float) -> None:
-        if out.incident and self.incidents_dir:
-            incident = self.incidents_dir / out.incident
-        else:
-            incident = None if out.resolved else self.incident_for(out.event_ids)
+        drawn = None if out.resolved else self.incident_for(out.event_ids)  # an incident this process writes now
+        incident = self.incidents_dir / out.incident if out.incident and self.incidents_dir else drawn
         message = compose(out, self.context(), f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
         # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
         tone = apprise.NotifyType.SUCCESS if message.resolved else NOTIFY_TYPES[
             max((e.severity for e in out.events), default=message.severity)]
-        # a picture is being drawn for the first page of a fault; a follow-up, or the GPUs back after a reboot,
-        # takes the picture that is there, if any, without waiting
-        fresh = not out.follow_up and any(e.kind not in FOLLOW_UP_KINDS for e in out.events)
+        # the first page of an incident this process is writing waits for its picture; a follow-up, or an alert
+        # of an incident from before a restart (whose picture may never come), takes the one there, if any
+        fresh = drawn is not None and not out.follow_up
         payload = {"title": message.title, "body": message.body, "text": message.text, "resolved": message.resolved,
                    "notify": tone.value, "incident": incident and str(incident), "picture_wait": fresh}
         ids = self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
