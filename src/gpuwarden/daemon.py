@@ -29,7 +29,7 @@ from gpuwarden.health import Health, Loop
 from gpuwarden.hub import Hub
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.recovery import Recovery
+from gpuwarden.recovery import Recovery, losses_in_events
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.sockets import holder
 from gpuwarden.store import QueuedStore, private_folder
@@ -83,7 +83,8 @@ class Daemon:
         """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
         store = self.store
         check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root,
-                         lambda since: store.events(since, 100_000), self.hub.record)
+                         lambda since, until: losses_in_events(lambda t: store.events(t, 100_000), since, until),
+                         self.hub.record)
         try:
             await check.run()
         except Exception:  # the daemon runs on without the confirmation; the log says why

@@ -185,11 +185,18 @@ def save_baseline(path: Path, boot: str, at: float, gpus: dict[str, GpuState]) -
     os.replace(tmp, path)
 
 
-def gpu_losses(events: Callable[[float], list[dict]], since: float, until: float) -> list[dict]:
-    """The GPU losses between `since` and `until` (the last boot), as store rows. The one place that knows where
-    an open GPU loss is kept: today the events; a conditions table can answer here instead."""
-    return [row for row in events(since) if since <= row["time"] < until and row["kind"] in GPU_LOST_KINDS
-            and row["severity"] == "critical" and "history" not in (row.get("evidence") or {})]
+@dataclass(frozen=True)
+class Loss:
+    gpu: str | None
+    incident: str | None  # the incident that told it
+
+
+def losses_in_events(events: Callable[[float], list[dict]], since: float, until: float) -> list[Loss]:
+    """The GPUs lost between `since` and `until` (the last boot), read from the stored events: live critical
+    events of the GPU-lost kinds. Where open GPU-lost conditions are stored, they answer here instead."""
+    return [Loss(row["gpu"], (row.get("evidence") or {}).get("incident")) for row in events(since)
+            if since <= row["time"] < until and row["kind"] in GPU_LOST_KINDS and row["severity"] == "critical"
+            and "history" not in (row.get("evidence") or {})]
 
 
 def _text(path: Path) -> str | None:
@@ -205,12 +212,12 @@ class Recovery:
     """Run once at the start: record the baseline on a new boot, or, when the last boot lost a GPU, wait for the
     GPUs and report whether they are back as before."""
 
-    def __init__(self, state_dir: Path, sysfs_root: Path, events: Callable[[float], list[dict]],
+    def __init__(self, state_dir: Path, sysfs_root: Path, losses: Callable[[float, float], list[Loss]],
                  record: Callable[[list[Event]], Any], boot_path: Path = BOOT_ID, wait: float = WAIT,
                  every: float = EVERY, booted: Callable[[], float] | None = None) -> None:
-        """`events(since)`: store rows; `record`: where the verdict goes (the hub); `booted`: when this boot
-        began, epoch seconds (tests give their own)."""
-        self.path, self.sysfs_root, self.events, self.record = state_dir / BASELINE, sysfs_root, events, record
+        """`losses(since, until)`: the GPUs lost then (blocking: called off the loop); `record`: where the verdict
+        goes (the hub); `booted`: when this boot began, epoch seconds (tests give their own)."""
+        self.path, self.sysfs_root, self.losses, self.record = state_dir / BASELINE, sysfs_root, losses, record
         self.boot_path, self.wait, self.every = boot_path, wait, every
         self.booted = booted or (lambda: time.time() - time.clock_gettime(time.CLOCK_BOOTTIME))
 
@@ -222,12 +229,12 @@ class Recovery:
         if baseline is None:
             await self._save(boot, now)
             return None
-        losses = await self._off(gpu_losses, self.events, baseline[1], self.booted())
+        losses = await self._off(self.losses, baseline[1], self.booted())
         if not losses:
             await self._save(boot, now)
             return None
-        lost = sorted({row["gpu"] for row in losses if row["gpu"]})
-        incident = next((row["evidence"]["incident"] for row in losses if row["evidence"].get("incident")), None)
+        lost = sorted({loss.gpu for loss in losses if loss.gpu})
+        incident = next((loss.incident for loss in losses if loss.incident), None)
         log.info("the last boot lost GPU(s) %s: comparing the GPUs with the baseline of %s", ", ".join(lost) or "?",
                  time.strftime("%Y-%m-%d %H:%M", time.localtime(baseline[1])))
         started = time.monotonic()
@@ -253,5 +260,5 @@ class Recovery:
 
     @staticmethod
     async def _off(fn, *args):
-        return await _READS.run(fn.__name__, _READ_DEADLINE, fn, *args)
+        return await _READS.run("recovery", _READ_DEADLINE, fn, *args)
 

@@ -73,7 +73,9 @@ class Boots:
 
 
 def run(state, root, store, boots, recorded):
-    check = recovery.Recovery(state, root, lambda since: store.events(since, 100_000), recorded.extend,
+    losses = lambda since, until: recovery.losses_in_events(  # noqa: E731
+        lambda t: store.events(t, 100_000), since, until)
+    check = recovery.Recovery(state, root, losses, recorded.extend,
                               boot_path=boots.path, wait=0, every=0, booted=lambda: boots.began)
     return asyncio.run(check.run())
 
