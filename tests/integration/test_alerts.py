@@ -183,7 +183,7 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     wait_for(lambda: receiver.json_bodies("/hook"), 40, what="the alert")
     [hook] = receiver.json_bodies("/hook")
     [folder] = (d.state / "incidents").iterdir()
-    assert folder.name.endswith("-device_lost") and f"**Incident report**: {folder} (" in hook["message"]
+    assert folder.name.endswith("-device_lost") and f"**Incident report**: `{folder}` (" in hook["message"]
     [attachment] = hook["attachments"]
     png = base64.b64decode(attachment["base64"])
     assert attachment["filename"] == "timeline.png" and png == (folder / "timeline.png").read_bytes()

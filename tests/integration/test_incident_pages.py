@@ -68,7 +68,7 @@ def test_a_stall_kill_restart_and_back_is_one_page_and_its_follow_ups(tmp_path, 
         ("vm: engine qwen-72b back — first completion 41 s after the kill", "success")]
     assert "**Decision**\n- kill and restart qwen-72b: stalled." in pager[0]["message"]
     assert "And 1 more event(s) of this incident" in pager[1]["message"]  # the repeat, counted, not paged
-    assert f"**Incident report**: {tmp_path / 'incidents' / INCIDENT} (" in pager[2]["message"]
+    assert f"**Incident report**: `{tmp_path / 'incidents' / INCIDENT}` (" in pager[2]["message"]
     phone = [json.loads(r["body"])["message"] for r in receiver.received if not r["path"].startswith("/pager")]
     assert len(phone) == 3 and all("**" not in text and "`" not in text for text in phone)
     assert "Decision:\n  - kill and restart qwen-72b: stalled." in phone[0]

@@ -25,7 +25,8 @@ def test_message_has_what_happened_evidence_actions_runbook_and_id():
     assert "**What gpuwarden did**\n- killed vllm: 3 processes" in m.body
     steps = m.body.split("**What to do**")[1]
     assert steps.startswith("\n1. Reboot, then wait a full 10 minutes")  # first, not third
-    assert "Never unbind/bind" in steps and "resource*_resize" in steps and "Start vllm again" not in steps
+    assert "Never unbind/bind" in steps and "resource\\*\\_resize" in steps and "Start vllm again" not in steps
+    assert "resource*_resize" in m.text
     assert m.body.endswith("alert id: gw-abc")
     assert {"device_lost", "0000:03:00.0", "vllm"} <= m.tags
 
@@ -103,3 +104,21 @@ def test_a_gpu_off_the_bus_is_never_told_to_reset_in_place():
     assert "nvidia-smi -r" not in steps and "Start vllm again" not in steps  # nothing runs there before a reboot
     assert steps.startswith("\n  1. Reboot, then wait a full 10 minutes")
     assert m.title.endswith("— reboot needed; on it: engine vllm")
+
+
+def test_a_process_that_names_itself_in_markdown_is_shown_not_rendered():
+    """Any local user can fault a shared GPU with a process of any name: in a chat it must read as text, never
+    become a link, emphasis, or the end of the evidence's code block."""
+    name = "[x](http://e.vil)"
+    fault = Event("page_fault", Severity.CRITICAL, "a GPU page fault on 0000:03:00.0", 1.0, gpu="0000:03:00.0",
+                  evidence={"lines": ["amdgpu 0000:03:00.0: page fault", f"Process {name} pid 4242 ```"],
+                            "process": {"pid": 4242, "name": name}, "decision": [
+                                {"action": "refuse", "engine": "vllm", "reason": f"the fault was raised by pid 4242 "
+                                 f"({name}), not one of vllm's processes", "by_hand": False, "dry_run": False}]})
+    m = compose(Outgoing("GPU 0000:03:00.0", [fault], [1], severity=Severity.CRITICAL), CTX, "gw-m")
+    assert "(http://e.vil)" not in m.title and "by pid 4242 (?x?" in m.title
+    outside = m.body.split("```")[0] + m.body.split("```")[2]
+    assert "](http" not in outside.replace("\\](http", "") and "pid 4242 (\\[x\\](http://e.vil))" in outside
+    assert "Process [x](http://e.vil) pid 4242 '''" in m.body.split("```")[1]  # inside the fence, which holds
+    assert m.body.count("```") == 2
+    assert f"pid 4242 ({name})" in m.text  # plain text shows it as it is

@@ -8,6 +8,7 @@ Each message is written twice: Markdown for targets that render it, plain text f
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -19,6 +20,7 @@ from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import Event, Severity
 
 _EVIDENCE_LINES = 12
+_MARKS = re.compile(r"[\\*_\[\]<>#|~]")  # what Markdown would read as emphasis, a link, HTML, a heading, a table
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
 def _message(alert_id: str, title: str, blocks: list, incident: str | None, out: Outgoing, resolved: bool,
              tags: set[str]) -> Message:
     if incident:
-        blocks.append(("Incident report", f"{incident} (incident.json, timeline.png)"))
+        blocks.append(("Incident report", f"`{incident}` (incident.json, timeline.png)"))
     footer = f"\n\nalert id: {alert_id}"
     return Message(alert_id, title, _render(blocks, True) + footer, _render(blocks, False) + footer, out.severity,
                    resolved, frozenset(tags))
@@ -182,22 +184,32 @@ def _clock(stamp: float | None, ctx: Context) -> str:
 
 
 def _render(blocks: list, markdown: bool) -> str:
+    text = _markdown if markdown else _plain
     parts = []
     for label, content in blocks:
         head = f"**{label}**" if markdown else label
         if isinstance(content, _Code):
-            lines = "\n".join(content.lines)
+            # a line of the log may hold backticks (a process names itself): it must not end the fence
+            lines = "\n".join(line.replace("`", "'") for line in content.lines)
             parts.append(f"{head}\n```\n{lines}\n```" if markdown else
                          f"{head}:\n" + "\n".join(f"    {line}" for line in content.lines))
         elif isinstance(content, list):
             numbered = label == "What to do"
-            items = [f"{f'{i}.' if numbered else '-'} {item}" for i, item in enumerate(content, 1)]
+            items = [f"{f'{i}.' if numbered else '-'} {text(item)}" for i, item in enumerate(content, 1)]
             parts.append(f"{head}\n" + "\n".join(items) if markdown else
-                         f"{head}:\n" + "\n".join(f"  {_plain(item)}" for item in items))
+                         f"{head}:\n" + "\n".join(f"  {item}" for item in items))
         else:
-            parts.append(f"{head}: {content}" if markdown else f"{head}: {_plain(content)}")
+            parts.append(f"{head}: {text(content)}")
     return "\n\n".join(parts)
 
 
 def _plain(text: str) -> str:
     return text.replace("`", "")
+
+
+def _markdown(text: str) -> str:
+    """Text as Markdown that shows it as it is: what a process or a log line brought in (a process may name
+    itself `[x](http://…)`) renders as text, not as a link or emphasis. Code spans (`…`, ours) stay code."""
+    spans = text.split("`")
+    return "`".join(part if i % 2 and i + 1 < len(spans) else _MARKS.sub(r"\\\g<0>", part)  # a closed code span
+                    for i, part in enumerate(spans))

@@ -3,11 +3,14 @@ GPU 0 (ffff:03:00.0, Radeon AI PRO R9700) ring timeout")."""
 
 from __future__ import annotations
 
+import re
+
 from gpuwarden.alert.context import Context, first, first_fault, is_lost
 from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.model import Event
 
+_UNSAFE = re.compile(r"[^\w.:/@+=-]")
 _WORDS = {  # what broke, in words, after the GPU's or the engine's name
     "sq_intr": "shader fault (SQ interrupt)", "ring_timeout": "ring timeout", "page_fault": "page fault",
     "gpu_reset": "reset by the driver", "reset_failed": "reset failed", "device_lost": "fell off the bus",
@@ -76,8 +79,8 @@ def _cause(e: Event, ctx: Context) -> str:
         what = f"{ctx.gpu(e.gpu)} {_WORDS[e.kind]}"
     else:
         return e.message.split(". ", 1)[0]  # its first sentence: a title is a line
-    if process := e.evidence.get("process"):
-        what += f" by pid {process.get('pid')} ({process.get('name')})"
+    if process := e.evidence.get("process"):  # its name is the process's own choice: shown, never rendered
+        what += f" by pid {process.get('pid')} ({_UNSAFE.sub('?', str(process.get('name')))})"
     return what
 
 
