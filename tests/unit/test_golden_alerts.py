@@ -119,6 +119,12 @@ SITUATIONS = {
                                                             BEFORE))],
     "gpus_missing": [(0, recovery.verdict_event(recovery.compare(BEFORE, {GPU1: replace(
         BEFORE[GPU1], links=((GPU1, 16.0, 4),))}), LOST, [GPU0], T0))],
+    # on_stall = "alert": the message says so, without hedging; the stall ends by itself, told on its page
+    "stall_alert_only": [
+        (0, replace(STALL[1], evidence={**STALL[1].evidence, "decision": [
+            decision("alert_only", "qwen-72b", 'on_stall = "alert"')]})),
+        (95, ("resolve", STALL[1].dedupe_key, "qwen-72b makes progress again: 1,250 tokens in the last 5 s")),
+    ],
     "kill_refused": [
         (0, replace(STALL[1], evidence={**STALL[1].evidence, "decision": [
             decision("refuse", "qwen-72b", "its kill budget (3 per 3600 s) is spent", by_hand=True)]})),
@@ -132,7 +138,9 @@ def messages(events):
     storm, sent = StormControl(cooldown=600, group_window=5), []
     for at, event in [*events, (10_000, None)]:
         sent += storm.due(T0 + at)
-        if event is not None:
+        if isinstance(event, tuple):  # a condition that ended by itself
+            sent += [out for out in [storm.resolve(*event[1:])] if out]
+        elif event is not None:
             storm.offer(event, len(sent), T0 + at)
     return [compose(out, CTX, f"gw-{n:04d}", out.incident and f"/var/lib/gpuwarden/incidents/{out.incident}")
             for n, out in enumerate(sent, 1)]

@@ -59,7 +59,7 @@ def test_no_action_says_why_and_never_hedges():
 def test_resolved_message():
     m = compose(Outgoing("GPU 0000:03:00.0", resolved="junction back to 70 °C", severity=Severity.WARNING),
                 CTX, "gw-1")
-    assert m.resolved and m.title == "box1: resolved — GPU 0000:03:00.0"
+    assert m.resolved and m.title == "box1: resolved: GPU 0000:03:00.0"
     assert "junction back to 70 °C." in m.text
 
 

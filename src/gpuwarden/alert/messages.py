@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from gpuwarden.alert.context import Context, first, is_lost
 from gpuwarden.alert.steps import what_to_do
 from gpuwarden.alert.storm import FOLLOW_UP_KINDS, Outgoing
-from gpuwarden.alert.titles import headline, repeats_title
+from gpuwarden.alert.titles import ended, headline, repeats_title
 from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import Event, Severity
 
@@ -45,7 +45,7 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     tags = {e.kind for e in every} | {e.gpu for e in every if e.gpu} | {e.engine for e in every if e.engine}
     tags |= {k.split(":", 1)[0] for k in out.repeats} | ({out.subject.split(" ", 1)[-1]} if not out.incident else set())
     if out.resolved:
-        title = f"{ctx.host}: resolved — " + (headline(out.earlier, ctx) if out.earlier else out.subject)
+        title = f"{ctx.host}: " + (ended(out.earlier, ctx) if out.earlier else f"resolved: {out.subject}")
         blocks: list = [("What changed", _sentence(out.resolved))]
         if out.earlier:
             blocks.append(("The incident so far", _Code([_line(e, ctx) for e in out.earlier])))

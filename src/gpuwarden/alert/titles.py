@@ -66,6 +66,11 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
     return cause
 
 
+def ended(earlier: list[Event], ctx: Context) -> str:
+    """The title of an incident's condition that ended by itself: what it was."""
+    return f"resolved: {_cause(first_fault(earlier) or earlier[0], ctx)}"
+
+
 def _cause(e: Event, ctx: Context) -> str:
     if e.kind == "engine_stall" and (figures := e.evidence.get("figures")):
         return (f"engine {e.engine} stalled {figures.get('stalled_seconds', 0):.0f} s with "
