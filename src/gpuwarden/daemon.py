@@ -16,7 +16,7 @@ from gpuwarden import families, logsetup, policy, reloads
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.alert.messages import Context
+from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.engine.watch import EngineWatch

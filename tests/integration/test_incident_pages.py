@@ -7,7 +7,7 @@ import json
 import time
 
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.alert.messages import Context
+from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics

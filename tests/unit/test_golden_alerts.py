@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from gpuwarden import recovery
-from gpuwarden.alert.messages import Context, compose
+from gpuwarden.alert.context import Context
+from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.model import Event, Severity
 from paths import ROOT

@@ -1,6 +1,7 @@
 import apprise
 
-from gpuwarden.alert.messages import Context, compose
+from gpuwarden.alert.context import Context
+from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.targets import Target, safe_name
 from gpuwarden.model import Event, Severity

@@ -21,7 +21,8 @@ from pathlib import Path
 import apprise
 
 from gpuwarden import families
-from gpuwarden.alert.messages import Context, compose
+from gpuwarden.alert.context import Context
+from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
