@@ -115,9 +115,9 @@ def _parser() -> argparse.ArgumentParser:
 
     npd = command("npd-check", help="node-problem-detector custom plugin: exit 0 ok, 1 problem, 2 unknown")
     npd.add_argument("--condition", choices=("gpu", "engine", "daemon"), default="gpu",
-                     help="gpu: a GPU lost since boot; engine: an engine problem left unfixed within --window; "
-                          "daemon: gpuwarden down or failing (default gpu)")
-    npd.add_argument("--window", default="15m", help="how far back --condition engine looks (default 15m)")
+                     help="gpu: a GPU lost since boot; engine: an engine problem left unfixed (open conditions, "
+                          "docs/conditions.md); daemon: gpuwarden down or failing (default gpu)")
+    npd.add_argument("--window", help=argparse.SUPPRESS)  # ignored: NPD configs written before conditions pass it
     npd.add_argument("--timeout", type=_seconds, default=4.0,
                      help="seconds for the whole check (default 4, NPD's is 5)")
     npd.set_defaults(handler=cmd_npd_check)
@@ -233,18 +233,12 @@ def cmd_npd_check(args: argparse.Namespace) -> int:
     """One line of at most 80 bytes on stdout; the exit status is the verdict (npd.py says which conditions)."""
     from gpuwarden import npd
 
-    try:
-        window = parse_duration(args.window)
-    except ValueError as exc:
-        print(npd.message(f"unknown: --window: {exc}"))
-        return npd.UNKNOWN
-
     def run() -> tuple[int, str]:
         try:
             config, _ = configuration.load(args.config)  # in the bounded thread too: a hung disk is unknown
         except ConfigError as exc:
             return npd.UNKNOWN, f"unknown: configuration error: {str(exc).splitlines()[0]}"
-        return npd.check(args.condition, config, window, args.timeout)
+        return npd.check(args.condition, config, args.timeout)
 
     code, text = npd.bounded(run, args.timeout)
     print(npd.message(text))

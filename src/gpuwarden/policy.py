@@ -207,3 +207,13 @@ def _not_allowed(event: Event, gpus_seen: frozenset[str]) -> str | None:
 def _uses(engine: EngineView, gpu: str | None) -> bool:
     """A fault that names no GPU, or an engine whose GPUs are unknown, counts as a match."""
     return gpu is None or engine.gpus is None or gpu in engine.gpus
+
+
+def record_of(action: Action) -> dict:
+    """An action as the event that caused it records it (`evidence["decision"]`): what, for which engine, why."""
+    inner = action.action if isinstance(action, Refuse | AlertOnly) else action
+    name = {Refuse: "refuse", AlertOnly: "alert_only", Quarantine: "quarantine"}.get(type(action))
+    if name is None:
+        name = "restart" if getattr(action, "restart", False) else type(action).__name__.lower()  # kill, suspect
+    return {"action": name, "engine": getattr(inner, "engine", None), "reason": action.reason,
+            "by_hand": bool(getattr(action, "by_hand", False)), "dry_run": bool(getattr(inner, "dry_run", False))}

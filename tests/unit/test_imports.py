@@ -25,7 +25,7 @@ SRC = Path(gpuwarden.__file__).parent
 DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
-     "sdnotify", "supervise", "reloads", "sockets", *DATA},
+     "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", *DATA},
     {"policy"},
     {"kernel", "gpu", "engine"},
     {"act", "alert"},

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from gpuwarden import families
+from gpuwarden import conditions, families
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
@@ -242,7 +242,7 @@ class EngineWatch:
                 self._record(self._unresponsive_event(state, redact(error), silent_for))
             return
         if state.unresponsive:
-            self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
+            self.sink.resolve(conditions.unresponsive(name), f"{name} answers /metrics again")
         if state.failures >= state.config.unresponsive_after:
             log.info("engine %s: %s answers again", name, endpoint)
         state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
@@ -263,7 +263,7 @@ class EngineWatch:
                                 evidence={**event.evidence, "canary": asdict(result)})
             self._record(event)
         elif verdict.new:
-            self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
+            self.sink.resolve(conditions.stalled(name), f"{name} is making progress again")
         await self._idle_canary(state, sample, now)
 
     # --- the canary -----------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ class EngineWatch:
             self._record(self._canary_event(state, sample, result))
         elif result.outcome == "ok" and state.canary_failed:
             state.canary_failed = False
-            self.sink.resolve(f"engine_unresponsive:{state.name}", f"{state.name} completes a request again")
+            self.sink.resolve(conditions.unresponsive(state.name), f"{state.name} completes a request again")
 
     async def inspect(self, state: EngineState) -> None:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline. A kill that comes
