@@ -147,7 +147,11 @@ class Hub:
     # --- incident bundles -------------------------------------------------------------------------
 
     def _save_incident(self, row: dict) -> None:
+        """An incident opened, changed or closed: stored, and the gauge of the open ones (one alert each)."""
         self.store.save_incident(row)
+        self.metrics.replace(families.INCIDENT, {
+            (i.id, i.kind, ",".join(sorted(i.gpus)), ",".join(sorted(i.engines))): 1.0
+            for i in self.incidents.open.values()})
 
     def _incident(self, trigger: Event, trigger_id: int, opened: float) -> dict:
         """An incident bundle's content, gathered now (on the loop: the recorder and the lines live here)."""

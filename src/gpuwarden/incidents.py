@@ -24,7 +24,7 @@ BOUND = 7 * 86400.0  # and one whose conditions nobody resolves closes after thi
 @dataclass(frozen=True, slots=True)
 class Incident:
     id: str
-    opened: float
+    opened: float  # wall-clock seconds
     kind: str  # what opened it
     message: str
     last: float  # when its last event came
@@ -63,17 +63,18 @@ def about(incident: Incident, event: Event, engine_gpus: Mapping[str, frozenset[
 
 
 def offer(incidents: Iterable[Incident], event: Event, raised: Iterable[Key], decisions: list[dict[str, Any]],
-          engine_gpus: Mapping[str, frozenset[str] | None], new_id: str) -> Incident | None:
-    """The incident the event joins (updated), a new one it opens (named `new_id`), or None."""
+          engine_gpus: Mapping[str, frozenset[str] | None], new_id: str, now: float) -> Incident | None:
+    """The incident the event joins (updated), a new one it opens (named `new_id`), or None. Its times are
+    when gpuwarden saw the events (`now`): a line's own stamp may be old."""
     if not event.live:
         return None
     current = next((i for i in incidents if i.closed is None and about(i, event, engine_gpus)), None)
     if current is None:
         if event.severity < Severity.CRITICAL:
             return None
-        current = Incident(new_id, event.time, event.kind, event.message, event.time)
+        current = Incident(new_id, now, event.kind, event.message, now)
     return replace(
-        current, last=max(current.last, event.time),
+        current, last=max(current.last, now),
         engines=current.engines | ({event.engine} if event.engine else set()),
         gpus=current.gpus | ({event.gpu} if event.gpu else set()),
         conditions=current.conditions | frozenset(raised),

@@ -74,8 +74,9 @@ def _point(s: GpuSample) -> dict[str, Any]:
 
 class Incidents:
     """The incidents' edge: groups live events into incidents (incidents.py decides), names each member event's
-    incident, saves each incident as it changes (`save`), and writes its bundle after SETTLE, once more when
-    WINDOW has passed, and a last time when it closes, each time followed by a fresh picture. Incidents loaded
+    incident, saves each incident as it changes (`save`, called once `open` holds the change), and writes its
+    bundle after SETTLE, once more when WINDOW has passed, and a last time when it closes, each time followed by
+    a fresh picture. Incidents loaded
     at a start close on the condition changes (or the events) that come; their bundles are not written again."""
 
     def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
@@ -96,8 +97,7 @@ class Incidents:
             incident = incidents.settle(incidents.from_row(row, open_keys), [], now, self.window)
             if incident.closed is None:
                 self.open[incident.id] = incident
-            else:
-                self.save(incident.row())
+            self.save(incident.row())
 
     def offer(self, event: Event, raised: list[Key], decisions: list[dict[str, Any]],
               engine_gpus: dict[str, frozenset[str] | None]) -> str | None:
@@ -105,7 +105,7 @@ class Incidents:
         new_id = ""
         if event.severity == Severity.CRITICAL:  # it may open one (a look at the folder, only then)
             new_id = _unique(self.folder / folder_name(event), taken=self.open.keys()).name
-        incident = incidents.offer(self.open.values(), event, raised, decisions, engine_gpus, new_id)
+        incident = incidents.offer(self.open.values(), event, raised, decisions, engine_gpus, new_id, time.time())
         if incident is None:
             return None
         if incident.id not in self.open:
@@ -131,16 +131,16 @@ class Incidents:
             settled = incidents.settle(incident, changes, now, self.window)
             if settled == incident:
                 continue
-            self.save(settled.row())
             if incident_id in self._latest:
                 self._latest[incident_id] = settled
             if settled.closed is None:
                 self.open[incident_id] = settled
-                continue
-            del self.open[incident_id]
-            self._by_event = {i: p for i, p in self._by_event.items() if p != incident_id}
-            if closed := self._closed.get(incident_id):
-                closed.set()
+            else:
+                del self.open[incident_id]
+                self._by_event = {i: p for i, p in self._by_event.items() if p != incident_id}
+                if closed := self._closed.get(incident_id):
+                    closed.set()
+            self.save(settled.row())
 
     def folder_for(self, event_ids: list[int]) -> Path | None:
         """The incident that these events belong to (an alert names it or attaches its picture)."""
