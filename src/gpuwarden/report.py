@@ -260,9 +260,11 @@ def listing(folder: Path) -> list[dict[str, Any]]:
                          "events": 0, "actions": 0, "picture": None, "error": str(exc)})
             continue
         found = picture(path)
+        incident = content.get("incident") or {}  # how it ended, as of its last write (the store has it too)
         rows.append({"folder": str(path), "time": trigger["time"], "kind": trigger["kind"],
                      "subject": trigger["gpu"] or trigger["engine"] or "host", "events": len(content["events"]),
-                     "actions": len(content["actions"]), "picture": str(found) if found else None})
+                     "actions": len(content["actions"]), "picture": str(found) if found else None,
+                     "ended": incident.get("ended") if incident.get("closed") else None})
     return rows
 
 

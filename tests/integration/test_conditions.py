@@ -72,4 +72,7 @@ def test_a_lost_gpu_keeps_its_label_across_a_daemon_restart_and_npd_check_sees_i
     result = subprocess.run([*GPUWARDEN, "--config", str(again.config_path), "npd-check", "--condition", "gpu",
                              "--timeout", "3"], capture_output=True, text=True, timeout=15)
     assert result.returncode == 1 and result.stdout.startswith(f"device_lost {TEST_GPU} at "), result
+    shown = subprocess.run([*GPUWARDEN, "--config", str(again.config_path), "conditions"], capture_output=True,
+                           text=True, timeout=15).stdout
+    assert f"gpu_lost            {TEST_GPU}  by device_lost" in shown, shown
     assert again.stop() == 0
