@@ -122,8 +122,9 @@ def raised_by(event: Event) -> list[Key]:
 
 
 def resolved_by(event: Event, state: State) -> list[Key]:
-    """The open conditions this event ends."""
-    if not event.live or _dry_run(event):
+    """The open conditions this event ends. A kill that left survivors (a process stuck in the driver) ends no
+    stall: the engine is still stuck."""
+    if not event.live or _dry_run(event) or event.evidence.get("survivors"):
         return []
     kinds = RESOLVES.get(event.kind, ())
     if Kind.GPU_LOST in kinds:

@@ -33,6 +33,12 @@ def test_a_stall_is_ended_by_the_kill_which_takes_the_engine_down_until_it_is_ba
     assert state == {} and [(c.key, c.raised) for c in changes] == [(conditions.down("vllm"), False)]
 
 
+def test_a_kill_that_left_survivors_leaves_the_stall_open():
+    state, _ = run(ev("engine_stall", engine="vllm"))
+    state, changes = conditions.apply(state, ev("engine_killed", engine="vllm", evidence={"survivors": [4242]}))
+    assert set(state) == {conditions.stalled("vllm"), conditions.down("vllm")} and len(changes) == 1
+
+
 def test_a_dry_run_kill_changes_nothing_and_is_never_critical():
     dry = ev("engine_killed", C, engine="vllm", evidence={"dry_run": True})
     state, _ = run(ev("engine_stall", engine="vllm"))
