@@ -78,8 +78,13 @@ def offer(incidents: Iterable[Incident], event: Event, raised: Iterable[Key], de
         engines=current.engines | ({event.engine} if event.engine else set()),
         gpus=current.gpus | ({event.gpu} if event.gpu else set()),
         conditions=current.conditions | frozenset(raised),
-        decisions=current.decisions + tuple({"event": event.kind, **d} for d in decisions),
-        done=current.done + ((event.message,) if event.kind in OUTCOMES else ()))
+        decisions=_more(current.decisions, ({"event": event.kind, **d} for d in decisions)),
+        done=_more(current.done, [event.message] if event.kind in OUTCOMES else []))
+
+
+def _more(kept: tuple, new: Iterable) -> tuple:
+    """`kept` and what of `new` it does not hold yet: a storm of one fault adds its decision once."""
+    return kept + tuple(x for x in new if x not in kept)
 
 
 def settle(incident: Incident, changes: Iterable[Change], now: float, window: float = WINDOW,

@@ -19,6 +19,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -108,14 +109,16 @@ class Incidents:
         incident = incidents.offer(self.open.values(), event, raised, decisions, engine_gpus, new_id, time.time())
         if incident is None:
             return None
-        if incident.id not in self.open:
+        before = self.open.get(incident.id)
+        if before is None:
             self._trigger[incident.id] = (event, None)
             self._closed[incident.id] = asyncio.Event()
             task = asyncio.get_running_loop().create_task(self._follow(incident.id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self.open[incident.id] = self._latest[incident.id] = incident
-        self.save(incident.row())
+        if before is None or replace(before, last=incident.last) != incident:  # not for each line of a storm
+            self.save(incident.row())
         return incident.id
 
     def stored(self, event_id: int, incident_id: str) -> None:
