@@ -159,5 +159,7 @@ class Hub:
         events = self.store.events(since=since)
         telemetry = {gpu: self.recorder.history(gpu) for gpu in self.recorder.latest()}
         lines = [line for line in self.recent_lines if line[0] >= since]
-        return report.bundle(report.row(trigger, trigger_id), events, lines, telemetry, self.engine_samples(),
-                             self.hostname)
+        content = report.bundle(report.row(trigger, trigger_id), events, lines, telemetry, self.engine_samples(),
+                                self.hostname)
+        content["conditions"] = self.store.condition_changes(since)  # what was wrong, and when it ended
+        return content

@@ -505,6 +505,14 @@ class QueuedStore:
     def incidents(self, since: float = 0.0, open_only: bool = False) -> list[dict[str, Any]]:
         return self._reader.incidents(since, open_only)
 
+    def condition_changes(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """Those written (an incident's bundle: what waits in memory comes in its next write)."""
+        try:
+            return self._reader.condition_changes(since)
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read condition changes: %s", exc)
+            return []
+
     @property
     def pending(self) -> int:
         return len(self._ops)

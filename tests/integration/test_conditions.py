@@ -1,6 +1,7 @@
 """Conditions end to end with the real daemon: a killed engine's stall gauge ends with the kill, a lost GPU keeps
 its label across a daemon restart, and npd-check reads the same conditions."""
 
+import json
 import subprocess
 from datetime import datetime
 
@@ -43,6 +44,8 @@ def test_a_killed_engine_is_no_longer_stalled_at_the_next_scrape_and_its_figures
     assert stall["evidence"]["incident"] == killed["evidence"]["incident"]  # one cause, one incident
     bundle = d.state / "incidents" / killed["evidence"]["incident"]  # its bundle: the folder of the same name
     wait_for(lambda: (bundle / "incident.json").exists(), 10, what="the incident's bundle")
+    content = json.loads((bundle / "incident.json").read_text())
+    assert content["incident"]["id"] == bundle.name and content["incident"]["engines"] == ["fake"]
     assert d.stop() == 0
     store = Store(d.state / "gpuwarden.db")
     assert [(c["condition"], c["raised"]) for c in store.condition_changes()] == [
