@@ -42,6 +42,8 @@ def test_a_killed_engine_is_no_longer_stalled_at_the_next_scrape_and_its_figures
     assert stall["evidence"]["decision"] == [{"action": "kill", "engine": "fake", "reason": "stalled",
                                               "by_hand": False, "dry_run": False}]
     assert stall["evidence"]["incident"] == killed["evidence"]["incident"]  # one cause, one incident
+    assert samples(d.metrics(), "gpuwarden_incident") == {  # open while the engine is down: one alert
+        (("engine", "fake"), ("gpu", ""), ("id", killed["evidence"]["incident"]), ("kind", "engine_stall")): 1}
     bundle = d.state / "incidents" / killed["evidence"]["incident"]  # its bundle: the folder of the same name
     wait_for(lambda: (bundle / "incident.json").exists(), 10, what="the incident's bundle")
     content = json.loads((bundle / "incident.json").read_text())
