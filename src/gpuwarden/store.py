@@ -499,11 +499,20 @@ class QueuedStore:
         return self._reader.outbox()
 
     def open_conditions(self) -> list[conditions.Condition]:
-        """Read at start, before this process wrote any."""
-        return self._reader.open_conditions()
+        """Read at start, before this process wrote any. A store another process holds now starts with none
+        (said, not fatal: the watch matters more)."""
+        try:
+            return self._reader.open_conditions()
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read the open conditions: %s", exc)
+            return []
 
     def incidents(self, since: float = 0.0, open_only: bool = False) -> list[dict[str, Any]]:
-        return self._reader.incidents(since, open_only)
+        try:
+            return self._reader.incidents(since, open_only)
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read incidents: %s", exc)
+            return []
 
     def condition_changes(self, since: float = 0.0) -> list[dict[str, Any]]:
         """Those written (an incident's bundle: what waits in memory comes in its next write)."""
