@@ -111,11 +111,12 @@ def _dry_run(event: Event) -> bool:
 def raised_by(event: Event) -> list[Key]:
     """The conditions this event raises. A dry run raises nothing; a GPU-lost kind only when critical (a
     warning Xid loses no GPU); a telemetry event its own gpu_degraded condition."""
-    if not event.live or _dry_run(event):
+    telemetry = event.evidence.get(CONDITION)
+    if (event.kind not in RAISES and not telemetry) or not event.live or _dry_run(event):
         return []
-    if telemetry := event.evidence.get(CONDITION):
+    if telemetry:
         return [degraded(telemetry)]
-    kinds = RAISES.get(event.kind, ())
+    kinds = RAISES[event.kind]
     if Kind.GPU_LOST in kinds and event.severity < Severity.CRITICAL:
         return []
     return [_key(kind, event) for kind in kinds if _subject(kind, event)]
@@ -124,9 +125,9 @@ def raised_by(event: Event) -> list[Key]:
 def resolved_by(event: Event, state: State) -> list[Key]:
     """The open conditions this event ends. A kill that left survivors (a process stuck in the driver) ends no
     stall: the engine is still stuck."""
-    if not event.live or _dry_run(event) or event.evidence.get("survivors"):
+    if event.kind not in RESOLVES or not event.live or _dry_run(event) or event.evidence.get("survivors"):
         return []
-    kinds = RESOLVES.get(event.kind, ())
+    kinds = RESOLVES[event.kind]
     if Kind.GPU_LOST in kinds:
         present = event.evidence.get(GPUS_PRESENT)
         return [k for k in state if k.kind == Kind.GPU_LOST and (present is None or k.subject in present)]
@@ -143,12 +144,16 @@ def impact(event: Event) -> Severity:
     return event.severity
 
 
-def apply(state: State, event: Event) -> tuple[dict[Key, Condition], list[Change]]:
-    """The state after `event`, and what changed: resolutions first (a kill ends the stall, then raises down)."""
+def apply(state: State, event: Event) -> tuple[State, list[Change]]:
+    """The state after `event`, and what changed: resolutions first (a kill ends the stall, then raises down).
+    An event that bears on no condition (most of them) returns `state` itself."""
+    resolved, raised = resolved_by(event, state), raised_by(event)
+    if not resolved and not raised:
+        return state, []
     new, changes = dict(state), []
-    for key in resolved_by(event, state):
+    for key in resolved:
         changes.append(Change(new.pop(key), False, event.time, event.message, by_event=True))
-    for key in raised_by(event):
+    for key in raised:
         if (old := new.get(key)) is not None:  # open already: it gains a cause, no change
             new[key] = replace(old, causes=old.causes | {event.kind}, alert_keys=old.alert_keys | {event.dedupe_key})
             continue
@@ -160,13 +165,13 @@ def apply(state: State, event: Event) -> tuple[dict[Key, Condition], list[Change
 
 
 def resolve(state: State, key: Key, message: str, now: float,
-            cures: Iterable[str] | None = None) -> tuple[dict[Key, Condition], list[Change]]:
+            cures: Iterable[str] | None = None) -> tuple[State, list[Change]]:
     """A component saw a condition end (an engine answers, a GPU is back on the bus). `cures`: the event kinds
     this observation cures; a condition raised by any other kind stays (a GPU that answers reads again is not
     cured of a failed reset)."""
     condition = state.get(key)
     if condition is None or (cures is not None and not condition.causes <= frozenset(cures)):
-        return dict(state), []
+        return state, []
     new = dict(state)
     del new[key]
     return new, [Change(condition, False, now, message, by_event=False)]
@@ -175,7 +180,7 @@ def resolve(state: State, key: Key, message: str, now: float,
 SURVIVES_RESTART = frozenset({Kind.GPU_LOST})  # only a reboot (or the GPU back) ends it; the rest is seen afresh
 
 
-def restarted(state: State, now: float) -> tuple[dict[Key, Condition], list[Change]]:
+def restarted(state: State, now: float) -> tuple[State, list[Change]]:
     """A daemon's start with the conditions its store held open: a lost GPU stays lost; what the components
     judge afresh (an engine's stall, a telemetry reading) is resolved, or it would stay open for good."""
     kept = {k: c for k, c in state.items() if k.kind in SURVIVES_RESTART}
@@ -183,12 +188,14 @@ def restarted(state: State, now: float) -> tuple[dict[Key, Condition], list[Chan
                   for k, c in state.items() if k not in kept]
 
 
-def with_event_id(state: State, changes: Iterable[Change], event_id: int) -> dict[Key, Condition]:
+def with_event_id(state: State, changes: Iterable[Change], event_id: int) -> State:
     """The conditions just raised by a stored event, with its id."""
+    raised = [c.key for c in changes if c.raised and c.key in state]
+    if not raised:
+        return state
     new = dict(state)
-    for change in changes:
-        if change.raised and change.key in new:
-            new[change.key] = replace(new[change.key], event_id=event_id)
+    for key in raised:
+        new[key] = replace(new[key], event_id=event_id)
     return new
 
 

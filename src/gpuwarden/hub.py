@@ -38,7 +38,7 @@ class Hub:
         self.engine_samples: Callable[[], dict[str, dict]] = dict
         self.recent_lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
         self.incidents = report.Incidents(incidents_dir, self._incident, self._save_incident, keep=incidents_keep)
-        self.conditions: dict[conditions.Key, conditions.Condition] = {}
+        self.conditions: conditions.State = {}
 
     def load(self, now: float) -> None:
         """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart)."""
@@ -58,16 +58,16 @@ class Hub:
         engine_gpus = {view.name: view.gpus for view in situation.engines}
         decided, changes = [], []
         for event in events:
-            if (severity := conditions.impact(event)) != event.severity:
-                event = replace(event, severity=severity)
             actions = policy.decide(event, situation)
             self.conditions, changed = conditions.apply(self.conditions, event)
             decision = [policy.record_of(a) for a in actions]
             evidence = {**event.evidence, incidents.DECISION: decision}
             raised = [c.key for c in changed if c.raised]
-            if incident := self.incidents.offer(replace(event, evidence=evidence), raised, decision, engine_gpus):
-                evidence[incidents.INCIDENT] = incident
-            decided.append((replace(event, evidence=evidence), actions, changed, incident))
+            event = Event(event.kind, conditions.impact(event), event.message, event.time, event.gpu, event.engine,
+                          evidence, event.count)
+            if incident := self.incidents.offer(event, raised, decision, engine_gpus):
+                evidence[incidents.INCIDENT] = incident  # the event's own dict: stored with it
+            decided.append((event, actions, changed, incident))
             changes += changed
         events = [e for e, *_ in decided]
         ids = self.store.add_events(events, cursor)

@@ -62,15 +62,24 @@ def about(incident: Incident, event: Event, engine_gpus: Mapping[str, frozenset[
     return bool(event.gpu) and any(event.gpu in (engine_gpus.get(e) or ()) for e in incident.engines)
 
 
-def offer(incidents: Iterable[Incident], event: Event, raised: Iterable[Key], decisions: list[dict[str, Any]],
-          engine_gpus: Mapping[str, frozenset[str] | None], new_id: str, now: float) -> Incident | None:
-    """The incident the event joins (updated), a new one it opens (named `new_id`), or None. Its times are
-    when gpuwarden saw the events (`now`): a line's own stamp may be old."""
+def joins(incidents: Iterable[Incident], event: Event,
+          engine_gpus: Mapping[str, frozenset[str] | None]) -> Incident | None:
+    """The open incident a live event joins, or None (then a critical one opens its own)."""
     if not event.live:
         return None
-    current = next((i for i in incidents if i.closed is None and about(i, event, engine_gpus)), None)
+    return next((i for i in incidents if i.closed is None and about(i, event, engine_gpus)), None)
+
+
+def opens(event: Event) -> bool:
+    return event.live and event.severity == Severity.CRITICAL
+
+
+def offer(current: Incident | None, event: Event, raised: Iterable[Key], decisions: list[dict[str, Any]],
+          new_id: str, now: float) -> Incident | None:
+    """`current` (what `joins` found) with the event in it, a new incident it opens (named `new_id`), or None.
+    Its times are when gpuwarden saw the events (`now`): a line's own stamp may be old."""
     if current is None:
-        if event.severity < Severity.CRITICAL:
+        if not opens(event):
             return None
         current = Incident(new_id, now, event.kind, event.message, now)
     return replace(
@@ -85,6 +94,13 @@ def offer(incidents: Iterable[Incident], event: Event, raised: Iterable[Key], de
 def _more(kept: tuple, new: Iterable) -> tuple:
     """`kept` and what of `new` it does not hold yet: a storm of one fault adds its decision once."""
     return kept + tuple(x for x in new if x not in kept)
+
+
+def grew(before: Incident | None, after: Incident) -> bool:
+    """Something more than its last event's time changed (a storm of one fault joins without a change)."""
+    return before is None or (before.engines, before.gpus, before.conditions, len(before.decisions),
+                              len(before.done)) != (after.engines, after.gpus, after.conditions,
+                                                    len(after.decisions), len(after.done))
 
 
 def settle(incident: Incident, changes: Iterable[Change], now: float, window: float = WINDOW,

@@ -211,9 +211,14 @@ def _uses(engine: EngineView, gpu: str | None) -> bool:
 
 def record_of(action: Action) -> dict:
     """An action as the event that caused it records it (`evidence["decision"]`): what, for which engine, why."""
-    inner = action.action if isinstance(action, Refuse | AlertOnly) else action
-    name = {Refuse: "refuse", AlertOnly: "alert_only", Quarantine: "quarantine"}.get(type(action))
-    if name is None:
-        name = "restart" if getattr(action, "restart", False) else type(action).__name__.lower()  # kill, suspect
-    return {"action": name, "engine": getattr(inner, "engine", None), "reason": action.reason,
-            "by_hand": bool(getattr(action, "by_hand", False)), "dry_run": bool(getattr(inner, "dry_run", False))}
+    if isinstance(action, Refuse | AlertOnly):
+        inner = action.action
+        name = "refuse" if isinstance(action, Refuse) else "alert_only"
+        return {"action": name, "engine": getattr(inner, "engine", None), "reason": action.reason,
+                "by_hand": isinstance(action, Refuse) and action.by_hand, "dry_run": inner.dry_run}
+    if isinstance(action, Quarantine):
+        return {"action": "quarantine", "engine": None, "reason": action.reason, "by_hand": False,
+                "dry_run": action.dry_run}
+    name = "restart" if getattr(action, "restart", False) else type(action).__name__.lower()  # kill, suspect
+    return {"action": name, "engine": action.engine, "reason": action.reason, "by_hand": False,
+            "dry_run": bool(getattr(action, "dry_run", False))}

@@ -19,7 +19,6 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 from gpuwarden import incidents
 from gpuwarden.conditions import Change, Key
 from gpuwarden.kinds import OUTCOMES
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.model import Event, GpuSample
 from gpuwarden.store import private_folder
 
 log = logging.getLogger(__name__)
@@ -103,10 +102,11 @@ class Incidents:
     def offer(self, event: Event, raised: list[Key], decisions: list[dict[str, Any]],
               engine_gpus: dict[str, frozenset[str] | None]) -> str | None:
         """The id of the incident the event opens or joins, or None."""
+        current = incidents.joins(self.open.values(), event, engine_gpus)
         new_id = ""
-        if event.severity == Severity.CRITICAL:  # it may open one (a look at the folder, only then)
+        if current is None and incidents.opens(event):  # a look at the folder, only for a new one
             new_id = _unique(self.folder / folder_name(event), taken=self.open.keys()).name
-        incident = incidents.offer(self.open.values(), event, raised, decisions, engine_gpus, new_id, time.time())
+        incident = incidents.offer(current, event, raised, decisions, new_id, time.time())
         if incident is None:
             return None
         before = self.open.get(incident.id)
@@ -117,7 +117,7 @@ class Incidents:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self.open[incident.id] = self._latest[incident.id] = incident
-        if before is None or replace(before, last=incident.last) != incident:  # not for each line of a storm
+        if incidents.grew(before, incident):  # not for each line of a storm
             self.save(incident.row())
         return incident.id
 

@@ -111,7 +111,8 @@ def test_every_raising_and_resolving_kind_is_in_the_table_and_keys_are_typed():
 
 
 def offer(open_, event, raised=(), gpus=None):
-    return incidents.offer(open_, event, list(raised), [], gpus or {}, f"id-{event.kind}", event.time)
+    return incidents.offer(incidents.joins(open_, event, gpus or {}), event, list(raised), [], f"id-{event.kind}",
+                           event.time)
 
 
 def test_a_critical_event_opens_an_incident_and_what_follows_on_its_gpu_or_engine_joins():
