@@ -188,6 +188,16 @@ def restarted(state: State, now: float) -> tuple[State, list[Change]]:
                   for k, c in state.items() if k not in kept]
 
 
+def unwatched(state: State, engines: Iterable[str], now: float) -> tuple[State, list[Change]]:
+    """Engines a reload stopped watching: nothing will resolve their conditions any more, so they end now."""
+    gone = set(engines)
+    ended = [c for k, c in state.items() if k.kind in ENGINE_CONDITIONS and k.subject in gone]
+    if not ended:
+        return state, []
+    return ({k: c for k, c in state.items() if c not in ended},
+            [Change(c, False, now, f"{c.key.subject} is no longer watched (reload)", by_event=False) for c in ended])
+
+
 def with_event_id(state: State, changes: Iterable[Change], event_id: int) -> State:
     """The conditions just raised by a stored event, with its id."""
     raised = [c.key for c in changes if c.raised and c.key in state]

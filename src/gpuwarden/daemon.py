@@ -225,7 +225,9 @@ class Daemon:
             self.health.config, self.actuator.cache, self.hub.hostname = new.daemon, new.cache, new.alerts.hostname
             self.hub.incidents.keep = new.daemon.incidents_keep
             self.alerter.configure(new.alerts, targets)
+            gone = set(self.engines.engines)
             self._set_engines(self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml))
+            self.hub.unwatched(gone - set(self.engines.engines))
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

@@ -48,6 +48,12 @@ class Hub:
         self._changed(ended, now)
         self._export_conditions()
 
+    def unwatched(self, engines: set[str]) -> None:
+        """A reload stopped watching these engines: their conditions end."""
+        now = time.time()
+        self.conditions, changes = conditions.unwatched(self.conditions, engines, now)
+        self._changed(changes, now)
+
     # --- model.Sink -------------------------------------------------------------------------------
 
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:

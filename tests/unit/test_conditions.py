@@ -101,6 +101,13 @@ def test_a_restart_keeps_only_a_lost_gpu():
     assert sorted(c.key.kind for c in ended) == [Kind.ENGINE_STALLED, Kind.STORE_UNWRITABLE]
 
 
+def test_an_engine_no_longer_watched_has_its_conditions_ended():
+    state, _ = run(ev("engine_stall", engine="old"), ev("engine_stall", engine="kept"), ev("device_lost", gpu=GPU))
+    state, changes = conditions.unwatched(state, {"old"}, 200.0)
+    assert set(state) == {conditions.stalled("kept"), conditions.lost(GPU)}
+    assert [(c.key, c.message) for c in changes] == [(conditions.stalled("old"), "old is no longer watched (reload)")]
+
+
 def test_every_raising_and_resolving_kind_is_in_the_table_and_keys_are_typed():
     assert str(conditions.stalled("vllm")) == "engine_stalled:vllm"
     assert conditions.unresponsive("a") != conditions.stalled("a")
