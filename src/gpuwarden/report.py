@@ -76,8 +76,8 @@ class Incidents:
     """The incidents' edge: groups live events into incidents (incidents.py decides), names each member event's
     incident, saves each incident as it changes (`save`, called once `open` holds the change), and writes its
     bundle after SETTLE, once more when WINDOW has passed, and a last time when it closes, each time followed by
-    a fresh picture. Incidents loaded
-    at a start close on the condition changes (or the events) that come; their bundles are not written again."""
+    a fresh picture. Incidents loaded at a start close on the condition changes (or the events) that come; their
+    bundles are not written again."""
 
     def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
                  save: Callable[[dict[str, Any]], None], settle: float = SETTLE, window: float = WINDOW,
