@@ -6,8 +6,9 @@ the incidents; `npd-check` and the report read the stored rows. Which event kind
 conditions is one table (`RAISES`, `RESOLVES`); what a component observes without an event (an engine that
 answers again, a GPU back on the bus, a telemetry reading back to normal) resolves through `resolve`.
 
-The state is a plain mapping key -> `Condition`; `apply` and `resolve` return a new one and the changes, and
-never read a clock: `now` is the event's time or is passed in.
+The state is a plain mapping key -> `Condition`, never changed in place: `apply` and `resolve` return the state
+after (a new mapping when something changed) and the changes, and never read a clock: `now` is the event's time
+or is passed in.
 """
 
 from __future__ import annotations
