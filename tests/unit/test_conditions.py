@@ -191,3 +191,21 @@ def test_the_queued_store_writes_conditions_and_incidents(tmp_path):
     assert lost.key == conditions.lost(GPU) and lost.event_id == store.events()[0]["id"]
     [row] = store.incidents()
     assert row["closed"] == 200.0 and row["ended"] == "gpus back" and store.incidents(open_only=True) == []
+
+
+def test_a_version_2_store_gains_the_conditions_and_incidents_and_keeps_its_events(tmp_path):
+    import sqlite3
+
+    from gpuwarden.store import _MIGRATIONS, SCHEMA_VERSION
+
+    db = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)
+    for version in (1, 2):
+        db.executescript(_MIGRATIONS[version])
+    db.execute("INSERT INTO events (time, kind, severity, message, evidence, dedupe_key) "
+               "VALUES (1.0, 'device_lost', 'critical', 'old', '{}', 'device_lost:host')")
+    db.execute("PRAGMA user_version=2")
+    db.close()
+    store = Store(tmp_path / "gw.db")
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert [e["message"] for e in store.events()] == ["old"]
+    assert store.open_conditions() == [] and store.incidents() == []  # an old loss is not made a condition
