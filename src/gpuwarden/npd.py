@@ -59,17 +59,25 @@ def judge_gpu(rows: Iterable[Row], boot: float) -> Verdict:
     return PROBLEM, f"{first['kind']}{subject} at {_clock(first['time'])}{more}: reboot"
 
 
+def _fixes(r: Row) -> bool:
+    """A clean kill (every process gone; a kill is critical since the engine is down) or the engine back."""
+    evidence = r["evidence"]
+    return r["kind"] == "engine_back" or (r["kind"] == "engine_killed" and not evidence.get("dry_run")
+                                          and not evidence.get("survivors"))
+
+
 def judge_engine(rows: Iterable[Row], since: float) -> Verdict:
-    """The newest unfixed critical event per engine: a clean (not dry-run) kill fixes a stall or a hang."""
+    """The newest unfixed critical event per engine: a clean (not dry-run) kill fixes a stall or a hang, the
+    engine back fixes what came before."""
     unfixed: dict[str, Row] = {}
     for r in rows:
         if r["time"] < since or r["kind"] not in ENGINE_KINDS:
             continue
         name = r["engine"] or "?"
-        if r["severity"] == "critical":
-            unfixed[name] = r
-        elif r["kind"] == "engine_killed" and not r["evidence"].get("dry_run"):
+        if _fixes(r):
             unfixed.pop(name, None)
+        elif r["severity"] == "critical":
+            unfixed[name] = r
     if not unfixed:
         return OK, "no engine problem left unfixed"
     name, r = max(unfixed.items(), key=lambda item: item[1]["time"])

@@ -209,8 +209,7 @@ class Lifecycle:
             self._instance |= current  # a worker it forked belongs to it
 
     def _gone(self, now: float, out: list[Transition]) -> None:
-        last_kill = self._killed_at if self.phase == "down" else None
-        exits = exited(self._exits, now, last_kill, self.rules.kill_grace, self.rules.crash_loop_window)
+        exits = exited(self._exits, now, self._killed_at, self.rules.kill_grace, self.rules.crash_loop_window)
         if exits is None:
             return  # our kill
         self._exits = exits
@@ -239,9 +238,9 @@ class Lifecycle:
         self._failures, self._unresponsive = 0, False
 
     def _failed(self, look: Look, out: list[Transition]) -> None:
-        self._failures += 1
         if self.in_grace:
             return  # loading: 503, no /metrics yet
+        self._failures += 1
         if self._failures == self.rules.unresponsive_after:
             out.append(Silent(self._failures))
         silent_for = look.now - (self._answered if self._answered is not None else self._since)
