@@ -23,37 +23,12 @@ from pathlib import Path
 import pytest
 from helpers import FAKE_ENGINE, free_port, wait_for
 
+from peers import slowload
 from peers.engines import LlamaCpp, missing
 from peers.freezer import Freezer
 from peers.load import Load
 
 BAD = {"engine_unresponsive", "kill_refused", "engine_restart_failed"}
-# an LD_PRELOAD shim: llama-server's main thread sleeps as it opens the model, as a big model's load takes
-# minutes, while its HTTP threads answer 503 "Loading model"
-SLOW_LOAD = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-static void slow(const char *path) {
-    static int done;
-    size_t n = strlen(path);
-    if (!done && n > 5 && !strcmp(path + n - 5, ".gguf") && getenv("GWTEST_LOAD_SECONDS")) {
-        done = 1;
-        sleep(atoi(getenv("GWTEST_LOAD_SECONDS")));
-    }
-}
-FILE *fopen(const char *path, const char *mode) {
-    slow(path);
-    return ((FILE *(*)(const char *, const char *))dlsym(RTLD_NEXT, "fopen"))(path, mode);
-}
-FILE *fopen64(const char *path, const char *mode) {
-    slow(path);
-    return ((FILE *(*)(const char *, const char *))dlsym(RTLD_NEXT, "fopen64"))(path, mode);
-}
-"""
 
 
 class Supervised:
@@ -152,10 +127,7 @@ def test_a_real_llamacpp_loading_for_60_s_after_a_kill_answers_503_is_never_kill
     if why := missing("llamacpp"):
         pytest.fail(why)
     loading = 60
-    shim = tmp_path / "slowload.so"
-    (tmp_path / "slowload.c").write_text(SLOW_LOAD)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(tmp_path / "slowload.c"), "-ldl"],
-                   check=True, timeout=60)
+    shim = slowload.shim()
     server = LlamaCpp(free_port(), tmp_path / "engines")
     supervised = Supervised(server.command(), ["env", f"LD_PRELOAD={shim}", f"GWTEST_LOAD_SECONDS={loading}",
                                                *server.command()], tmp_path)
