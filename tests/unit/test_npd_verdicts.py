@@ -41,6 +41,16 @@ def test_an_engine_problem_counts_until_a_clean_kill_fixes_it():
     assert code == npd.PROBLEM and text.startswith("engine vllm: engine_killed at ") and text.endswith("(+1 more)")
 
 
+def test_a_critical_clean_kill_fixes_a_failed_restart_is_a_problem_until_the_engine_is_back():
+    stall = row("engine_stall", engine="vllm")
+    killed = row("engine_killed", t=BOOT + 70, engine="vllm")  # critical: a production engine is down
+    assert npd.judge_engine([stall, killed], BOOT)[0] == npd.OK
+    failed = row("engine_restart_failed", t=BOOT + 80, engine="vllm")
+    assert npd.judge_engine([stall, killed, failed], BOOT)[0] == npd.PROBLEM
+    back = row("engine_back", severity="info", t=BOOT + 90, engine="vllm")
+    assert npd.judge_engine([stall, killed, failed, back], BOOT)[0] == npd.OK
+
+
 def test_the_daemon_is_judged_by_its_own_metrics():
     healthy = ('gpuwarden_build_info{version="0.1.0"} 1.0\n'
                'gpuwarden_component_up{component="kernel"} 1.0\ngpuwarden_component_up{component="gpus"} 1.0\n'
