@@ -111,7 +111,8 @@ class Actuator:
                                 "it again; back once a real completion returns", time.time(), engine=name,
                                 gpu=target.gpu, evidence={"supervisor": supervisor})])
         try:
-            log.info("%s: %s", name, await restart.start(name, target.config.target))
+            dead = frozenset(p.pid for p in target.procs)
+            log.info("%s: %s", name, await restart.start(name, target.config.target, dead))
         except restart.RestartError as exc:
             self.engines.restart_failed(name)
             self.sink.record([Event("engine_restart_failed", Severity.CRITICAL, f"{name} could not be started "
