@@ -38,6 +38,14 @@ def test_an_engine_problem_counts_while_gpuwarden_could_not_fix_it():
     assert code == npd.PROBLEM and text.startswith("engine vllm: engine_down at ") and text.endswith("(+1 more)")
 
 
+def test_a_failed_restart_is_a_problem_until_the_engine_is_back():
+    killed = row("engine_down", "vllm", "engine_killed", t=BOOT + 70)  # our own kill: being dealt with
+    assert npd.judge_engine([killed])[0] == npd.OK
+    failed = row("engine_down", "vllm", "engine_killed", "engine_restart_failed", t=BOOT + 80)
+    assert npd.judge_engine([failed])[0] == npd.PROBLEM
+    assert npd.judge_engine([])[0] == npd.OK  # engine_back resolved the condition: it is no longer open
+
+
 def test_the_daemon_is_judged_by_its_own_metrics():
     healthy = ('gpuwarden_build_info{version="0.1.0"} 1.0\n'
                'gpuwarden_component_up{component="kernel"} 1.0\ngpuwarden_component_up{component="gpus"} 1.0\n'

@@ -37,6 +37,10 @@ RUNBOOKS: dict[str, str] = {
         "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
         "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
         "(the first start takes longer), then delete the BROKEN folder once it runs."),
+    "restart_failed": (
+        "The engine did not come back after it was started again: no real completion within restart_timeout. "
+        "Read its own log for why it does not load (`journalctl -u <unit>`, `docker logs <container>`), and "
+        "check its GPU (`gpuwarden doctor`) before starting it by hand; gpuwarden will not restart it again."),
     "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
                      "may not kill (the event says which and why). Look at it by hand now."),
     "thermal": "Check airflow, fan curves and dust; lower the power cap until the cause is fixed.",
