@@ -53,8 +53,7 @@ class Daemon:
         self.engines: EngineWatch | None = None
         act = lambda action, event: self.actuator.execute(action, event)  # noqa: E731 (the actuator comes next)
         self.hub = Hub(self.metrics, self.recorder, self._situation, act, config.daemon.state_dir / "incidents",
-                       config.alerts.hostname)
-        self.hub.incidents.keep = config.daemon.incidents_keep
+                       config.alerts.hostname, config.daemon.incidents_keep)
         self.actuator = Actuator(self.hub, None, config.cache)
         self.health = Health(config.daemon, self.hub, self.metrics, self.notifier, self.summary)
         self.supervisor = Supervisor(self.health.crashed, self.health.component_state)
@@ -109,6 +108,7 @@ class Daemon:
         self.store = self.hub.store = self.health.store = QueuedStore(
             self.config.daemon.state_dir / "gpuwarden.db", loop, self.health.store_health)
         self.metrics.set(families.STORE_WRITABLE, 1)
+        self.hub.load(time.time())  # a GPU lost before this start is still lost
         self.alerter = self.hub.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store,
                                                   self.metrics, self.hub.incidents.folder_for,
                                                   self.hub.incidents.folder, self._alert_context)
@@ -252,7 +252,9 @@ class Daemon:
             self.health.config, self.actuator.cache, self.hub.hostname = new.daemon, new.cache, new.alerts.hostname
             self.hub.incidents.keep = new.daemon.incidents_keep
             self.alerter.configure(new.alerts, targets)
+            gone = set(self.engines.engines)
             self._set_engines(self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml))
+            self.hub.unwatched(gone - set(self.engines.engines))
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

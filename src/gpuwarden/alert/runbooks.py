@@ -76,9 +76,7 @@ _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "
 # Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
 _LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
 # Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back
-# (gpus_changed), a restart that failed (the kind belongs to the restart's owner, whose catalog entry may name none)
-SITUATIONAL = frozenset({"gpus_missing", "restart_failed"})
-_KIND_KEYS = {"engine_restart_failed": "restart_failed"}
+SITUATIONAL = frozenset({"gpus_missing"})
 HARDWARE = frozenset(_ORDER[:_ORDER.index("restart_failed")])  # these come before the steps for each engine
 OFF_THE_BUS_XIDS = frozenset({79})  # "GPU has fallen off the bus": a reboot, never nvidia-smi -r
 
@@ -90,7 +88,7 @@ def runbook_for(kind: str, key: str | None = None, xid: int | None = None) -> st
 def key_for(kind: str, key: str | None = None, xid: int | None = None) -> str | None:
     if kind == "xid" and xid in OFF_THE_BUS_XIDS:
         return "device_lost"
-    return key or runbook(kind) or _KIND_KEYS.get(kind)
+    return key or runbook(kind)
 
 
 def ordered(keys: list[str]) -> list[str]:
