@@ -41,7 +41,7 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     append(d, LOST.format(bus="03"))
     wait_for(lambda: len(receiver.received) >= 2, 15, what="both deliveries")
 
-    [hook] = receiver.json_bodies("/hook")
+    [hook] = [b for b in receiver.json_bodies("/hook") if "GPU 0000:03:00.0" in b["title"]]  # not the loop's lag
     assert hook["type"] == "failure"
     assert hook["title"].split(";")[0] == "box1: GPU 0000:03:00.0 fell off the bus — reboot needed"
     assert "amdgpu 0000:03:00.0: amdgpu: device lost from bus!" in hook["message"]  # the evidence
@@ -84,7 +84,8 @@ def test_outage_every_alert_arrives_in_order_once(daemon_factory, receiver):
     for bus in buses:
         append(d, LOST.format(bus=bus))
         time.sleep(0.4)  # one group per GPU
-    wait_for(lambda: 'gpuwarden_alerts_failed_total' in d.metrics(), 10, what="failed attempts during the outage")
+    # each loss is an incident whose first page waits for its picture (up to the alerter's 30 s) before its send
+    wait_for(lambda: 'gpuwarden_alerts_failed_total' in d.metrics(), 45, what="failed attempts during the outage")
     time.sleep(1.5)
     receiver.start()
     wait_for(lambda: len(receiver.received) >= len(buses), 20, what="every alert after the outage")
@@ -136,7 +137,7 @@ def test_a_storm_of_10000_identical_kernel_events_is_one_message_and_a_count(dae
     assert "more `sq_intr` since" not in first["message"]
     assert follow_up["title"] == "box1: GPU 0000:31:00.0: 9,999 more sq_intr"
     assert "And 9,999 more `sq_intr` since" in follow_up["message"]
-    [event] = d.events()
+    [event] = [e for e in d.events() if e["kind"] == "sq_intr"]  # not the loop's lag, if the storm caused one
     assert event["count"] == 10_000
     assert d.stop() == 0
 
@@ -180,8 +181,8 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     time.sleep(2)  # some telemetry in the flight recorder
     append(d, "Dec 02 16:22:27 host kernel: amdgpu 0000:03:00.0: amdgpu: sq_intr: error, se 0, data 0x0\n")
     append(d, LOST.format(bus="03"))
-    wait_for(lambda: receiver.json_bodies("/hook"), 40, what="the alert")
-    [hook] = receiver.json_bodies("/hook")
+    lost = lambda: [b for b in receiver.json_bodies("/hook") if "fell off the bus" in b["title"]]  # noqa: E731
+    [hook] = wait_for(lost, 40, what="the alert")  # the warning before it is in it, or (under load) apart
     [folder] = (d.state / "incidents").iterdir()
     assert folder.name.endswith("-device_lost") and f"**Incident report**: `{folder}` (" in hook["message"]
     [attachment] = hook["attachments"]
