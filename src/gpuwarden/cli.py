@@ -317,7 +317,8 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
     body = "This is a test alert from `gpuwarden test-alert`. If you read this, alerts reach you."
     failed = 0
     for target in targets:
-        error = asyncio.run(send(target, title, body, "info", config.alerts.send_timeout))
+        text = body if target.markdown else body.replace("`", "")  # as the alerts go: plain where it is plain
+        error = asyncio.run(send(target, title, text, "info", config.alerts.send_timeout, markdown=target.markdown))
         failed += error is not None
         print(f"{target.name}: {'ok' if error is None else error}")
     return EXIT_FAILURE if failed else EXIT_OK

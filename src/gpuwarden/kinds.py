@@ -61,6 +61,9 @@ CATALOG: dict[str, Kind] = {
     "guard_lost": Kind(None),
     "watchdog_error": Kind("daemon"),
     "store_unwritable": Kind("store"),
+    # the confirmation after a reboot that followed a lost GPU (recovery.py)
+    "gpus_back": Kind(None),
+    "gpus_changed": Kind("gpus_changed"),
 }
 
 KINDS = frozenset(CATALOG)

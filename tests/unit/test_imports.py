@@ -27,7 +27,7 @@ LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
      "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", *DATA},
     {"policy"},
-    {"kernel", "gpu", "engine"},
+    {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
     {"hub", "health"},
     {"daemon"},
