@@ -16,6 +16,7 @@ from gpuwarden import families
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
+from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.metrics import EngineSample
@@ -32,6 +33,9 @@ from gpuwarden.policy import EngineView, exited
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
+# How long a fault with no owner keeps an engine under suspicion (each new one starts it again): a GPU that a
+# fault left hanging shows it within seconds; a suspicion for ever would judge every long request on the floor.
+SUSPICION = 300.0
 _INSPECT_DEADLINE = 10.0
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
@@ -62,6 +66,11 @@ class EngineState:
     canary_at: float = -1e9  # monotonic time of the last canary
     canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
     canary_failed: bool = False
+    pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
+    suspect_until: float = 0.0  # monotonic: under suspicion until then (a fault with no owner on its GPU)
+    suspicion: str = ""  # why
+    suspect_canary: bool = False  # a canary is due for the suspicion
+    checking: asyncio.Future | None = None  # the suspicion's canary under way
 
     @property
     def name(self) -> str:
@@ -80,7 +89,11 @@ class EngineState:
         cfg = self.config
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
                           cfg.kill_budget, cfg.kill_budget_window, tuple(self.kills),
-                          pids=frozenset(p.pid for p in self.procs))
+                          pids=frozenset(p.pid for p in self.procs), pasids=self.pasids,
+                          suspect=self.suspected(time.monotonic()))
+
+    def suspected(self, now: float) -> bool:
+        return now < self.suspect_until
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
@@ -148,6 +161,24 @@ class EngineWatch:
 
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]
+
+    def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
+        """The policy's `Suspect`: watch the engine closely for SUSPICION seconds (its stall threshold at the
+        floor, a canary at the next look). Returns the engine_suspect event to record, None for an engine
+        this watch does not have."""
+        state = self.engines.get(name)
+        if state is None:
+            return None
+        state.suspect_until, state.suspicion, state.suspect_canary = time.monotonic() + SUSPICION, reason, True
+        evidence = {"reason": reason, "fault": {"kind": fault.kind, "gpu": fault.gpu, "message": fault.message},
+                    "seconds": SUSPICION, "floor_seconds": state.detector.floor}
+        if "incident" in fault.evidence:  # what this fault did belongs to its incident
+            evidence["incident"] = fault.evidence["incident"]
+        return Event("engine_suspect", Severity.WARNING,
+                     f"{name} is under suspicion ({reason}): its stall threshold drops to "
+                     f"{state.detector.floor:.0f} s and a canary runs; it is killed only if it then stops "
+                     "progressing or does not answer", time.time(), engine=name, gpu=fault.gpu or state.gpu,
+                     evidence=evidence)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -228,7 +259,7 @@ class EngineWatch:
         now = time.monotonic()
         if had_procs and not state.procs:
             self._exited(state, now)
-        spinning = is_spinning(state.cpus)
+        spinning, suspect = is_spinning(state.cpus), state.suspected(now)
         endpoint = _ENDPOINT[state.config.source]
         if sample is None:
             self.sink.metric(families.ENGINE_UP, 0, name)
@@ -237,7 +268,7 @@ class EngineWatch:
                             name, endpoint, state.failures, redact(error))
             silent_for = now - (state.answered or state.watched_since)  # an engine hung before we came counts
             if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
-                    and silent_for >= state.detector.threshold(spinning)):
+                    and silent_for >= state.detector.threshold(spinning, suspect)):
                 state.unresponsive = True
                 self._record(self._unresponsive_event(state, redact(error), silent_for))
             return
@@ -247,7 +278,7 @@ class EngineWatch:
             log.info("engine %s: %s answers again", name, endpoint)
         state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
         self._export(state, sample)
-        verdict = state.detector.observe(sample, now, spinning)
+        verdict = state.detector.observe(sample, now, spinning, suspect)
         self.sink.metric(families.ENGINE_STALLED, 1 if verdict.stalled else 0, name)
         self.sink.metric(families.ENGINE_STALL_THRESHOLD, verdict.threshold, name)
         if verdict.new and verdict.stalled:
@@ -264,7 +295,12 @@ class EngineWatch:
             self._record(event)
         elif verdict.new:
             self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
-        await self._idle_canary(state, sample, now)
+        if state.suspect_canary:  # beside the scrapes: a stall meanwhile is still seen within the floor
+            state.suspect_canary = False
+            spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
+            state.checking = spawn(self._suspect_canary(state, sample))
+        else:
+            await self._idle_canary(state, sample, now)
 
     # --- the canary -----------------------------------------------------------------------------------
 
@@ -278,6 +314,27 @@ class EngineWatch:
         result = await canary(base_url(cfg), api, cfg.canary_timeout)
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
+
+    async def _suspect_canary(self, state: EngineState, before: EngineSample) -> None:
+        """Once per suspicion: a real completion. One that does not return is the engine not answering, unless
+        the engine showed work meanwhile (a long prefill holds a canary back, and is no hang)."""
+        started = time.monotonic()
+        result = await self._canary(state)
+        if not state.procs or state.killing or (state.kills and state.kills[-1] >= started):
+            return  # gone or killed meanwhile: nothing left to judge
+        if result.outcome != "timeout":
+            log.info("%s under suspicion: canary %s (%s)", state.name, result.outcome, result.detail)
+            return
+        try:
+            after = await state.scraper.scrape()
+        except ScrapeError:
+            after = None
+        if after is not None and (after.progress != before.progress or after.activity != before.activity):
+            log.info("%s under suspicion: the canary did not return in time, but it works on (%s)", state.name,
+                     result.detail)
+            return
+        state.canary_failed = True
+        self._record(self._canary_event(state, before, result))
 
     async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
         """Every canary_interval while the engine shows no progress (idle, or running without progress), never
@@ -312,9 +369,10 @@ class EngineWatch:
             found = resolve(target_spec(state.config))
             procs = state.tracker.refresh(found)
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, found.refused, cpu_percents(procs), gpus
+            return procs, found.refused, cpu_percents(procs), gpus, pasids_of([p.pid for p in procs])
         try:
-            state.procs, state.refused, state.cpus, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
+            state.procs, state.refused, state.cpus, gpus, state.pasids = await _INSPECTS.run(
+                state.name, _INSPECT_DEADLINE, look)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
             return
@@ -351,6 +409,9 @@ class EngineWatch:
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
             message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
+        suspect = state.suspected(time.monotonic())
+        if suspect:
+            message += f"; under suspicion since {state.suspicion}"
         figures = {"running": sample.running, "waiting": sample.waiting, "tokens_processed": sample.progress,
                    "generated_tokens": sample.generated, "stalled_seconds": round(verdict.stalled_for, 1),
                    "threshold_seconds": round(verdict.threshold, 1),
@@ -360,8 +421,8 @@ class EngineWatch:
         if source == "log":
             message += f" (read from {state.scraper.where})"
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning,
-                                                      "source": source})
+                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning, "source": source,
+                                              **({"suspicion": state.suspicion} if suspect else {})})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
         message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "
