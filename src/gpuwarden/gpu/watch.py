@@ -22,6 +22,7 @@ from gpuwarden.gpu import amd, nvidia
 from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
+from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
 
@@ -78,10 +79,13 @@ class GpuWatch:
     name = "gpus"
 
     def __init__(self, config: GpuConfig, gpus: Callable[[], list[Gpu]], sink: Sink,
-                 recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None) -> None:
-        """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do."""
+                 recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None,
+                 xid_merge: XidMerge | None = None) -> None:
+        """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do. `xid_merge`:
+        where the kernel log's Xids are noted, so that NVML's copy of one is not a second event."""
         self.config, self.gpus, self.sink, self.recorder = config, gpus, sink, recorder
         self.xid_overrides = xid_overrides or {}
+        self.xid_merge = xid_merge or XidMerge()
         self.rules = TelemetryRules(config)
         self._worker = Worker("gpus")
         self._batch: tuple[asyncio.Future, float] | None = None
@@ -219,11 +223,16 @@ class GpuWatch:
                 events = await asyncio.to_thread(nvidia.xid_events, self.nvml, 1000)
             except Exception as exc:
                 log.warning("NVML Xid events unavailable: %s", exc)
+                for event in self.xid_merge.due(float("inf")):  # what is held has no other way out
+                    self.sink.record([event])
                 return
+            now = time.monotonic()
             for pci, xid in events:
                 severity, meaning = xid_catalog.judge(xid, self.xid_overrides)
-                self.sink.record([Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
-                                        gpu=pci, evidence={"xid": xid, "source": "nvml"})])
+                self.xid_merge.nvml(pci, xid, Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
+                                                    gpu=pci, evidence={"xid": xid, "source": "nvml"}), now)
+            for event in self.xid_merge.due(now):  # no kernel copy came: NVML's is the only word of it
+                self.sink.record([event])
 
 
 SERIES = {  # family -> (extra label, sample fields that fill it)
