@@ -3,12 +3,13 @@ mocked at the library boundary (no NVIDIA GPU here; tests/unit/test_nvidia_reade
 
 import asyncio
 
+from test_nvidia_reader import _Events, _nvml_with_xids
+
 from gpuwarden.config import GpuConfig
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.model import Event, Severity
-from test_nvidia_reader import _Events, _nvml_with_xids
 
 GPU = "0000:3b:00.0"
 
