@@ -122,8 +122,11 @@ def is_gpu_fault(event: Event) -> bool:
 
 
 def escalates(event: Event) -> bool:
-    """The GPU was reset or lost: the engines under suspicion on it are done for."""
-    return event.kind in ESCALATION_KINDS or (event.kind == "xid" and event.evidence.get("xid") in ESCALATION_XIDS)
+    """The GPU was reset or lost: the engines under suspicion on it are done for. A reset at info ("reset
+    succeeded", "wedged, but recovered") is the driver's recovery, not news of a worse fault."""
+    if event.kind in ESCALATION_KINDS:
+        return event.severity >= Severity.WARNING
+    return event.kind == "xid" and event.evidence.get("xid") in ESCALATION_XIDS
 
 
 def decide(event: Event, situation: Situation) -> list[Action]:

@@ -80,6 +80,8 @@ def test_an_escalation_kills_the_engines_under_suspicion_on_that_gpu_only():
         assert acts(fault, [suspect, calm, elsewhere]) == [
             Kill("s", f"kernel reported {fault.kind} on {GPU_A} after an earlier fault with no owner"),
             Suspect("c", f"kernel reported {fault.kind} on {GPU_A} (no owner)")], fault.kind
+    recovered = ev("gpu_reset", gpu=GPU_A, severity=Severity.INFO)  # "GPU reset succeeded": the driver's recovery
+    assert acts(recovered, [suspect]) == []
     alert = EngineView("s", frozenset({GPU_A}), "kill", "alert", suspect=True)
     assert [type(a) for a in decide(ev("gpu_reset", gpu=GPU_A), Situation([alert], SEEN, 0.0))] == [AlertOnly]
 
