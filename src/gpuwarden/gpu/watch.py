@@ -243,7 +243,7 @@ SERIES = {  # family -> (extra label, sample fields that fill it)
     families.GPU_VOLTAGE: (None, "voltage_mv"),
     families.GPU_CLOCK: ("clock", {"sclk": "sclk_hz", "mclk": "mclk_hz"}),
     families.GPU_VRAM: ("kind", {"total": "vram_total_bytes", "used": "vram_used_bytes",
-                                 "visible_total": "vram_visible_total_bytes"}),
+                                 "reserved": "vram_reserved_bytes", "visible_total": "vram_visible_total_bytes"}),
     families.GPU_PCIE_SPEED: ("link", {"current": "pcie_speed_gts", "max": "pcie_max_speed_gts"}),
     families.GPU_PCIE_WIDTH: ("link", {"current": "pcie_width", "max": "pcie_max_width"}),
 }
@@ -252,7 +252,7 @@ SERIES = {  # family -> (extra label, sample fields that fill it)
 def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple[str, ...], float]]:
     """Prometheus series for the latest samples, labelled gpu, vendor, model (and the extra label)."""
     out: dict[families.Family, dict[tuple[str, ...], float]] = {family: {} for family in SERIES}
-    out[families.GPU_TEMPERATURE] = {}
+    out[families.GPU_TEMPERATURE], out[families.GPU_TEMPERATURE_LIMIT], out[families.GPU_THROTTLE] = {}, {}, {}
     for s in samples.values():
         base = (s.gpu, s.vendor, s.model or "")
         for family, (label, fields) in SERIES.items():
@@ -263,6 +263,13 @@ def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple
                     out[family][(*base, extra) if extra else base] = float(value) * scale
         for sensor, value in s.temperatures.items():
             out[families.GPU_TEMPERATURE][(*base, sensor)] = value
+        for sensor, pair in s.temperature_limits.items():
+            for limit, value in zip(("slowdown", "shutdown"), pair, strict=True):
+                if value is not None:
+                    out[families.GPU_TEMPERATURE_LIMIT][(*base, sensor, limit)] = value
+        known = nvidia.THROTTLE_BITS.values() if s.vendor == "nvidia" else ()
+        for reason in {*known, *s.throttle}:
+            out[families.GPU_THROTTLE][(*base, reason)] = 1.0 if reason in s.throttle else 0.0
     return out
 
 
