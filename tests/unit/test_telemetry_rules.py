@@ -91,7 +91,7 @@ def test_samples_that_are_not_ok_are_not_judged():
 def test_a_power_step_from_idle_to_load_is_no_warning_a_jump_under_load_is():
     rules = TelemetryRules(GpuConfig())
     assert run(rules, s(power_watts=90.0, busy_ratio=0.0, power_cap_watts=700.0)) == []
-    assert run(rules, s(power_watts=650.0, busy_ratio=1.0, power_cap_watts=700.0)) == []  # a job starts: 560 W more, as every job does
+    assert run(rules, s(power_watts=650.0, busy_ratio=1.0, power_cap_watts=700.0)) == []
     [jump] = run(rules, s(power_watts=900.0, busy_ratio=1.0, power_cap_watts=1000.0))
     assert "power jumped 650 -> 900 W under load" in jump.event.message
 
