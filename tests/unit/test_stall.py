@@ -151,9 +151,9 @@ def test_steps_are_learnt_only_from_quiet_looks_so_a_slow_scrape_is_no_step():
 
 def test_under_suspicion_the_floor_applies_where_progress_moves_each_step():
     det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
-    run(det, [busy(100 * i, 0.1, first_token=(30.0 * i, i)) for i in range(1, 5)])  # prefills took 30 s
+    run(det, [busy(100 * i, None, first_token=(30.0 * i, i)) for i in range(1, 5)])  # prefills took 30 s
     assert det.threshold() == 120 and det.threshold(suspect=True) == 5
-    verdicts = [det.observe(busy(400, 0.1), 4.0 + i, suspect=True) for i in range(6)]  # last progress at t=3
+    verdicts = [det.observe(busy(400, None), 4.0 + i, suspect=True) for i in range(6)]  # last progress at t=3
     assert [v.stalled for v in verdicts] == [False] * 5 + [True] and verdicts[5].threshold == 5
 
 
@@ -162,3 +162,14 @@ def test_suspicion_does_not_shorten_a_counter_that_moves_only_as_requests_end():
     det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
     run(det, [sample(1, i, lat_sum=100.0 * i, lat_count=i) for i in range(1, 5)])
     assert det.threshold(suspect=True) == 400
+
+
+def test_where_a_prefills_work_is_seen_the_time_to_a_first_token_no_longer_stretches_the_threshold():
+    """vLLM's KV-cache usage shows every chunk of a prefill: a stopped EngineCore in a 30 s prefill is caught at
+    the floor, not at 4 x 30 s."""
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [busy(100 * i, 0.01 * i, first_token=(30.0 * i, i)) for i in range(1, 5)])
+    assert det.typical is None and det.threshold() == 5
+    blind = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(blind, [busy(100 * i, None, first_token=(30.0 * i, i)) for i in range(1, 5)])
+    assert blind.typical == 30 and blind.threshold() == 120

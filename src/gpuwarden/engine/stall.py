@@ -5,8 +5,9 @@ changing (vLLM's KV-cache usage grows chunk by chunk through a long prefill whil
 stall: requests running and nothing moving for longer than the threshold,
 `clamp(stall_multiple x typical time, floor, max_stall)`. The typical time matches what the progress counter
 proves: when it moves on every engine step, the longer of seconds per token and seconds to a first token (a
-prefill may be counted only once done); when it moves only as requests end, seconds per request. Each comes
-from the engine's own timing (histograms or sum/count counters) over its recent increments.
+prefill may be counted only once done; not where an activity gauge shows the prefill's work); when it moves
+only as requests end, seconds per request. Each comes from the engine's own timing (histograms or sum/count
+counters) over its recent increments.
 
 The floor is `min_stall`, or `stall_multiple` x the longest recent step the engine was seen to take (a gap
 between two movements with a quiet scrape between them): an engine whose every chunk takes 40 s shows it
@@ -77,7 +78,10 @@ class StallDetector:
 
     @property
     def typical(self) -> float | None:
-        means = [m for m in (self._timing.mean, self._first_token.mean) if m is not None]
+        """Seconds per token (or request); with the time to a first token only where a prefill's work is not
+        seen as it goes (no activity gauge): where it is, a prefill is judged chunk by chunk like any step."""
+        waits = (self._timing.mean,) if self._activity is not None else (self._timing.mean, self._first_token.mean)
+        means = [m for m in waits if m is not None]
         return max(means) if means else None
 
     @property
