@@ -179,3 +179,14 @@ def test_a_log_that_cannot_be_read_is_a_failed_look_not_a_failed_start(tmp_path)
         asyncio.run(scraper.scrape())
     (tmp_path / "missing.log").write_text("")
     assert asyncio.run(scraper.scrape()).running is None  # nothing said yet: no judgement
+
+
+def test_a_long_prefill_moves_slots_progress_batch_by_batch():
+    """Measured on llama-server b11434 (a 3000-token prompt, --batch-size 64): n_prompt_tokens_processed grew
+    512, 960, 1472, 1856 at 2 s looks while prompt_tokens_total stayed 0. Builds with `n_past` count through it."""
+    p = SlotsProgress()
+    seen = [p.sample([slot(0, 0, True, 0, prompt=n)]).progress for n in (512, 960, 1472, 1856)]
+    assert seen == [512, 960, 1472, 1856]
+    older = SlotsProgress()
+    seen = [older.sample([{"id": 0, "id_task": 3, "is_processing": True, "n_past": n}]).progress for n in (64, 128)]
+    assert seen == [64, 128]
