@@ -164,12 +164,16 @@ class EngineWatch:
 
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
         """The policy's `Suspect`: watch the engine closely for SUSPICION seconds (its stall threshold at the
-        floor, a canary at the next look). Returns the engine_suspect event to record, None for an engine
-        this watch does not have."""
+        floor, a canary at the next look). Returns the engine_suspect event to record; None for an engine this
+        watch does not have, or one already under suspicion (a storm of faults extends it and says nothing more)."""
         state = self.engines.get(name)
         if state is None:
             return None
-        state.suspect_until, state.suspicion, state.suspect_canary = time.monotonic() + SUSPICION, reason, True
+        now = time.monotonic()
+        if state.suspected(now):
+            state.suspect_until = now + SUSPICION
+            return None
+        state.suspect_until, state.suspicion, state.suspect_canary = now + SUSPICION, reason, True
         evidence = {"reason": reason, "fault": {"kind": fault.kind, "gpu": fault.gpu, "message": fault.message},
                     "seconds": SUSPICION, "floor_seconds": state.detector.floor}
         if "incident" in fault.evidence:  # what this fault did belongs to its incident
