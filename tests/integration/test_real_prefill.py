@@ -57,8 +57,8 @@ def prefill_then_hang(d, server, profile: str, prompt: int, hang) -> None:
     print(f"{profile}: a {prompt}-token prefill took {result.seconds:.1f} s (min_stall {MIN_STALL} s)")
     assert result.seconds >= 3 * MIN_STALL  # the prefill really was long
     assert not events(d, BAD), events(d, BAD)
-    with Load(server.url, streams=1, requests=1, prompt_tokens=prompt, max_tokens=2, timeout=600):
-        time.sleep(3 * INTERVAL)  # into the prefill
+    with Load(server.url, streams=1, requests=1, prompt_tokens=prompt, max_tokens=2, timeout=600, seed=1):
+        time.sleep(3 * INTERVAL)  # into the prefill (another prompt: none of it is cached)
         with hang():
             stopped_at = time.time()
             stall = wait_event(d, "engine_stall", timeout=MIN_STALL + 60)
