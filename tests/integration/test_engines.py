@@ -129,7 +129,9 @@ def test_sq_intr_names_no_owner_so_it_puts_the_engine_under_suspicion_and_its_st
     mine.set_mode("stall")
     killed = wait_event(d, "engine_killed")
     assert killed["engine"] == "mine"
-    assert "under suspicion since kernel reported sq_intr" in wait_event(d, "engine_stall")["message"]
+    stall = wait_event(d, "engine_stall")
+    assert "under suspicion since kernel reported sq_intr" in stall["message"]
+    assert stall["evidence"]["figures"]["stalled_seconds"] <= MIN_STALL + INTERVAL + 0.5  # the floor + one scrape
     wait_for(lambda: not mine.alive(), 10, what="the suspect engine to die")
     assert other.alive() == other.pids()
     assert d.stop() == 0
