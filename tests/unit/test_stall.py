@@ -173,3 +173,9 @@ def test_where_a_prefills_work_is_seen_the_time_to_a_first_token_no_longer_stret
     blind = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
     run(blind, [busy(100 * i, None, first_token=(30.0 * i, i)) for i in range(1, 5)])
     assert blind.typical == 30 and blind.threshold() == 120
+
+
+def test_a_stall_that_ended_is_not_learnt_as_a_step():
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [busy(1, 0.1)] * 2 + [busy(1, 0.1)] * 100 + [busy(2, 0.1)], step=1.0)  # stalled 100 s, then moved
+    assert det.floor == 5

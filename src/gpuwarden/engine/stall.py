@@ -104,7 +104,7 @@ class StallDetector:
         moved = self._progress is not None and (progress > self._progress or (
             sample.activity is not None and activity is not None and sample.activity != activity))
         if running <= 0 or self._progress is None or moved:  # idle, first look, progress
-            self._learn_step(now, moved and running > 0)
+            self._learn_step(now, moved and running > 0 and not self.stalled)  # a stall that ended is no step
             self._progress, self._since = progress, now
             return self._verdict(False, now, spinning, suspect)
         self._progress, self._quiet = progress, True  # unchanged, or went down: not progress
