@@ -179,5 +179,5 @@ def test_a_stall_that_ended_is_not_learnt_as_a_step():
     det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
     run(det, [busy(0, 0.1), busy(1, 0.1)] + [busy(1, 0.1)] * 100 + [busy(2, 0.1)])  # stalled 101 s, then moved
     assert det.floor == 5
-    run(det, [busy(2, 0.1)] * 3 + [busy(3, 0.1)], start=200.0)  # a 4 s step, quiet looks between: learnt
+    run(det, [busy(2, 0.1)] * 3 + [busy(3, 0.1)], start=103.0)  # a 4 s step, quiet looks between: learnt
     assert det.floor == 16

@@ -104,15 +104,16 @@ class StallDetector:
         moved = self._progress is not None and (progress > self._progress or (
             sample.activity is not None and activity is not None and sample.activity != activity))
         if running <= 0 or self._progress is None or moved:  # idle, first look, progress
-            self._learn_step(now, moved and running > 0 and not self.stalled)  # a stall that ended is no step
+            self._learn_step(now, moved and running > 0)
             self._progress, self._since = progress, now
             return self._verdict(False, now, spinning, suspect)
         self._progress, self._quiet = progress, True  # unchanged, or went down: not progress
         return self._verdict(now - self._since > self.threshold(spinning, suspect), now, spinning, suspect)
 
     def _learn_step(self, now: float, moved: bool) -> None:
-        """A movement after a quiet look ends one step the engine took (how long its steps take now)."""
-        if moved and self._moved is not None and self._quiet:
+        """A movement after a quiet look ends one step the engine took (how long its steps take now); one that
+        ends a stall does not (that wait was the stall, not a step)."""
+        if moved and self._moved is not None and self._quiet and not self.stalled:
             self._steps.append(now - self._moved)
         self._moved, self._quiet = (now if moved else None), False
 
