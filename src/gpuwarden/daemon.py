@@ -25,6 +25,7 @@ from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
+from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.health import Health, Loop
 from gpuwarden.hub import Hub
 from gpuwarden.kernel.watch import KernelWatch
@@ -65,6 +66,7 @@ class Daemon:
         self.kernel: KernelWatch | None = None
         self.uevents: UeventWatch | None = None
         self.started = time.monotonic()  # kernel lines logged before this are history
+        self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
@@ -181,7 +183,8 @@ class Daemon:
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self.inventory.current, self.hub,
-                                                       self.recorder, xid_overrides=self.config.kernel.xid_overrides()))
+                                                       self.recorder, xid_overrides=self.config.kernel.xid_overrides(),
+                                                       xid_merge=self.xids))
         self.supervisor.start("uevents", self._uevent_watch)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
@@ -209,8 +212,8 @@ class Daemon:
         self.inventory.start_refresh().add_done_callback(lambda _: self.guard and self.guard.recheck.set())
 
     def _kernel_watch(self) -> KernelWatch:
-        watch = KernelWatch(self.config.kernel, self.hub, self.store.cursor("journal"), live_since=self.started,
-                            gpus_behind=self.inventory.behind)
+        watch = KernelWatch(self.config.kernel, self.xids.tap(self.hub, time.monotonic), self.store.cursor("journal"),
+                            live_since=self.started, gpus_behind=self.inventory.behind)
         self.kernel = watch
         return watch
 

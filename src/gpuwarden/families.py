@@ -97,7 +97,12 @@ GPU_FAN = _gpu("gpuwarden_gpu_fan_rpm", "GPU fan speed.")
 GPU_BUSY = _gpu("gpuwarden_gpu_busy_ratio", "GPU busy share, 0 to 1.")
 GPU_VOLTAGE = _gpu("gpuwarden_gpu_voltage_volts", "GPU core voltage.")
 GPU_CLOCK = _gpu("gpuwarden_gpu_clock_hz", "GPU clocks (sclk, mclk).", "clock")
-GPU_VRAM = _gpu("gpuwarden_gpu_vram_bytes", "GPU memory (total, used, visible_total).", "kind")
+GPU_VRAM = _gpu("gpuwarden_gpu_vram_bytes", "GPU memory (total; used, without the driver's reserve; reserved; "
+                "visible_total).", "kind")
+GPU_THROTTLE = _gpu("gpuwarden_gpu_throttle", "1 while the GPU slows its clocks for this reason (NVML's clock event "
+                    "reasons), else 0.", "reason")
+GPU_TEMPERATURE_LIMIT = _gpu("gpuwarden_gpu_temperature_limit_celsius", "The temperature at which the GPU slows "
+                             "itself down or shuts down, as it reports it, by sensor.", "sensor", "limit")
 GPU_PCIE_SPEED = _gpu("gpuwarden_gpu_pcie_link_speed_gigatransfers", "PCIe link speed in GT/s (current, max).", "link")
 GPU_PCIE_WIDTH = _gpu("gpuwarden_gpu_pcie_link_width", "PCIe link width in lanes (current, max).", "link")
 GPU_READER_UP = _gpu("gpuwarden_gpu_reader_up", "1 when the GPU's last read finished in time.")

@@ -53,3 +53,34 @@ def test_a_fault_kills_only_the_engine_whose_process_raised_it(daemon_factory, f
         stranger.kill()
         stranger.wait()
     assert d.stop() == 0
+
+
+@pytest.mark.root
+def test_a_strangers_xid_kills_no_engine_and_one_naming_no_process_only_makes_a_suspect(daemon_factory, fake_engine,
+                                                                                       tmp_path):
+    """The H200 case, with `[kernel.xid] "31" = "critical"`: the kernel copy of a stranger's Xid 31 names the
+    stranger (refused); an Xid the driver pins on no process (119: the GPU's firmware) makes the engine on that
+    GPU a suspect, not a corpse. (NVML's copy, which names no one, is merged with the kernel's: unit tests.)"""
+    gpu = "ffff:fe:1f.0"  # NVRM names the bus only ("PCI:ffff:fe:1f"): function 0
+    engine = fake_engine("progress")
+    config = (engine_config(engine, "mine", gpus=f'["{gpu}"]', canary='"off"') + fake_gpus(tmp_path, gpu))
+    d = daemon_factory(config, kernel='source = "kmsg"\n[kernel.xid]\n"31" = "critical"').start()
+    d.wait_serving()
+    wait_for(lambda: 'gpuwarden_engine_up{engine="mine"} 1.0' in d.metrics(), 10, what="the engine up")
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        write_kmsg(f"NVRM: Xid (PCI:ffff:fe:1f): 31, pid={stranger.pid}, name=sleep, channel 0x0000000a, intr "
+                   "00000000. MMU Fault: ENGINE GRAPHICS GPC1 GPCCLIENT_T1_8 faulted @ 0x0_00000000.")
+        xid = wait_event(d, "xid")
+        assert xid["severity"] == "critical" and xid["evidence"]["process"]["pid"] == stranger.pid, xid
+        d.wait_log(f"the fault was raised by pid {stranger.pid} (sleep), not one of mine's processes")
+        write_kmsg(f"NVRM: Xid (PCI:ffff:fe:1f): 119, pid={stranger.pid}, name=sleep, Timeout after 6s of waiting "
+                   "for RPC response from GPU0 GSP!")
+        suspect = wait_event(d, "engine_suspect")
+        assert suspect["engine"] == "mine" and "(no owner)" in suspect["message"]
+        time.sleep(2)
+        assert not events_of(d, "engine_killed") and engine.alive() == engine.pids()
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert d.stop() == 0

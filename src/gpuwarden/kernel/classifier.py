@@ -62,6 +62,8 @@ _FRAME = re.compile(FRAME)
 _TRACE_LINE = re.compile(TRACE_LINE)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
+# amdgpu's gmc_v9 "(src_id:%u ring:%u vmid:%u pasid:%u, ...)", gmc_v8 "(0x%02x, vmid %d, pasid %d)"
+_PASID = re.compile(r"\bpasid[: ](\d{1,10})\b")
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _GHES = re.compile(GHES_RECORD)
 _GHES_SEVERITY = re.compile(GHES_SEVERITY)
@@ -229,6 +231,8 @@ class Classifier:
             evidence["process"] = process
         if process_line:  # the line that names the process is evidence too: the alert shows both
             evidence["lines"] = [record.text, process_line]
+        if pasid := _PASID.search(record.text):  # the faulting address space (AMD): the policy resolves it
+            evidence["pasid"] = int(pasid.group(1))
         if xid is not None:
             evidence["xid"] = xid
         if device:
