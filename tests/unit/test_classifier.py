@@ -49,7 +49,13 @@ def test_xid_numbers_inside_the_text_are_not_new_xids():
 
 
 def test_xid_short_pci_form_and_nonzero_domain():
-    assert one("NVRM: Xid (PCI:0001:3b:00): 79, pid=1, GPU has fallen off the bus.").gpu == "0001:3b:00.0"
+    assert one("NVRM: Xid (PCI:0001:3b:00): 13, pid=1, name=x, Graphics Exception").gpu == "0001:3b:00.0"
+
+
+def test_a_lone_xid_79_also_means_the_gpu_is_lost():
+    xid, lost = classify_text("NVRM: Xid (PCI:0001:3b:00): 79, pid=1, GPU has fallen off the bus.")
+    assert (xid.kind, xid.evidence["xid"], xid.gpu) == ("xid", 79, "0001:3b:00.0")
+    assert (lost.kind, lost.severity, lost.gpu) == ("device_lost", C, "0001:3b:00.0")
 
 
 def test_unknown_xid_is_a_warning():
@@ -183,8 +189,8 @@ def test_reset_after_wave_errors_on_the_same_gpu_is_escalated():
 def test_journal_device_field_names_the_gpu_for_gpu_rules_only():
     c = Classifier()
     assert c.feed(KernelRecord("[drm] ring gfx_0.0.0 timeout", 1.0, device="0000:03:00.0"), 0) == []  # it waits
-    gpu, port = (b.event for b in c.feed(KernelRecord("AER: Uncorrected (Fatal) error received", 1.0,
-                                                      device="0000:00:01.1"), 0))  # for a process line: not this
+    aer = "pcieport 0000:00:01.1: AER: Uncorrected (Fatal) error received"
+    gpu, port = (b.event for b in c.feed(KernelRecord(aer, 1.0, device="0000:00:01.1"), 0))  # not a process line
     assert gpu.gpu == "0000:03:00.0"
     assert port.gpu is None and port.evidence["pci"] == "0000:00:01.1"
 

@@ -76,6 +76,8 @@ def _continue(result: ParseResult, line: str) -> None:
     stripped = line.strip()
     if stripped.startswith("DEVICE="):
         result.records[-1] = replace(last, device=pci_from_device_field(stripped[7:]))
+    elif stripped.startswith("SUBSYSTEM="):
+        result.records[-1] = replace(last, subsystem=stripped[10:])
     elif "=" in stripped and stripped.split("=", 1)[0].isupper() and stripped.split("=", 1)[0].isalpha():
         pass  # another kmsg dictionary entry (SUBSYSTEM=...)
     else:
@@ -161,11 +163,15 @@ def _from_json(line: str) -> KernelRecord | None:
         message = bytes(message).decode("utf-8", "replace")
     stamp = entry.get("_SOURCE_MONOTONIC_TIMESTAMP") or entry.get("__MONOTONIC_TIMESTAMP")
     device = entry.get("_KERNEL_DEVICE") or entry.get("_UDEV_SYSNAME")
+    facility = entry.get("SYSLOG_FACILITY")
     return KernelRecord(
         text=str(message),
         timestamp=int(stamp) / 1e6 if stamp else None,
         device=pci_from_device_field(device) if device else None,
         cursor=entry.get("__CURSOR"),
+        metadata=True,
+        facility=int(facility) if str(facility).isdigit() else (None if facility is None else 1),
+        subsystem=entry.get("_KERNEL_SUBSYSTEM"),
     )
 
 

@@ -223,7 +223,18 @@ def _from_entry(entry: dict) -> KernelRecord:
         device=pci_from_device_field(str(device)) if device else None,
         cursor=entry.get("__CURSOR"),
         boot=str(entry["_BOOT_ID"]) if entry.get("_BOOT_ID") else None,
+        metadata=True,
+        facility=journal_facility(entry.get("SYSLOG_FACILITY")),
+        subsystem=str(entry["_KERNEL_SUBSYSTEM"]) if entry.get("_KERNEL_SUBSYSTEM") else None,
     )
+
+
+def journal_facility(value) -> int | None:
+    """journald copies each /dev/kmsg record's facility into SYSLOG_FACILITY (1 and up: written by user space)."""
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return 1  # unreadable: not proven to be the kernel's
 
 
 def this_boot() -> str:
