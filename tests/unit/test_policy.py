@@ -194,3 +194,13 @@ def test_a_pinned_fault_still_obeys_history_budget_and_the_alert_setting():
     assert [(type(a), a.by_hand) for a in acts(fault, [spent])] == [(Refuse, True)]
     alert = EngineView("owner", frozenset({GPU_A}), "kill", "alert", pids=frozenset({4242}))
     assert [type(a) for a in decide(fault, Situation([alert], SEEN, 1000.0))] == [AlertOnly]
+
+
+def test_a_kernel_line_its_own_record_does_not_prove_never_acts():
+    """evidence["verified"] is False: a line user space wrote to /dev/kmsg, a device line without the kernel's
+    device metadata, a line of a text log (kernel/classifier.unverified)."""
+    why = "written to /dev/kmsg by user space (facility 1), not by the kernel"
+    for event in (ev("sq_intr", gpu=GPU_A, verified=False, unverified=why),
+                  ev("device_lost", gpu=GPU_A, severity=Severity.WARNING, verified=False, unverified=why)):
+        assert all(isinstance(a, Refuse) and why in a.reason and not a.by_hand for a in acts(event, [A]))
+    assert acts(ev("sq_intr", gpu=GPU_A, verified=True), [A]) == [Kill("a", f"kernel reported sq_intr on {GPU_A}")]

@@ -76,7 +76,9 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _GHES = re.compile(GHES_RECORD)
 _GHES_SEVERITY = re.compile(GHES_SEVERITY)
 _GHES_PCIE = re.compile(GHES_PCIE)
-_OOPS_HEADERS = [(re.compile(p), s) for p, s in OOPS_HEADERS]
+# one search for every header: group h<i> names which (a report line is mostly a frame, matching none)
+_OOPS_HEADER = re.compile("|".join(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)))  # all at ^: match
+_HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
@@ -143,6 +145,11 @@ class Classifier:
     ) -> None:
         self._rules = [(re.compile(config_anchored(r.pattern)), r) for r in extra_rules] + \
             [(re.compile(anchored(r.pattern)), r) for r in rules]
+        # The built-in rules as one expression: the driver's prefix is read once, then every rule is tried where
+        # the message starts; group r<i> names the rule (the first in order that matches there).
+        self._builtin = list(rules)
+        self._combined = re.compile(anchored("|".join(f"(?P<r{i}>{r.pattern})" for i, r in enumerate(rules))))
+        self._extra = self._rules[:len(extra_rules)]
         self._unhinted = [(regex, r) for regex, r in self._rules if not r.hints]
         self._fast = not extra_rules  # a config rule may match any line's start: then every line is looked at
         self._gsp_rule = next((r for r in rules if r.name == "nv_gsp_timeout"), None)
@@ -167,15 +174,16 @@ class Classifier:
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
         text = record.text
-        if self._fast and self._held is None and self._oops is None and "+0x" not in text \
-                and not _START.match(text):
-            return []  # the common case: a line that neither a driver nor an oops report starts
+        if self._held is None and self._fast and "+0x" not in text and not _START.match(text):
+            # The common case: a line that no driver and no oops report starts (within an open report such a
+            # line is not part of it either). An open report past its window is closed by the next line that
+            # is, or by flush().
+            return []
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
-        user_text = _USER_TEXT.match(text) is not None  # a task's name or a mount option: never a driver's line
         if held := self._held:
             self._held = None
-            process = process_named(text) if not user_text and _DRIVER_START.match(text) \
+            process = process_named(text) if _DRIVER_START.match(text) and not _USER_TEXT.match(text) \
                 and _same_gpu(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
@@ -184,27 +192,36 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        if user_text:
+        if self._oops is not None and "+0x" in text and _TRACE_LINE.match(text):  # the next frame of a report
+            out += self._oops_line(text, record, stamp, now)
             return out
         gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        if gated and (self._oops or _TRACE_LINE.match(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
+        if gated and (self._oops or _TRACE_LINE.match(text) or _OOPS_HEADER.match(text)) \
+                and not _USER_TEXT.match(text):  # a task named `BUG: x` that segfaults opens no report
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
                 return out
         if gated and (ghes := _GHES.match(text)):
             return out + self._ghes_line(ghes.group("id"), text, record, stamp, now)
-        for regex, rule in self._rules if gated else self._unhinted:
-            m = regex.match(text)
-            if m:
-                if rule.process_follows and process_named(text) is None:
-                    self._held = _Held(rule, m, record, stamp, now)
-                else:
-                    out += self._event(rule, m, record, stamp, now)
-                break
+        rule, m = self._match(text, gated)
+        if m and not _USER_TEXT.match(text):  # a driver's prefix in a task's name is no driver's line
+            if rule.process_follows and process_named(text) is None:
+                self._held = _Held(rule, m, record, stamp, now)
+            else:
+                out += self._event(rule, m, record, stamp, now)
         return out
+
+    def _match(self, text: str, gated: bool) -> tuple[Rule | None, re.Match[str] | None]:
+        """The first rule that matches the line (config rules first), and its match."""
+        for regex, rule in self._extra if gated else self._unhinted:
+            if m := regex.match(text):
+                return rule, m
+        if gated and (m := self._combined.match(text)):
+            return self._builtin[int(m.lastgroup[1:])], m
+        return None, None
 
     def deadline(self) -> float | None:
         """When (on `feed`'s clock) a held line must be released if no record comes: the caller wakes up then."""
@@ -212,7 +229,7 @@ class Classifier:
 
     def _is_rule_line(self, text: str) -> bool:
         """A line of a fault of its own (one that names its process inline is not the process line of another)."""
-        return any(regex.match(text) for regex, _ in self._rules)
+        return self._match(text, True)[1] is not None
 
     def flush(self, now: float, *, everything: bool = False) -> Flushed:
         """Close bursts and oops reports that ended (`everything`: all of them, at the end of a replay).
@@ -372,8 +389,8 @@ class Classifier:
 
     def _oops_line(self, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst] | None:
         """Feed a line to the open oops report; None when the line is not part of one."""
-        header = next((sev for regex, sev in _OOPS_HEADERS if regex.search(text)), None)
-        frames = _FRAME.findall(text)
+        header = _HEADER_SEVERITY[h.lastgroup] if (h := _OOPS_HEADER.match(text)) else None
+        frames = _FRAME.findall(text) if "+0x" in text else ()
         if self._oops is None:
             if header is None and not _TRACE_LINE.match(text):
                 return None
@@ -383,8 +400,8 @@ class Classifier:
             oops.severity = max(oops.severity or header, header)
         oops.lines.append(text)
         oops.gpu_modules.update(m for m in frames if m in GPU_MODULES)
-        oops.dumped = oops.dumped or bool(_DUMP_STACK.search(text))
-        oops.gsp = oops.gsp or bool(_GSP_FRAME.search(text))
+        oops.dumped = oops.dumped or ("dump_stack" in text and bool(_DUMP_STACK.search(text)))
+        oops.gsp = oops.gsp or ("kgsp" in text and bool(_GSP_FRAME.search(text)))
         oops.gpu = oops.gpu or self._attribute(record, "kernel", stamp)[0]
         oops.verified = oops.verified and unverified(record, None) is None
         oops.last, oops.arrived = stamp, now
