@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import GPUWARDEN, TEST_GPU, free_port, wait_for, write_kmsg
+from helpers import GPUWARDEN, TEST_GPU, driver_record, free_port, wait_for
 
 from fakesysfs import build
 
@@ -101,6 +101,11 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
     assert d.stop() == 0
 
 
+def append(d, text: str) -> None:
+    with d.log_file.open("a") as log:
+        log.write(text)
+
+
 def fake_gpus(tmp_path, *bdfs) -> str:
     """A Radeon's sysfs tree (none is here) so that the daemon has seen these GPUs; the guard stays off."""
     root = build(tmp_path / "sys", dict.fromkeys(bdfs, "rdna3"))
@@ -113,9 +118,9 @@ def test_sq_intr_on_the_engines_gpu_kills_it_at_once(daemon_factory, fake_engine
     config = (engine_config(mine, "mine", gpus=f'["{TEST_GPU}"]', min_stall='"10m"')
               + engine_config(other, "other", gpus='["ffff:fe:1f.6"]', min_stall='"10m"')
               + fake_gpus(tmp_path, TEST_GPU, "ffff:fe:1f.6"))
-    d = daemon_factory(config, kernel='source = "kmsg"').start()
+    d = daemon_factory(config).start()
     d.wait_serving()
-    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    append(d, driver_record(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1"))
     killed = wait_event(d, "engine_killed")
     assert killed["engine"] == "mine" and f"kernel reported sq_intr on {TEST_GPU}" in killed["message"]
     wait_for(lambda: not mine.alive(), 10, what="the engine on the faulting GPU to die")
@@ -128,10 +133,9 @@ def test_sq_intr_on_the_engines_gpu_kills_it_at_once(daemon_factory, fake_engine
 def test_a_fault_on_a_gpu_this_machine_never_had_kills_nothing(daemon_factory, fake_engine, tmp_path):
     """A line naming a GPU the daemon has not seen (a test suite's, a pasted log's) is alerted, not acted on."""
     engine = fake_engine("progress")
-    d = daemon_factory(engine_config(engine, min_stall='"10m"') + fake_gpus(tmp_path, "ffff:fe:1f.6"),
-                       kernel='source = "kmsg"').start()
+    d = daemon_factory(engine_config(engine, min_stall='"10m"') + fake_gpus(tmp_path, "ffff:fe:1f.6")).start()
     d.wait_serving()
-    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    append(d, driver_record(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1"))
     assert wait_event(d, "sq_intr")["gpu"] == TEST_GPU
     d.wait_log(f"not acting on sq_intr (would kill fake: kernel reported sq_intr on {TEST_GPU}): {TEST_GPU} is "
                "not a GPU this machine has had")
