@@ -149,7 +149,7 @@ RULES: tuple[Rule, ...] = (
     _r("nv_gsp_timeout",
        r"Timeout after \d+s of waiting for RPC response|rpcRecvPoll timedout|GSP RM heartbeat timed out|"
        r"_kgspIsHeartbeatTimedOut: Heartbeat"
-       r" timed out|\*+ GSP Timeout \*+|RPC (?:event )?history \(CPU [<-]|GSP-CrashCat Report|"
+       r" timed out|\*+ GSP Timeout \*+|RPC (?:event )?history \(CPU [<-]|\**\s*GSP-CrashCat Report|"
        r"kflcnCoreDump\w*: |Memory Subsystem Error detected",
        "gsp_error", C, "nvidia", "the GPU's GSP firmware stopped answering or crashed", "gsp",
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "Timeout after %llus of waiting for RPC response from GPU%d GSP!'
@@ -168,7 +168,8 @@ RULES: tuple[Rule, ...] = (
                  corpus("050-nv-gsp-heartbeat-timed-out-no-xid-journal.log",
                         "NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out"),
                  corpus("052-nv-gsp-falcon-core-dump-talos.log",
-                        "NVRM: kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0")),
+                        "NVRM: kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0"),
+                 template("NVRM: kgspHealthCheck_TU102: ********** GSP-CrashCat Report **********")),
        counter_examples=("NVRM: GSP firmware loaded",
                          "NVRM: RPC history is empty")),
     _r("nv_init_failed", r"RmInitAdapter failed|rm_init_adapter failed|(?:The )?NVIDIA probe routine failed|"
@@ -599,8 +600,8 @@ RULES: tuple[Rule, ...] = (
        "pcie_aer", I, "pcie", "corrected PCIe error (the link retried)", "aer",
        'pci/pcie/aer.c: "%s%s error message received from %04x:%02x:%02x.%d\\n" with "Correctable"',
        'pci/pcie/aer.c: "PCIe Bus Error: severity=%s, type=%s, (%s)\\n" with "Correctable"',
-       examples=(corpus("078-benign-aer-corrected-receiver-error-localized-month.log",
-                        "pcieport 0000:00:1c.5: AER: Corrected error received: id=00e5"),
+       examples=(corpus("151-benign-aer-multiple-corrected-id-mining-rig-syslog.log",
+                        "pcieport 0000:00:1d.1: AER: Multiple Corrected error received: id=00e9"),
                  corpus("008-benign-pcie-aer-correctable-timeout-during-amdgpu-init.log",
                         "pcieport 0000:00:03.0: PCIe Bus Error: severity=Correctable, type=Data Link"
                         " Layer, (Transmitter ID)")),
