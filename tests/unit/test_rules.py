@@ -260,3 +260,17 @@ def test_random_texts_that_match_hold_a_derived_hint(pattern):
             matched += 1
             assert any(h in text for h in derived), (text, derived)
     assert matched >= 100, f"only {matched} of 400 samples matched: the sampler does not exercise {pattern!r}"
+
+
+def test_the_cheap_start_gate_lets_through_every_line_a_rule_or_report_may_start():
+    """classifier._START refuses most lines with one possessive match: it must pass every line that starts with a
+    driver's prefix, an oops header, a GHES record or a report's end (every line of the corpus is tried)."""
+    from gpuwarden.kernel.classifier import _START
+    from gpuwarden.kernel.rules import DRIVER_START
+
+    exact = re.compile("|".join([DRIVER_START, *(p for p, _ in OOPS_HEADERS), GHES_RECORD, OOPS_END]))
+    lines = {r.text for p in (CORPUS / "kernel").rglob("*.log")
+             for r in parse_lines(p.read_text().splitlines()).records}
+    lines |= {e.text for r in RULES for e in r.examples}
+    wanted = {t for t in lines if exact.match(t)}
+    assert len(wanted) > 1000 and not [t for t in wanted if not _START.match(t)]

@@ -37,7 +37,6 @@ from gpuwarden.kernel.rules import (
     CORRELATIONS,
     DRIVER_START,
     DUMP_STACK_FRAME,
-    FRAME,
     GHES_PCIE,
     GHES_RECORD,
     GHES_RULE,
@@ -46,6 +45,7 @@ from gpuwarden.kernel.rules import (
     GPU_DRIVERS,
     GPU_MODULES,
     GSP_FRAME,
+    MODULE_FRAME,
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
@@ -66,9 +66,13 @@ _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
 _ANY_PCI = re.compile(rf"(?<![\w:]){BDF}(?![\w:])")
 _DRIVER_START = re.compile(DRIVER_START)
 _USER_TEXT = re.compile(USER_TEXT)
-# The first characters of a line that may matter at all: a driver's prefix, an oops or GHES report's start
-_START = re.compile(rf"{DRIVER_START}|{'|'.join(p for p, _ in OOPS_HEADERS)}|^\{{\d+\}}\[Hardware Error\]|^-+\[ end ")
-_FRAME = re.compile(FRAME)
+# The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
+# report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
+_START = re.compile(
+    r"\s*+(?:[\w-]++ [0-9a-fA-F]{4,8}:|(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|"
+    r"CPU |WARNING|INFO: task)|(?:\S++ )?(?:BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|"
+    r"Unable to handle))")
+_MODULE_FRAME = re.compile(MODULE_FRAME)
 _TRACE_LINE = re.compile(TRACE_LINE)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
@@ -76,7 +80,7 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _GHES = re.compile(GHES_RECORD)
 _GHES_SEVERITY = re.compile(GHES_SEVERITY)
 _GHES_PCIE = re.compile(GHES_PCIE)
-# one search for every header: group h<i> names which (a report line is mostly a frame, matching none)
+# one match for every header: group h<i> names which (a report line is mostly a frame, matching none)
 _OOPS_HEADER = re.compile("|".join(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)))  # all at ^: match
 _HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
@@ -174,10 +178,11 @@ class Classifier:
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
         text = record.text
-        if self._held is None and self._fast and "+0x" not in text and not _START.match(text):
-            # The common case: a line that no driver and no oops report starts (within an open report such a
-            # line is not part of it either). An open report past its window is closed by the next line that
-            # is, or by flush().
+        if self._held is None and self._fast and "+0x" not in text and (
+                not _START.match(text) or next(self._gate.iter(text), None) is None):
+            # The common case: a line that no driver and no oops report starts, or a driver's line without any
+            # rule's literal (within an open report such a line is not part of it either). An open report past
+            # its window is closed by the next line that is, or by flush().
             return []
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
@@ -390,19 +395,21 @@ class Classifier:
     def _oops_line(self, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst] | None:
         """Feed a line to the open oops report; None when the line is not part of one."""
         header = _HEADER_SEVERITY[h.lastgroup] if (h := _OOPS_HEADER.match(text)) else None
-        frames = _FRAME.findall(text) if "+0x" in text else ()
+        frame_line = header is None and _TRACE_LINE.match(text) is not None
         if self._oops is None:
-            if header is None and not _TRACE_LINE.match(text):
+            if header is None and not frame_line:
                 return None
             self._oops = _Oops(severity=header)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
         oops.lines.append(text)
-        oops.gpu_modules.update(m for m in frames if m in GPU_MODULES)
+        if " [" in text and "+0x" in text:
+            oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
         oops.dumped = oops.dumped or ("dump_stack" in text and bool(_DUMP_STACK.search(text)))
         oops.gsp = oops.gsp or ("kgsp" in text and bool(_GSP_FRAME.search(text)))
-        oops.gpu = oops.gpu or self._attribute(record, "kernel", stamp)[0]
+        if oops.gpu is None and not frame_line:  # a frame names no device
+            oops.gpu = self._attribute(record, "kernel", stamp)[0]
         oops.verified = oops.verified and unverified(record, None) is None
         oops.last, oops.arrived = stamp, now
         if _OOPS_END.search(text) or len(oops.lines) >= _OOPS_LINES:

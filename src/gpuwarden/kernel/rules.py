@@ -705,8 +705,9 @@ OOPS_HEADERS: tuple[tuple[str, Severity], ...] = (
 OOPS_END = r"---\[ end (?:trace|Kernel panic)"
 OOPS_HINTS = ("+0x", "BUG", "Oops", "panic", "general protection", "Unable to handle", "WARNING: ", "cut here",
               "end trace", "end Kernel panic", "invalid op", "blocked for more than")
-# A stack frame: `func+0x12/0x60 [module]` (`[module buildid]` since 5.x), in `RIP:`, `IP:` and trace lines.
-FRAME = r"[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+(?: \[(?P<module>\w+)(?: [0-9a-f]+)?\])?"
+# The module of a stack frame `func+0x12/0x60 [module]` (`[module buildid]` since 5.x), in `RIP:`, `IP:` and trace
+# lines (a frame of the core kernel names none).
+MODULE_FRAME = r"\+0x[0-9a-f]+/0x[0-9a-f]+ \[(\w+)(?: [0-9a-f]+)?\]"
 # A line of a stack trace (x86 RIP/IP and frames, old `[<addr>]` frames, MIPS/RISC-V epc/ra): only such a line
 # opens a report without a header, so `returns -22` lines naming `amdgpu_pmops_suspend+0x0/0x40 [amdgpu]` do not.
 TRACE_LINE = (r"^\s*(?:\? |RIP: [0-9a-f]{4}:|IP: (?:\[<[0-9a-f]+>\] )?|\(?\[<[0-9a-f]+>\] (?:\? )?|"
