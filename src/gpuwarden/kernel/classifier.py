@@ -88,7 +88,7 @@ _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what w
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
 # both in one function, microseconds apart, so a report cut between reads completes within a few milliseconds.
-PROCESS_WAIT = 0.005
+PROCESS_WAIT = 0.002
 
 
 @dataclass
