@@ -285,3 +285,14 @@ def test_an_xid_names_its_process_only_when_it_is_an_applications_own():
     # the GSP stopped answering while nvidia-smi asked it something: the GPU's fault, not nvidia-smi's
     assert gsp and all("process" not in e.evidence for e in gsp)
     assert gsp[0].evidence["context_process"] == {"pid": 2024380, "name": "nvidia-smi"}
+
+
+def test_an_xid_after_the_gsp_stopped_answering_is_critical():
+    """Severity from the combination: Xid 109 alone is a warning (a context switch timeout); after the GSP's
+    heartbeat timed out on that GPU it is the GPU that needs a reset."""
+    gsp = "[100.0] NVRM: GPU 0000:41:00.0: _kgspRpcRecvPoll: GSP RM heartbeat timed out\n"
+    xid = "[101.0] NVRM: Xid (PCI:0000:41:00): 109, pid=77, name=python3, Ch 00000008, errorString CTX SWITCH\n"
+    alone = classify_text(xid)
+    assert [(e.evidence["xid"], e.severity) for e in alone if e.kind == "xid"] == [(109, W)]
+    after = next(e for e in classify_text(gsp + xid) if e.kind == "xid")
+    assert after.severity == C and "GSP" in after.evidence["escalated"]

@@ -750,6 +750,8 @@ CORRELATIONS: tuple[Correlation, ...] = (
     Correlation("reset_with_failing_ring_tests", ("amd_ring_test_failed",), _RESET_LINES, 60.0, C,
                 "the GPU's own ring/IB self-tests failed inside its reset: the reset did not bring the GPU back",
                 emit="reset_failed", either_order=True, runbook="device_lost"),
+    Correlation("xid_after_gsp_failure", ("nv_gsp_timeout",), ("nv_xid",), 60.0, C,
+                "an Xid after the GPU's GSP firmware crashed or stopped answering: the GPU needs a reset"),
     Correlation("gpu_without_aer_recovery", ("aer_no_callback",), ("aer_recovery_failed",), 10.0, C,
                 "PCIe error recovery failed and the GPU's driver cannot recover: the GPU is lost",
                 emit="device_lost", either_order=True, runbook="device_lost", needs_gpu=True),
