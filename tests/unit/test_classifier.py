@@ -296,3 +296,31 @@ def test_an_xid_after_the_gsp_stopped_answering_is_critical():
     assert [(e.evidence["xid"], e.severity) for e in alone if e.kind == "xid"] == [(109, W)]
     after = next(e for e in classify_text(gsp + xid) if e.kind == "xid")
     assert after.severity == C and "GSP" in after.evidence["escalated"]
+
+
+def test_a_line_acts_only_when_the_kernels_own_record_proves_it():
+    """/dev/kmsg records as the kernel hands them out: facility 0 and dev_printk's device metadata prove a driver's
+    line; user space's facility, or a device prefix without that device's metadata, make it evidence only, at most
+    a warning; a text log proves nothing (its severity kept)."""
+    from gpuwarden.kernel.records import parse_kmsg
+
+    line = "amdgpu ffff:fe:1f.7: amdgpu: device lost from bus!"
+    meta = "\n SUBSYSTEM=pci\n DEVICE=+pci:ffff:fe:1f.7"
+
+    def judged(raw):
+        [event] = [b.event for b in Classifier().feed(parse_kmsg(raw), 1.0)]
+        return event.severity, event.evidence["verified"], event.evidence.get("unverified", "")
+
+    assert judged(f"2,7,100,-;{line}{meta}") == (C, True, "")
+    severity, verified, why = judged(f"10,7,100,-;{line}{meta}")  # <10>: LOG_USER, from user space
+    assert (severity, verified) == (W, False) and "user space (facility 1)" in why
+    severity, verified, why = judged(f"2,7,100,-;{line}")  # no metadata: no dev_printk printed it
+    assert (severity, verified) == (W, False) and "no kernel device metadata" in why
+    severity, verified, why = judged(f"2,7,100,-;{line}\n SUBSYSTEM=pci\n DEVICE=+pci:ffff:fe:1f.6")
+    assert (severity, verified) == (W, False)  # another device's metadata
+    nvrm = "NVRM: Xid (PCI:ffff:fe:1f): 79, pid=1, name=x, GPU has fallen off the bus."
+    assert {(e.kind, e.severity, e.evidence["verified"]) for e in
+            (b.event for b in Classifier().feed(parse_kmsg(f"2,8,100,-;{nvrm}"), 1.0))} == {
+        ("xid", C, True), ("device_lost", C, True)}  # NVRM prints without a device: facility and prefix prove it
+    [text] = classify_text(line)
+    assert (text.severity, text.evidence["verified"]) == (C, False)

@@ -17,6 +17,7 @@ The first rule that matches a line wins, so specific rules stand before general 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -95,8 +96,6 @@ def config_anchored(pattern: str) -> str:
     """A `[[kernel.rule]]` expression, matched at the start of the message or right after a driver's prefix
     (a config rule may be for a driver that gpuwarden does not know). Leading inline flags (`(?i)`) apply to the
     rule's own expression only."""
-    import re
-
     if m := re.match(_INLINE_FLAGS, pattern):
         pattern = f"(?{m.group(1)}:{pattern[m.end():]})"
     return rf"^\s*(?:(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*)?(?:{pattern})"
