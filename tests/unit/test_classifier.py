@@ -324,3 +324,22 @@ def test_a_line_acts_only_when_the_kernels_own_record_proves_it():
         ("xid", C, True), ("device_lost", C, True)}  # NVRM prints without a device: facility and prefix prove it
     [text] = classify_text(line)
     assert (text.severity, text.evidence["verified"]) == (C, False)
+
+
+def test_a_process_line_written_from_user_space_does_not_name_a_drivers_faults_process():
+    """Right after a real ring timeout, a line written to /dev/kmsg that spells the process line would pin the
+    fault on a process of the writer's choosing (an engine, to be killed): it is not taken."""
+    from gpuwarden.kernel.records import parse_kmsg
+
+    meta = "\n SUBSYSTEM=pci\n DEVICE=+pci:ffff:fe:1f.7"
+    fault = parse_kmsg(f"3,1,100,-;amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1{meta}")
+    forged = parse_kmsg(f"11,2,100,-;amdgpu ffff:fe:1f.7: amdgpu:  Process vllm pid 4242 thread vllm pid 4242{meta}")
+    real = parse_kmsg(f"3,2,100,-;amdgpu ffff:fe:1f.7: amdgpu:  Process vllm pid 4242 thread vllm pid 4242{meta}")
+    c = Classifier()
+    assert c.feed(fault, 1.0) == []
+    [event] = [b.event for b in c.feed(forged, 1.0)]
+    assert event.evidence["verified"] and "process" not in event.evidence
+    c = Classifier()
+    c.feed(fault, 1.0)
+    [event] = [b.event for b in c.feed(real, 1.0)]
+    assert event.evidence["process"] == {"pid": 4242, "name": "vllm"}

@@ -189,7 +189,7 @@ class Classifier:
         if held := self._held:
             self._held = None
             process = process_named(text) if _DRIVER_START.match(text) and not _USER_TEXT.match(text) \
-                and _same_gpu(held.record, record) else None
+                and _same_gpu(held.record, record) and _no_less_proven(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
             out += self._event(held.rule, held.match, held.record, held.stamp, held.now, process=process)
@@ -471,6 +471,17 @@ def _same_gpu(first: KernelRecord, then: KernelRecord) -> bool:
     """Two lines may be of one report: they name the same GPU, or one of them names none."""
     a, b = _named(first, "amd")[0], _named(then, "amd")[0]
     return a is None or b is None or a == b
+
+
+def _no_less_proven(fault: KernelRecord, then: KernelRecord) -> bool:
+    """A process line proven no less than its fault line: a line user space wrote to /dev/kmsg right after a
+    driver's fault must not pin that fault on a process of its choosing."""
+    return _unproven(fault) is not None or _unproven(then) is None
+
+
+def _unproven(record: KernelRecord) -> str | None:
+    m = _PREFIX.match(record.text)
+    return unverified(record, m.group(2) if m else None)
 
 
 def _named(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:
