@@ -5,7 +5,8 @@ alternative measured in the same run.
 
 Throughput: lines per second of `Classifier.feed` on one core for (a) benign lines only and (b) a realistic
 mix (99 % benign, 1 % GPU faults arriving in storms), and of `parse_lines` + `feed` from raw `dmesg` text;
-beside `grep -E -c` with a hand-written fault pattern over the same text.
+beside `grep -E -c` with a hand-written fault pattern over the same text and, with `--against REV`, the
+classifier of an earlier commit (its `src/` taken with `git archive`) on the same lines, in the same run.
 Latency (root, needs journald): a fault line is written to /dev/kmsg and the clock stops when its event row is
 visible in the daemon's SQLite store (polled every 0.5 ms), for `source = "auto"` under a running journald (kmsg
 live, journal catch-up), `kmsg` and `journal`, beside `journalctl -kf | grep --line-buffered -E ...` printing it,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import select
@@ -118,6 +120,19 @@ def _timed(cmd: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.PIPE, check=False)
     return time.perf_counter() - start
+
+
+def rates_of(rev: str, lines: int) -> tuple[float, float]:
+    """(benign, mix) lines/s of the classifier of commit `rev`, run on the same lines by this script in a child
+    whose `gpuwarden` is that commit's `src/` (the lines come from this tree's corpus and the same seed)."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "src"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        out = subprocess.run([sys.executable, __file__, "--rates-only", "--lines", str(lines)], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONPATH": f"{tmp}/src"}).stdout
+    benign, mix = json.loads(out)
+    return benign, mix
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -222,9 +237,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=300_000)
     parser.add_argument("--writes", type=int, default=300)
+    parser.add_argument("--against", metavar="REV", help="also time the classifier of this commit")
+    parser.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)  # a child of --against
     args = parser.parse_args()
     rng = random.Random(7)
     benign, mix = benign_lines(args.lines, rng), mix_lines(args.lines, rng)
+    if args.rates_only:
+        print(json.dumps([classify_rate(benign)[0], classify_rate(mix)[0]]))
+        return
 
     print(f"## Classifier throughput ({args.lines:,} lines, one core, CPU time)\n")
     print("| what | lines/s | events |\n|---|---:|---:|")
@@ -234,6 +254,10 @@ def main() -> None:
     print(f"| gpuwarden classifier, mix (1 % faults in storms of 50) | {rate:,.0f} | {events} |")
     print(f"| gpuwarden parse `dmesg` text + classify, mix | {parse_and_classify_rate(mix):,.0f} | |")
     print(f"| `grep -E -c` with a fault pattern, mix | {grep_rate(mix):,.0f} | (matching lines, no events) |")
+    if args.against:
+        old_benign, old_mix = rates_of(args.against, args.lines)
+        print(f"| classifier of {args.against}, benign lines | {old_benign:,.0f} | |")
+        print(f"| classifier of {args.against}, mix | {old_mix:,.0f} | |")
 
     if os.geteuid() != 0 or not shutil.which("journalctl") or not Path(JOURNALD).exists():
         print("\n(latency needs root and journald: skipped)")
