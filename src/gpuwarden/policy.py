@@ -270,6 +270,8 @@ def _not_allowed(event: Event, gpus_seen: frozenset[str]) -> str | None:
     """Why this event may not act, or None."""
     if not event.live:
         return "history: logged before gpuwarden started"
+    if event.evidence.get("verified") is False:  # a kernel line its own record does not prove the driver's
+        return f"not proven to come from the driver ({event.evidence.get('unverified', 'unverified')})"
     if event.kind == "engine_stall" and event.evidence.get("source") == "log" and not _canary_timed_out(event):
         return "a stall read from a log alone is not confirmed by a real completion (canary)"
     if is_gpu_fault(event) or escalates(event):

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import GPUWARDEN, TEST_GPU, free_port, wait_for, write_kmsg
+from helpers import GPUWARDEN, TEST_GPU, driver_record, free_port, wait_for
 
 from fakesysfs import build
 
@@ -101,6 +101,11 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
     assert d.stop() == 0
 
 
+def append(d, text: str) -> None:
+    with d.log_file.open("a") as log:
+        log.write(text)
+
+
 def fake_gpus(tmp_path, *bdfs) -> str:
     """A Radeon's sysfs tree (none is here) so that the daemon has seen these GPUs; the guard stays off."""
     root = build(tmp_path / "sys", dict.fromkeys(bdfs, "rdna3"))
@@ -117,9 +122,9 @@ def test_sq_intr_names_no_owner_so_it_puts_the_engine_under_suspicion_and_its_st
     config = (engine_config(mine, "mine", gpus=f'["{TEST_GPU}"]', canary='"off"')
               + engine_config(other, "other", gpus='["ffff:fe:1f.6"]', canary='"off"')
               + fake_gpus(tmp_path, TEST_GPU, "ffff:fe:1f.6"))
-    d = daemon_factory(config, kernel='source = "kmsg"').start()
+    d = daemon_factory(config).start()
     d.wait_serving()
-    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    append(d, driver_record(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1"))
     suspect = wait_event(d, "engine_suspect")
     assert (suspect["engine"], suspect["severity"]) == ("mine", "warning")
     assert f"kernel reported sq_intr on {TEST_GPU} (no owner)" in suspect["message"]
@@ -141,10 +146,9 @@ def test_sq_intr_names_no_owner_so_it_puts_the_engine_under_suspicion_and_its_st
 def test_a_fault_on_a_gpu_this_machine_never_had_kills_nothing(daemon_factory, fake_engine, tmp_path):
     """A line naming a GPU the daemon has not seen (a test suite's, a pasted log's) is alerted, not acted on."""
     engine = fake_engine("progress")
-    d = daemon_factory(engine_config(engine, min_stall='"10m"') + fake_gpus(tmp_path, "ffff:fe:1f.6"),
-                       kernel='source = "kmsg"').start()
+    d = daemon_factory(engine_config(engine, min_stall='"10m"') + fake_gpus(tmp_path, "ffff:fe:1f.6")).start()
     d.wait_serving()
-    write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 ({time.time_ns()})")
+    append(d, driver_record(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1"))
     assert wait_event(d, "sq_intr")["gpu"] == TEST_GPU
     time.sleep(1)
     assert not events_of(d, "engine_killed") and engine.alive() == engine.pids()

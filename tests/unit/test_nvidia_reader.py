@@ -162,7 +162,7 @@ def test_an_nvml_xid_honours_the_xid_overrides_as_a_kernel_log_xid_does(xid, ove
     watch.nvml = _nvml_with_xids(xid)
     asyncio.run(watch._watch_xids())
     [nvml_event] = sink.events
-    [kernel] = Classifier(xid_overrides=parsed).feed(
+    kernel, *_implied = Classifier(xid_overrides=parsed).feed(
         KernelRecord(f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1, name=python", 1.0), 1.0)
     assert nvml_event.severity == kernel.event.severity == Severity.parse(severity)
     assert (nvml_event.gpu, nvml_event.evidence["xid"]) == (kernel.event.gpu, xid) == ("0000:3b:00.0", xid)

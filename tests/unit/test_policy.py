@@ -266,3 +266,14 @@ def test_a_restart_obeys_the_kill_budget():
     spent = EngineView("r", None, "restart", "kill", kill_budget=1, kills=(990.0,))
     [refused] = decide(ev("engine_stall", engine="r"), Situation([spent], SEEN, 1000.0))
     assert isinstance(refused, Refuse) and refused.by_hand and refused.action.restart
+
+
+def test_a_kernel_line_its_own_record_does_not_prove_never_acts():
+    """evidence["verified"] is False: a line user space wrote to /dev/kmsg, a device line without the kernel's
+    device metadata, a line of a text log (kernel/classifier.unverified)."""
+    why = "written to /dev/kmsg by user space (facility 1), not by the kernel"
+    for event in (ev("sq_intr", gpu=GPU_A, verified=False, unverified=why),
+                  ev("device_lost", gpu=GPU_A, severity=Severity.WARNING, verified=False, unverified=why)):
+        assert all(isinstance(a, Refuse) and why in a.reason and not a.by_hand for a in acts(event, [A]))
+    assert acts(ev("sq_intr", gpu=GPU_A, verified=True), [A]) == [
+        Suspect("a", f"kernel reported sq_intr on {GPU_A} (no owner)")]
