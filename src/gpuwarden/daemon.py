@@ -37,6 +37,7 @@ log = logging.getLogger("gpuwarden")
 
 _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
+_CONFIG = OffLoop("configuration", limit=2)  # a reload's read and name look-ups; the exporter's bind
 _CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
 
 
@@ -172,7 +173,8 @@ class Daemon:
             await asyncio.sleep(self.config.daemon.status_interval)
             async with self._reload_lock:  # a reload starts its own
                 if self.exporter is None:
-                    await asyncio.to_thread(self._start_exporter, True)  # `listen` may need a name look-up
+                    # `listen` may need a name look-up
+                    await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
     def _guarded_devices(self) -> set[str]:
         return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))
@@ -210,7 +212,7 @@ class Daemon:
                 return new, path, build_targets(new.alerts)
             try:
                 async with asyncio.timeout(_STOP_DEADLINE):
-                    new, path, targets = await asyncio.to_thread(load)
+                    new, path, targets = await _CONFIG.run("reload", _STOP_DEADLINE, load)
             except Exception as exc:  # ConfigError, or anything a target's library raises: READY=1 must follow
                 if not isinstance(exc, ConfigError):
                     log.exception("reload failed")

@@ -25,9 +25,12 @@ from typing import Any
 
 from gpuwarden.kinds import OUTCOMES
 from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.offloop import OffLoop
 from gpuwarden.store import private_folder
 
 log = logging.getLogger(__name__)
+_WRITES = OffLoop("incident write", limit=4)  # one per bundle: a hung disk holds these, never a kill's
+_WRITE_DEADLINE = 60.0
 
 BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go into the bundle
 SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
@@ -103,7 +106,8 @@ class Incidents:
         for wait in (self.settle, self.window - self.settle):
             await asyncio.sleep(wait)
             try:
-                await asyncio.to_thread(self._write, path, self.gather(trigger, trigger_id, opened), self.keep)
+                content = self.gather(trigger, trigger_id, opened)
+                await _WRITES.run(path.name, _WRITE_DEADLINE, self._write, path, content, self.keep)
                 await render_in_child(path, self.folder.parent / "matplotlib")
             except Exception:
                 log.exception("incident report %s could not be written", path)

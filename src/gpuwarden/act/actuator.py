@@ -12,11 +12,17 @@ from collections.abc import Awaitable
 from gpuwarden import families, policy
 from gpuwarden.act.killer import kill
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
-from gpuwarden.config import CacheConfig
+from gpuwarden.config import CacheConfig, user_id
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.model import Event, Severity, Sink
+from gpuwarden.offloop import OffLoop
 
 log = logging.getLogger("gpuwarden")
+# Their own pools: a stuck log read or NVML call elsewhere never delays a kill.
+_KILLS = OffLoop("kill", limit=32)  # one per engine
+_KILL_SLACK = 30.0  # SIGKILL's own wait (5 s) and the looks around it
+_CACHES = OffLoop("cache quarantine", limit=1)
+_CACHE_DEADLINE = 600.0
 
 
 def describe(action: policy.Kill | policy.Quarantine) -> str:
@@ -72,7 +78,8 @@ class Actuator:
             if not action.dry_run:
                 now = time.monotonic()
                 state.kills = [t for t in state.kills if now - t <= cfg.kill_budget_window] + [now]
-            report = await asyncio.to_thread(kill, state.procs, cfg.kill_grace, action.dry_run)
+            report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, state.procs, cfg.kill_grace,
+                                      action.dry_run)
             if not action.dry_run:
                 self.sink.count(families.ENGINE_KILLS, name)
             severity = Severity.CRITICAL if report.survivors else Severity.WARNING
@@ -85,9 +92,15 @@ class Actuator:
             state.killing = False
 
     async def _quarantine(self, action: policy.Quarantine) -> None:
-        """Move poisoned compile caches aside (a scan can take a while: off the loop)."""
-        event = await asyncio.to_thread(quarantine_all, cache_dirs(self.cache), action.reason, time.time(),
-                                        action.dry_run)
+        """Move the engine's user's poisoned compile caches aside (a scan can take a while: off the loop)."""
+        state = self.engines.engines.get(action.engine) if self.engines and action.engine else None
+        configured = state and state.config.target.user
+        owner = user_id(configured) if configured else state and state.tracker.uid
+        if owner is None:
+            log.warning("not moving caches (%s): the user of %s is not known", action.reason, action.engine)
+            return
+        event = await _CACHES.run("caches", _CACHE_DEADLINE, quarantine_all, cache_dirs(self.cache, owner),
+                                  action.reason, time.time(), action.dry_run, owner)
         if event:
             self.sink.record([event])
         else:

@@ -17,7 +17,7 @@ from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
-from gpuwarden.engine.logs import LogScraper
+from gpuwarden.engine.logs import LogRefused, LogScraper
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
 from gpuwarden.engine.scraper import ScrapeError, Scraper
@@ -28,12 +28,15 @@ from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView, exited
+from gpuwarden.sockets import pinned
 
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
 _INSPECT_DEADLINE = 10.0
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
+_DISCOVERY = OffLoop("discovery", limit=2)  # a /proc walk and one probe at a time
+_DISCOVERY_DEADLINE = 30.0
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
 
 
@@ -62,6 +65,8 @@ class EngineState:
     canary_at: float = -1e9  # monotonic time of the last canary
     canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
     canary_failed: bool = False
+    log_refused: str | None = None  # why its log file was last refused (said once)
+    lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
 
     @property
     def name(self) -> str:
@@ -84,7 +89,7 @@ class EngineState:
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
-    t, url = config.target, urlsplit(config.metrics_url)
+    t, url = config.target, urlsplit(pinned(config.metrics_url))
     return TargetSpec(t.kind, port=url.port or SCHEME_PORTS[url.scheme], host=url.hostname, pidfile=t.pidfile,
                       pattern=t.pattern, unit=t.unit, cgroup=t.cgroup, container=t.container,
                       docker_socket=t.docker_socket, uid=user_id(t.user) if t.user else None)
@@ -93,18 +98,19 @@ def target_spec(config: EngineConfig) -> TargetSpec:
 def base_url(config: EngineConfig) -> str:
     """The engine's API: `url`, else metrics_url's scheme, host and port."""
     if config.url:
-        return config.url.rstrip("/")
-    parts = urlsplit(config.metrics_url)
+        return pinned(config.url.rstrip("/"))
+    parts = urlsplit(pinned(config.metrics_url))
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def source_of(config: EngineConfig) -> Scraper | LogScraper | SlotsScraper:
+def source_of(config: EngineConfig, owner=lambda: None) -> Scraper | LogScraper | SlotsScraper:
+    """`owner`: the engine's user as known now (a log file is read only when root's or that user's)."""
     if config.source == "log":
         return LogScraper.of(config.log_file, config.log_unit, config.profile, config.log_container,
-                             config.target.docker_socket)
+                             config.target.docker_socket, owner)
     if config.source == "slots":
         return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
-    return Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes)
+    return Scraper(pinned(config.metrics_url), config.profile, config.scrape_timeout, config.max_body_bytes)
 
 
 def stall_floor(config: EngineConfig) -> float:
@@ -116,8 +122,11 @@ def stall_floor(config: EngineConfig) -> float:
 
 
 def new_state(config: EngineConfig) -> EngineState:
+    tracker = Tracker()
+    configured = user_id(config.target.user) if config.target.user else None
     return EngineState(
-        config, source_of(config), StallDetector(config.stall_multiple, stall_floor(config), config.max_stall),
+        config, source_of(config, lambda: configured if configured is not None else tracker.uid),
+        StallDetector(config.stall_multiple, stall_floor(config), config.max_stall), tracker=tracker,
         gpus=frozenset(config.gpus) if config.gpus else None)
 
 
@@ -132,6 +141,7 @@ class EngineWatch:
         self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
         self._skipped: set[str] = set()  # discovered engines already said to be past max_discovered
         self._probed: dict[str, float] = {}  # when each discovered server was last probed for a source
+        self._watching: dict[str, asyncio.Task] = {}  # each discovered engine's watch
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -160,14 +170,14 @@ class EngineWatch:
     async def _discover(self) -> None:
         first = True
         while True:
-            found = await asyncio.to_thread(discover)
+            found = await _DISCOVERY.run("processes", _DISCOVERY_DEADLINE, discover)
             # Anyone can start servers that look like engines: root watches (and probes) a bounded number.
             cap = self.settings.max_discovered
             for f in probe_order([f for f in found if f.name not in self.engines], self._probed)[:cap]:
-                if len(self.engines) >= cap:
+                if len(self.engines) >= cap and not (f.installed and self._make_room()):
                     break
                 self._probed[f.name] = time.monotonic()
-                f = await asyncio.to_thread(with_source, f)
+                f = await _DISCOVERY.run("probe", _DISCOVERY_DEADLINE, with_source, f)
                 if f.source == "none":
                     if f.name not in self._unwatchable:
                         self._unwatchable.add(f.name)
@@ -181,13 +191,26 @@ class EngineWatch:
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
                     log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
                     on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
-                self._tasks.create_task(self._watch(state))
+                state.lookalike = not f.installed
+                self._watching[f.name] = self._tasks.create_task(self._watch(state))
             if len(self.engines) >= cap:
                 self._say_skipped([f for f in found if f.name not in self.engines], cap)
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
             first = False
             await asyncio.sleep(self.settings.discover_interval)
+
+    def _make_room(self) -> bool:
+        """Stop watching one discovered look-alike, for an installed engine; False when none is watched."""
+        name = next((n for n, s in self.engines.items() if s.lookalike and n in self._watching), None)
+        if name is None:
+            return False
+        self._watching.pop(name).cancel()
+        del self.engines[name]
+        self._skipped.discard(name)
+        log.info("no longer watching %s, a server that only looks like an engine: an installed engine needs its place",
+                 name)
+        return True
 
     def _say_skipped(self, skipped: list[Found], cap: int) -> None:
         new = [f for f in skipped if f.name not in self._skipped]
@@ -198,6 +221,19 @@ class EngineWatch:
             log.warning("discovered more engine servers than [engines] max_discovered (%d) watches; not watching "
                         "%s. Configure the engines to watch ([[engine]]): configured ones are always watched",
                         cap, names)
+            # One alert for a crowd: look-alikes are cheap to start, and none is a page of its own
+            self._record(Event("discovery_flood", Severity.WARNING,
+                               f"{len(new)} more engine-like servers than [engines] max_discovered ({cap}) watches: "
+                               "not watched; configure the engines to watch ([[engine]])", time.time(),
+                               evidence={"skipped": [f.name for f in new], "max_discovered": cap}))
+
+    def _record(self, event: Event) -> None:
+        """A discovered server that only looks like an engine (anyone can start one) is never a page."""
+        state = self.engines.get(event.engine or "")
+        if state is not None and state.lookalike and event.severity == Severity.CRITICAL:
+            event = replace(event, severity=Severity.WARNING,
+                            message=f"{event.message} (a discovered server not installed as an engine)")
+        self.sink.record([event])
 
     # --- one engine ---------------------------------------------------------------------------------
 
@@ -223,6 +259,10 @@ class EngineWatch:
             state.failures += 1
             self.sink.count(families.ENGINE_SCRAPE_FAILURES, name, exc.reason)
             error = str(exc)
+            if isinstance(exc, LogRefused) and state.log_refused != error:  # said once, again when it changes
+                state.log_refused = error
+                self._record(Event("log_refused", Severity.WARNING, f"{name}: not reading its log: {error}",
+                                   time.time(), engine=name, evidence={"error": error}))
         had_procs = bool(state.procs)
         await self.inspect(state)
         now = time.monotonic()
@@ -246,6 +286,7 @@ class EngineWatch:
         if state.failures >= state.config.unresponsive_after:
             log.info("engine %s: %s answers again", name, endpoint)
         state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
+        state.log_refused = None
         self._export(state, sample)
         verdict = state.detector.observe(sample, now, spinning)
         self.sink.metric(families.ENGINE_STALLED, 1 if verdict.stalled else 0, name)
@@ -403,8 +444,6 @@ class EngineWatch:
                                time.time(), engine=state.name, evidence={"exits": len(exits)}))
             state.exits = ()
 
-    def _record(self, event: Event) -> None:
-        self.sink.record([event])
 
 
 def is_spinning(cpus: list[float]) -> bool:
