@@ -216,10 +216,11 @@ class Daemon:
             except Exception as exc:  # ConfigError, or anything a target's library raises: READY=1 must follow
                 if not isinstance(exc, ConfigError):
                     log.exception("reload failed")
-                log.error("reload failed, the running configuration stays:\n%s", exc)
-                self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
+                why = reloads.reason(exc)
+                log.error("reload failed, the running configuration stays:\n%s", why)
+                self.notifier.status(f"reload failed, old configuration kept: {why.splitlines()[0]}")
                 self.notifier.ready()
-                await self._confirm_reload(began, str(exc), None)
+                await self._confirm_reload(began, why, None)
                 return
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter
