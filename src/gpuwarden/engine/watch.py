@@ -142,6 +142,7 @@ class EngineWatch:
         self._skipped: set[str] = set()  # discovered engines already said to be past max_discovered
         self._probed: dict[str, float] = {}  # when each discovered server was last probed for a source
         self._watching: dict[str, asyncio.Task] = {}  # each discovered engine's watch
+        self._flooded = False  # the discovery_flood alert was sent for the crowd now skipped
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -193,8 +194,8 @@ class EngineWatch:
                     on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
                 state.lookalike = not f.installed
                 self._watching[f.name] = self._tasks.create_task(self._watch(state))
-            if len(self.engines) >= cap:
-                self._say_skipped([f for f in found if f.name not in self.engines], cap)
+            skipped = [f for f in found if f.name not in self.engines] if len(self.engines) >= cap else []
+            self._say_skipped(skipped, cap)
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
             first = False
@@ -207,12 +208,14 @@ class EngineWatch:
             return False
         self._watching.pop(name).cancel()
         del self.engines[name]
-        self._skipped.discard(name)
         log.info("no longer watching %s, a server that only looks like an engine: an installed engine needs its place",
                  name)
         return True
 
     def _say_skipped(self, skipped: list[Found], cap: int) -> None:
+        if not skipped:
+            self._flooded = False  # the crowd is gone: a new one is news again
+            return
         new = [f for f in skipped if f.name not in self._skipped]
         if new:
             self._skipped.update(f.name for f in new)
@@ -221,7 +224,9 @@ class EngineWatch:
             log.warning("discovered more engine servers than [engines] max_discovered (%d) watches; not watching "
                         "%s. Configure the engines to watch ([[engine]]): configured ones are always watched",
                         cap, names)
-            # One alert for a crowd: look-alikes are cheap to start, and none is a page of its own
+            if self._flooded:
+                return
+            self._flooded = True  # one alert for a crowd: look-alikes are cheap to start, none is a page
             self._record(Event("discovery_flood", Severity.WARNING,
                                f"{len(new)} more engine-like servers than [engines] max_discovered ({cap}) watches: "
                                "not watched; configure the engines to watch ([[engine]])", time.time(),
