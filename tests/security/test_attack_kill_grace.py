@@ -15,7 +15,8 @@ GRACE = 5.0
 TREE = """
 import signal, subprocess, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+obey = lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], preexec_fn=obey)
 print(child.pid, flush=True)
 while True:
     child.poll()  # reaps the child once it exits: it leaves the tree, its CPU with it
