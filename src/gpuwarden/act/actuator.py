@@ -15,7 +15,7 @@ from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig, user_id
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.offloop import OffLoop
+from gpuwarden.offloop import Busy, OffLoop
 
 log = logging.getLogger("gpuwarden")
 # Their own pools: a stuck log read or NVML call elsewhere never delays a kill.
@@ -78,8 +78,12 @@ class Actuator:
             if not action.dry_run:
                 now = time.monotonic()
                 state.kills = [t for t in state.kills if now - t <= cfg.kill_budget_window] + [now]
-            report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, state.procs, cfg.kill_grace,
-                                      action.dry_run)
+            try:
+                report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, state.procs, cfg.kill_grace,
+                                          action.dry_run)
+            except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
+                log.error("killing %s (%s) did not finish: %s", name, reason, exc or "timed out")
+                return
             if not action.dry_run:
                 self.sink.count(families.ENGINE_KILLS, name)
             severity = Severity.CRITICAL if report.survivors else Severity.WARNING
@@ -99,8 +103,12 @@ class Actuator:
         if owner is None:
             log.warning("not moving caches (%s): the user of %s is not known", action.reason, action.engine)
             return
-        event = await _CACHES.run("caches", _CACHE_DEADLINE, quarantine_all, cache_dirs(self.cache, owner),
-                                  action.reason, time.time(), action.dry_run, owner)
+        try:
+            event = await _CACHES.run("caches", _CACHE_DEADLINE, quarantine_all, cache_dirs(self.cache, owner),
+                                      action.reason, time.time(), action.dry_run, owner)
+        except (Busy, TimeoutError) as exc:
+            log.error("moving poisoned caches (%s) did not finish: %s", action.reason, exc or "timed out")
+            return
         if event:
             self.sink.record([event])
         else:

@@ -171,14 +171,22 @@ class EngineWatch:
     async def _discover(self) -> None:
         first = True
         while True:
-            found = await _DISCOVERY.run("processes", _DISCOVERY_DEADLINE, discover)
+            try:
+                found = await _DISCOVERY.run("processes", _DISCOVERY_DEADLINE, discover)
+            except (Busy, TimeoutError):
+                log.warning("looking for engine servers took longer than %.0f s; trying again", _DISCOVERY_DEADLINE)
+                await asyncio.sleep(self.settings.discover_interval)
+                continue
             # Anyone can start servers that look like engines: root watches (and probes) a bounded number.
             cap = self.settings.max_discovered
             for f in probe_order([f for f in found if f.name not in self.engines], self._probed)[:cap]:
                 if len(self.engines) >= cap and not (f.installed and self._make_room()):
                     break
                 self._probed[f.name] = time.monotonic()
-                f = await _DISCOVERY.run("probe", _DISCOVERY_DEADLINE, with_source, f)
+                try:
+                    f = await _DISCOVERY.run("probe", _DISCOVERY_DEADLINE, with_source, f)
+                except (Busy, TimeoutError):
+                    continue  # probed again on a later round
                 if f.source == "none":
                     if f.name not in self._unwatchable:
                         self._unwatchable.add(f.name)
