@@ -213,14 +213,21 @@ def _unit_cgroup(unit: str) -> Path | None:
     return next((c for c in candidates if c.is_dir()), None)
 
 
+MAX_CGROUP_DEPTH = 32  # a delegated subtree is its user's to nest: walked in a loop, this deep at most
+
+
 def _in_cgroup(path: Path | None) -> list[psutil.Process]:
     if path is None or not path.is_dir():
         return []
-    pids = set()
-    for procs in path.rglob("cgroup.procs"):
+    pids, todo = set(), [(str(path), 0)]
+    while todo:
+        folder, depth = todo.pop()
         try:
-            pids.update(int(x) for x in procs.read_text().split())
-        except OSError:
+            pids.update(int(x) for x in Path(folder, "cgroup.procs").read_text().split())
+            if depth < MAX_CGROUP_DEPTH:
+                with os.scandir(folder) as entries:
+                    todo += [(e.path, depth + 1) for e in entries if e.is_dir(follow_symlinks=False)]
+        except (OSError, ValueError):
             continue
     return _alive(pids)
 
