@@ -124,16 +124,18 @@ def installed(pid: int, profile: str, proc: Path = Path("/proc")) -> bool:
         argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    program = exe
+    # seen from the process's own root and folder: an engine in a container runs its image's files
+    program = os.path.join(proc / str(pid) / "root", exe.lstrip("/"))
     if _INTERPRETER.fullmatch(os.path.basename(exe)):
         if len(argv) < 2 or not argv[1] or argv[1].startswith(b"-"):
             return False  # `-m module`, `-c code`: nothing to prove it by
-        program = os.path.join(proc / str(pid) / "cwd", os.fsdecode(argv[1]))
+        script = os.fsdecode(argv[1])
+        program = os.path.join(proc / str(pid) / ("root" if script.startswith("/") else "cwd"), script.lstrip("/"))
     if os.path.basename(program) not in PROGRAMS.get(profile, ()):
         return False
     try:
         return all(st.st_uid == 0 and not st.st_mode & 0o022
-                   for st in (os.stat(program), os.stat(os.path.dirname(os.path.realpath(program)))))
+                   for st in (os.stat(program), os.stat(os.path.dirname(program))))
     except OSError:
         return False
 
