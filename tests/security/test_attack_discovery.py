@@ -47,15 +47,16 @@ def watched(d) -> list[str]:
 
 def test_an_installed_engine_takes_a_lookalikes_place_and_a_crowd_is_one_alert(attacker, daemon_factory, corpus,
                                                                                 request):
-    crowd = [attacker.start_engine("progress", "vllm", "serve", "Qwen/Qwen3-0.6B") for _ in range(CROWD)]
+    for _ in range(CROWD):  # look-alikes, past the cap
+        attacker.start_engine("progress", "vllm", "serve", "Qwen/Qwen3-0.6B")
     d = daemon_factory(f'[engines]\ndiscover_interval = "1s"\nmax_discovered = {CAP}\n').start()
     d.wait_serving()
     wait_for(lambda: len(watched(d)) == CAP, 30, what="the cap filled with look-alikes")
     port = request.getfixturevalue("installed_engine")
     wait_for(lambda: f'gpuwarden_engine_up{{engine="vllm-{port}"}} 1.0' in d.metrics(), 30, interval=0.5,
              what="the installed engine watched")
-    [dropped] = re.findall(r"no longer watching (vllm-\d+), a server that only looks like an engine", d.log())
-    assert dropped in {f"vllm-{e.port}" for e in crowd}  # other tests' engines on this host may be watched too
+    # a look-alike made room (the crowd's, or another test's on this host: discovery sees them all)
+    assert re.findall(r"no longer watching (\w+-\d+), a server that only looks like an engine", d.log())
     time.sleep(3)  # more discovery rounds
     floods = [e for e in d.events() if e["kind"] == "discovery_flood"]
     assert len(floods) == 1 and floods[0]["severity"] == "warning", floods
