@@ -88,7 +88,7 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
             container = container_of(pid)
             found.append(Found(profile[0], pid, min(ports), profile[1],
                                container=container and name_of(docker_socket, container),
-                               installed=installed(pid, profile[0])))
+                               installed=any(installed(p, profile[0]) for p in (pid, _parent(pid)) if p)))
     seen = {f.pid for f in found}
     by_container: dict[str, list[int]] = {}
     for port, name in published(docker_socket).items():
@@ -117,8 +117,9 @@ _INTERPRETER = re.compile(r"(python|pypy)[0-9.]*")
 def installed(pid: int, profile: str, proc: Path = Path("/proc")) -> bool:
     """The process runs the engine's own program (its executable, or the script right after its interpreter:
     /usr/bin/llama-server, /opt/venv/bin/vllm), and that file and its folder are root's and writable by no one
-    else. Any user can start a look-alike (`python3 x.py vllm serve` carries the words); only root installs.
-    An engine its user installed in a home is not `installed`: it is watched the same, but not preferred."""
+    else (discovery asks it of the serving process and of the process that started it). Any user can start a
+    look-alike (`python3 x.py vllm serve` carries the words); only root installs. An engine its user installed
+    in a home is not `installed`: it is watched the same, but not preferred."""
     try:
         exe = os.readlink(proc / str(pid) / "exe").removesuffix(" (deleted)")
         argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
@@ -154,6 +155,14 @@ def listens(pid: int, proc: Path = Path("/proc")) -> bool:
         return any(os.readlink(proc / str(pid) / "fd" / fd) in listening for fd in os.listdir(proc / str(pid) / "fd"))
     except OSError:
         return False
+
+
+def _parent(pid: int) -> int | None:
+    """The process that started `pid` (a launcher owns the server it starts: TGI's launcher, its router)."""
+    try:
+        return psutil.Process(pid).ppid() or None
+    except psutil.Error:
+        return None
 
 
 def _profile(pid: int) -> tuple[str, str] | None:

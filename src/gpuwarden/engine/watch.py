@@ -216,6 +216,9 @@ class EngineWatch:
             return False
         self._watching.pop(name).cancel()
         del self.engines[name]
+        # its series go with it (each engine left says its own again at its next scrape)
+        self.sink.replace_series(families.ENGINE_UP, {(n,): float(not s.failures) for n, s in self.engines.items()
+                                                      if s.answered is not None})
         log.info("no longer watching %s, a server that only looks like an engine: an installed engine needs its place",
                  name)
         return True
