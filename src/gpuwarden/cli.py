@@ -113,11 +113,15 @@ def _parser() -> argparse.ArgumentParser:
     incidents.add_argument("--json", action="store_true", help="one JSON object per line")
     incidents.set_defaults(handler=cmd_incidents)
 
+    conditions = command("conditions", help="what is wrong now: the open conditions (docs/conditions.md)")
+    conditions.add_argument("--json", action="store_true", help="one JSON object per line")
+    conditions.set_defaults(handler=cmd_conditions)
+
     npd = command("npd-check", help="node-problem-detector custom plugin: exit 0 ok, 1 problem, 2 unknown")
     npd.add_argument("--condition", choices=("gpu", "engine", "daemon"), default="gpu",
-                     help="gpu: a GPU lost since boot; engine: an engine problem left unfixed within --window; "
-                          "daemon: gpuwarden down or failing (default gpu)")
-    npd.add_argument("--window", default="15m", help="how far back --condition engine looks (default 15m)")
+                     help="gpu: a GPU lost since boot; engine: an engine problem left unfixed (open conditions, "
+                          "docs/conditions.md); daemon: gpuwarden down or failing (default gpu)")
+    npd.add_argument("--window", help=argparse.SUPPRESS)  # ignored: NPD configs written before conditions pass it
     npd.add_argument("--timeout", type=_seconds, default=4.0,
                      help="seconds for the whole check (default 4, NPD's is 5)")
     npd.set_defaults(handler=cmd_npd_check)
@@ -233,22 +237,37 @@ def cmd_events(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_conditions(args: argparse.Namespace) -> int:
+    """The open conditions, read-only (the daemon may be running, or stopped: nothing is created)."""
+    from gpuwarden.npd import read_conditions
+
+    config, _ = configuration.load(args.config)
+    try:
+        rows = read_conditions(config.daemon.state_dir / "gpuwarden.db", timeout=2.0)
+    except LookupError as exc:
+        print(f"gpuwarden conditions: {exc}", file=sys.stderr)
+        return EXIT_OK
+    for row in rows:
+        if args.json:
+            print(json.dumps(row))
+        else:
+            stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+            print(f"since {stamp}  {row['condition']:<19} {row['subject']:<13} by {', '.join(row['causes'])}")
+    if not rows and not args.json:
+        print("no open condition", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_npd_check(args: argparse.Namespace) -> int:
     """One line of at most 80 bytes on stdout; the exit status is the verdict (npd.py says which conditions)."""
     from gpuwarden import npd
-
-    try:
-        window = parse_duration(args.window)
-    except ValueError as exc:
-        print(npd.message(f"unknown: --window: {exc}"))
-        return npd.UNKNOWN
 
     def run() -> tuple[int, str]:
         try:
             config, _ = configuration.load(args.config)  # in the bounded thread too: a hung disk is unknown
         except ConfigError as exc:
             return npd.UNKNOWN, f"unknown: configuration error: {str(exc).splitlines()[0]}"
-        return npd.check(args.condition, config, window, args.timeout)
+        return npd.check(args.condition, config, args.timeout)
 
     code, text = npd.bounded(run, args.timeout)
     print(npd.message(text))
@@ -302,7 +321,8 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
     body = "This is a test alert from `gpuwarden test-alert`. If you read this, alerts reach you."
     failed = 0
     for target in targets:
-        error = asyncio.run(send(target, title, body, "info", config.alerts.send_timeout))
+        text = body if target.markdown else body.replace("`", "")  # as the alerts go: plain where it is plain
+        error = asyncio.run(send(target, title, text, "info", config.alerts.send_timeout, markdown=target.markdown))
         failed += error is not None
         print(f"{target.name}: {'ok' if error is None else error}")
     return EXIT_FAILURE if failed else EXIT_OK
@@ -450,7 +470,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
             picture = "timeline.png" if row["picture"] else "no picture"
             print(f"{stamp}  {row['kind']:<16} {row['subject']:<13} {row['events']:>3} event(s) "
-                  f"{row['actions']:>2} action(s)  {picture:<12}  {row['folder']}")
+                  f"{row['actions']:>2} action(s)  {picture:<12}  {row['folder']}"
+                  + (f"\n    ended: {row['ended']}" if row.get("ended") else ""))
     if not rows and not args.json:
         print("no incident reports", file=sys.stderr)
     return EXIT_OK

@@ -373,6 +373,9 @@ def check_metrics_url(url: str) -> str:
     return url
 
 
+RESTARTABLE = ("unit", "docker")  # target kinds whose supervisor gpuwarden can ask to start the engine again
+
+
 class EngineConfig(Section):
     name: str
     # the engine's API (canary, /slots); metrics_url defaults to its /metrics. Without it, metrics_url's scheme,
@@ -403,11 +406,15 @@ class EngineConfig(Section):
     unresponsive_after: int = Field(default=3, ge=1)  # failed scrapes in a row, process alive
     crash_loop_exits: int = Field(default=3, ge=2)
     crash_loop_window: Period = 600.0
-    on_stall: Literal["kill", "alert"] = "kill"
-    on_gpu_fault: Literal["kill", "alert"] = "kill"
+    # restart: kill, then start it again through what supervises it (target kind "unit" or "docker")
+    on_stall: Literal["kill", "restart", "alert"] = "kill"
+    on_gpu_fault: Literal["kill", "restart", "alert"] = "kill"
     # /metrics hanging for the stall threshold while the processes live: kill when requests were running at its
     # last answer (as stuck as a stall), alert when it was idle
-    on_unresponsive: Literal["kill", "alert"] = "kill"
+    on_unresponsive: Literal["kill", "restart", "alert"] = "kill"
+    # a restarted (or re-started) engine not back, a real completion returned, by then: engine_restart_failed.
+    # Big models load for minutes
+    restart_timeout: Interval = 600.0
     kill_grace: Duration = 10.0
     kill_budget: int = Field(default=3, ge=0)
     kill_budget_window: Period = 3600.0
@@ -435,6 +442,21 @@ class EngineConfig(Section):
     def _stall_bounds(self) -> EngineConfig:
         if self.min_stall > self.max_stall:
             raise ValueError(f"min_stall ({_show(self.min_stall)}) is above max_stall ({_show(self.max_stall)})")
+        return self
+
+    @model_validator(mode="after")
+    def _restartable(self) -> EngineConfig:
+        """A restart goes through what supervises the engine: gpuwarden starts nothing itself."""
+        for key in ("on_stall", "on_gpu_fault", "on_unresponsive"):
+            if getattr(self, key) != "restart":
+                continue
+            if self.target.kind not in RESTARTABLE:
+                raise ValueError(f'{key} = "restart" needs an engine that systemd or Docker supervises: target kind '
+                                 f'"unit" or "docker", not {self.target.kind!r}. For an engine nothing supervises, '
+                                 f'use "kill" and run it under systemd with Restart=always (docs/restart.md)')
+            if self.canary == "off":
+                raise ValueError(f'{key} = "restart" needs the canary: an engine is back only when a real '
+                                 'completion returns (canary = "off" cannot tell)')
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from gpuwarden import families, logsetup, policy, reloads
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
+from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.engine.watch import EngineWatch
@@ -28,6 +29,7 @@ from gpuwarden.health import Health, Loop
 from gpuwarden.hub import Hub
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.recovery import Recovery, losses_in_events
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.sockets import holder
 from gpuwarden.store import QueuedStore, private_folder
@@ -52,8 +54,7 @@ class Daemon:
         self.engines: EngineWatch | None = None
         act = lambda action, event: self.actuator.execute(action, event)  # noqa: E731 (the actuator comes next)
         self.hub = Hub(self.metrics, self.recorder, self._situation, act, config.daemon.state_dir / "incidents",
-                       config.alerts.hostname)
-        self.hub.incidents.keep = config.daemon.incidents_keep
+                       config.alerts.hostname, config.daemon.incidents_keep)
         self.actuator = Actuator(self.hub, None, config.cache)
         self.health = Health(config.daemon, self.hub, self.metrics, self.notifier, self.summary)
         self.supervisor = Supervisor(self.health.crashed, self.health.component_state)
@@ -67,6 +68,27 @@ class Daemon:
         self.started = time.monotonic()  # kernel lines logged before this are history
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
+        self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
+        self._recovery: asyncio.Task | None = None
+
+    def _alert_context(self) -> Context:
+        """What an alert names besides its events: each GPU's index and model, the engines on each GPU."""
+        self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
+        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
+        engines = {v.name: v.gpus for v in (self.engines.views() if self.engines else [])}
+        return Context(self.config.alerts.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
+                       engines)
+
+    async def _confirm_recovery(self) -> None:
+        """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
+        store = self.store
+        check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root,
+                         lambda since, until: losses_in_events(lambda t: store.events(t, 100_000), since, until),
+                         self.hub.record)
+        try:
+            await check.run()
+        except Exception:  # the daemon runs on without the confirmation; the log says why
+            log.exception("the GPU check after the reboot failed")
 
     def _situation(self) -> policy.Situation:
         cache = self.config.cache
@@ -87,8 +109,10 @@ class Daemon:
         self.store = self.hub.store = self.health.store = QueuedStore(
             self.config.daemon.state_dir / "gpuwarden.db", loop, self.health.store_health)
         self.metrics.set(families.STORE_WRITABLE, 1)
+        self.hub.load(time.time())  # a GPU lost before this start is still lost
         self.alerter = self.hub.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store,
-                                                  self.metrics, self.hub.incidents.folder_for)
+                                                  self.metrics, self.hub.incidents.folder_for,
+                                                  self.hub.incidents.folder, self._alert_context)
         self._set_engines(EngineWatch(self.config.engines, self.config.engine, self.hub,
                                       nvml=self.config.gpu.nvml))
         self._start_exporter()
@@ -96,6 +120,7 @@ class Daemon:
             loop.add_signal_handler(sig, self._stop_signal)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         await self._start_components()
+        self._recovery = loop.create_task(self._confirm_recovery())
         await asyncio.sleep(0)  # let each component's task build its component before we say READY
         self.notifier.ready()
         self.notifier.status(self.summary())
@@ -106,6 +131,8 @@ class Daemon:
         deadline = threading.Timer(_STOP_DEADLINE, _exit_now, (f"not stopped after {_STOP_DEADLINE:.0f} s",))
         deadline.daemon = True
         deadline.start()
+        if self._recovery:
+            self._recovery.cancel()
         if stuck := await self.supervisor.stop(_STOP_GRACE):
             log.error("stopping without waiting for %s", ", ".join(stuck))
         self.hub.incidents.stop()
@@ -228,7 +255,9 @@ class Daemon:
             self.health.config, self.actuator.cache, self.hub.hostname = new.daemon, new.cache, new.alerts.hostname
             self.hub.incidents.keep = new.daemon.incidents_keep
             self.alerter.configure(new.alerts, targets)
+            gone = set(self.engines.engines)
             self._set_engines(self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml))
+            self.hub.unwatched(gone - set(self.engines.engines))
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

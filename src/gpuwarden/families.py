@@ -60,6 +60,13 @@ ALERTS_UNDELIVERABLE = _declare("gpuwarden_alerts_undeliverable_total", "counter
 ALERTS_PENDING = _declare("gpuwarden_alerts_pending", "gauge", "Alerts waiting in the outbox.", "target", "severity")
 ALERTS_SUPPRESSED = _declare("gpuwarden_alerts_suppressed_total", "counter",
                              "Events not sent because their key was cooling down.", "severity")
+CONDITION = _declare("gpuwarden_condition", "gauge",
+                      "1 while a condition is open (engine_stalled, engine_down, gpu_lost...; docs/conditions.md); "
+                      "the series goes away when it is resolved. gpu_lost survives a gpuwarden restart.",
+                      "condition", "subject", "gpu", "engine")
+INCIDENT = _declare("gpuwarden_incident", "gauge",
+                     "1 while an incident is open (one cause: its fault, the kill, the restart); the series goes away "
+                     "when it closes. `id` is its folder under state_dir/incidents.", "id", "kind", "gpu", "engine")
 ENGINE_UP = _declare("gpuwarden_engine_up", "gauge", "1 when the engine's last /metrics scrape succeeded.", "engine")
 ENGINE_REQUESTS_RUNNING = _declare("gpuwarden_engine_requests_running", "gauge", "Requests the engine runs now.",
                                    "engine")

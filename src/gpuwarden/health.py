@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
-from gpuwarden import families
+from gpuwarden import conditions, families
 from gpuwarden.config import DaemonConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity, Sink
@@ -73,8 +73,7 @@ class Health:
                                     evidence={"error": error, "store": str(self.store.path)})])
         elif was and not error:
             log.info("the store is written again")
-            self.sink.resolve(Event("store_unwritable", Severity.WARNING, "", 0).dedupe_key,
-                              f"the store is written again ({self.config.state_dir})")
+            self.sink.resolve(conditions.STORE, f"the store is written again ({self.config.state_dir})")
         self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
         self.notifier.status(self.summary())
 

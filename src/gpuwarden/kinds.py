@@ -56,10 +56,16 @@ CATALOG: dict[str, Kind] = {
     "engine_killed": Kind(None, action=True, outcome=True, condition="engine"),
     "cache_poisoned": Kind("cache_poisoned", action=True, outcome=True),
     "kill_refused": Kind("kill_refused", outcome=True, condition="engine"),
+    "engine_restarting": Kind(None, action=True, outcome=True, condition="engine"),  # asked its supervisor
+    "engine_back": Kind(None, outcome=True, condition="engine"),  # a real completion returned
+    "engine_restart_failed": Kind("restart_failed", outcome=True, condition="engine"),
     # gpuwarden itself
     "guard_lost": Kind(None),
     "watchdog_error": Kind("daemon"),
     "store_unwritable": Kind("store"),
+    # the confirmation after a reboot that followed a lost GPU (recovery.py)
+    "gpus_back": Kind(None),
+    "gpus_changed": Kind("gpus_changed"),
 }
 
 KINDS = frozenset(CATALOG)

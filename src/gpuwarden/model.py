@@ -27,6 +27,30 @@ HISTORY = "history"  # evidence key of an event that is history, not live
 CONDITION = "condition"  # evidence key of a telemetry condition's own identity (one GPU can have several)
 
 
+class ConditionKind(enum.StrEnum):
+    """What can be wrong now (conditions.py says which events raise and resolve each)."""
+
+    ENGINE_STALLED = "engine_stalled"
+    ENGINE_UNRESPONSIVE = "engine_unresponsive"
+    ENGINE_DOWN = "engine_down"
+    ENGINE_RESTARTING = "engine_restarting"
+    GPU_LOST = "gpu_lost"  # survives a daemon restart (loaded from the store) until the GPU is back
+    GPU_DEGRADED = "gpu_degraded"  # a telemetry condition (its own subject: one GPU can have several)
+    STORE_UNWRITABLE = "store_unwritable"  # gpuwarden's own: events wait in memory
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ConditionKey:
+    """A condition's identity: its kind and its subject (an engine's name, a GPU's PCI address, a telemetry
+    condition's id, or "host"). Made by conditions.stalled(engine), conditions.lost(gpu)..., never by hand."""
+
+    kind: ConditionKind
+    subject: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.subject}"
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """Something gpuwarden noticed. `time` is wall-clock seconds since the epoch."""
@@ -114,11 +138,13 @@ class GpuSample:
 class Sink(Protocol):
     """The one interface every component reports through; the hub implements it. Components only emit: batches
     of events (with the cursor of the source that read them), a storm's final count, a condition that ended,
-    counts and gauges. What is stored, alerted and done about them is the hub's and the policy's business."""
+    counts and gauges. A condition a component sees end without an event (an engine answers again) is resolved
+    by its key (conditions.py); `cures`: the event kinds that observation cures (None: any). What is stored,
+    alerted and done about them is the hub's and the policy's business."""
 
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
     def set_count(self, row_id: int, event: Event) -> None: ...
-    def resolve(self, dedupe_key: str, message: str) -> None: ...
+    def resolve(self, key: ConditionKey, message: str, cures: frozenset[str] | None = None) -> None: ...
     def count(self, family: Family, *labels: str, by: float = 1) -> None: ...
     def metric(self, family: Family, value: float, *labels: str) -> None: ...
     def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None: ...
@@ -135,7 +161,7 @@ class NullSink:
     def set_count(self, row_id: int, event: Event) -> None:
         pass
 
-    def resolve(self, dedupe_key: str, message: str) -> None:
+    def resolve(self, key: ConditionKey, message: str, cures: frozenset[str] | None = None) -> None:
         pass
 
     def count(self, family: Family, *labels: str, by: float = 1) -> None:

@@ -2,25 +2,24 @@
 
 NPD runs the command every `invoke_interval`, kills it after `timeout` (5 s by default), and reads its exit
 status (0 OK, 1 problem, anything else unknown) and the first `max_output_length` (80) bytes of stdout as the
-condition's message. It never touches a GPU: `gpu` and `engine` read the store (read-only, a short busy wait),
+condition's message. It never touches a GPU: `gpu` and `engine` read the open conditions from the store (read-only,
+a short busy wait; docs/conditions.md),
 `daemon` asks the daemon's own /metrics on loopback; the whole check is bounded by `--timeout`, and what cannot
 be read in time, or at all, is unknown rather than a hang or a guess.
 
-- gpu: a problem while a GPU has been lost since this boot (a critical `device_lost`, `reset_failed`,
-  `gpu_wedged`, `gpu_missing`, `gpu_unresponsive` or Xid, seen live): only a reboot cures it, so it clears at
-  the next boot.
-- engine: a problem while, within `--window`, an engine stalled or hung and was not killed cleanly, crash-looped,
-  or could not be killed (`kill_refused`, survivors): what gpuwarden could not fix by itself.
+- gpu: a problem while a `gpu_lost` condition raised since this boot is open (a critical `device_lost`,
+  `reset_failed`, `gpu_wedged`, `gpu_missing`, `gpu_unresponsive` or Xid, seen live); it clears at the next boot
+  (the condition stays open in the store until gpuwarden sees the GPU back).
+- engine: a problem while an engine is stalled or hung and was not killed cleanly (or could not be), or is
+  down by no doing of gpuwarden's (it exited, crash-looped, a restart failed): what it could not fix by itself.
 - daemon: a problem while gpuwarden does not answer, a component keeps failing, or its store cannot be written.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -30,9 +29,9 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden import families
-from gpuwarden.kinds import ENGINE_KINDS, GPU_LOST_KINDS
-from gpuwarden.model import HISTORY
+from gpuwarden.conditions import Kind
 from gpuwarden.sockets import peer_uid
+from gpuwarden.store import open_conditions
 
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE = 80  # NPD's default max_output_length, in bytes
@@ -46,35 +45,34 @@ Row = dict[str, Any]
 
 
 def judge_gpu(rows: Iterable[Row], boot: float) -> Verdict:
-    """Live events only: history (lines logged before gpuwarden started) may be a journal catch-up of an earlier
-    boot stamped now, and a condition that remediation acts on must not reboot a box for its last boot's fault.
-    A daemon restart hides nothing: the live event of its first run is in the store."""
-    lost = [r for r in rows if r["time"] >= boot and r["severity"] == "critical" and r["kind"] in GPU_LOST_KINDS
-            and HISTORY not in r["evidence"]]
+    """Open gpu_lost conditions raised since this boot. One of an earlier boot stays open in the store until
+    gpuwarden sees the GPU back, but a condition that remediation acts on must not reboot a box again for its
+    last boot's fault. A daemon restart hides nothing: the condition is in the store."""
+    lost = [r for r in rows if r["condition"] == Kind.GPU_LOST and r["time"] >= boot]
     if not lost:
         return OK, f"no GPU lost since boot ({_clock(boot)})"
     first = lost[0]
-    subject = f" {first['gpu']}" if first["gpu"] else ""
+    subject = f" {first['subject']}" if first["subject"] != "host" else ""
     more = f" (+{len(lost) - 1} more)" if len(lost) > 1 else ""
-    return PROBLEM, f"{first['kind']}{subject} at {_clock(first['time'])}{more}: reboot"
+    return PROBLEM, f"{_cause(first)}{subject} at {_clock(first['time'])}{more}: reboot"
 
 
-def judge_engine(rows: Iterable[Row], since: float) -> Verdict:
-    """The newest unfixed critical event per engine: a clean (not dry-run) kill fixes a stall or a hang."""
-    unfixed: dict[str, Row] = {}
-    for r in rows:
-        if r["time"] < since or r["kind"] not in ENGINE_KINDS:
-            continue
-        name = r["engine"] or "?"
-        if r["severity"] == "critical":
-            unfixed[name] = r
-        elif r["kind"] == "engine_killed" and not r["evidence"].get("dry_run"):
-            unfixed.pop(name, None)
+def judge_engine(rows: Iterable[Row]) -> Verdict:
+    """Open engine conditions that gpuwarden could not fix by itself: a stall or a hang not (cleanly) killed, an
+    engine down that gpuwarden did not take down itself (it exited, crash-looped, a restart failed). An engine
+    down only by gpuwarden's own kill, or being restarted, is being dealt with."""
+    unfixed = [r for r in rows if r["condition"] in (Kind.ENGINE_STALLED, Kind.ENGINE_UNRESPONSIVE)
+               or (r["condition"] == Kind.ENGINE_DOWN and set(r["causes"]) - {"engine_killed"})]
     if not unfixed:
         return OK, "no engine problem left unfixed"
-    name, r = max(unfixed.items(), key=lambda item: item[1]["time"])
-    more = f" (+{len(unfixed) - 1} more)" if len(unfixed) > 1 else ""
-    return PROBLEM, f"engine {name}: {r['kind']} at {_clock(r['time'])}, not fixed{more}"
+    r = max(unfixed, key=lambda r: r["time"])
+    others = {u["subject"] for u in unfixed} - {r["subject"]}
+    more = f" (+{len(others)} more)" if others else ""
+    return PROBLEM, f"engine {r['subject']}: {r['condition']} at {_clock(r['time'])}, not fixed{more}"
+
+
+def _cause(row: Row) -> str:
+    return row["causes"][0] if row["causes"] else str(row["condition"])
 
 
 def judge_daemon(metrics: str) -> Verdict:
@@ -108,10 +106,8 @@ def message(text: str) -> str:
 # --- the thin edges: the store, /proc, the exporter ----------------------------------------------------
 
 
-def read_events(db: Path, since: float, timeout: float, kinds: Iterable[str]) -> list[Row]:
-    """Events of `kinds` at or after `since`, oldest first, from a read-only connection that creates no file.
-    The kinds are picked in SQL (beside the time index): a store of every event since boot, JSON decoded in
-    Python, took longer than NPD's timeout at 300,000 rows (bench/npd_bench.py)."""
+def read_conditions(db: Path, timeout: float) -> list[Row]:
+    """The open conditions, oldest first, from a read-only connection that creates no file."""
     if not db.is_file():
         raise LookupError(f"no store at {db} (has gpuwarden run here?)")
     # Even read-only, a WAL reader creates the -wal and -shm files when no one else has them open (a stopped
@@ -120,13 +116,13 @@ def read_events(db: Path, since: float, timeout: float, kinds: Iterable[str]) ->
     immutable = "" if db.with_name(f"{db.name}-wal").exists() else "&immutable=1"
     conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=timeout)
     try:
-        kinds = sorted(kinds)
-        rows = conn.execute("SELECT time, kind, severity, gpu, engine, evidence FROM events WHERE time >= ? AND kind"
-                            f" IN ({', '.join('?' * len(kinds))}) ORDER BY time, id", (since, *kinds)).fetchall()
+        if conn.execute("PRAGMA user_version").fetchone()[0] < 3:
+            raise LookupError("the store has no conditions yet: start this gpuwarden version once")
+        found = open_conditions(conn)
     finally:
         conn.close()
-    keys = ("time", "kind", "severity", "gpu", "engine", "evidence")
-    return [dict(zip(keys, (*row[:5], json.loads(row[5] or "{}")), strict=True)) for row in rows]
+    return [{"time": c.since, "condition": c.key.kind, "subject": c.key.subject, "gpu": c.gpu, "engine": c.engine,
+             "causes": sorted(c.causes)} for c in found]
 
 
 def boot_time(stat: Path = Path("/proc/stat")) -> float:
@@ -160,15 +156,13 @@ def fetch(url: str, timeout: float, limit: int = 4 << 20) -> tuple[str, int | No
 # --- the command ---------------------------------------------------------------------------------------
 
 
-def check(condition: str, config, window: float, timeout: float, now: float | None = None) -> Verdict:
-    now = time.time() if now is None else now
+def check(condition: str, config, timeout: float) -> Verdict:
     db = config.daemon.state_dir / "gpuwarden.db"
     wait = max(0.1, timeout / 2)
     if condition == "gpu":
-        boot = boot_time()
-        return judge_gpu(read_events(db, boot, wait, GPU_LOST_KINDS), boot)
+        return judge_gpu(read_conditions(db, wait), boot_time())
     if condition == "engine":
-        return judge_engine(read_events(db, now - window, wait, ENGINE_KINDS), now - window)
+        return judge_engine(read_conditions(db, wait))
     if not config.exporter.enabled:
         return UNKNOWN, "unknown: [exporter] is disabled, so the daemon cannot be asked"
     url = metrics_url(config.exporter.listen, config.exporter.port)

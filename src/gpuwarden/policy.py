@@ -14,6 +14,8 @@ actions out.
   catch-up after a restart) is history, and a kernel fault acts only for a GPU this daemon has seen on this
   machine since it started (it may be gone now: a GPU off the bus is exactly the case) or for a line that
   names none on a box that has GPUs. What the config asks for but the evidence does not allow is a `Refuse`.
+- An engine whose setting says restart is killed, then started again through its supervisor (`Kill.restart`);
+  once a restart did not bring it back it is only killed: no restart loop.
 - At most `kill_budget` kills per engine per `kill_budget_window`: beyond it a kill is refused and a person must
   act (a `Refuse` with `by_hand`, alerted as kill_refused). A dry run is never refused for its budget.
 - A kill goes ahead only for a target that resolved to its own processes, and not too many (`target_refusal`,
@@ -48,6 +50,7 @@ class EngineView:
     kill_budget_window: float = 3600.0
     kills: tuple[float, ...] = ()  # monotonic times of its real kills (not dry runs)
     pids: frozenset[int] = frozenset()  # its processes at the last look (none known: no fault is pinned on it)
+    restart_failed: bool = False  # a restart did not bring it back: it is never restarted again
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class Kill:
     engine: str
     reason: str
     dry_run: bool = False
+    restart: bool = False  # then start it again through its supervisor (its on_* setting says "restart")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +147,16 @@ def _canary_timed_out(event: Event) -> bool:
 
 
 def _per_engine(engines: list[EngineView], setting: str, reason: str) -> list[Kill | AlertOnly]:
-    """A kill for each of `engines` whose `setting` (on_stall...) says kill; an alert only for the others."""
-    return [Kill(e.name, reason, e.dry_run) if getattr(e, setting) == "kill"
+    """A kill for each of `engines` whose `setting` (on_stall...) says kill or restart; an alert only for the
+    others. An engine whose last restart failed is killed and not restarted: a restart loop is no cure."""
+    return [_kill(e, getattr(e, setting), reason) if getattr(e, setting) in ("kill", "restart")
             else AlertOnly(Kill(e.name, reason, e.dry_run), f'{setting} = "{getattr(e, setting)}"') for e in engines]
+
+
+def _kill(engine: EngineView, setting: str, reason: str) -> Kill:
+    if setting == "restart" and engine.restart_failed:
+        return Kill(engine.name, f"{reason}; not restarted: its last restart did not bring it back", engine.dry_run)
+    return Kill(engine.name, reason, engine.dry_run, restart=setting == "restart")
 
 
 def _raised_by(event: Event) -> tuple[int, str] | None:
@@ -223,3 +234,18 @@ def _not_allowed(event: Event, gpus_seen: frozenset[str]) -> str | None:
 def _uses(engine: EngineView, gpu: str | None) -> bool:
     """A fault that names no GPU, or an engine whose GPUs are unknown, counts as a match."""
     return gpu is None or engine.gpus is None or gpu in engine.gpus
+
+
+def record_of(action: Action) -> dict:
+    """An action as the event that caused it records it (`evidence["decision"]`): what, for which engine, why."""
+    if isinstance(action, Refuse | AlertOnly):
+        inner = action.action
+        name = "refuse" if isinstance(action, Refuse) else "alert_only"
+        return {"action": name, "engine": getattr(inner, "engine", None), "reason": action.reason,
+                "by_hand": isinstance(action, Refuse) and action.by_hand, "dry_run": inner.dry_run}
+    if isinstance(action, Quarantine):
+        return {"action": "quarantine", "engine": None, "reason": action.reason, "by_hand": False,
+                "dry_run": action.dry_run}
+    name = "restart" if getattr(action, "restart", False) else type(action).__name__.lower()  # kill, suspect
+    return {"action": name, "engine": action.engine, "reason": action.reason, "by_hand": False,
+            "dry_run": bool(getattr(action, "dry_run", False))}

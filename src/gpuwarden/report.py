@@ -18,13 +18,15 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpuwarden import incidents
+from gpuwarden.conditions import Change, Key
 from gpuwarden.kinds import OUTCOMES
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.model import Event, GpuSample
 from gpuwarden.offloop import OffLoop
 from gpuwarden.store import private_folder
 
@@ -74,44 +76,107 @@ def _point(s: GpuSample) -> dict[str, Any]:
 
 
 class Incidents:
-    """Opens an incident on a critical event; events within WINDOW of it join it. Writes the bundle after
-    SETTLE and again when the window closes, each time followed by a fresh picture."""
+    """The incidents' edge: groups live events into incidents (incidents.py decides), names each member event's
+    incident, saves each incident as it changes (`save`, called once `open` holds the change), and writes its
+    bundle after SETTLE, once more when WINDOW has passed, and a last time when it closes, each time followed by
+    a fresh picture. Incidents loaded at a start close on the condition changes (or the events) that come; their
+    bundles are not written again."""
 
     def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
-                 settle: float = SETTLE, window: float = WINDOW, keep: int = KEEP) -> None:
-        self.folder, self.gather, self.settle, self.window, self.keep = folder, gather, settle, window, keep
-        self._open: tuple[float, Path] | None = None  # (opened at, folder)
-        self._by_event: dict[int, Path] = {}
+                 save: Callable[[dict[str, Any]], None], settle: float = SETTLE, window: float = WINDOW,
+                 keep: int = KEEP) -> None:
+        self.folder, self.gather, self.save = folder, gather, save
+        self.settle, self.window, self.keep = settle, window, keep
+        self.open: dict[str, incidents.Incident] = {}
+        self._by_event: dict[int, str] = {}  # event id -> incident id, while it is open
+        self._trigger: dict[str, tuple[Event, int | None]] = {}
+        self._closed: dict[str, asyncio.Event] = {}
+        self._latest: dict[str, incidents.Incident] = {}  # each followed incident as it is now, closed or not
         self._tasks: set[asyncio.Task] = set()
 
-    def offer(self, event: Event, event_id: int) -> None:
-        now = time.time()
-        if self._open and now - self._open[0] > self.window:
-            self._open = None
-        if self._open is None and event.severity == Severity.CRITICAL:
-            path = _unique(self.folder / folder_name(event))
-            self._open = (now, path)
-            task = asyncio.get_running_loop().create_task(self._write_twice(event, event_id, path))
+    def load(self, rows: list[dict[str, Any]], open_keys: list[Key], now: float) -> None:
+        """A daemon's start: the stored incidents still open go on (a lost GPU's, until it is back)."""
+        for row in rows:
+            incident = incidents.settle(incidents.from_row(row, open_keys), [], now, self.window)
+            if incident.closed is None:
+                self.open[incident.id] = incident
+            self.save(incident.row())
+
+    def offer(self, event: Event, raised: list[Key], decisions: list[dict[str, Any]],
+              engine_gpus: dict[str, frozenset[str] | None]) -> str | None:
+        """The id of the incident the event opens or joins, or None."""
+        current = incidents.joins(self.open.values(), event, engine_gpus)
+        new_id = ""
+        if current is None and incidents.opens(event):  # a look at the folder, only for a new one
+            new_id = _unique(self.folder / folder_name(event), taken=self.open.keys()).name
+        incident = incidents.offer(current, event, raised, decisions, new_id, time.time())
+        if incident is None:
+            return None
+        before = self.open.get(incident.id)
+        if before is None:
+            self._trigger[incident.id] = (event, None)
+            self._closed[incident.id] = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(self._follow(incident.id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if self._open:
-            self._by_event[event_id] = self._open[1]
+        self.open[incident.id] = self._latest[incident.id] = incident
+        if incidents.grew(before, incident):  # not for each line of a storm
+            self.save(incident.row())
+        return incident.id
+
+    def stored(self, event_id: int, incident_id: str) -> None:
+        """An event of the incident got its id (its alert finds the incident's folder)."""
+        self._by_event[event_id] = incident_id
+        trigger, known = self._trigger.get(incident_id, (None, 0))
+        if trigger is not None and known is None:
+            self._trigger[incident_id] = (trigger, event_id)
+
+    def changed(self, changes: list[Change], now: float) -> None:
+        """Condition changes, or only time passing (no changes): incidents may close."""
+        for incident_id, incident in list(self.open.items()):
+            settled = incidents.settle(incident, changes, now, self.window)
+            if settled == incident:
+                continue
+            if incident_id in self._latest:
+                self._latest[incident_id] = settled
+            if settled.closed is None:
+                self.open[incident_id] = settled
+            else:
+                del self.open[incident_id]
+                self._by_event = {i: p for i, p in self._by_event.items() if p != incident_id}
+                if closed := self._closed.get(incident_id):
+                    closed.set()
+            self.save(settled.row())
 
     def folder_for(self, event_ids: list[int]) -> Path | None:
         """The incident that these events belong to (an alert names it or attaches its picture)."""
-        return next((self._by_event[i] for i in event_ids if i in self._by_event), None)
+        return next((self.folder / self._by_event[i] for i in event_ids if i in self._by_event), None)
 
-    async def _write_twice(self, trigger: Event, trigger_id: int, path: Path) -> None:
+    async def _follow(self, incident_id: str) -> None:
+        path, closed = self.folder / incident_id, self._closed[incident_id]
         opened = time.time()
-        for wait in (self.settle, self.window - self.settle):
-            await asyncio.sleep(wait)
+        await asyncio.sleep(self.settle)
+        await self._write_bundle(path, incident_id, opened)
+        await asyncio.sleep(self.window - self.settle)
+        await self._write_bundle(path, incident_id, opened)
+        while not closed.is_set():
             try:
-                content = self.gather(trigger, trigger_id, opened)
-                await _WRITES.run(path.name, _WRITE_DEADLINE, self._write, path, content, self.keep)
-                await render_in_child(path, self.folder.parent / "matplotlib")
-            except Exception:
-                log.exception("incident report %s could not be written", path)
-        self._by_event = {i: p for i, p in self._by_event.items() if p != path}
+                await asyncio.wait_for(closed.wait(), self.window)
+            except TimeoutError:
+                self.changed([], time.time())  # quiet long enough, or past its bound
+        await self._write_bundle(path, incident_id, opened)  # how it ended
+        for followed in (self._trigger, self._closed, self._latest):
+            followed.pop(incident_id, None)
+
+    async def _write_bundle(self, path: Path, incident_id: str, opened: float) -> None:
+        trigger, trigger_id = self._trigger[incident_id]
+        try:
+            content = self.gather(trigger, trigger_id or 0, opened)
+            content["incident"] = self._latest[incident_id].row()
+            await _WRITES.run(path.name, _WRITE_DEADLINE, self._write, path, content, self.keep)
+            await render_in_child(path, self.folder.parent / "matplotlib")
+        except Exception:
+            log.exception("incident report %s could not be written", path)
 
     @staticmethod
     def _write(path: Path, content: dict[str, Any], keep: int = KEEP) -> None:
@@ -148,9 +213,10 @@ def prune(folder: Path, keep: int, spare: Path | None = None) -> list[str]:
     return old
 
 
-def _unique(path: Path) -> Path:
-    n, candidate = 1, path
-    while candidate.exists():
+def _unique(path: Path, taken: Iterable[str] = ()) -> Path:
+    """`path`, or `path-N`: a name no folder has, nor an incident not yet written (`taken`)."""
+    n, candidate, taken = 1, path, set(taken)
+    while candidate.exists() or candidate.name in taken:
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return candidate
@@ -200,9 +266,11 @@ def listing(folder: Path) -> list[dict[str, Any]]:
                          "events": 0, "actions": 0, "picture": None, "error": str(exc)})
             continue
         found = picture(path)
+        incident = content.get("incident") or {}  # how it ended, as of its last write (the store has it too)
         rows.append({"folder": str(path), "time": trigger["time"], "kind": trigger["kind"],
                      "subject": trigger["gpu"] or trigger["engine"] or "host", "events": len(content["events"]),
-                     "actions": len(content["actions"]), "picture": str(found) if found else None})
+                     "actions": len(content["actions"]), "picture": str(found) if found else None,
+                     "ended": incident.get("ended") if incident.get("closed") else None})
     return rows
 
 

@@ -1,4 +1,4 @@
-"""SQLite store in WAL mode: events, journal cursors and the alert outbox.
+"""SQLite store in WAL mode: events, condition changes, incidents, journal cursors and the alert outbox.
 
 `Store` writes synchronously (the CLI). The daemon uses `QueuedStore`: the event loop hands every write to one
 writer thread and never waits on the disk; what is not written yet (a database locked by another process, a
@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpuwarden import conditions
 from gpuwarden.model import Event, Severity
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS = {
     1: """
@@ -67,7 +68,70 @@ _MIGRATIONS = {
     );
     CREATE INDEX outbox_target ON outbox(target, id);
     """,
+    # 3: conditions (each raise and resolve a row; the open ones are those whose last row raised them) and
+    # incidents (one row per incident, updated as it evolves; its id is its bundle folder's name).
+    3: """
+    CREATE TABLE conditions (
+        id INTEGER PRIMARY KEY,
+        time REAL NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        raised INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        gpu TEXT,
+        engine TEXT,
+        causes TEXT NOT NULL,
+        alert_keys TEXT NOT NULL,
+        event_id INTEGER
+    );
+    CREATE INDEX conditions_key ON conditions(kind, subject, id);
+    CREATE TABLE incidents (
+        id TEXT PRIMARY KEY,
+        opened REAL NOT NULL,
+        closed REAL,
+        kind TEXT NOT NULL,
+        gpu TEXT,
+        engine TEXT,
+        content TEXT NOT NULL
+    );
+    CREATE INDEX incidents_opened ON incidents(opened);
+    """,
 }
+
+_OPEN_CONDITIONS = ("SELECT time, kind, subject, message, gpu, engine, causes, alert_keys, event_id FROM conditions"
+                    " WHERE raised = 1 AND id IN (SELECT max(id) FROM conditions GROUP BY kind, subject)"
+                    " ORDER BY id")
+_CONDITION_INSERT = ("INSERT INTO conditions (time, kind, subject, raised, message, gpu, engine, causes, alert_keys,"
+                     " event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_INCIDENT_UPSERT = ("INSERT INTO incidents (id, opened, closed, kind, gpu, engine, content)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT(id) DO UPDATE SET closed = excluded.closed, gpu = excluded.gpu,"
+                    " engine = excluded.engine, content = excluded.content")
+
+
+def condition_values(change: conditions.Change) -> tuple:
+    c = change.condition
+    return (change.time, str(c.key.kind), c.key.subject, int(change.raised), change.message, c.gpu, c.engine,
+            json.dumps(sorted(c.causes)), json.dumps(sorted(c.alert_keys)), c.event_id)
+
+
+def open_conditions(db: sqlite3.Connection) -> list[conditions.Condition]:
+    """The conditions whose last stored change raised them (a daemon restart keeps a lost GPU lost)."""
+    out = []
+    for t, kind, subject, message, gpu, engine, causes, alert_keys, event_id in db.execute(_OPEN_CONDITIONS):
+        try:
+            key = conditions.Key(conditions.Kind(kind), subject)
+        except ValueError:
+            continue  # a kind a newer gpuwarden wrote
+        out.append(conditions.Condition(key, t, message, gpu, engine, frozenset(json.loads(causes)),
+                                        frozenset(json.loads(alert_keys)), event_id))
+    return out
+
+
+def incident_values(incident: dict[str, Any]) -> tuple:
+    return (incident["id"], incident["opened"], incident.get("closed"), incident["kind"],
+            ",".join(incident.get("gpus", [])) or None, ",".join(incident.get("engines", [])) or None,
+            json.dumps(incident, default=str))
 
 
 class OutboxRow(NamedTuple):
@@ -139,6 +203,33 @@ class Store:
             return ids  # type: ignore[return-value]
         except sqlite3.DatabaseError as exc:
             raise StoreError(_explain(self.path, exc)) from None
+
+    # --- conditions and incidents -------------------------------------------------------------------
+
+    def add_changes(self, changes: Iterable[conditions.Change]) -> None:
+        with self._transaction() as db:
+            db.executemany(_CONDITION_INSERT, [condition_values(c) for c in changes])
+
+    def open_conditions(self) -> list[conditions.Condition]:
+        return open_conditions(self._db)
+
+    def condition_changes(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """Every condition change at or after `since`, oldest first."""
+        keys = ("time", "condition", "subject", "raised", "message", "gpu", "engine", "event_id")
+        rows = self._db.execute("SELECT time, kind, subject, raised, message, gpu, engine, event_id FROM conditions"
+                                " WHERE time >= ? ORDER BY id", (since,)).fetchall()
+        return [dict(zip(keys, (*r[:3], bool(r[3]), *r[4:]), strict=True)) for r in rows]
+
+    def save_incident(self, incident: dict[str, Any]) -> None:
+        with self._transaction() as db:
+            db.execute(_INCIDENT_UPSERT, incident_values(incident))
+
+    def incidents(self, since: float = 0.0, open_only: bool = False) -> list[dict[str, Any]]:
+        """Incidents opened at or after `since` (or every one still open), oldest first."""
+        rows = self._db.execute("SELECT content FROM incidents WHERE opened >= ?"
+                                + (" AND closed IS NULL" if open_only else "") + " ORDER BY opened",
+                                (0.0 if open_only else since,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     # --- alerts -----------------------------------------------------------------------------------
 
@@ -352,6 +443,12 @@ class QueuedStore:
     def set_count(self, event_id: int, count: int) -> None:
         self._queue(("count", event_id, count))
 
+    def add_changes(self, changes: Iterable[conditions.Change]) -> None:
+        self._queue(("conditions", list(changes)))
+
+    def save_incident(self, incident: dict[str, Any]) -> None:
+        self._queue(("incident", dict(incident)))
+
     def mark_alerted(self, event_ids: Iterable[int]) -> None:
         self._queue(("alerted", list(event_ids)))
 
@@ -400,6 +497,30 @@ class QueuedStore:
 
     def outbox(self) -> list[OutboxRow]:
         return self._reader.outbox()
+
+    def open_conditions(self) -> list[conditions.Condition]:
+        """Read at start, before this process wrote any. A store another process holds now starts with none
+        (said, not fatal: the watch matters more)."""
+        try:
+            return self._reader.open_conditions()
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read the open conditions: %s", exc)
+            return []
+
+    def incidents(self, since: float = 0.0, open_only: bool = False) -> list[dict[str, Any]]:
+        try:
+            return self._reader.incidents(since, open_only)
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read incidents: %s", exc)
+            return []
+
+    def condition_changes(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """Those written (an incident's bundle: what waits in memory comes in its next write)."""
+        try:
+            return self._reader.condition_changes(since)
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read condition changes: %s", exc)
+            return []
 
     @property
     def pending(self) -> int:
@@ -466,6 +587,11 @@ class QueuedStore:
                                    (*op[2], time.time()))
                 elif kind == "count":
                     db.execute("UPDATE events SET count = ? WHERE id = ?", (op[2], row_id("events", op[1])))
+                elif kind == "conditions":
+                    rows = [condition_values(c) for c in op[1]]
+                    db.executemany(_CONDITION_INSERT, [(*r[:-1], r[-1] and row_id("events", r[-1])) for r in rows])
+                elif kind == "incident":
+                    db.execute(_INCIDENT_UPSERT, incident_values(op[1]))
                 elif kind == "alerted":
                     db.executemany("UPDATE events SET alerted = 1 WHERE id = ?",
                                    [(row_id("events", i),) for i in op[1]])

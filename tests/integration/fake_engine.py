@@ -7,6 +7,10 @@ seeded from a real dump in the test corpus. POST /mode/<mode> switches what it d
 - slow: 1 request running, one token every 1.5 s
 - hang: /metrics stops answering (the handler sleeps)
 
+It serves a one-token completion (/v1/models, /v1/completions: the canary) while it progresses or idles, and
+holds it forever while stalled or hung. --loading SECONDS answers every request 503 "Loading model" for that
+long after its start, as an engine that loads its model (llama.cpp does so; vLLM does not listen yet).
+
 --orphans forks a child that forks a grandchild and exits (the grandchild is orphaned); --ignore-term makes
 every process of the tree ignore SIGTERM; --pids FILE records the pids of the whole tree.
 """
@@ -81,6 +85,7 @@ def main():
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--pids")
     p.add_argument("--host", default="127.0.0.1")  # "::1", "::" (IPv6 only), "0.0.0.0"
+    p.add_argument("--loading", type=float, default=0.0)
     p.add_argument("rest", nargs="*")  # e.g. "vllm serve": what discovery looks for in the command line
     args = p.parse_args()
     if args.ignore_term:
@@ -114,21 +119,43 @@ def main():
             with open(args.pids, "a") as f:
                 f.write(f"{engine.spinner.pid}\n")
 
+    loaded_at = time.monotonic() + args.loading
+
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if engine.mode == "hang":
-                time.sleep(3600)
-            body = engine.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+        def answer(self, status, body, kind="application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
+        def loading(self):
+            if time.monotonic() < loaded_at:
+                self.answer(503, b'{"error": {"code": 503, "message": "Loading model"}}')
+                return True
+            return False
+
+        def do_GET(self):
+            if self.loading():
+                return
+            if engine.mode == "hang":
+                time.sleep(3600)
+            if self.path == "/v1/models":
+                self.answer(200, b'{"data": [{"id": "fake"}]}')
+                return
+            self.answer(200, engine.render().encode(), "text/plain; version=0.0.4")
+
         def do_POST(self):
-            set_mode(self.path.rsplit("/", 1)[-1])
-            self.send_response(204)
-            self.end_headers()
+            if self.path.startswith("/mode/"):
+                set_mode(self.path.rsplit("/", 1)[-1])
+                self.answer(204, b"")
+                return
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.loading():
+                return
+            if engine.mode in ("stall", "hang"):
+                time.sleep(3600)  # a stuck engine's completion never returns
+            self.answer(200, b'{"choices": [{"text": "x"}]}')
 
         def log_message(self, *a):
             pass

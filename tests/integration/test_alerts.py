@@ -43,15 +43,17 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
 
     [hook] = receiver.json_bodies("/hook")
     assert hook["type"] == "failure"
-    assert hook["title"] == "[CRITICAL] device_lost on box1: GPU 0000:03:00.0"
+    assert hook["title"].split(";")[0] == "box1: GPU 0000:03:00.0 fell off the bus — reboot needed"
     assert "amdgpu 0000:03:00.0: amdgpu: device lost from bus!" in hook["message"]  # the evidence
     assert "wait a full 10 minutes" in hook["message"] and "Never unbind/bind" in hook["message"]  # runbook
     assert "alert id: gw-" in hook["message"]
+    assert "**What to do**\n1. Reboot, then wait" in hook["message"]  # apprise's JSON plugin takes Markdown
 
     [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
     assert ntfy["raw"].startswith(b"\x89PNG")  # the incident's timeline.png; title and message go in the query
     ntfy_text = urllib.parse.unquote_plus(ntfy["path"])
-    assert "device_lost on box1" in ntfy_text and "device lost from bus!" in ntfy_text
+    assert "GPU 0000:03:00.0 fell off the bus" in ntfy_text and "device lost from bus!" in ntfy_text
+    assert "What to do:\n  1. Reboot, then wait" in ntfy_text and "**" not in ntfy_text  # ntfy takes plain text
     wait_for(lambda: 'gpuwarden_alerts_sent_total{severity="critical",target="1:json://127.0.0.1:' in d.metrics(),
              5, what="the sent counter")
     assert_no_secret(d)
@@ -68,9 +70,9 @@ def test_min_severity_and_tags_route_alerts(daemon_factory, receiver):
     append(d, LOST.format(bus="07"))
     wait_for(lambda: len(receiver.received) >= 2, 15, what="the routed deliveries")
     time.sleep(1)
-    lost = ["[CRITICAL] device_lost on box1: GPU 0000:07:00.0"]
-    assert [b["title"] for b in receiver.json_bodies("/only-lost")] == lost
-    assert [b["title"] for b in receiver.json_bodies("/critical")] == lost
+    lost = ["box1: GPU 0000:07:00.0 fell off the bus — reboot needed"]  # and the engines found on this machine
+    assert [b["title"][:len(lost[0])] for b in receiver.json_bodies("/only-lost")] == lost
+    assert [b["title"][:len(lost[0])] for b in receiver.json_bodies("/critical")] == lost
     assert d.stop() == 0
 
 
@@ -88,7 +90,8 @@ def test_outage_every_alert_arrives_in_order_once(daemon_factory, receiver):
     wait_for(lambda: len(receiver.received) >= len(buses), 20, what="every alert after the outage")
     time.sleep(2)  # nothing more may come: no duplicates under normal operation
     titles = [b["title"] for b in receiver.json_bodies()]
-    assert titles == [f"[CRITICAL] device_lost on box1: GPU 0000:{bus}:00.0" for bus in buses]
+    assert [t.split(";")[0] for t in titles] == [f"box1: GPU 0000:{bus}:00.0 fell off the bus — reboot needed"
+                                                 for bus in buses]
     assert_no_secret(d)
     assert d.stop() == 0
 
@@ -110,7 +113,8 @@ def test_sigkill_with_alerts_pending_delivers_them_after_restart(daemon_factory,
     wait_for(lambda: len(receiver.received) >= 2, 20, what="both alerts after the restart")
     time.sleep(1)
     titles = sorted(b["title"] for b in receiver.json_bodies())
-    assert titles == [f"[CRITICAL] device_lost on box1: GPU 0000:{bus}:00.0" for bus in ("21", "22")]
+    assert [t.split(";")[0] for t in titles] == [f"box1: GPU 0000:{bus}:00.0 fell off the bus — reboot needed"
+                                                 for bus in ("21", "22")]
     assert d.stop() == 0
 
 
@@ -123,12 +127,15 @@ def test_a_storm_of_10000_identical_kernel_events_is_one_message_and_a_count(dae
         time.sleep(0.25)
     wait_for(lambda: len(receiver.received) >= 2, 20, what="the message and its follow-up")
     time.sleep(4)  # a full cooldown more: nothing else comes
-    first, follow_up = receiver.json_bodies()
-    assert first["title"] == "[WARNING] sq_intr on box1: GPU 0000:31:00.0"
-    assert "more since" not in first["message"]
-    assert follow_up["title"] == "[WARNING] sq_intr on box1: GPU 0000:31:00.0"
-    assert "and 9,999 more since" in follow_up["message"]
-    assert len(receiver.received) == 2
+    # about this GPU only: on a loaded machine the daemon may also tell of its own blocked loop
+    bodies = [b for b in receiver.json_bodies() if "GPU 0000:31:00.0" in b["title"]]
+    assert len(bodies) == 2, [b["title"] for b in receiver.json_bodies()]
+    first, follow_up = bodies
+    # "— not acted on" follows where an engine found on this machine might be on that GPU (one not seen here)
+    assert first["title"].startswith("box1: GPU 0000:31:00.0 shader fault (SQ interrupt)")
+    assert "more `sq_intr` since" not in first["message"]
+    assert follow_up["title"] == "box1: GPU 0000:31:00.0: 9,999 more sq_intr"
+    assert "And 9,999 more `sq_intr` since" in follow_up["message"]
     [event] = d.events()
     assert event["count"] == 10_000
     assert d.stop() == 0
@@ -176,7 +183,7 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     wait_for(lambda: receiver.json_bodies("/hook"), 40, what="the alert")
     [hook] = receiver.json_bodies("/hook")
     [folder] = (d.state / "incidents").iterdir()
-    assert folder.name.endswith("-device_lost") and f"`{folder}`" in hook["message"]
+    assert folder.name.endswith("-device_lost") and f"**Incident report**: `{folder}` (" in hook["message"]
     [attachment] = hook["attachments"]
     png = base64.b64decode(attachment["base64"])
     assert attachment["filename"] == "timeline.png" and png == (folder / "timeline.png").read_bytes()

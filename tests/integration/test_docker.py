@@ -22,6 +22,7 @@ from gpuwarden.engine.discovery import discover, with_source
 from gpuwarden.engine.dockerapi import container_of
 from gpuwarden.engine.dockerlog import DockerLines
 from gpuwarden.engine.processes import TargetSpec, resolve
+from peers import slowload
 from peers.docker import SOCKET, docker
 from peers.freezer import Freezer
 from peers.load import Load
@@ -150,3 +151,61 @@ def test_llamacpp_in_a_container_from_its_docker_log_busy_is_never_killed_frozen
     wait_for(lambda: not box.running(), 15, what="the container to stop")
     assert twin.poll() is None and os.readlink(f"/proc/{twin.pid}/exe").endswith("llama-server")
     print(f"llama.cpp in a container (Docker log): onset to the container's processes gone {took:.1f} s")
+
+
+def nth_event(d, kind, count, timeout):
+    return wait_for(lambda: (found := events(d, {kind})) and len(found) >= count and found[count - 1], timeout,
+                    interval=0.5, what=f"{count} {kind} event(s)")
+
+
+def requests_running(d) -> float:
+    return max((float(line.split()[-1]) for line in d.metrics().splitlines()
+                if line.startswith("gpuwarden_engine_requests_running{")), default=0.0)
+
+
+def test_on_stall_restart_kills_the_container_starts_it_through_the_engine_api_and_a_start_that_never_serves_fails_once(
+        containers, daemon_factory, tmp_path):
+    """stall → kill → engine_restarting → the container started through the Engine API → a real completion →
+    engine_back; then a start that hangs in its model load (the slow-load shim, held by a file put into the
+    container): one critical engine_restart_failed after restart_timeout, and no restart loop."""
+    hold = "/gwtest-hold-load"
+    box = containers(env={"LD_PRELOAD": str(slowload.shim()), "GWTEST_HOLD_LOAD": hold})
+    d = daemon_factory(
+        f'[[engine]]\nname = "engine"\nmetrics_url = "{box.metrics_url}"\nprofile = "llamacpp"\n'
+        f'scrape_interval = "1s"\nmin_stall = "5s"\nkill_grace = "2s"\ncanary_timeout = "5s"\n'
+        f'on_stall = "restart"\non_unresponsive = "restart"\nrestart_timeout = "30s"\n'
+        f'[engine.target]\nkind = "docker"\ncontainer = "{box.name}"\n').start()
+    d.wait_serving()
+
+    def stall_until_killed(count: int) -> None:
+        pid = box.engine_pid()
+        with Load(box.url, streams=2, max_tokens=300, deadline=120, timeout=120):
+            wait_for(lambda: requests_running(d) >= 1, 30, interval=0.5, what="requests running")
+            freezer = Freezer(pid).__enter__()
+            try:
+                nth_event(d, "engine_killed", count, MIN_STALL + 60)
+            finally:
+                freezer.thaw()
+
+    stall_until_killed(1)
+    killed = events(d, {"engine_killed"})[0]
+    assert killed["severity"] == "critical" and killed["evidence"]["restart"], killed["message"]
+    assert "restarting it through its Docker container" in killed["message"]
+    restarting = nth_event(d, "engine_restarting", 1, 30)
+    assert restarting["evidence"]["supervisor"] == f"Docker container {box.name}"
+    back = nth_event(d, "engine_back", 1, 90)
+    assert back["message"].startswith("engine back: first completion ") and back["evidence"]["seconds_since_kill"]
+    assert box.running() and serves(box.url)
+    print(f"llama.cpp in a container back {back['evidence']['seconds_since_kill']} s after the kill")
+
+    flag = tmp_path / "hold"
+    flag.write_text("hold the next load\n")
+    docker("cp", str(flag), f"{box.name}:{hold}")
+    stall_until_killed(2)
+    failed = nth_event(d, "engine_restart_failed", 1, 30 + 60)
+    assert failed["severity"] == "critical" and failed["evidence"]["by_gpuwarden"], failed
+    assert "never completed a request" in failed["message"] and "will not restart it again" in failed["message"]
+    time.sleep(10)  # nothing more: no second restart, no kill of the engine that holds in its load
+    assert [len(events(d, {k})) for k in ("engine_killed", "engine_restarting", "engine_restart_failed",
+                                           "engine_back")] == [2, 2, 1, 1]
+    assert box.running() and not serves(box.url)

@@ -30,7 +30,7 @@ def test_promtool_unit_tests_of_the_rules_pass():
 def test_amtool_accepts_the_alertmanager_example():
     result = run(need("amtool", "prometheus-alertmanager"), "check-config", ALERTMANAGER)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 inhibit rules" in result.stdout
+    assert "3 inhibit rules" in result.stdout
 
 
 class Server:
@@ -129,24 +129,27 @@ def test_alerts_reach_a_webhook_through_prometheus_and_alertmanager(daemon_facto
         wait_for(healthy, 30, interval=0.5, what="Prometheus to scrape gpuwarden")
         time.sleep(3)  # rules evaluated a few times on a healthy box: none of these may fire (a loop blocked
         # by the other work on a busy machine would be a true GpuwardenLoopBlocked)
-        quiet = ("GpuwardenEngineStalled", "GpuwardenGpuLost", "GpuwardenDown", "GpuwardenCriticalEvent")
+        quiet = ("GpuwardenEngineStalled", "GpuwardenGpuLost", "GpuwardenDown", "GpuwardenIncident")
         assert not [name for name in quiet if firing(name)()], receiver.json_bodies("/hook")
 
         started = time.monotonic()
         engine.set_mode("stall")
-        stalled = wait_for(firing("GpuwardenEngineStalled", engine="fake"), 45, interval=0.2,
-                           what="GpuwardenEngineStalled at the webhook")
+        stalled = wait_for(firing("GpuwardenIncident", engine="fake", kind="engine_stall"), 45, interval=0.2,
+                           what="GpuwardenIncident at the webhook")
         took_stall = time.monotonic() - started
         assert stalled["labels"]["severity"] == "critical" and stalled["labels"]["job"] == "gpuwarden"
-        assert stalled["annotations"]["summary"].startswith("engine fake on 127.0.0.1:")
+        assert stalled["annotations"]["summary"].startswith("engine_stall on 127.0.0.1:")
+        assert stalled["labels"]["id"] in {e["evidence"].get("incident") for e in d.events()}
 
         started = time.monotonic()
         with d.log_file.open("a") as log:
             log.write(LOST)
-        lost = wait_for(firing("GpuwardenGpuLost", kind="device_lost"), 45, interval=0.2,
+        lost = wait_for(firing("GpuwardenGpuLost", gpu=TEST_GPU), 45, interval=0.2,
                         what="GpuwardenGpuLost at the webhook")
         took_lost = time.monotonic() - started
-        assert "a GPU is lost until a reboot" in lost["annotations"]["summary"]
+        assert f"GPU {TEST_GPU} on 127.0.0.1:{d.port} is lost until a reboot" in lost["annotations"]["summary"]
+        # one page per cause: the stall's own alert waited behind its incident, the lost GPU's incident behind it
+        assert not firing("GpuwardenEngineStalled")() and not firing("GpuwardenIncident", kind="device_lost")()
 
         started = time.monotonic()
         d.proc.kill()

@@ -2,6 +2,7 @@
 the policy sees it, and what the actuator does (or may not do) comes back as an event of its own."""
 
 import asyncio
+import time
 
 from gpuwarden import policy
 from gpuwarden.act.actuator import Actuator
@@ -39,7 +40,9 @@ def test_a_kill_past_the_budget_is_stored_then_refused_for_a_person(tmp_path):
     first, refused = hub.store.events()
     assert first["kind"] == "engine_stall" and refused["kind"] == "kill_refused"
     assert refused["message"] == "e should be killed (stalled) but its kill budget (2 per 3600 s) is spent: act by hand"
-    assert refused["severity"] == "critical" and refused["evidence"] == {"reason": "stalled"}
+    assert refused["severity"] == "critical" and refused["evidence"]["reason"] == "stalled"
+    assert first["evidence"]["decision"] == [{"action": "refuse", "engine": "e", "by_hand": True, "dry_run": False,
+                                              "reason": "its kill budget (2 per 3600 s) is spent"}]
     assert hub.metrics.snapshot()["gpuwarden_events_total"] == {("engine_stall", "warning"): 1,
                                                                 ("kill_refused", "critical"): 1}
 
@@ -77,3 +80,59 @@ def test_a_crash_loop_moves_the_poisoned_cache_aside_and_says_so(tmp_path):
     assert poisoned["evidence"]["reason"] == "crash_loop" and not poisoned["evidence"]["dry_run"]
     [moved] = tmp_path.glob("cache.BROKEN-*-crash_loop")
     assert (moved / "kernel.bin").stat().st_size == 0 and not (tmp_path / "cache").exists()
+
+
+def test_a_stranger_s_fault_is_stored_with_the_reason_it_was_not_acted_on(tmp_path):
+    hub = hub_for(tmp_path, [policy.EngineView("vllm", None, "kill", "kill", pids=frozenset({10, 11}))])
+    fault = Event("page_fault", Severity.CRITICAL, "page fault", 1.0, gpu=GPU,
+                  evidence={"process": {"pid": 4242, "name": "python3"}})
+    stranger = Event("ring_timeout", Severity.CRITICAL, "ring timeout", 1.0, gpu="ffff:fe:00.0")
+
+    async def scenario():
+        hub.record([fault, stranger])
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    stored = {e["kind"]: e["evidence"] for e in hub.store.events()}
+    assert stored["page_fault"]["decision"] == [{
+        "action": "refuse", "engine": "vllm", "by_hand": False, "dry_run": False,
+        "reason": "the fault was raised by pid 4242 (python3), not one of vllm's processes"}]
+    assert stored["ring_timeout"]["decision"] == [{
+        "action": "refuse", "engine": "vllm", "by_hand": False, "dry_run": False,
+        "reason": "ffff:fe:00.0 is not a GPU this machine has had since gpuwarden started"}]
+
+
+def test_a_stall_its_kill_and_the_engine_s_return_are_one_incident_and_stored_condition_changes(tmp_path):
+    hub = hub_for(tmp_path, [policy.EngineView("vllm", frozenset({GPU}), "alert", "alert")])
+    now = time.time()  # an incident closes at its bound after it opened: the events are of now
+    stall = Event("engine_stall", Severity.CRITICAL, "vllm stalled", now, engine="vllm", gpu=GPU)
+    killed = Event("engine_killed", Severity.WARNING, "vllm killed", now + 1, engine="vllm", gpu=GPU,
+                   evidence={"dry_run": False})
+    back = Event("engine_back", Severity.INFO, "vllm back", now + 2, engine="vllm")
+    gauge = "gpuwarden_condition"
+
+    async def scenario():
+        hub.record([stall])
+        assert hub.metrics.snapshot()[gauge] == {("engine_stalled", "vllm", GPU, "vllm"): 1}
+        hub.metrics.set("gpuwarden_engine_stalled", 1, "vllm")  # as the engine watch says it
+        hub.metrics.set("gpuwarden_engine_requests_running", 4, "vllm")
+        hub.record([killed])
+        snapshot = hub.metrics.snapshot()
+        assert snapshot[gauge] == {("engine_down", "vllm", GPU, "vllm"): 1}
+        assert snapshot["gpuwarden_engine_stalled"] == {("vllm",): 0}  # at once, not at the next scrape
+        assert snapshot["gpuwarden_engine_requests_running"] == {}  # a dead engine runs nothing
+        hub.record([back])
+        assert hub.metrics.snapshot()[gauge] == {}
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    events = hub.store.events()
+    assert [e["severity"] for e in events] == ["critical", "critical", "info"]  # a kill is a page (impact)
+    [incident] = {e["evidence"]["incident"] for e in events}
+    changes = [(c["condition"], c["raised"], c["message"]) for c in hub.store.condition_changes()]
+    assert changes == [("engine_stalled", True, "vllm stalled"), ("engine_stalled", False, "vllm killed"),
+                       ("engine_down", True, "vllm killed"), ("engine_down", False, "vllm back")]
+    [row] = hub.store.incidents()
+    assert row["id"] == incident and row["engines"] == ["vllm"] and row["conditions"] == []
+    assert row["done"][0] == "vllm killed"  # what gpuwarden did (the return is one too, once it is an outcome)
+    assert [d["action"] for d in row["decisions"]] == ["alert_only"]

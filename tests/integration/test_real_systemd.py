@@ -249,6 +249,121 @@ def test_a_stalled_unit_is_killed_as_its_whole_cgroup_and_nothing_else(box):
     assert box.run("systemctl is-system-running", check=False).stdout.strip() in ("running", "degraded")
 
 
+LLAMA_PORT = free_port()
+LLAMA_ROOT = "/opt/llama-root"  # the unit's RootDirectory: llama-server, its libraries, the model, the shim
+LLAMA = f"""
+[[engine]]
+name = "llama"
+metrics_url = "http://127.0.0.1:{LLAMA_PORT}/metrics"
+profile = "llamacpp"
+scrape_interval = "1s"
+min_stall = "5s"
+kill_grace = "2s"
+canary_timeout = "5s"
+on_stall = "restart"
+on_unresponsive = "restart"
+restart_timeout = "30s"
+[engine.target]
+kind = "unit"
+unit = "llama.service"
+"""
+
+
+def _llama_unit(box) -> None:
+    """A real llama.cpp service (no Restart=: gpuwarden starts it again), in a root of exactly what the host's
+    build needs at the same paths (the Debian root's libc may differ from the one it was built against)."""
+    from peers import slowload
+    from peers.docker import _needed
+    from peers.engines import LLAMA_SERVER, LlamaCpp, gguf_model
+
+    root = box.merged / LLAMA_ROOT.lstrip("/")
+    for path in _needed(LLAMA_SERVER) | {gguf_model("tiny"), slowload.shim()}:
+        dest = root / str(path).lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-L", str(path), str(dest)], check=True)
+    for sub in ("proc", "sys", "dev", "tmp"):
+        (root / sub).mkdir(exist_ok=True)
+    command = " ".join(LlamaCpp(LLAMA_PORT, Path("/tmp")).command())
+    (box.merged / "etc/systemd/system/llama.service").write_text(
+        f"[Service]\nRootDirectory={LLAMA_ROOT}\nMountAPIVFS=yes\n"
+        f"Environment=LD_PRELOAD={slowload.shim()} GWTEST_HOLD_LOAD=/hold\nExecStart={command}\n")
+    box.run("systemctl daemon-reload && systemctl start llama")
+
+
+def _llama_pid() -> int | None:
+    """llama-server's pid as this host sees it (the container has a pid namespace of its own)."""
+    import psutil
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] == "llama-server" and str(LLAMA_PORT) in (proc.info["cmdline"] or []):
+            return proc.pid
+    return None
+
+
+def test_a_stalled_llamacpp_unit_is_killed_restarted_by_systemctl_back_and_a_restart_that_never_serves_fails_once(
+        box):
+    from peers.freezer import Freezer
+    from peers.load import Load
+
+    url = f"http://127.0.0.1:{LLAMA_PORT}"
+    _llama_unit(box)
+    wait_for(lambda: _serves(url), 60, interval=0.5, what="llama.service to serve")
+    box.run(f"cat >> {CONFIG} <<'EOF'\n{LLAMA}EOF\nsystemctl reload gpuwarden")
+    wait_for(lambda: 'gpuwarden_engine_up{engine="llama"} 1.0' in http_get(f"http://127.0.0.1:{box.port}/metrics"),
+             20, interval=0.5, what="llama watched")
+
+    def events(kind):
+        out = box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 1h").stdout
+        return [e for e in map(json.loads, out.splitlines()) if e["kind"] == kind and e["engine"] == "llama"]
+
+    def stall_until_killed(count):
+        pid = wait_for(_llama_pid, 30, what="llama-server's pid")
+        with Load(url, streams=2, max_tokens=300, deadline=120, timeout=120):
+            wait_for(lambda: 'gpuwarden_engine_requests_running{engine="llama"} 0.0' not in
+                     http_get(f"http://127.0.0.1:{box.port}/metrics"), 30, interval=0.5, what="requests running")
+            freezer = Freezer(pid).__enter__()
+            try:
+                wait_for(lambda: len(events("engine_killed")) >= count, 60, interval=0.5, what="the kill")
+            finally:
+                freezer.thaw()
+
+    try:
+        _restart_and_fail(box, url, events, stall_until_killed)
+    except AssertionError:
+        out = box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 1h; journalctl --no-pager -n 60 -u llama "
+                      "-u gpuwarden -o cat", check=False)
+        print(out.stdout[-8000:], out.stderr[-2000:])
+        raise
+    box.run("systemctl stop llama")
+
+
+def _restart_and_fail(box, url, events, stall_until_killed) -> None:
+    stall_until_killed(1)
+    killed = events("engine_killed")[0]
+    assert killed["severity"] == "critical" and "restarting it through its systemd unit llama.service" in \
+        killed["message"], killed["message"]
+    back = wait_for(lambda: next(iter(events("engine_back")), None), 90, interval=0.5, what="engine_back")
+    assert back["message"].startswith("llama back: first completion ") and _serves(url)
+    assert box.run("systemctl is-active llama").stdout.strip() == "active"
+    print(f"llama.cpp as a systemd unit back {back['evidence']['seconds_since_kill']} s after the kill")
+
+    (box.merged / LLAMA_ROOT.lstrip("/") / "hold").write_text("hold the next load\n")
+    stall_until_killed(2)
+    failed = wait_for(lambda: next(iter(events("engine_restart_failed")), None), 90, interval=0.5,
+                      what="engine_restart_failed")
+    assert failed["severity"] == "critical" and "will not restart it again" in failed["message"], failed["message"]
+    time.sleep(10)  # no loop: no third kill, no second restart
+    assert [len(events(k)) for k in ("engine_killed", "engine_restarting", "engine_restart_failed")] == [2, 2, 1]
+    assert not _serves(url)
+
+
+def _serves(url: str) -> bool:
+    try:
+        return http_get(f"{url}/health", timeout=2) is not None
+    except OSError:
+        return False
+
+
 def test_the_watchdog_restarts_a_frozen_daemon(box):
     frozen = box.show("gpuwarden", "MainPID", "NRestarts")
     box.run(f"kill -STOP {frozen['MainPID']}")

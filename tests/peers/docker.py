@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from peers import slowload
 from peers.engines import LLAMA_SERVER, LlamaCpp, gguf_model, is_gone, missing
 
 SOCKET = Path("/var/run/docker.sock")
@@ -127,9 +128,10 @@ def _remove_left_over_containers() -> None:
 
 
 def llama_image() -> str:
-    """The llama-server image, imported once per build and model (the tag is their hash)."""
+    """The llama-server image, imported once per build and model (the tag is their hash); it holds the slow-load
+    shim too (tests/peers/slowload.py), used only by a container started with LD_PRELOAD naming it."""
     model = gguf_model("tiny")
-    files = _needed(LLAMA_SERVER) | {model}
+    files = _needed(LLAMA_SERVER) | {model, slowload.shim()}
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(str(path).encode() + path.read_bytes())
@@ -154,8 +156,8 @@ class LlamaContainer:
     """llama-server in a container (`--init`: docker-init is its PID 1), 127.0.0.1:<port> published."""
 
     def __init__(self, port: int, run_dir: Path, metrics: bool = True, tty: bool = False, slots: int = 4,
-                 flags: tuple[str, ...] = ()) -> None:
-        self.port, self.tty = port, tty
+                 flags: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        self.port, self.tty, self.env = port, tty, env or {}
         self.name = f"gwtest-llama-{os.getpid()}-{port}"
         server = LlamaCpp(PORT, run_dir, metrics=metrics, slots=slots)
         self.argv = [*(a.replace("127.0.0.1", "0.0.0.0") for a in server.command()), *flags]  # through docker0
@@ -173,7 +175,8 @@ class LlamaContainer:
         if why := missing("llamacpp"):
             raise RuntimeError(why)
         docker("run", "-d", "--init", "--name", self.name, "-p", f"127.0.0.1:{self.port}:{PORT}",
-               "--cpuset-cpus", "0", *(["-t"] if self.tty else []), llama_image(), *self.argv)
+               "--cpuset-cpus", "0", *(["-t"] if self.tty else []),
+               *(a for k, v in self.env.items() for a in ("-e", f"{k}={v}")), llama_image(), *self.argv)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.inspect()["State"]["Status"] != "running":

@@ -233,6 +233,9 @@ def test_a_page_fault_takes_its_process_from_its_own_line_or_the_next_one():
     # the status lines of the report name no process: they join its burst, they are no fault of their own
     assert [(e.evidence["process"]["pid"], e.evidence["rule"]) for e in split] == [(12924, "amd_page_fault")]
     assert split[0].count > 1
+    # the line that names the process is in the evidence beside the fault's own (the alert shows both)
+    fault_line, process_line = split[0].evidence["lines"]
+    assert fault_line == split[0].evidence["line"] and "pid 12924" in process_line
 
 
 def test_faults_of_two_processes_in_one_burst_are_two_events():

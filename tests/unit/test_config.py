@@ -208,3 +208,18 @@ def test_paths_must_be_absolute(text, where):
     which nothing expands) would name another file for each of them."""
     assert error_of(text).startswith(f"{where}: '")
     assert error_of(text).endswith("is not an absolute path")
+
+
+def test_restart_needs_a_supervisor_and_the_canary():
+    engine = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:8000/metrics"\n'
+    assert 'on_stall = "restart" needs an engine that systemd or Docker supervises' in error_of(
+        engine + 'on_stall = "restart"\n')
+    assert "docs/restart.md" in error_of(engine + 'on_gpu_fault = "restart"\n[engine.target]\nkind = "cmdline"\n'
+                                         'pattern = "vllm"\n')
+    assert 'needs the canary' in error_of(engine + 'on_unresponsive = "restart"\ncanary = "off"\n'
+                                          '[engine.target]\nkind = "unit"\nunit = "vllm.service"\n')
+    unit = parse(engine + 'on_stall = "restart"\nrestart_timeout = "15m"\n[engine.target]\nkind = "unit"\n'
+                          'unit = "vllm.service"\n').engine[0]
+    assert unit.on_stall == "restart" and unit.restart_timeout == 900.0
+    docker = parse(engine + 'on_stall = "restart"\n[engine.target]\nkind = "docker"\ncontainer = "vllm"\n')
+    assert docker.engine[0].restart_timeout == 600.0

@@ -25,9 +25,9 @@ SRC = Path(gpuwarden.__file__).parent
 DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
-     "sdnotify", "supervise", "reloads", "sockets", *DATA},
+     "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", *DATA},
     {"policy"},
-    {"kernel", "gpu", "engine"},
+    {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
     {"hub", "health"},
     {"daemon"},
@@ -112,11 +112,12 @@ def test_every_package_has_a_layer_and_imports_only_its_own_or_lower_layers():
 
 
 def test_only_model_defines_a_sink_and_the_daemon_handles_no_event():
-    """Components see the hub through model.Sink alone; daemon.py wires, it never records, alerts or acts."""
+    """Components see the hub through model.Sink alone (the actuator sees the engines through its narrow port,
+    Engines); daemon.py wires, it never records, alerts or acts."""
     protocols = {f"{path.relative_to(SRC)}: {node.name}" for path in sorted(SRC.rglob("*.py"))
                  for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
                  and any(getattr(base, "id", None) == "Protocol" for base in node.bases)}
-    assert protocols == {"model.py: Sink", "supervise.py: Component"}
+    assert protocols == {"model.py: Sink", "supervise.py: Component", "act/actuator.py: Engines"}
     daemon = ast.parse((SRC / "daemon.py").read_text())
     methods = {node.name for node in ast.walk(daemon) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
     assert methods.isdisjoint({"record", "resolve", "set_count", "count", "metric", "_act", "kernel_lines"})

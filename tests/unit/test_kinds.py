@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 import gpuwarden
-from gpuwarden.alert.runbooks import RUNBOOKS, runbook_for
+from gpuwarden.alert.runbooks import RUNBOOKS, SITUATIONAL, runbook_for
 from gpuwarden.kernel import rules
 from gpuwarden.kinds import ACTION_KINDS, CATALOG, ENGINE_KINDS, GPU_FAULT_KINDS, GPU_LOST_KINDS, OUTCOMES
 
@@ -38,7 +38,7 @@ def test_every_runbook_named_exists_and_every_runbook_is_named():
     named = {k.runbook for k in CATALOG.values() if k.runbook}
     assert named - set(RUNBOOKS) == set()
     by_rules = {r.runbook for r in rules.RULES} | {c.runbook for c in rules.CORRELATIONS if c.emit}
-    assert set(RUNBOOKS) - named - by_rules == set()
+    assert set(RUNBOOKS) - named - by_rules - SITUATIONAL == set()
 
 
 def test_the_event_s_own_runbook_wins_over_its_kind_s():
@@ -48,11 +48,12 @@ def test_the_event_s_own_runbook_wins_over_its_kind_s():
 
 
 def test_actions_are_outcomes_and_no_outcome_is_a_gpu_fault():
-    assert {"engine_killed", "cache_poisoned"} == ACTION_KINDS
-    assert ACTION_KINDS | {"kill_refused"} == OUTCOMES
+    assert {"engine_killed", "cache_poisoned", "engine_restarting"} == ACTION_KINDS
+    assert ACTION_KINDS | {"kill_refused", "engine_back", "engine_restart_failed"} == OUTCOMES
     assert {"sq_intr", "ring_timeout", "page_fault"} == GPU_FAULT_KINDS
 
 
 def test_the_node_conditions_kinds():
     assert {"device_lost", "reset_failed", "gpu_wedged", "gpu_missing", "gpu_unresponsive", "xid"} == GPU_LOST_KINDS
-    assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "engine_killed"} == ENGINE_KINDS
+    assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "engine_killed",
+            "engine_restarting", "engine_back", "engine_restart_failed"} == ENGINE_KINDS

@@ -7,38 +7,43 @@ from gpuwarden import npd
 BOOT = 1_700_000_000.0
 
 
-def row(kind, severity="critical", t=BOOT + 60, gpu=None, engine=None, **evidence):
-    return {"time": t, "kind": kind, "severity": severity, "gpu": gpu, "engine": engine, "evidence": evidence}
+def row(condition, subject, *causes, t=BOOT + 60):
+    """An open condition as npd.read_conditions gives it."""
+    return {"time": t, "condition": condition, "subject": subject, "gpu": None, "engine": None,
+            "causes": list(causes)}
 
 
 def test_a_gpu_lost_this_boot_is_a_problem_and_one_of_the_last_boot_is_not():
     assert npd.judge_gpu([], BOOT)[0] == npd.OK
-    assert npd.judge_gpu([row("device_lost", t=BOOT - 1, gpu="0000:03:00.0")], BOOT)[0] == npd.OK
-    code, text = npd.judge_gpu([row("reset_failed", gpu="0000:03:00.0"), row("gpu_missing", gpu="0000:04:00.0")],
-                               BOOT)
+    assert npd.judge_gpu([row("gpu_lost", "0000:03:00.0", "device_lost", t=BOOT - 1)], BOOT)[0] == npd.OK
+    code, text = npd.judge_gpu([row("gpu_lost", "0000:03:00.0", "reset_failed"),
+                                row("gpu_lost", "0000:04:00.0", "gpu_missing")], BOOT)
     assert code == npd.PROBLEM
     assert text.startswith("reset_failed 0000:03:00.0 at ") and text.endswith("(+1 more): reboot")
 
 
-def test_only_live_critical_losses_count():
-    assert npd.judge_gpu([row("xid", severity="warning", gpu="0000:03:00.0")], BOOT)[0] == npd.OK
-    assert npd.judge_gpu([row("ring_timeout", gpu="0000:03:00.0")], BOOT)[0] == npd.OK  # the engine is killed
-    history = row("device_lost", gpu="0000:03:00.0", history="logged before gpuwarden started")
-    assert npd.judge_gpu([history], BOOT)[0] == npd.OK
-    assert npd.judge_gpu([row("xid", gpu="0000:03:00.0", xid=79)], BOOT)[0] == npd.PROBLEM
+def test_only_gpu_lost_counts_for_the_gpu():
+    assert npd.judge_gpu([row("gpu_degraded", "thermal:0000:03:00.0:junction", "thermal")], BOOT)[0] == npd.OK
+    assert npd.judge_gpu([row("engine_down", "vllm", "engine_exited")], BOOT)[0] == npd.OK
 
 
-def test_an_engine_problem_counts_until_a_clean_kill_fixes_it():
-    stall = row("engine_stall", engine="vllm")
-    assert npd.judge_engine([stall], BOOT)[0] == npd.PROBLEM
-    assert npd.judge_engine([stall], BOOT + 120)[0] == npd.OK  # older than the window
-    killed = row("engine_killed", severity="warning", t=BOOT + 70, engine="vllm")
-    assert npd.judge_engine([stall, killed], BOOT) == (npd.OK, "no engine problem left unfixed")
-    dry = row("engine_killed", severity="warning", t=BOOT + 70, engine="vllm", dry_run=True)
-    assert npd.judge_engine([stall, dry], BOOT)[0] == npd.PROBLEM
-    survivors = row("engine_killed", t=BOOT + 70, engine="vllm", survivors=[123])
-    code, text = npd.judge_engine([stall, survivors, row("kill_refused", t=BOOT + 50, engine="sglang")], BOOT)
-    assert code == npd.PROBLEM and text.startswith("engine vllm: engine_killed at ") and text.endswith("(+1 more)")
+def test_an_engine_problem_counts_while_gpuwarden_could_not_fix_it():
+    assert npd.judge_engine([]) == (npd.OK, "no engine problem left unfixed")
+    assert npd.judge_engine([row("engine_down", "vllm", "engine_killed")])[0] == npd.OK  # our own kill
+    assert npd.judge_engine([row("engine_restarting", "vllm", "engine_restarting")])[0] == npd.OK
+    assert npd.judge_engine([row("engine_stalled", "vllm", "engine_stall")])[0] == npd.PROBLEM
+    assert npd.judge_engine([row("engine_down", "vllm", "engine_killed", "engine_crash_loop")])[0] == npd.PROBLEM
+    code, text = npd.judge_engine([row("engine_unresponsive", "sglang", "engine_unresponsive", t=BOOT + 50),
+                                   row("engine_down", "vllm", "engine_exited", t=BOOT + 70)])
+    assert code == npd.PROBLEM and text.startswith("engine vllm: engine_down at ") and text.endswith("(+1 more)")
+
+
+def test_a_failed_restart_is_a_problem_until_the_engine_is_back():
+    killed = row("engine_down", "vllm", "engine_killed", t=BOOT + 70)  # our own kill: being dealt with
+    assert npd.judge_engine([killed])[0] == npd.OK
+    failed = row("engine_down", "vllm", "engine_killed", "engine_restart_failed", t=BOOT + 80)
+    assert npd.judge_engine([failed])[0] == npd.PROBLEM
+    assert npd.judge_engine([])[0] == npd.OK  # engine_back resolved the condition: it is no longer open
 
 
 def test_the_daemon_is_judged_by_its_own_metrics():
@@ -75,25 +80,23 @@ def test_a_check_that_hangs_is_unknown_in_time_and_one_that_raises_is_unknown():
     assert npd.bounded(broken, 5) == (npd.UNKNOWN, "unknown: no store at /x")
 
 
-def test_the_store_is_asked_only_for_the_conditions_kinds(tmp_path):
-    """A big store is mostly other kinds (AER, page faults): they are left in SQLite, never decoded (a row
-    whose evidence is not JSON would fail the read if it were), and the verdicts are the same."""
-    import sqlite3
-    from contextlib import closing
-
+def test_the_open_conditions_are_read_from_the_daemon_s_store(tmp_path):
+    """What the hub stored: a raise, a raise and its resolution; only the open one is read, with its causes."""
+    from gpuwarden import conditions
+    from gpuwarden.model import Event, Severity
     from gpuwarden.store import Store
 
     db = tmp_path / "gpuwarden.db"
-    Store(db).close()
-    with closing(sqlite3.connect(db)) as conn, conn:  # closed too: an open db would pass this process for a daemon
-        insert = ("INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, dedupe_key)"
-                  " VALUES (?, ?, ?, ?, ?, '', ?, '')")
-        conn.executemany(insert, [(BOOT + i, "aer_corrected", "warning", "0000:03:00.0", None, "not json")
-                                  for i in range(1, 2000)])
-        conn.execute(insert, (BOOT + 5, "device_lost", "critical", "0000:03:00.0", None, "{}"))
-        conn.execute(insert, (BOOT + 9, "engine_stall", "critical", None, "vllm", "{}"))
-    gpu = npd.read_events(db, BOOT, 1.0, npd.GPU_LOST_KINDS)
-    assert [r["kind"] for r in gpu] == ["device_lost"] and npd.judge_gpu(gpu, BOOT)[0] == npd.PROBLEM
-    engine = npd.read_events(db, BOOT, 1.0, npd.ENGINE_KINDS)
-    assert [(r["kind"], r["engine"]) for r in engine] == [("engine_stall", "vllm")]
-    assert npd.read_events(db, BOOT + 6, 1.0, npd.GPU_LOST_KINDS) == []  # and only since `since`
+    store = Store(db)
+    lost = Event("device_lost", Severity.CRITICAL, "lost", BOOT + 5, gpu="0000:03:00.0")
+    stall = Event("engine_stall", Severity.CRITICAL, "stalled", BOOT + 9, engine="vllm")
+    killed = Event("engine_killed", Severity.CRITICAL, "killed", BOOT + 10, engine="vllm")
+    state: dict = {}
+    for event in (lost, stall, killed):
+        state, changes = conditions.apply(state, event)
+        store.add_changes(changes)
+    store.close()
+    rows = npd.read_conditions(db, 1.0)
+    assert [(r["condition"], r["subject"], r["causes"]) for r in rows] == [
+        ("gpu_lost", "0000:03:00.0", ["device_lost"]), ("engine_down", "vllm", ["engine_killed"])]
+    assert npd.judge_gpu(rows, BOOT)[0] == npd.PROBLEM and npd.judge_engine(rows)[0] == npd.OK

@@ -206,3 +206,21 @@ def test_a_pinned_fault_still_obeys_history_budget_and_the_alert_setting():
     assert [(type(a), a.by_hand) for a in acts(fault, [spent])] == [(Refuse, True)]
     alert = EngineView("owner", frozenset({GPU_A}), "kill", "alert", pids=frozenset({4242}))
     assert [type(a) for a in decide(fault, Situation([alert], SEEN, 1000.0))] == [AlertOnly]
+
+
+def test_restart_kills_and_asks_for_a_restart_until_a_restart_failed():
+    restarting = EngineView("r", frozenset({GPU_A}), "restart", "restart", on_unresponsive="restart")
+    assert acts(ev("engine_stall", engine="r"), [restarting]) == [Kill("r", "stalled", restart=True)]
+    assert acts(ev("engine_unresponsive", engine="r", requests_running=2), [restarting]) == [
+        Kill("r", "unresponsive with requests running", restart=True)]
+    fault = ev("ring_timeout", gpu=GPU_A, severity=Severity.CRITICAL)
+    assert acts(fault, [restarting]) == [Kill("r", f"kernel reported ring_timeout on {GPU_A}", restart=True)]
+    failed = EngineView("r", frozenset({GPU_A}), "restart", "restart", restart_failed=True)
+    assert acts(ev("engine_stall", engine="r"), [failed]) == [
+        Kill("r", "stalled; not restarted: its last restart did not bring it back")]
+
+
+def test_a_restart_obeys_the_kill_budget():
+    spent = EngineView("r", None, "restart", "kill", kill_budget=1, kills=(990.0,))
+    [refused] = decide(ev("engine_stall", engine="r"), Situation([spent], SEEN, 1000.0))
+    assert isinstance(refused, Refuse) and refused.by_hand and refused.action.restart

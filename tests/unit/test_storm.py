@@ -68,3 +68,60 @@ def test_next_due_is_the_earliest_window_or_cooldown():
     assert storm.next_due() is None  # nothing suppressed: no follow-up to wait for
     storm.offer(ev(20.0), 2, 20.0)
     assert storm.next_due() == 75.0
+
+
+def inc(t, kind, severity=Severity.CRITICAL, incident="i1", gpu=None, engine="qwen", **evidence):
+    return Event(kind, severity, kind, t, gpu=gpu, engine=engine, evidence={"incident": incident, **evidence})
+
+
+def test_an_incident_is_one_page_then_follow_ups_that_reach_where_it_went():
+    storm = StormControl(cooldown=600, group_window=5)
+    assert storm.offer(inc(0, "engine_stall"), 1, 0)
+    assert storm.offer(inc(1, "engine_killed"), 2, 1)
+    [page] = storm.due(5)
+    assert [e.kind for e in page.events] == ["engine_stall", "engine_killed"] and not page.follow_up
+    assert storm.offer(inc(6, "engine_stall"), 3, 6) is False  # the same cause again: no news, counted
+    assert storm.offer(inc(8, "engine_restarting", Severity.WARNING), 4, 8)
+    [restarting] = storm.due(13)
+    assert restarting.follow_up and restarting.quiet == 1 and restarting.severity == Severity.CRITICAL
+    assert [e.kind for e in restarting.earlier] == ["engine_stall", "engine_killed"]
+    storm.offer(inc(50, "engine_back", Severity.INFO), 5, 50)
+    [back] = storm.due(55)
+    assert back.ends and back.severity == Severity.CRITICAL  # the pager that heard "killed" hears "back"
+    assert storm.resolve("engine_stall:qwen", "progress again") is None  # "back" told the end already
+
+
+def test_one_gpu_lost_twice_pages_once():
+    storm = StormControl(group_window=5)
+    storm.offer(inc(0, "reset_failed", incident="a", gpu="ffff:03:00.0", engine=None), 1, 0)
+    storm.due(5)
+    # the telemetry sees the same GPU gone, in an incident of its own: the same fault
+    assert storm.offer(inc(30, "gpu_missing", incident="b", gpu="ffff:03:00.0", engine=None), 2, 30) is False
+    assert storm.offer(inc(31, "gpu_missing", incident="c", gpu="ffff:04:00.0", engine=None), 3, 31)
+    [other] = storm.due(40)
+    assert [e.gpu for e in other.events] == ["ffff:04:00.0"] and not other.follow_up
+
+
+def test_a_resolved_condition_of_an_incident_nothing_was_done_about_is_a_follow_up():
+    storm = StormControl(group_window=0)
+    storm.offer(inc(0, "engine_stall", decision=[{"action": "alert_only", "engine": "qwen"}]), 1, 0)
+    storm.due(0)
+    resolved = storm.resolve("engine_stall:qwen", "qwen makes progress again")
+    assert resolved.incident == "i1" and resolved.follow_up and resolved.ends
+
+
+def test_history_and_dry_runs_never_page():
+    storm = StormControl(group_window=0)
+    storm.offer(Event("ring_timeout", Severity.CRITICAL, "x", 0, gpu="ffff:03:00.0").as_history(), 1, 0)
+    storm.offer(Event("engine_killed", Severity.CRITICAL, "x", 0, engine="e", evidence={"dry_run": True}), 2, 0)
+    assert {o.severity for o in storm.due(0)} == {Severity.WARNING}
+
+
+def test_a_warning_just_before_the_fault_it_led_to_goes_out_in_the_incident_s_page():
+    storm = StormControl(group_window=5)
+    storm.offer(ev(0.0, "sq_intr"), 1, 0.0)  # no incident: a warning opens none
+    storm.offer(inc(1.0, "device_lost", incident="lost", gpu="0000:03:00.0", engine=None), 2, 1.0)
+    assert storm.due(4.9) == []  # the window runs from the warning
+    [page] = storm.due(5.0)
+    assert [e.kind for e in page.events] == ["sq_intr", "device_lost"] and page.event_ids == [1, 2]
+    assert page.incident == "lost"

@@ -1,6 +1,8 @@
 """The actuator: the one place that carries out the policy's actions. Each runs once, in the background (a kill
 waits for a fresh look at the engine's processes and its grace period; a cache scan can take a while), and its
-outcome goes back to the hub as an event (engine_killed, kill_refused, cache_poisoned)."""
+outcome goes back to the hub as an event (engine_killed, engine_restarting, engine_restart_failed, kill_refused,
+cache_poisoned). It sees the engines through a narrow port (`Engines`): a fresh look before a kill, and telling
+the engine's lifecycle that a kill begins or that a restart could not be asked for; it keeps nothing of theirs."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from typing import Protocol
 
 from gpuwarden import families, policy
+from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
-from gpuwarden.config import CacheConfig, user_id
-from gpuwarden.engine.watch import EngineWatch
+from gpuwarden.config import CacheConfig
+from gpuwarden.engine.watch import KillTarget
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 
@@ -25,17 +29,30 @@ _CACHES = OffLoop("cache quarantine", limit=1)
 _CACHE_DEADLINE = 600.0
 
 
+class Engines(Protocol):
+    """What the actuator may ask of the engines component (engine/watch.py's EngineWatch)."""
+
+    async def target(self, name: str) -> KillTarget | None: ...
+
+    def killing(self, name: str, restart: bool) -> None: ...
+
+    def restart_failed(self, name: str) -> None: ...
+
+    def user(self, name: str) -> int | None: ...
+
+
 def describe(action: policy.Kill | policy.Quarantine) -> str:
     if isinstance(action, policy.Kill):
-        return f"would kill {action.engine}: {action.reason}"
+        return f"would {'kill and restart' if action.restart else 'kill'} {action.engine}: {action.reason}"
     return f"would quarantine caches: {action.reason}"
 
 
 class Actuator:
-    def __init__(self, sink: Sink, engines: EngineWatch | None, cache: CacheConfig) -> None:
+    def __init__(self, sink: Sink, engines: Engines | None, cache: CacheConfig) -> None:
         """`engines` and `cache` are replaced on a reload; kills under way finish with what they started."""
         self.sink, self.engines, self.cache = sink, engines, cache
         self._tasks: set[asyncio.Task] = set()
+        self._acting: set[str] = set()  # engines being killed (and restarted) now: one at a time each
 
     def execute(self, action: policy.Action, event: Event) -> None:
         if isinstance(action, policy.Kill):
@@ -60,46 +77,64 @@ class Actuator:
                                 evidence={"reason": action.reason, **evidence})])
 
     async def _kill(self, action: policy.Kill) -> None:
-        """Kill only what a fresh look at the engine's target finds, as many as it may, once at a time."""
-        engines = self.engines
-        state = engines.engines.get(action.engine) if engines else None
-        if state is None or state.killing:
+        """Kill only what a fresh look at the engine's target finds, as many as it may, once at a time; then,
+        when asked, start it again through its supervisor."""
+        engines, name = self.engines, action.engine
+        if engines is None or name in self._acting:
             return
-        name, reason, cfg = action.engine, action.reason, state.config
-        state.killing = True
+        self._acting.add(name)
         try:
-            await engines.inspect(state)
-            if refusal := policy.target_refusal(len(state.procs), state.refused, cfg.max_kill_processes):
-                await self._refused(action, refusal, refused=state.refused, processes=len(state.procs))
+            target = await engines.target(name)
+            if target is None:
                 return
-            if not state.procs:
-                log.warning("%s should be killed (%s) but none of its processes was found", name, reason)
+            cfg = target.config
+            if refusal := policy.target_refusal(len(target.procs), target.refused, cfg.max_kill_processes):
+                await self._refused(action, refusal, refused=target.refused, processes=len(target.procs))
+                return
+            if not target.procs:
+                log.warning("%s should be killed (%s) but none of its processes was found", name, action.reason)
                 return
             if not action.dry_run:
-                now = time.monotonic()
-                state.kills = [t for t in state.kills if now - t <= cfg.kill_budget_window] + [now]
+                engines.killing(name, action.restart)
             try:
-                report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, state.procs, cfg.kill_grace,
+                report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, target.procs, cfg.kill_grace,
                                           action.dry_run)
             except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
-                log.error("killing %s (%s) did not finish: %s", name, reason, exc or "timed out")
+                log.error("killing %s (%s) did not finish: %s", name, action.reason, exc or "timed out")
                 return
             if not action.dry_run:
                 self.sink.count(families.ENGINE_KILLS, name)
-            severity = Severity.CRITICAL if report.survivors else Severity.WARNING
-            self.sink.record([Event("engine_killed", severity, f"{report.summary(name)} ({reason})", time.time(),
-                                    engine=name, gpu=state.gpu,
-                                    evidence={"reason": reason, "terminated": report.terminated,
+            then = f"; restarting it through its {restart.supervisor(cfg.target)}" if action.restart else ""
+            # a production engine killed is down: a page (a dry run is never one)
+            severity = Severity.WARNING if report.dry_run else Severity.CRITICAL
+            self.sink.record([Event("engine_killed", severity, f"{report.summary(name)} ({action.reason}){then}",
+                                    time.time(), engine=name, gpu=target.gpu,
+                                    evidence={"reason": action.reason, "terminated": report.terminated,
                                               "killed": report.killed, "survivors": report.survivors,
-                                              "dry_run": report.dry_run, "refused": state.refused})])
+                                              "dry_run": report.dry_run, "refused": target.refused,
+                                              "restart": action.restart})])
+            if action.restart and not action.dry_run:
+                await self._restart(name, target)
         finally:
-            state.killing = False
+            self._acting.discard(name)
+
+    async def _restart(self, name: str, target: KillTarget) -> None:
+        supervisor = restart.supervisor(target.config.target)
+        self.sink.record([Event("engine_restarting", Severity.WARNING, f"{name}: asking its {supervisor} to start "
+                                "it again; back once a real completion returns", time.time(), engine=name,
+                                gpu=target.gpu, evidence={"supervisor": supervisor})])
+        try:
+            dead = frozenset(p.pid for p in target.procs)
+            log.info("%s: %s", name, await restart.start(name, target.config.target, dead))
+        except restart.RestartError as exc:
+            self.engines.restart_failed(name)
+            self.sink.record([Event("engine_restart_failed", Severity.CRITICAL, f"{name} could not be started "
+                                    f"again: {exc}; gpuwarden will not restart it again", time.time(), engine=name,
+                                    gpu=target.gpu, evidence={"supervisor": supervisor, "error": str(exc)})])
 
     async def _quarantine(self, action: policy.Quarantine) -> None:
         """Move the engine's user's poisoned compile caches aside (a scan can take a while: off the loop)."""
-        state = self.engines.engines.get(action.engine) if self.engines and action.engine else None
-        configured = state and state.config.target.user
-        owner = user_id(configured) if configured else state and state.tracker.uid
+        owner = self.engines.user(action.engine) if self.engines and action.engine else None
         if owner is None:
             log.warning("not moving caches (%s): the user of %s is not known", action.reason, action.engine)
             return

@@ -21,6 +21,7 @@ from pathlib import Path
 import apprise
 
 from gpuwarden import families
+from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.alert.targets import Target
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
                 Severity.CRITICAL: apprise.NotifyType.FAILURE}
+_FORMATS = {True: apprise.NotifyFormat.MARKDOWN, False: apprise.NotifyFormat.TEXT}
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
 _SENDS = OffLoop("apprise", limit=16)  # one send in flight per target; a hung one holds one thread, not more
@@ -44,8 +46,13 @@ class Alerter:
     name = "alerts"
 
     def __init__(self, config: AlertsConfig, targets: list[Target], store: Store | QueuedStore,
-                 metrics: SelfMetrics, incident_for: Callable[[list[int]], Path | None] = lambda ids: None) -> None:
+                 metrics: SelfMetrics, incident_for: Callable[[list[int]], Path | None] = lambda ids: None,
+                 incidents_dir: Path | None = None, context: Callable[[], Context] | None = None) -> None:
+        """`incident_for`: the folder of the incident these events belong to while this process writes it (its
+        picture is coming); `incidents_dir`: where the folder of an incident named in the events
+        (`evidence["incident"]`) is; `context`: the host's GPUs and engines now."""
         self.store, self.metrics, self.incident_for = store, metrics, incident_for
+        self.incidents_dir, self.context = incidents_dir, context or (lambda: Context(self.config.hostname))
         self.storm = StormControl()
         self._outbox: dict[str, deque[OutboxRow]] = {}  # target -> its rows, oldest first
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
@@ -139,11 +146,18 @@ class Alerter:
             await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
 
     def _enqueue(self, out, now: float) -> None:
-        incident = None if out.resolved else self.incident_for(out.event_ids)
-        message = compose(out, self.config.hostname, f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
+        drawn = None if out.resolved else self.incident_for(out.event_ids)  # an incident this process writes now
+        incident = self.incidents_dir / out.incident if out.incident and self.incidents_dir else drawn
+        message = compose(out, self.context(), f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
-        payload = {"title": message.title, "body": message.body, "resolved": message.resolved,
-                   "incident": incident and str(incident)}
+        # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
+        tone = apprise.NotifyType.SUCCESS if message.resolved else NOTIFY_TYPES[
+            max((e.severity for e in out.events), default=message.severity)]
+        # the first page of an incident this process is writing waits for its picture; a follow-up, or an alert
+        # of an incident from before a restart (whose picture may never come), takes the one there, if any
+        fresh = drawn is not None and not out.follow_up
+        payload = {"title": message.title, "body": message.body, "text": message.text, "resolved": message.resolved,
+                   "notify": tone.value, "incident": incident and str(incident), "picture_wait": fresh}
         ids = self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
         for name, row_id in zip(wanted, ids, strict=True):
             self._outbox.setdefault(name, deque()).append(
@@ -199,15 +213,20 @@ class Alerter:
     async def _send(self, target: Target, row: OutboxRow) -> str | None:
         """None on success, else what went wrong (without the URL: it holds secrets)."""
         folder = row.payload.get("incident")
-        attach = await self._picture(Path(folder), row.created) if folder and target.takes_attachments else None
-        return await send(target, row.payload["title"], row.payload["body"],
-                          apprise.NotifyType.SUCCESS if row.payload["resolved"]
-                          else NOTIFY_TYPES[Severity.parse(row.severity)], self.config.send_timeout, attach)
+        attach = None
+        if folder and target.takes_attachments:
+            wait = _PICTURE_WAIT if row.payload.get("picture_wait", True) else 0.0
+            attach = await self._picture(Path(folder), row.created, wait)
+        markdown = target.markdown or "text" not in row.payload  # a row queued before plain text was kept
+        return await send(target, row.payload["title"], row.payload["body" if markdown else "text"],
+                          row.payload.get("notify") or (apprise.NotifyType.SUCCESS if row.payload["resolved"]
+                                                        else NOTIFY_TYPES[Severity.parse(row.severity)]),
+                          self.config.send_timeout, attach, markdown)
 
     @staticmethod
-    async def _picture(folder: Path, created: float) -> str | None:
-        """The incident's timeline.png, waiting for it up to _PICTURE_WAIT after the alert was made."""
-        while (found := picture(folder)) is None and time.time() - created < _PICTURE_WAIT:
+    async def _picture(folder: Path, created: float, wait: float) -> str | None:
+        """The incident's timeline.png, waiting for it up to `wait` seconds after the alert was made."""
+        while (found := picture(folder)) is None and time.time() - created < wait:
             await asyncio.sleep(0.25)
         return str(found) if found else None
 
@@ -223,14 +242,14 @@ async def _woken(event: asyncio.Event, timeout: float) -> None:
 
 
 async def send(target: Target, title: str, body: str, notify_type: str, timeout: float,
-               attach: str | None = None) -> str | None:
+               attach: str | None = None, markdown: bool = True) -> str | None:
     """None on success, else what apprise said went wrong. The whole send (every retry and attachment of
     apprise's) ends within `timeout` + 5 s; while an abandoned send of the target still runs, no other starts."""
     said: list[str] = []
 
     def notify():
         return target.apprise.notify(body=body, title=title, notify_type=notify_type,
-                                     body_format=apprise.NotifyFormat.MARKDOWN, timeout=timeout, attach=attach,
+                                     body_format=_FORMATS[markdown], timeout=timeout, attach=attach,
                                      log_level=logging.WARNING, log_callback=lambda entry, _: said.append(
                                          str(entry.message)))
     try:

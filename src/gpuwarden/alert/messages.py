@@ -1,69 +1,215 @@
-"""Message text, pure: what happened in plain words, the evidence, what gpuwarden did, what to do next."""
+"""Message text, pure: what the person woken at 3 a.m. reads.
+
+The title (titles.py) says what broke and what gpuwarden did. The body says when (local time and UTC), what
+happened in one sentence, the decision and its reason (`evidence["decision"]`: acted, or not and why), what
+gpuwarden did, the evidence lines that matter, which engines run on the GPU, what to do in the order it applies
+(steps.py), and the incident's folder. A follow-up on an incident says what changed and the incident so far.
+Each message is written twice: Markdown for targets that render it, plain text for the others."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
-from gpuwarden.alert.runbooks import runbook_for
-from gpuwarden.alert.storm import Outgoing
-from gpuwarden.kinds import ACTION_KINDS
-from gpuwarden.model import Severity
+from gpuwarden.alert.context import Context, first, is_lost
+from gpuwarden.alert.steps import what_to_do
+from gpuwarden.alert.storm import FOLLOW_UP_KINDS, Outgoing
+from gpuwarden.alert.titles import ended, headline, repeats_title
+from gpuwarden.kinds import GPU_LOST_KINDS
+from gpuwarden.model import Event, Severity
 
 _EVIDENCE_LINES = 12
+_MARKS = re.compile(r"[\\*_\[\]<>#|~]")  # what Markdown would read as emphasis, a link, HTML, a heading, a table
 
 
 @dataclass(frozen=True)
 class Message:
     alert_id: str
     title: str
-    body: str
-    severity: Severity
-    resolved: bool
+    body: str  # Markdown
+    text: str  # the same, plain
+    severity: Severity  # routing: a follow-up goes where its incident's first page went
+    resolved: bool  # an all-clear: a resolution, or an incident that ended well
     tags: frozenset[str]
 
 
-def compose(out: Outgoing, host: str, alert_id: str, incident: str | None = None) -> Message:
-    tags = {out.subject.split(" ", 1)[-1]} | {e.kind for e in out.events}
-    tags |= {k.split(":", 1)[0] for k in out.repeats}
+@dataclass(frozen=True)
+class _Code:
+    lines: list[str]
+
+
+def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = None) -> Message:
+    """`incident`: the incident's folder, where its report and picture are."""
+    every = out.earlier + out.events
+    tags = {e.kind for e in every} | {e.gpu for e in every if e.gpu} | {e.engine for e in every if e.engine}
+    tags |= {k.split(":", 1)[0] for k in out.repeats} | ({out.subject.split(" ", 1)[-1]} if not out.incident else set())
     if out.resolved:
-        title = f"[RESOLVED] {host}: {out.subject}"
-        return Message(alert_id, title, f"{out.resolved}\n\nalert id: {alert_id}", out.severity, True,
-                       frozenset(tags))
-    kinds = list(dict.fromkeys([e.kind for e in out.events] + [k.split(":", 1)[0] for k in out.repeats]))
-    title = f"[{str(out.severity).upper()}] {', '.join(kinds)} on {host}: {out.subject}"
-    sections = []
-    happened = [f"- **{e.severity}** `{e.kind}`{'' if e.live else ' (history)'}: {e.message}"
-                + (f" (x{e.count})" if e.count > 1 else "") for e in out.events if e.kind not in ACTION_KINDS]
-    happened += [f"- `{key.split(':', 1)[0]}`: and {n:,} more since {_clock(since)}"
-                 for key, (n, since) in out.repeats.items()]
-    sections.append("**What happened**\n" + "\n".join(happened))
-    evidence = _evidence(out)
-    if evidence:
-        sections.append("**Evidence**\n```\n" + "\n".join(evidence) + "\n```")
-    actions = [f"- {e.message}" for e in out.events if e.kind in ACTION_KINDS]
-    if not all(e.live for e in out.events):
-        actions.append("- nothing about the (history) lines: they were logged before gpuwarden started, "
-                       "and history never kills or moves anything")
-    sections.append("**What gpuwarden did**\n" + ("\n".join(actions) or "- recorded the events; no action"))
-    runbooks = dict.fromkeys(filter(None, (runbook_for(e.kind, e.evidence.get("runbook")) for e in out.events)))
-    if runbooks:
-        sections.append("**What to do**\n" + "\n".join(f"- {r}" for r in runbooks))
+        title = f"{ctx.host}: " + (ended(out.earlier, ctx) if out.earlier else f"resolved: {out.subject}")
+        blocks: list = [("What changed", _sentence(out.resolved))]
+        if out.earlier:
+            blocks.append(("The incident so far", _Code([_line(e, ctx) for e in out.earlier])))
+        return _message(alert_id, title, blocks, incident, out, True, tags)
+    title = f"{ctx.host}: {headline(out.events, ctx, out.earlier) if out.events else repeats_title(out, ctx)}"
+    blocks = []
+    if out.follow_up:
+        paged = out.earlier[0].time
+        blocks.append(("Update on", f"{headline(out.earlier, ctx)} (first paged {_when(paged, ctx)})"))
+    if out.events:
+        blocks.append(("When", _when(out.events[0].time, ctx)))
+    if happened := _happened(out, ctx):
+        blocks.append(("What happened", happened))
+    if decisions := _decisions(out.events, ctx):
+        blocks.append(("Decision", decisions))
+    if lost := sorted({g for e in out.events for g in e.evidence.get("lost") or ()}):
+        blocks.append(("Lost before the reboot", ", ".join(lost)))
+    if found := [c for e in out.events if e.kind.startswith("gpus_") for c in e.evidence.get("changes") or
+                 [_sentence(e.message)]]:
+        blocks.append(("What gpuwarden found", found))
+    if did := [_sentence(e.message) for e in out.events if e.kind in FOLLOW_UP_KINDS and
+               not e.kind.startswith("gpus_")]:
+        outcome = out.ends or first(out.events, "engine_restart_failed")
+        blocks.append(("Outcome" if outcome else "What gpuwarden did", did))
+    if evidence := _evidence(out.events):
+        blocks.append(("Evidence", _Code(evidence)))
+    for gpu in dict.fromkeys(e.gpu for e in out.events if e.gpu and not out.ends):
+        engines, maybe = ctx.engines_on(gpu), ctx.engines_maybe_on(gpu)
+        text = ", ".join(engines) if engines else "none known"
+        if maybe:
+            text += f"; perhaps (their GPUs are unknown): {', '.join(maybe)}"
+        blocks.append((f"Engines on {ctx.gpu(gpu)}", text))
+    if out.follow_up:
+        blocks.append(("The incident so far", _Code([_line(e, ctx) for e in every])))
+    if steps := what_to_do(out, ctx):
+        blocks.append(("What to do", steps))
+    return _message(alert_id, title, blocks, incident, out, out.ends, tags)
+
+
+def _message(alert_id: str, title: str, blocks: list, incident: str | None, out: Outgoing, resolved: bool,
+             tags: set[str]) -> Message:
     if incident:
-        sections.append(f"**Incident report**: `{incident}` (incident.json; timeline.png attached where the "
-                        "target takes attachments)")
-    sections.append(f"alert id: {alert_id}")
-    return Message(alert_id, title, "\n\n".join(sections), out.severity, False, frozenset(tags))
+        blocks.append(("Incident report", f"`{incident}` (incident.json, timeline.png)"))
+    footer = f"\n\nalert id: {alert_id}"
+    return Message(alert_id, title, _render(blocks, True) + footer, _render(blocks, False) + footer, out.severity,
+                   resolved, frozenset(tags))
 
 
-def _evidence(out: Outgoing) -> list[str]:
+# --- the body ----------------------------------------------------------------------------------------------
+
+def _happened(out: Outgoing, ctx: Context) -> str | list[str]:
+    """The faults in a sentence each (what gpuwarden did and found has its own block)."""
+    faults = [e for e in out.events if e.kind not in FOLLOW_UP_KINDS]
+    lines = [_sentence(e.message) + (f" ({e.count:,} lines)" if e.count > 1 else "")
+             + ("" if e.live else " Logged before gpuwarden started: history, never acted on.") for e in faults]
+    lines += [f"And {n:,} more `{key.split(':', 1)[0]}` since {_clock(since, ctx)}."
+              for key, (n, since) in out.repeats.items()]
+    if out.quiet:
+        lines.append(f"And {out.quiet:,} more event(s) of this incident since the last message (in its report).")
+    return lines[0] if len(lines) == 1 else lines
+
+
+def _decisions(events: list[Event], ctx: Context) -> list[str]:
+    said: list[str] = []
+    for e in events:
+        if "decision" not in e.evidence or e.kind in FOLLOW_UP_KINDS:  # an outcome is no question for the policy
+            continue
+        if not e.evidence["decision"]:
+            said.append(_no_action(e, ctx))
+        for d in e.evidence["decision"]:
+            said.append(_decision(d))
+    return list(dict.fromkeys(said))
+
+
+def _decision(d: dict) -> str:
+    engine, reason, action = d.get("engine"), d.get("reason") or "no reason given", d.get("action")
+    dry = "dry run, " if d.get("dry_run") else ""
+    if action == "kill":
+        return f"{dry}kill {engine}: {reason}."
+    if action == "restart":
+        return f"{dry}kill and restart {engine}: {reason}."
+    if action == "quarantine":
+        return ("dry run: move nothing" if d.get("dry_run") else "move the poisoned compile caches aside") + \
+            f" ({reason.replace('_', ' ')})."
+    if action == "alert_only":
+        return f"no action on {engine}: {reason}."
+    if action == "refuse":
+        return f"no action{' on ' + engine if engine else ''}: {reason}" + \
+            (" — a person must act." if d.get("by_hand") else ".")
+    if action == "suspect":
+        return f"watch {engine} closely: {reason}."
+    return f"{action} {engine or ''}: {reason}."
+
+
+def _no_action(e: Event, ctx: Context) -> str:
+    if is_lost(e):
+        return "nothing more to do for a lost GPU: only a reboot brings it back (gpuwarden never resets or " \
+               "unbinds it)."
+    if e.gpu and e.kind not in GPU_LOST_KINDS and not ctx.engines_on(e.gpu) and not ctx.engines_maybe_on(e.gpu):
+        return f"no action: none of gpuwarden's engines runs on {ctx.gpu(e.gpu)}."
+    return "no action: gpuwarden reports this kind of event and does not act on it."
+
+
+def _evidence(events: list[Event]) -> list[str]:
     lines: list[str] = []
-    for event in out.events:
+    for event in events:
         lines += event.evidence.get("lines") or ([event.evidence["line"]] if "line" in event.evidence else [])
-        lines += [f"{k}: {v}" for k, v in event.evidence.get("figures", {}).items()]
+        if process := event.evidence.get("process"):
+            lines.append(f"process the kernel named: pid {process.get('pid')} ({process.get('name')})")
+        lines += [f"{k}: {v}" for k, v in (event.evidence.get("figures") or {}).items() if v is not None]
+    lines = list(dict.fromkeys(lines))
     return lines[:_EVIDENCE_LINES] + ([f"... ({len(lines) - _EVIDENCE_LINES} more lines)"]
                                       if len(lines) > _EVIDENCE_LINES else [])
 
 
-def _clock(stamp: float | None) -> str:
-    return datetime.fromtimestamp(stamp).strftime("%H:%M:%S") if stamp else "?"
+# --- small pieces ------------------------------------------------------------------------------------------
+
+def _line(e: Event, ctx: Context) -> str:
+    return f"{_clock(e.time, ctx)}  {e.message}"
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()  # not capitalised: it may begin with an engine's name
+    return text + ("" if text.endswith((".", "!", "?")) else ".")
+
+
+def _when(stamp: float, ctx: Context) -> str:
+    local = datetime.fromtimestamp(stamp, ctx.tz) if ctx.tz else datetime.fromtimestamp(stamp).astimezone()
+    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()} ({datetime.fromtimestamp(stamp, UTC):%H:%M:%S} UTC)"
+
+
+def _clock(stamp: float | None, ctx: Context) -> str:
+    if not stamp:
+        return "?"
+    return f"{datetime.fromtimestamp(stamp, ctx.tz) if ctx.tz else datetime.fromtimestamp(stamp):%H:%M:%S}"
+
+
+def _render(blocks: list, markdown: bool) -> str:
+    text = _markdown if markdown else _plain
+    parts = []
+    for label, content in blocks:
+        head = f"**{label}**" if markdown else label
+        if isinstance(content, _Code):
+            # a line of the log may hold backticks (a process names itself): it must not end the fence
+            lines = "\n".join(line.replace("`", "'") for line in content.lines)
+            parts.append(f"{head}\n```\n{lines}\n```" if markdown else
+                         f"{head}:\n" + "\n".join(f"    {line}" for line in content.lines))
+        elif isinstance(content, list):
+            numbered = label == "What to do"
+            items = [f"{f'{i}.' if numbered else '-'} {text(item)}" for i, item in enumerate(content, 1)]
+            parts.append(f"{head}\n" + "\n".join(items) if markdown else
+                         f"{head}:\n" + "\n".join(f"  {item}" for item in items))
+        else:
+            parts.append(f"{head}: {text(content)}")
+    return "\n\n".join(parts)
+
+
+def _plain(text: str) -> str:
+    return text.replace("`", "")
+
+
+def _markdown(text: str) -> str:
+    """Text as Markdown that shows it as it is: what a process or a log line brought in (a process may name
+    itself `[x](http://…)`) renders as text, not as a link or emphasis. Code spans (`…`, ours) stay code."""
+    spans = text.split("`")
+    return "`".join(part if i % 2 and i + 1 < len(spans) else _MARKS.sub(r"\\\g<0>", part)  # a closed code span
+                    for i, part in enumerate(spans))

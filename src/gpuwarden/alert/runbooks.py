@@ -1,21 +1,27 @@
-"""What to do next, per runbook key. An event names its key in its evidence (kernel rules do), else its kind's
-key in the catalog (kinds.py) applies."""
+"""What to do next, per runbook key, and in which order for one incident. An event names its key in its evidence
+(kernel rules do), else its kind's key in the catalog (kinds.py) applies.
+
+The order is the order a person must act in: a GPU that is gone needs a reboot before anything else, and then
+every step that only makes sense on a live GPU (restart the engine, `nvidia-smi -r`) is left out. What to do
+about an engine follows from what gpuwarden decided about it (`evidence["decision"]`): the message never tells
+the reader to do what the daemon already did, nor hedges about what it did."""
 
 from gpuwarden.kinds import runbook
 
 RUNBOOKS: dict[str, str] = {
     "device_lost": (
-        "The GPU is gone until a reboot. Reboot and wait a full 10 minutes before judging it dead (it can take "
-        "7). If it does not come back: shut down, switch the PSU off for 30-60 s, power on. Never unbind/bind "
-        "the driver or write resource*_resize to \"rescue\" the card: that path ends in a kernel panic."),
+        "Reboot, then wait a full 10 minutes before judging the GPU dead (it can take 7). Never unbind/bind the "
+        "driver or write resource*_resize to \"rescue\" the card: that path ends in a kernel panic. If it does "
+        "not come back: shut down, switch the PSU off for 30-60 s, power on. After the reboot gpuwarden compares "
+        "the GPUs with how they were before and tells you."),
     "reset": (
         "The driver reset the GPU: VRAM and GPU contexts were lost, so restart the engines on it. Repeated "
         "resets: find the request that triggered them; check firmware and kernel versions."),
     "gpu_fault": (
-        "A GPU job faulted or hung. If the engine on this GPU stopped making progress, restart it now: a hung "
-        "engine is how GPUs get lost. Watch for a reset or a device lost next."),
+        "A GPU job faulted or hung; a hung engine is how GPUs get lost. Watch for a reset or a device lost next. "
+        "If it repeats, find the request that triggers it in the engine's log at the time of this alert."),
     "xid": (
-        "Application Xids (13, 31, 43...): restart the process named in the line. Hardware Xids (48, 79, 95, "
+        "Application Xids (13, 31, 43...): restart the process named in the line. Hardware Xids (48, 95, "
         "119...): drain the GPU, then reset it (nvidia-smi -r) or reboot."),
     "gsp": "The GPU's firmware (GSP) stopped answering: drain the GPU, then reset it (nvidia-smi -r) or reboot.",
     "aer": (
@@ -26,9 +32,8 @@ RUNBOOKS: dict[str, str] = {
         "A kernel oops in a GPU driver leaves it in an unknown state: drain the box and reboot soon; do not "
         "unload or reload the driver."),
     "stall": (
-        "The engine stopped generating with requests in flight. gpuwarden killed it (or, with on_stall = "
-        "\"alert\", left it to you): restart it, and find the request that hung in the engine's log at the time "
-        "of this alert. If the GPU faults next, the kill came too late: lower min_stall."),
+        "Find the request that hung in the engine's log at the time of this alert: retried, it may hang the "
+        "engine again. If the GPU faults after a stall, lower min_stall so that the kill comes sooner."),
     "crash_loop": (
         "The engine keeps dying. A power cut during its first compile leaves zero-byte files in the torch, "
         "inductor or triton caches: look for them (find ~/.cache -size 0 -type f), move the cache aside (do not "
@@ -37,8 +42,20 @@ RUNBOOKS: dict[str, str] = {
         "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
         "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
         "(the first start takes longer), then delete the BROKEN folder once it runs."),
+    "restart_failed": (
+        "The engine did not come back after it was started again: no real completion within restart_timeout. "
+        "Read its own log for why it does not load (`journalctl -u <unit>`, `docker logs <container>`), and "
+        "check its GPU (`gpuwarden doctor`) before starting it by hand; gpuwarden will not restart it again."),
     "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
                      "may not kill (the event says which and why). Look at it by hand now."),
+    "gpus_missing": (
+        "A GPU is still missing after the reboot. Shut down, switch the PSU off for 30-60 s, power on (a warm "
+        "reboot does not always bring a card back). Still missing: reseat the card, check its power cables and "
+        "riser. Never unbind/bind the driver or rescan the bus to \"rescue\" it."),
+    "gpus_changed": (
+        "A GPU came back different. A narrower or slower link: reseat the card and riser, check the slot's BIOS "
+        "setting. A smaller BAR: the firmware setup lost Above 4G decoding / Re-Size BAR. AtomicOps gone: the "
+        "card moved behind a port that does not complete them. A different driver: check which one bound it."),
     "thermal": "Check airflow, fan curves and dust; lower the power cap until the cause is fixed.",
     "power": "Check the power cap (and that it was set on every card) and what the PSU can feed all GPUs at once.",
     "fan": "A stopped fan on a hot GPU: stop the load on it now and check the fan and its header.",
@@ -57,6 +74,56 @@ RUNBOOKS: dict[str, str] = {
         "engine's user or root; until then the engine's progress is not read from it."),
 }
 
+# The order in which runbooks apply when several do: the worst state of the hardware first.
+_ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "xid", "reset", "restart_failed",
+          "kill_refused", "crash_loop", "cache_poisoned", "gpu_fault", "stall"]
+# Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
+_LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
+# Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back
+# (gpus_changed), a restart that failed (the kind belongs to the restart's owner, whose catalog entry may name none)
+SITUATIONAL = frozenset({"gpus_missing", "restart_failed"})
+_KIND_KEYS = {"engine_restart_failed": "restart_failed"}
+HARDWARE = frozenset(_ORDER[:_ORDER.index("restart_failed")])  # these come before the steps for each engine
+OFF_THE_BUS_XIDS = frozenset({79})  # "GPU has fallen off the bus": a reboot, never nvidia-smi -r
 
-def runbook_for(kind: str, key: str | None = None) -> str | None:
-    return RUNBOOKS.get(key or runbook(kind) or "")
+
+def runbook_for(kind: str, key: str | None = None, xid: int | None = None) -> str | None:
+    return RUNBOOKS.get(key_for(kind, key, xid) or "")
+
+
+def key_for(kind: str, key: str | None = None, xid: int | None = None) -> str | None:
+    if kind == "xid" and xid in OFF_THE_BUS_XIDS:
+        return "device_lost"
+    return key or runbook(kind) or _KIND_KEYS.get(kind)
+
+
+def ordered(keys: list[str]) -> list[str]:
+    """The runbook keys to show, worst first, each once; with the GPU gone, only what applies to a gone GPU."""
+    keys = list(dict.fromkeys(k for k in keys if k in RUNBOOKS))
+    if "device_lost" in keys or "gpus_missing" in keys:
+        keys = [k for k in keys if k not in _LIVE_GPU_ONLY]
+    return sorted(keys, key=lambda k: _ORDER.index(k) if k in _ORDER else len(_ORDER))
+
+
+def engine_step(decision: dict, gpu_gone: bool) -> str | None:
+    """What the person must do about one engine, after what gpuwarden decided about it (None: nothing)."""
+    engine, reason, action = decision.get("engine") or "the engine", decision.get("reason") or "", \
+        decision.get("action")
+    if gpu_gone and action in ("kill", "restart", "alert_only"):
+        return None  # nothing runs on that GPU before the reboot; the reboot step says what follows
+    if decision.get("dry_run") and action in ("kill", "restart"):
+        return f"Restart {engine} yourself if it is stuck: this is a dry run, gpuwarden killed nothing."
+    if action == "kill":
+        return (f"Check that {engine} runs again, and start it if not: gpuwarden killed it and does not start it, "
+                "and a systemd unit with Restart=on-failure stays down after SIGTERM (`systemctl restart <its unit>`, "
+                "`docker restart <its container>`).")
+    if action == "restart":
+        return (f"Nothing to do for {engine} yet: gpuwarden is restarting it and follows up on this incident when "
+                "a real completion succeeds, or pages again if it does not come back.")
+    if action == "alert_only":
+        return f"Restart {engine} now: gpuwarden left it running ({reason})."
+    if action == "refuse" and decision.get("by_hand"):
+        return f"Look at {engine} by hand now: gpuwarden did not kill it because {reason}."
+    if action == "suspect":
+        return f"Watch {engine}: gpuwarden is checking it closely ({reason}) and kills it only on proof."
+    return None

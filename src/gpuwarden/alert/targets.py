@@ -23,6 +23,13 @@ class Target:
     def takes_attachments(self) -> bool:
         return all(getattr(server, "attachment_support", False) for server in self.apprise)
 
+    @property
+    def markdown(self) -> bool:
+        """Whether every service of the target renders Markdown (or HTML, which apprise makes from it): apprise
+        converts no Markdown to plain text, so a plain-text service gets the message's plain text instead."""
+        return all(server.resolve_format(apprise.NotifyFormat.MARKDOWN) != apprise.NotifyFormat.TEXT
+                   for server in self.apprise)
+
     def wants(self, severity: Severity, tags: frozenset[str]) -> bool:
         return severity >= self.min_severity and (not self.tags or bool(self.tags & tags))
 

@@ -75,21 +75,24 @@ def _recv(sock: socket.socket, deadline: float) -> bytes:
     return sock.recv(65536)
 
 
-def open_stream(path: Path, target: str, timeout: float = TIMEOUT) -> tuple[int, socket.socket, bytes]:
-    """Send GET `target`; the status, the connection, and the first bytes of the body, within `timeout`."""
+def open_stream(path: Path, target: str, timeout: float = TIMEOUT,
+                method: str = "GET") -> tuple[int, socket.socket, bytes]:
+    """Send `method` `target` (a POST without a body); the status, the connection, and the first bytes of the
+    body, within `timeout`."""
     deadline = time.monotonic() + timeout
     sock = connect(path, timeout)
+    length = "Content-Length: 0\r\n" if method != "GET" else ""
     try:
-        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+        sock.sendall(f"{method} {target} HTTP/1.0\r\nHost: docker\r\n{length}\r\n".encode())
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = _recv(sock, deadline)
             if not chunk or len(data) > _MAX_HEAD:
-                raise DockerError(f"{path}: no HTTP response to GET {target}")
+                raise DockerError(f"{path}: no HTTP response to {method} {target}")
             data += chunk
     except OSError as exc:
         sock.close()
-        raise DockerError(f"{path}: GET {target}: {exc.strerror or exc}") from None
+        raise DockerError(f"{path}: {method} {target}: {exc.strerror or exc}") from None
     except DockerError:
         sock.close()
         raise
@@ -98,22 +101,23 @@ def open_stream(path: Path, target: str, timeout: float = TIMEOUT) -> tuple[int,
         status = int(head.split(b" ", 2)[1])
     except (IndexError, ValueError):
         sock.close()
-        raise DockerError(f"{path}: not an HTTP response to GET {target}") from None
+        raise DockerError(f"{path}: not an HTTP response to {method} {target}") from None
     return status, sock, body
 
 
-def get(path: Path, target: str, limit: int = _MAX_JSON, timeout: float = TIMEOUT) -> tuple[int, bytes]:
-    """The status and the whole body of GET `target` (at most `limit` bytes), within twice `timeout`."""
-    status, sock, body = open_stream(path, target, timeout)
+def get(path: Path, target: str, limit: int = _MAX_JSON, timeout: float = TIMEOUT,
+        method: str = "GET") -> tuple[int, bytes]:
+    """The status and the whole body of `method` `target` (at most `limit` bytes), within twice `timeout`."""
+    status, sock, body = open_stream(path, target, timeout, method)
     deadline = time.monotonic() + timeout
     with sock:
         try:
             while len(body) <= limit and (chunk := _recv(sock, deadline)):
                 body += chunk
         except OSError as exc:
-            raise DockerError(f"{path}: GET {target}: {exc.strerror or exc}") from None
+            raise DockerError(f"{path}: {method} {target}: {exc.strerror or exc}") from None
     if len(body) > limit:
-        raise DockerError(f"{path}: GET {target}: the answer is over {limit} bytes")
+        raise DockerError(f"{path}: {method} {target}: the answer is over {limit} bytes")
     return status, body
 
 
@@ -136,6 +140,21 @@ def inspect(path: Path, container: str) -> dict:
     if status != 200 or not isinstance(info, dict):
         raise DockerError(f"container {container}: {error_of(status, info)}")
     return info
+
+
+def start(path: Path, container: str, timeout: float = 10.0) -> bool:
+    """POST /containers/{name}/start: True when it started now, False when it already ran (its restart policy
+    was quicker); DockerError saying why not. dockerd answers once the container's process runs, not once the
+    engine in it serves."""
+    status, body = get(path, f"/containers/{quote(container.lstrip('/'), safe='')}/start", timeout=timeout,
+                       method="POST")
+    if status in (204, 304):
+        return status == 204
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = body.decode("utf-8", "replace")
+    raise DockerError(f"container {container}: start: {error_of(status, answer)}")
 
 
 def container_pids(path: Path, container: str) -> tuple[list[int], list[str]]:

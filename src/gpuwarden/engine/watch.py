@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from gpuwarden import families
+from gpuwarden import conditions, families
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
+from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
@@ -27,13 +28,14 @@ from gpuwarden.gpu import nvidia
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.policy import EngineView, exited
+from gpuwarden.policy import EngineView
 from gpuwarden.sockets import pinned
 
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
 _INSPECT_DEADLINE = 10.0
+_CANARY_EVERY = 2.0  # at most this often a starting engine that answers is asked for a completion
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
 _DISCOVERY = OffLoop("discovery", limit=2)  # a /proc walk and one probe at a time
 _DISCOVERY_DEADLINE = 30.0
@@ -47,21 +49,14 @@ _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # wher
 class EngineState:
     config: EngineConfig
     scraper: Scraper | LogScraper | SlotsScraper
-    detector: StallDetector
+    lifecycle: lc.Lifecycle
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
+    instance: lc.Instance = frozenset()  # its processes' (pid, start time) at the last look
     refused: list[str] = field(default_factory=list)  # candidates the target named but may not be killed
     looking: asyncio.Future | None = None  # the look-up of the engine's processes under way
     gpus: frozenset[str] | None = None
     cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
-    failures: int = 0
-    answered: float | None = None  # monotonic time of the last successful scrape
-    watched_since: float | None = None  # monotonic time of the first scrape
-    unresponsive: bool = False
-    exits: tuple[float, ...] = ()  # monotonic times of its exits within the crash-loop window
-    kills: list[float] = field(default_factory=list)  # monotonic times of its real kills within the budget window
-    killing: bool = False  # the actuator is killing it now
-    sample: EngineSample | None = None
     canary_at: float = -1e9  # monotonic time of the last canary
     canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
     canary_failed: bool = False
@@ -81,11 +76,25 @@ class EngineState:
         """Its GPU when it uses exactly one."""
         return next(iter(self.gpus)) if self.gpus and len(self.gpus) == 1 else None
 
+    @property
+    def sample(self) -> EngineSample | None:
+        return self.lifecycle.sample
+
     def view(self) -> EngineView:
-        cfg = self.config
+        cfg, life = self.config, self.lifecycle
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
-                          cfg.kill_budget, cfg.kill_budget_window, tuple(self.kills),
-                          pids=frozenset(p.pid for p in self.procs))
+                          cfg.kill_budget, cfg.kill_budget_window, life.kills,
+                          pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused)
+
+
+@dataclass(frozen=True, slots=True)
+class KillTarget:
+    """What the actuator needs to kill (and restart) an engine: a fresh look, and its configuration."""
+
+    procs: list[psutil.Process]
+    refused: list[str]
+    gpu: str | None
+    config: EngineConfig
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
@@ -121,13 +130,18 @@ def stall_floor(config: EngineConfig) -> float:
     return max(config.min_stall, *(2 * p.interval for p in profiles))
 
 
+def rules_of(config: EngineConfig) -> lc.Rules:
+    return lc.Rules(config.unresponsive_after, config.kill_grace, config.crash_loop_exits, config.crash_loop_window,
+                 config.restart_timeout, max(config.scrape_interval, _CANARY_EVERY), config.kill_budget_window)
+
+
 def new_state(config: EngineConfig) -> EngineState:
+    floor = stall_floor(config)
+    lifecycle = lc.Lifecycle(rules_of(config), lambda: StallDetector(config.stall_multiple, floor, config.max_stall))
     tracker = Tracker()
     configured = user_id(config.target.user) if config.target.user else None
-    return EngineState(
-        config, source_of(config, lambda: configured if configured is not None else tracker.uid),
-        StallDetector(config.stall_multiple, stall_floor(config), config.max_stall), tracker=tracker,
-        gpus=frozenset(config.gpus) if config.gpus else None)
+    return EngineState(config, source_of(config, lambda: configured if configured is not None else tracker.uid),
+                       lifecycle, tracker=tracker, gpus=frozenset(config.gpus) if config.gpus else None)
 
 
 class EngineWatch:
@@ -150,7 +164,8 @@ class EngineWatch:
         new = EngineWatch(settings, engines, self.sink, nvml)
         for name, state in new.engines.items():
             if name in self.engines:
-                state.kills, state.tracker = self.engines[name].kills, self.engines[name].tracker
+                state.lifecycle.kept(self.engines[name].lifecycle)
+                state.tracker = self.engines[name].tracker
         return new
 
     def samples(self) -> dict[str, dict]:
@@ -159,6 +174,31 @@ class EngineWatch:
 
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]
+
+    # --- the actuator's port: a fresh look before a kill, and being told of it ---------------------------
+
+    async def target(self, name: str) -> KillTarget | None:
+        state = self.engines.get(name)
+        if state is None:
+            return None
+        await self.inspect(state)
+        return KillTarget(list(state.procs), list(state.refused), state.gpu, state.config)
+
+    def killing(self, name: str, restart: bool) -> None:
+        """A real kill of it begins: its processes going now is our doing, and it is down until back."""
+        if state := self.engines.get(name):
+            state.lifecycle.killing(time.monotonic(), restart)
+
+    def restart_failed(self, name: str) -> None:
+        if state := self.engines.get(name):
+            state.lifecycle.restart_failed()
+
+    def user(self, name: str) -> int | None:
+        """The engine's user: configured, else the one its processes were last seen as (None: not known)."""
+        state = self.engines.get(name)
+        if state is None:
+            return None
+        return user_id(state.config.target.user) if state.config.target.user else state.tracker.uid
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -217,8 +257,8 @@ class EngineWatch:
         self._watching.pop(name).cancel()
         del self.engines[name]
         # its series go with it (each engine left says its own again at its next scrape)
-        self.sink.replace_series(families.ENGINE_UP, {(n,): float(not s.failures) for n, s in self.engines.items()
-                                                      if s.answered is not None})
+        self.sink.replace_series(families.ENGINE_UP, {(n,): float(s.sample is not None)
+                                                      for n, s in self.engines.items()})
         log.info("no longer watching %s, a server that only looks like an engine: an installed engine needs its place",
                  name)
         return True
@@ -243,14 +283,6 @@ class EngineWatch:
                                "not watched; configure the engines to watch ([[engine]])", time.time(),
                                evidence={"skipped": [f.name for f in new], "max_discovered": cap}))
 
-    def _record(self, event: Event) -> None:
-        """A discovered server that only looks like an engine (anyone can start one) is never a page."""
-        state = self.engines.get(event.engine or "")
-        if state is not None and state.lookalike and event.severity == Severity.CRITICAL:
-            event = replace(event, severity=Severity.WARNING,
-                            message=f"{event.message} (a discovered server not installed as an engine)")
-        self.sink.record([event])
-
     # --- one engine ---------------------------------------------------------------------------------
 
     async def _watch(self, state: EngineState) -> None:
@@ -267,61 +299,77 @@ class EngineWatch:
 
     async def _poll(self, state: EngineState) -> None:
         name = state.name
-        state.watched_since = state.watched_since or time.monotonic()
+        error = ""
         try:
             sample = await state.scraper.scrape()
         except ScrapeError as exc:
-            sample = None
-            state.failures += 1
+            sample, error = None, redact(str(exc))
             self.sink.count(families.ENGINE_SCRAPE_FAILURES, name, exc.reason)
-            error = str(exc)
             if isinstance(exc, LogRefused) and state.log_refused != error:  # said once, again when it changes
                 state.log_refused = error
                 self._record(Event("log_refused", Severity.WARNING, f"{name}: not reading its log: {error}",
                                    time.time(), engine=name, evidence={"error": error}))
-        had_procs = bool(state.procs)
-        await self.inspect(state)
-        now = time.monotonic()
-        if had_procs and not state.procs:
-            self._exited(state, now)
+        else:
+            state.log_refused = None
+        looked = await self.inspect(state)
         spinning = is_spinning(state.cpus)
-        endpoint = _ENDPOINT[state.config.source]
-        if sample is None:
-            self.sink.metric(families.ENGINE_UP, 0, name)
-            if state.failures == state.config.unresponsive_after:  # once per outage; nothing else may say it
-                log.warning("engine %s: cannot read its progress from %s (%d tries, last: %s); watching on",
-                            name, endpoint, state.failures, redact(error))
-            silent_for = now - (state.answered or state.watched_since)  # an engine hung before we came counts
-            if (state.failures >= state.config.unresponsive_after and state.procs and not state.unresponsive
-                    and silent_for >= state.detector.threshold(spinning)):
-                state.unresponsive = True
-                self._record(self._unresponsive_event(state, redact(error), silent_for))
-            return
-        if state.unresponsive:
-            self.sink.resolve(f"engine_unresponsive:{name}", f"{name} answers /metrics again")
-        if state.failures >= state.config.unresponsive_after:
-            log.info("engine %s: %s answers again", name, endpoint)
-        state.failures, state.unresponsive, state.sample, state.answered = 0, False, sample, now
-        state.log_refused = None
+        life = state.lifecycle
+        changes = life.observe(lc.Look(time.monotonic(), sample, state.instance if looked else None, spinning))
         self._export(state, sample)
-        verdict = state.detector.observe(sample, now, spinning)
-        self.sink.metric(families.ENGINE_STALLED, 1 if verdict.stalled else 0, name)
-        self.sink.metric(families.ENGINE_STALL_THRESHOLD, verdict.threshold, name)
-        if verdict.new and verdict.stalled:
-            event = self._stall_event(state, sample, verdict, spinning)
-            if state.config.source == "log":  # the engine's word alone: a real completion confirms it first
+        for change in changes:
+            await self._on(state, change, error, spinning)
+        if sample is not None and life.phase == "watching":
+            await self._idle_canary(state, sample, time.monotonic())
+
+    async def _on(self, state: EngineState, change: lc.Transition, error: str, spinning: bool) -> None:
+        """What a transition of its lifecycle means: an event, a resolution, a log line, a canary."""
+        name, endpoint = state.name, _ENDPOINT[state.config.source]
+        match change:
+            case lc.Judged(verdict):
+                self.sink.metric(families.ENGINE_STALLED, 1 if verdict.stalled else 0, name)
+                self.sink.metric(families.ENGINE_STALL_THRESHOLD, verdict.threshold, name)
+            case lc.Stalled(verdict):
+                await self._stalled(state, verdict, spinning)
+            case lc.Progressing():
+                self.sink.resolve(conditions.stalled(name), f"{name} is making progress again")
+            case lc.Silent(failures):
+                log.warning("engine %s: cannot read its progress from %s (%d tries, last: %s); watching on",
+                            name, endpoint, failures, error)
+            case lc.Unresponsive():
+                self._record(self._unresponsive_event(state, error, change))
+            case lc.Answers(was_unresponsive):
+                if was_unresponsive:
+                    self.sink.resolve(conditions.unresponsive(name), f"{name} answers {endpoint} again")
+                log.info("engine %s: %s answers again", name, endpoint)
+            case lc.Exited(exits):
+                self._record(Event("engine_exited", Severity.WARNING, f"{name}'s processes are gone", time.time(),
+                                   engine=name, evidence={"exits_in_window": exits}))
+            case lc.CrashLoop(exits):
+                self._record(Event("engine_crash_loop", Severity.CRITICAL, f"{name} exited {exits} times within "
+                                   f"{state.config.crash_loop_window:.0f} s", time.time(), engine=name,
+                                   evidence={"exits": exits}))
+            case lc.Starting(processes):
+                log.info("engine %s: a new instance (%d process(es)) is starting: judged by its own figures, back "
+                         "once a real completion returns", name, processes)
+            case lc.CanaryDue():
                 result = await self._canary(state)
-                if result.outcome == "ok":
-                    log.info("%s: its log shows no progress for %.0f s, but a real completion returned (%s)", name,
-                             verdict.stalled_for, result.detail)
-                    state.scraper.reader.nudge()
-                    return
-                event = replace(event, message=f"{event.message}; canary: {result.detail or result.outcome}",
-                                evidence={**event.evidence, "canary": asdict(result)})
-            self._record(event)
-        elif verdict.new:
-            self.sink.resolve(f"engine_stall:{name}", f"{name} is making progress again")
-        await self._idle_canary(state, sample, now)
+                for back in state.lifecycle.canaried(result, time.monotonic()):
+                    self._record(self._back_event(state, back))
+            case lc.RestartFailed():
+                self._record(self._restart_failed_event(state, change))
+
+    async def _stalled(self, state: EngineState, verdict: Verdict, spinning: bool) -> None:
+        event = self._stall_event(state, state.sample, verdict, spinning)
+        if state.config.source == "log":  # the engine's word alone: a real completion confirms it first
+            result = await self._canary(state)
+            if result.outcome == "ok":
+                log.info("%s: its log shows no progress for %.0f s, but a real completion returned (%s)",
+                         state.name, verdict.stalled_for, result.detail)
+                state.scraper.reader.nudge()
+                return
+            event = replace(event, message=f"{event.message}; canary: {result.detail or result.outcome}",
+                            evidence={**event.evidence, "canary": asdict(result)})
+        self._record(event)
 
     # --- the canary -----------------------------------------------------------------------------------
 
@@ -355,31 +403,34 @@ class EngineWatch:
             self._record(self._canary_event(state, sample, result))
         elif result.outcome == "ok" and state.canary_failed:
             state.canary_failed = False
-            self.sink.resolve(f"engine_unresponsive:{state.name}", f"{state.name} completes a request again")
+            self.sink.resolve(conditions.unresponsive(state.name), f"{state.name} completes a request again")
 
-    async def inspect(self, state: EngineState) -> None:
-        """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline. A kill that comes
-        while the scrape's look-up runs waits for that one (its answer is the one it needs), never for nothing."""
+    async def inspect(self, state: EngineState) -> bool:
+        """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline; False when the
+        look-up did not answer. A kill that comes while the scrape's look-up runs waits for that one (its answer
+        is the one it needs), never for nothing."""
         if state.looking is None or state.looking.done():
             state.looking = asyncio.ensure_future(self._look(state))
-        await asyncio.shield(state.looking)
+        return await asyncio.shield(state.looking)
 
-    async def _look(self, state: EngineState) -> None:
+    async def _look(self, state: EngineState) -> bool:
         def look():
             found = resolve(target_spec(state.config))
             procs = state.tracker.refresh(found)
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, found.refused, cpu_percents(procs), gpus
+            return procs, instance_of(procs), found.refused, cpu_percents(procs), gpus
         try:
-            state.procs, state.refused, state.cpus, gpus = await _INSPECTS.run(state.name, _INSPECT_DEADLINE, look)
+            state.procs, state.instance, state.refused, state.cpus, gpus = await _INSPECTS.run(
+                state.name, _INSPECT_DEADLINE, look)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
-            return
+            return False
         except Busy:
-            return  # a look-up that outran its deadline still holds its thread (a hung NVML): keep what we know
+            return False  # a look-up that outran its deadline holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
             self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
+        return True
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
         """From the device files they hold open, and for NVIDIA from NVML's process lists."""
@@ -394,9 +445,17 @@ class EngineWatch:
             found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
         return found or None
 
-    def _export(self, state: EngineState, sample: EngineSample) -> None:
+    def _export(self, state: EngineState, sample: EngineSample | None) -> None:
+        """Its own figures; while it is down or starting, nothing of the dead instance's (nothing runs, nothing
+        is stalled: a gauge of a killed engine must not read as still stalled)."""
         name = state.name
-        self.sink.metric(families.ENGINE_UP, 1, name)
+        self.sink.metric(families.ENGINE_UP, 1 if sample else 0, name)
+        if state.lifecycle.in_grace:
+            self.sink.metric(families.ENGINE_STALLED, 0, name)
+            for metric in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING):
+                self.sink.metric(metric, 0, name)
+        if sample is None:
+            return
         for metric, value in ((families.ENGINE_REQUESTS_RUNNING, sample.running),
                               (families.ENGINE_REQUESTS_WAITING, sample.waiting),
                               (families.ENGINE_GENERATED_TOKENS, sample.generated)):
@@ -429,37 +488,63 @@ class EngineWatch:
                      gpu=state.gpu, evidence={"canary": asdict(result), "figures": figures,
                                                       "requests_running": sample.running or 0})
 
-    def _unresponsive_event(self, state: EngineState, error: str, silent_for: float) -> Event:
-        """/metrics hangs or fails while the engine's processes live. Whether requests were running when it last
-        answered decides whether this is as stuck as a stall (the policy kills) or an idle engine (alert)."""
-        last = state.sample
+    def _unresponsive_event(self, state: EngineState, error: str, change: lc.Unresponsive) -> Event:
+        """/metrics hangs or fails while the engine's processes live. Whether requests were running when this
+        instance last answered decides whether this is as stuck as a stall (the policy kills) or an idle engine
+        (alert)."""
+        last = change.last
         running = last.running if last else None
         was = (f"{running:.0f} request(s) were running when it last answered" if running
                else "no request was running when it last answered" if last else "it has never answered")
         endpoint = _ENDPOINT[state.config.source]
-        message = (f"{state.name} has not answered {endpoint} for {silent_for:.0f} s ({state.failures} tries, "
-                   f"last: {error}) while its {len(state.procs)} process(es) live; {was}")
-        figures = {"failures": state.failures, "silent_seconds": round(silent_for, 1), "running": running,
+        message = (f"{state.name} has not answered {endpoint} for {change.silent_for:.0f} s ({change.failures} "
+                   f"tries, last: {error}) while its {len(state.procs)} process(es) live; {was}")
+        figures = {"failures": change.failures, "silent_seconds": round(change.silent_for, 1), "running": running,
                    "cpu_percent": state.cpu, "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
                      engine=state.name, gpu=state.gpu,
                      evidence={"error": error, "figures": figures, "requests_running": running or 0})
 
-    def _exited(self, state: EngineState, now: float) -> None:
-        cfg = state.config
-        exits = exited(state.exits, now, state.kills[-1] if state.kills else None, cfg.kill_grace,
-                       cfg.crash_loop_window)
-        if exits is None:
-            return  # we killed it: not news
-        state.exits = exits
-        self._record(Event("engine_exited", Severity.WARNING, f"{state.name}'s processes are gone", time.time(),
-                           engine=state.name, evidence={"exits_in_window": len(exits)}))
-        if len(exits) >= cfg.crash_loop_exits:
-            self._record(Event("engine_crash_loop", Severity.CRITICAL,
-                               f"{state.name} exited {len(exits)} times within {cfg.crash_loop_window:.0f} s",
-                               time.time(), engine=state.name, evidence={"exits": len(exits)}))
-            state.exits = ()
+    def _back_event(self, state: EngineState, back: lc.Back) -> Event:
+        name, result = state.name, back.canary
+        when = (f"{back.since_kill:.0f} s after the kill" if back.since_kill is not None
+                else f"{back.since_start:.0f} s after it started again")
+        proof = "first completion" if result.outcome == "ok" else "answers again (the canary is off)"
+        return Event("engine_back", Severity.INFO, f"{name} back: {proof} {when}" +
+                     (f" ({result.detail})" if result.detail else ""), time.time(), engine=name, gpu=state.gpu,
+                     evidence={"seconds_since_kill": None if back.since_kill is None else round(back.since_kill, 1),
+                               "seconds_since_start": round(back.since_start, 1), "canary": asdict(result)})
 
+    def _restart_failed_event(self, state: EngineState, failed: lc.RestartFailed) -> Event:
+        cfg = state.config
+        who = "gpuwarden restarted it" if failed.by_us else "its supervisor started it again"
+        how = ("its processes started but it never completed a request" if failed.started
+               else "no process of it started")
+        tail = "; gpuwarden will not restart it again" if failed.by_us else ""
+        return Event("engine_restart_failed", Severity.CRITICAL, f"{state.name} is not back {failed.waited:.0f} s "
+                     f"after {who} (restart_timeout {cfg.restart_timeout:.0f} s): {how}{tail}", time.time(),
+                     engine=state.name, gpu=state.gpu,
+                     evidence={"waited_seconds": round(failed.waited, 1), "by_gpuwarden": failed.by_us,
+                               "started": failed.started, "processes": len(state.procs)})
+
+    def _record(self, event: Event) -> None:
+        """A discovered server that only looks like an engine (anyone can start one) is never a page."""
+        state = self.engines.get(event.engine or "")
+        if state is not None and state.lookalike and event.severity == Severity.CRITICAL:
+            event = replace(event, severity=Severity.WARNING,
+                            message=f"{event.message} (a discovered server not installed as an engine)")
+        self.sink.record([event])
+
+
+def instance_of(procs: list[psutil.Process]) -> lc.Instance:
+    """Its processes by pid and start time: a new pid, or the same pid started anew, is a new instance."""
+    keys = set()
+    for proc in procs:
+        try:
+            keys.add((proc.pid, proc.create_time()))
+        except psutil.Error:
+            continue
+    return frozenset(keys)
 
 
 def is_spinning(cpus: list[float]) -> bool:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from gpuwarden import families
+from gpuwarden import conditions, families
 from gpuwarden.config import GpuConfig
 from gpuwarden.gpu import amd, nvidia
 from gpuwarden.gpu.discovery import Gpu
@@ -29,6 +29,8 @@ from gpuwarden.offloop import Busy, OffLoop
 log = logging.getLogger(__name__)
 _NVML = OffLoop("nvml", limit=2)  # opening NVML, waiting for Xids: a hung driver holds these two
 _NVML_DEADLINE = 30.0
+# what a GPU that answers reads again, or is back on the bus, is cured of (not of a failed reset: gpu_lost)
+_UNRESPONSIVE, _MISSING = frozenset({"gpu_unresponsive"}), frozenset({"gpu_missing"})
 
 
 class Worker:
@@ -133,7 +135,7 @@ class GpuWatch:
             if future.done():  # the hung read came back at last
                 del self._stuck[pci]
                 self._unresponsive.discard(pci)
-                self.sink.resolve(f"gpu_unresponsive:{pci}", f"GPU {pci} answers reads again")
+                self.sink.resolve(conditions.lost(pci), f"GPU {pci} answers reads again", _UNRESPONSIVE)
         if self._batch is None:
             readers = [(pci, r) for pci, g in gpus.items() if pci not in self._stuck and (r := self._reader(g))]
             if readers:
@@ -154,7 +156,7 @@ class GpuWatch:
             if change.event:
                 self.sink.record([change.event])
             else:
-                self.sink.resolve(change.dedupe_key, change.message)
+                self.sink.resolve(conditions.degraded(change.key), change.message)
         return samples
 
     def _abandon(self, pci: str | None, future: asyncio.Future, took: float, now: float) -> None:
@@ -198,7 +200,7 @@ class GpuWatch:
             self._seen[pci] = gpu
             if pci in self._missing:
                 self._missing.discard(pci)
-                self.sink.resolve(f"gpu_missing:{pci}", f"GPU {pci} is back")
+                self.sink.resolve(conditions.lost(pci), f"GPU {pci} is back", _MISSING)
         for pci in set(self._seen) - set(gpus) - self._missing:
             self._missing.add(pci)
             self.recorder.forget(pci)

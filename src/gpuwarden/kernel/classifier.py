@@ -158,7 +158,8 @@ class Classifier:
             process = process_named(text) if _same_gpu(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
-            out += self._event(held.rule, held.match, held.record, held.stamp, held.now, process=process)
+            out += self._event(held.rule, held.match, held.record, held.stamp, held.now, process=process,
+                               process_line=text if process is not None else None)
             if process is not None:  # the line was the fault's own process line
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
@@ -211,7 +212,8 @@ class Classifier:
     # --- one-line events -------------------------------------------------------------------------
 
     def _event(self, rule: Rule, m: re.Match[str], record: KernelRecord, stamp: float, now: float,
-               severity: Severity | None = None, process: dict | None = None) -> list[Burst]:
+               severity: Severity | None = None, process: dict | None = None,
+               process_line: str | None = None) -> list[Burst]:
         gpu, device = _attribute(record, rule.vendor)
         severity, meaning, xid = severity or rule.severity, rule.meaning, None
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
@@ -225,6 +227,8 @@ class Classifier:
                 evidence["context_process"], process = process, None
         if process:
             evidence["process"] = process
+        if process_line:  # the line that names the process is evidence too: the alert shows both
+            evidence["lines"] = [record.text, process_line]
         if xid is not None:
             evidence["xid"] = xid
         if device:

@@ -1,0 +1,53 @@
+"""What to do, pure, in the order it applies: the hardware's worst state first (a lost GPU: the reboot, and no
+step that needs a live GPU), then each engine after what gpuwarden decided about it, then the rest."""
+
+from __future__ import annotations
+
+from gpuwarden.alert import runbooks
+from gpuwarden.alert.context import Context, first, is_lost
+from gpuwarden.alert.storm import Outgoing
+from gpuwarden.model import Event
+
+
+def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
+    """What to do, in the order it applies: the hardware's worst state first, then each engine, then the rest."""
+    events = out.events
+    if out.ends:
+        return ["Nothing to do now." + (" Check that the engines came back: `gpuwarden status`."
+                                        if first(events, "gpus_back") else "")]
+    gone = any(is_lost(e) for e in [*out.earlier, *events]) and not first(events, "gpus_back")
+    keys = runbooks.ordered([k for e in events for k in _keys(e)])
+    refused = {e.engine for e in events if e.kind == "kill_refused"}  # the decision was kill; the kill was not
+    steps = []
+    if not all(e.live for e in events):
+        steps.append("It was logged before gpuwarden started (an earlier boot, or before the daemon ran): check "
+                     "the GPU now with `gpuwarden doctor` and `gpuwarden status`; if it is healthy, nothing else is "
+                     "needed.")
+    steps += [runbooks.RUNBOOKS[k] for k in keys if k in runbooks.HARDWARE]
+    for e in events:
+        for d in e.evidence.get("decision") or ():
+            if d.get("engine") in refused and d.get("action") in ("kill", "restart"):
+                d = {**d, "action": "refuse", "by_hand": True, "reason": "the kill was refused (see above)"}
+            steps.append(runbooks.engine_step(d, gone) or "")
+            if d.get("action") == "refuse" and d.get("by_hand"):
+                keys = [k for k in keys if k != "kill_refused"]  # said for this engine, by name
+            if d.get("action") == "refuse" and not d.get("by_hand") and (p := e.evidence.get("process")):
+                steps.append(f"Find who runs pid {p.get('pid')} ({p.get('name')}): `ps -o user,lstart,cmd -p "
+                             f"{p.get('pid')}`. Its process faulted {ctx.gpu(e.gpu)}, which {d.get('engine')} "
+                             "shares; gpuwarden kills an engine only for a fault of its own processes. If the GPU "
+                             "hangs next, the engines on it go with it: a reset or a device lost follows.")
+                keys = [k for k in keys if k != "gpu_fault"]  # about the engine's own requests: not this case
+            if d.get("action") == "quarantine" and d.get("dry_run"):
+                steps.append("gpuwarden moved nothing ([cache] dry_run, or on_crash_loop = \"alert\"): look for "
+                             "the zero-byte files yourself, as the next step says.")
+    if "cache_poisoned" in keys:
+        keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
+    steps += [runbooks.RUNBOOKS[k] for k in keys if k not in runbooks.HARDWARE]
+    return list(dict.fromkeys(s for s in steps if s))
+
+
+def _keys(e: Event) -> list[str]:
+    if e.kind == "gpus_changed":  # a GPU missing, and one that came back different, are two things to do
+        return ["gpus_missing"] * bool(e.evidence.get("missing")) + ["gpus_changed"] * bool(e.evidence.get("changed"))
+    key = runbooks.key_for(e.kind, e.evidence.get("runbook"), e.evidence.get("xid"))
+    return [key] if key else []

@@ -1,0 +1,107 @@
+"""An alert's title, pure: the host, what broke and what gpuwarden did, in one line ("vm: engine qwen-72b killed —
+GPU 0 (ffff:03:00.0, Radeon AI PRO R9700) ring timeout")."""
+
+from __future__ import annotations
+
+import re
+
+from gpuwarden.alert.context import Context, first, first_fault, is_lost
+from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
+from gpuwarden.alert.storm import Outgoing
+from gpuwarden.model import Event
+
+_UNSAFE = re.compile(r"[^\w.:/@+=-]")
+_WORDS = {  # what broke, in words, after the GPU's or the engine's name
+    "sq_intr": "shader fault (SQ interrupt)", "ring_timeout": "ring timeout", "page_fault": "page fault",
+    "gpu_reset": "reset by the driver", "reset_failed": "reset failed", "device_lost": "fell off the bus",
+    "gpu_missing": "missing", "gpu_unresponsive": "not answering", "gpu_wedged": "wedged", "smu_error": "SMU error",
+    "ras_error": "uncorrectable memory error", "pcie_aer": "PCIe error", "gsp_error": "firmware (GSP) error",
+    "engine_stall": "stalled", "engine_unresponsive": "not answering", "engine_exited": "exited",
+    "engine_crash_loop": "in a crash loop", "engine_suspect": "suspect",
+}
+
+
+def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> str:
+    """What broke and what gpuwarden did, in one line."""
+    fault = first_fault([*earlier, *events])  # none: an outcome alone (its fault was told apart, or by no one)
+    cause = _cause(fault, ctx) if fault else str(events[0].evidence.get("reason") or events[0].message)
+    if e := first(events, "gpus_back", "gpus_changed"):
+        return e.message
+    if lost := next((e for e in events if is_lost(e) and e.live), None):
+        # engines whose GPUs are unknown are named in the body only: a title is one line
+        killed = {e.engine for e in events if e.kind == "engine_killed"}
+        engines = [f"{name} (killed)" if name in killed else name for name in ctx.engines_on(lost.gpu or "")]
+        return f"{_cause(lost, ctx)} — reboot needed" + (f"; on it: engine {', '.join(engines)}" if engines else "")
+    if e := first(events, "engine_restart_failed"):
+        return f"engine {e.engine} NOT back after the restart — {_own(cause, e)}"
+    if e := first(events, "engine_back"):
+        return f"engine {e.engine} back — {_back(e)}"
+    if e := first(events, "engine_restarting"):
+        verb = "killed, restarting" if first(events, "engine_killed") else "restarting"
+        return f"engine {e.engine} {verb} — {_own(cause, e)}"
+    if killed := [e for e in events if e.kind == "engine_killed"]:
+        names = ", ".join(dict.fromkeys(str(e.engine) for e in killed))
+        verb = "would be killed (dry run)" if all(e.evidence.get("dry_run") for e in killed) else "killed"
+        if survivors := sum(len(e.evidence.get("survivors") or ()) for e in killed):
+            verb += f", {survivors} process(es) survived SIGKILL"
+        return f"engine{'s' if len(killed) > 1 else ''} {names} {verb} — {_own(cause, killed[0])}"
+    if e := first(events, "kill_refused"):
+        return f"engine {e.engine} NOT killed, act by hand — {_own(cause, e)}"
+    if first(events, "cache_poisoned"):
+        return f"compile caches moved aside — {cause}"
+    fault = first_fault(events) or events[0]
+    if not fault.live:
+        return f"{cause} (logged before gpuwarden started; no action)"
+    decisions = [d for e in events for d in e.evidence.get("decision") or ()]
+    if acting := [d for d in decisions if d.get("action") in ("kill", "restart")]:
+        names = ", ".join(dict.fromkeys(str(d.get("engine")) for d in acting))
+        verb = "killing and restarting" if any(d["action"] == "restart" for d in acting) else "killing"
+        return f"{'dry run, would be ' if all(d.get('dry_run') for d in acting) else ''}{verb} engine {names} — " \
+               f"{cause}"
+    if quarantine := [d for d in decisions if d.get("action") == "quarantine"]:
+        return f"{cause} — " + ("compile caches not moved (dry run)" if all(d.get("dry_run") for d in quarantine)
+                                else "moving compile caches aside")
+    if any(d.get("action") in ("refuse", "alert_only") for d in decisions):
+        return f"{cause} — not acted on"
+    return cause
+
+
+def ended(earlier: list[Event], ctx: Context) -> str:
+    """The title of an incident's condition that ended by itself: what it was."""
+    return f"resolved: {_cause(first_fault(earlier) or earlier[0], ctx)}"
+
+
+def _cause(e: Event, ctx: Context) -> str:
+    if e.kind == "engine_stall" and (figures := e.evidence.get("figures")):
+        return (f"engine {e.engine} stalled {figures.get('stalled_seconds', 0):.0f} s with "
+                f"{figures.get('running') or 0:.0f} request(s) running")
+    if e.kind.startswith("engine_") and e.kind in _WORDS:
+        return f"engine {e.engine} {_WORDS[e.kind]}"
+    if e.kind == "xid":
+        what = f"{ctx.gpu(e.gpu)} Xid {e.evidence.get('xid')}" + \
+            (" (fell off the bus)" if e.evidence.get("xid") in OFF_THE_BUS_XIDS else "")
+    elif e.kind in _WORDS:
+        what = f"{ctx.gpu(e.gpu)} {_WORDS[e.kind]}"
+    else:
+        return e.message.split(". ", 1)[0]  # its first sentence: a title is a line
+    if process := e.evidence.get("process"):  # its name is the process's own choice: shown, never rendered
+        what += f" by pid {process.get('pid')} ({_UNSAFE.sub('?', str(process.get('name')))})"
+    return what
+
+
+def _own(cause: str, e: Event) -> str:
+    """The cause, without the engine's name where the title already says it."""
+    return cause.removeprefix(f"engine {e.engine} ")
+
+
+def _back(e: Event) -> str:
+    seconds = e.evidence.get("seconds_since_kill")
+    if isinstance(seconds, int | float):
+        return f"first completion {seconds:.0f} s after the kill"
+    return e.message.removeprefix(f"{e.engine} back: ")
+
+
+def repeats_title(out: Outgoing, ctx: Context) -> str:
+    """A storm's follow-up: how many more of what."""
+    counts = ", ".join(f"{n:,} more {key.split(':', 1)[0]}" for key, (n, _) in out.repeats.items())
+    return f"{out.subject}: {counts}"

@@ -1,0 +1,187 @@
+"""The engine lifecycle, pure: looks with the time passed in, transitions out. A restarted engine is a new
+instance, judged only by its own figures; it is back once a real completion returns."""
+
+from gpuwarden.engine.canary import CanaryResult
+from gpuwarden.engine.lifecycle import (
+    Answers,
+    Back,
+    CanaryDue,
+    CrashLoop,
+    Exited,
+    Judged,
+    Lifecycle,
+    Look,
+    Progressing,
+    RestartFailed,
+    Rules,
+    Silent,
+    Stalled,
+    Starting,
+    Unresponsive,
+)
+from gpuwarden.engine.metrics import EngineSample
+from gpuwarden.engine.stall import StallDetector
+
+OLD = frozenset({(100, 1.0), (101, 1.5)})  # the first instance: pids and start times
+NEW = frozenset({(200, 500.0)})
+SAME_PID_NEW_START = frozenset({(100, 600.0)})  # a pid reused by a new process is a new instance
+OK = CanaryResult("ok", 0.4, "a token in 0.4 s")
+
+
+def sample(running, progress):
+    return EngineSample("vllm", running, 0.0, progress, progress, False, None)
+
+
+def life(**rules):
+    return Lifecycle(Rules(**{"unresponsive_after": 3, "kill_grace": 2.0, "crash_loop_exits": 3,
+                              "crash_loop_window": 600.0, "restart_timeout": 100.0, "canary_every": 5.0, **rules}),
+                     lambda: StallDetector(4.0, 10.0, 60.0))
+
+
+def kinds(transitions):
+    return [type(t) for t in transitions if not isinstance(t, Judged)]
+
+
+def looks(lc, start, end, sample_=None, processes=OLD, step=1.0):
+    """One look a second from `start` to `end` (excluded), all transitions."""
+    out, t = [], start
+    while t < end:
+        out += lc.observe(Look(t, sample_, processes))
+        t += step
+    return out
+
+
+def stalled_engine(lc, until=20.0):
+    looks(lc, 0, 1, sample(4, 100))
+    return looks(lc, 1, until, sample(4, 100))
+
+
+def test_a_stall_and_its_end_are_said_once_each():
+    lc = life()
+    out = stalled_engine(lc)
+    assert kinds(out) == [Stalled]
+    assert kinds(lc.observe(Look(20, sample(4, 101), OLD))) == [Progressing]
+
+
+def test_unresponsive_counts_from_its_last_answer_and_is_said_once():
+    lc = life()
+    looks(lc, 0, 1, sample(2, 100))
+    out = looks(lc, 1, 30, None)
+    assert kinds(out) == [Silent, Unresponsive]
+    unresponsive = next(t for t in out if isinstance(t, Unresponsive))
+    assert unresponsive.silent_for == 10.0 and unresponsive.last.running == 2
+    assert kinds(lc.observe(Look(30, sample(0, 100), OLD))) == [Answers]
+
+
+def test_an_engine_without_processes_is_never_unresponsive():
+    lc = life()
+    assert kinds(looks(lc, 0, 30, None, processes=frozenset())) == [Silent]
+
+
+def test_our_kill_is_no_exit_and_the_dead_instances_figures_go_with_it():
+    lc = life()
+    stalled_engine(lc)
+    lc.killing(20.0, restart=True)
+    assert lc.in_grace and lc.sample is None and lc.kills == (20.0,)
+    assert kinds(lc.observe(Look(21, None, frozenset()))) == []  # gone by our kill: not news
+
+
+def test_a_restarted_engine_loading_for_60_s_is_not_judged_and_is_back_after_a_completion():
+    """The H200 case: the old instance had 4 requests running and stalled; the new one answers 503 while it
+    loads. Nothing of the old one counts and nothing during start-up is held against the new one."""
+    lc = life()
+    stalled_engine(lc)
+    lc.killing(20.0, restart=True)
+    lc.observe(Look(21, None, frozenset()))
+    out = lc.observe(Look(22, None, NEW))
+    assert kinds(out) == [Starting]
+    out = looks(lc, 23, 83, None, processes=NEW)  # 503 "Loading model" for 60 s: no stall, no unresponsive
+    assert kinds(out) == []
+    out = lc.observe(Look(83, sample(0, 0), NEW))  # its own first answer: a counter at 0 is not "went down"
+    assert kinds(out) == [CanaryDue] and lc.sample.running == 0
+    assert lc.canaried(CanaryResult("error", 0.1, "HTTP 503"), 83.2) == []  # not yet
+    assert kinds(looks(lc, 84, 89, sample(0, 0), processes=NEW)) == [CanaryDue]  # every canary_every
+    [back] = lc.canaried(OK, 88.5)
+    assert isinstance(back, Back) and back.since_kill == 68.5 and back.since_start == 66.5
+    assert lc.phase == "watching"
+    # judged afresh, by its own figures: running with progress is fine; its own stall is one
+    out = looks(lc, 89, 95, sample(1, 10), processes=NEW)
+    assert kinds(out) == []
+    assert kinds(looks(lc, 95, 110, sample(1, 10), processes=NEW)) == [Stalled]
+
+
+def test_unresponsive_of_a_new_instance_never_counts_time_before_it_started():
+    lc = life(restart_timeout=30.0)
+    looks(lc, 0, 5, sample(4, 100))
+    lc.killing(5.0, restart=True)
+    lc.observe(Look(6, None, NEW))
+    out = looks(lc, 7, 36, None, processes=NEW)
+    assert kinds(out) == [RestartFailed]
+    # past its start-up it is judged as any engine, from its own start (t=6), with no requests of the dead one
+    out = looks(lc, 36, 50, None, processes=NEW)
+    [unresponsive] = [t for t in out if isinstance(t, Unresponsive)]
+    assert unresponsive.last is None and unresponsive.silent_for >= 10 and unresponsive.silent_for <= 44 - 6 + 1
+
+
+def test_a_restart_that_never_serves_fails_once_and_is_never_restarted_again():
+    lc = life()
+    stalled_engine(lc)
+    lc.killing(20.0, restart=True)
+    out = looks(lc, 21, 140, sample(0, 0), processes=frozenset())  # no process ever starts
+    failed = [t for t in out if isinstance(t, RestartFailed)]
+    assert len(failed) == 1 and failed[0].by_us and not failed[0].started and failed[0].waited == 100.0
+    assert lc.restart_refused and lc.phase == "failed"
+
+
+def test_a_restart_its_supervisor_could_not_start_is_not_waited_for():
+    lc = life()
+    stalled_engine(lc)
+    lc.killing(20.0, restart=True)
+    lc.restart_failed()
+    assert lc.restart_refused and kinds(looks(lc, 21, 200, None, processes=frozenset())) == [Silent]
+
+
+def test_an_exit_restarted_by_its_own_supervisor_gets_the_same_grace_and_is_back():
+    lc = life()
+    looks(lc, 0, 5, sample(2, 100))
+    out = lc.observe(Look(5, None, NEW))  # between two looks: the old processes gone, new ones there
+    assert kinds(out) == [Exited, Starting]
+    assert kinds(looks(lc, 6, 60, None, processes=NEW)) == []
+    assert kinds(lc.observe(Look(60, sample(0, 0), NEW))) == [CanaryDue]
+    [back] = lc.canaried(OK, 61)
+    assert back.since_kill is None and back.since_start == 56
+
+
+def test_a_pid_reused_by_a_new_process_is_a_new_instance_and_forked_workers_are_not():
+    lc = life()
+    looks(lc, 0, 2, sample(0, 100))
+    assert kinds(lc.observe(Look(2, sample(0, 100), OLD | {(102, 2.0)}))) == []  # a worker it forked
+    assert kinds(lc.observe(Look(3, None, SAME_PID_NEW_START))) == [Exited, Starting]
+
+
+def test_exits_within_the_window_make_a_crash_loop():
+    lc = life()
+    transitions = []
+    for i in range(3):
+        transitions += lc.observe(Look(10.0 * i, None, frozenset({(300 + i, float(i))})))
+        transitions += lc.observe(Look(10.0 * i + 5, None, frozenset()))
+    assert kinds(transitions) == [Exited, Starting, Exited, Starting, Exited, CrashLoop]
+
+
+def test_a_kill_without_restart_then_a_supervisor_start_is_back_or_fails_by_its_own_start():
+    lc = life(restart_timeout=20.0)
+    looks(lc, 0, 2, sample(1, 1))
+    lc.killing(2.0, restart=False)
+    assert kinds(looks(lc, 3, 50, None, processes=frozenset())) == []  # nothing restarts it: no deadline
+    lc.observe(Look(50, None, NEW))
+    [failed] = [t for t in looks(lc, 51, 80, None, processes=NEW) if isinstance(t, RestartFailed)]
+    assert not failed.by_us and failed.started and not lc.restart_refused
+
+
+def test_a_reload_keeps_kills_and_a_failed_restart():
+    lc = life()
+    lc.killing(1.0, restart=True)
+    lc.restart_failed()
+    new = life()
+    new.kept(lc)
+    assert new.kills == (1.0,) and new.restart_refused
