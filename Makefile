@@ -12,7 +12,7 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
 	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container
 
-.PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
+.PHONY: run test lint bench install install-config uninstall system-deps test-deps peers nspawn clean
 
 run: $(VENV)/.installed
 	$(VENV)/bin/gpuwarden run
@@ -63,11 +63,18 @@ install: system-deps
 	$(SUDO) $(PREFIX)/bin/pip install -q --upgrade pip
 	$(SUDO) $(PREFIX)/bin/pip install -q .
 	$(SUDO) install -D -m 0644 systemd/gpuwarden.service /etc/systemd/system/gpuwarden.service
-	$(SUDO) install -d -m 0755 /etc/gpuwarden
-	@if [ -e /etc/gpuwarden/gpuwarden.toml ]; then echo "kept the existing /etc/gpuwarden/gpuwarden.toml"; \
-	else $(SUDO) install -m 0644 config/gpuwarden.toml /etc/gpuwarden/gpuwarden.toml; fi
+	@$(MAKE) --no-print-directory install-config
 	@if [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; \
 	echo "installed; start it with: systemctl enable --now gpuwarden"; fi
+
+# The configuration holds the alert URLs' tokens: root's alone (0600). An existing file is kept, and only
+# tightened: group and others lose their access, a stricter mode (0400) stays.
+CONFDIR ?= /etc/gpuwarden
+install-config:
+	$(SUDO) install -d -m 0755 $(CONFDIR)
+	@if [ -e $(CONFDIR)/gpuwarden.toml ]; then $(SUDO) chmod go= $(CONFDIR)/gpuwarden.toml; \
+	echo "kept the existing $(CONFDIR)/gpuwarden.toml (mode $$(stat -c %a $(CONFDIR)/gpuwarden.toml))"; \
+	else $(SUDO) install -m 0600 config/gpuwarden.toml $(CONFDIR)/gpuwarden.toml; fi
 
 uninstall:
 	-@[ -d /run/systemd/system ] && $(SUDO) systemctl disable --now gpuwarden 2>/dev/null; true

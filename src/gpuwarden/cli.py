@@ -182,6 +182,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise configuration.placed(exc, path) from None
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
     print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
+    if config.kernel.source == "file":
+        print(f"# note: kernel source \"file\" ({config.kernel.file}) cannot tell a kernel line from one any user "
+              "writes with `logger -t kernel` (syslog puts both there alike): a GPU fault read from it may be "
+              "forged. /dev/kmsg and the journal (_TRANSPORT=kernel) can tell: prefer source = \"auto\"")
     for engine in config.engine:
         print(f"# engine {engine.name}: a kill now would take")
         _print_processes(*_resolution(target_spec(engine)))

@@ -40,6 +40,7 @@ log = logging.getLogger("gpuwarden")
 
 _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
+_CONFIG = OffLoop("configuration", limit=2)  # a reload's read and name look-ups; the exporter's bind
 _CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
 
 
@@ -202,7 +203,8 @@ class Daemon:
             await asyncio.sleep(self.config.daemon.status_interval)
             async with self._reload_lock:  # a reload starts its own
                 if self.exporter is None:
-                    await asyncio.to_thread(self._start_exporter, True)  # `listen` may need a name look-up
+                    # `listen` may need a name look-up
+                    await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
     def _guarded_devices(self) -> set[str]:
         return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))
@@ -240,14 +242,15 @@ class Daemon:
                 return new, path, build_targets(new.alerts)
             try:
                 async with asyncio.timeout(_STOP_DEADLINE):
-                    new, path, targets = await asyncio.to_thread(load)
+                    new, path, targets = await _CONFIG.run("reload", _STOP_DEADLINE, load)
             except Exception as exc:  # ConfigError, or anything a target's library raises: READY=1 must follow
                 if not isinstance(exc, ConfigError):
                     log.exception("reload failed")
-                log.error("reload failed, the running configuration stays:\n%s", exc)
-                self.notifier.status(f"reload failed, old configuration kept: {str(exc).splitlines()[0]}")
+                why = reloads.reason(exc)
+                log.error("reload failed, the running configuration stays:\n%s", why)
+                self.notifier.status(f"reload failed, old configuration kept: {why.splitlines()[0]}")
                 self.notifier.ready()
-                await self._confirm_reload(began, str(exc), None)
+                await self._confirm_reload(began, why, None)
                 return
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter

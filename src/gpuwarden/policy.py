@@ -82,6 +82,7 @@ class Kill:
 class Quarantine:
     reason: str
     dry_run: bool = False
+    engine: str | None = None  # whose crash loop: only that engine's user's caches move
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ class Refuse:
 class AlertOnly:
     """An action the config turned into an alert (on_stall = "alert"...): the event's alert is all there is."""
 
-    action: Kill
+    action: Kill | Quarantine
     reason: str
 
 
@@ -262,8 +263,23 @@ def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | Aler
     if is_gpu_fault(event) or escalates(event):
         return _gpu_fault(event, situation)
     if event.kind in QUARANTINE_KINDS:
-        return [Quarantine(event.kind.replace("engine_", ""), situation.cache_dry_run)]
+        return _quarantine(Quarantine(event.kind.replace("engine_", ""), situation.cache_dry_run, event.engine),
+                           named)
     return []
+
+
+def _quarantine(action: Quarantine, named: list[EngineView]) -> list[Quarantine | AlertOnly | Refuse]:
+    """The engine's own settings govern this root action too: an engine that may only be alerted on (every
+    discovered one: anyone can start a look-alike and make it exit) never makes root move a cache."""
+    if not named:
+        return [Refuse(action, f"{action.engine or 'no engine'} is not an engine this daemon watches")]
+    view = named[0]
+    if all(getattr(view, setting) == "alert" for setting in _ON_SETTINGS):
+        return [AlertOnly(action, f"{view.name} is alert-only ({', '.join(_ON_SETTINGS)} say \"alert\")")]
+    return [replace(action, dry_run=action.dry_run or view.dry_run)]
+
+
+_ON_SETTINGS = ("on_stall", "on_gpu_fault", "on_unresponsive")
 
 
 def _not_allowed(event: Event, gpus_seen: frozenset[str]) -> str | None:

@@ -34,6 +34,13 @@ def confirm(state_dir: Path, pid: int, began_ns: int, error: str | None, config:
     os.replace(tmp, state_dir / FILE)
 
 
+def reason(exc: BaseException) -> str:
+    """Why a reload failed, never empty: a TimeoutError, for one, has no message of its own."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "reading the configuration did not finish in time (a name look-up or a config_file that hangs?)"
+    return str(exc) or type(exc).__name__
+
+
 def read(state_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((state_dir / FILE).read_text())
@@ -47,8 +54,45 @@ def answers(record: dict[str, Any] | None, pid: int, asked_ns: int) -> bool:
 
 
 def state_dir_of(pid: int) -> Path:
-    """The state dir of the gpuwarden daemon `pid`: where the database it holds open lies. A process that holds
-    no gpuwarden database is not signalled (SIGHUP ends most processes)."""
+    """The state dir of the gpuwarden daemon `pid`, once `pid` is proven to be one: it runs gpuwarden (`run`)
+    with the very interpreter this command runs with, and holds its database open in a folder of its own user
+    that no one else may write. Anything else is not signalled (SIGHUP ends most processes), and a confirmation
+    is never read from a folder another user could write it in."""
+    if why := not_gpuwarden(pid):
+        raise LookupError(f"process {pid} is not a gpuwarden daemon ({why})")
+    folder = database_dir(pid)
+    try:
+        st, owner = os.stat(folder), os.stat(f"/proc/{pid}").st_uid
+    except OSError as exc:
+        raise LookupError(f"process {pid}: {exc.strerror or exc}") from None
+    if st.st_uid != owner or st.st_mode & 0o022:
+        raise LookupError(f"process {pid}'s state dir {folder} is not its user's alone (owner uid {st.st_uid}, "
+                          f"mode {st.st_mode & 0o7777:04o}): its confirmation could be anyone's")
+    return folder
+
+
+def not_gpuwarden(pid: int) -> str | None:
+    """Why `pid` is not `gpuwarden run` started from this installation (None: it is)."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/exe"), os.stat("/proc/self/exe")
+        argv = [os.fsdecode(a) for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    except FileNotFoundError:
+        raise LookupError(f"no process {pid}") from None
+    except PermissionError:
+        raise LookupError(f"cannot see what process {pid} runs (run as its user or root)") from None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        return f"it runs {os.readlink(f'/proc/{pid}/exe')}, not {os.readlink('/proc/self/exe')}"
+    module = argv[1:3] == ["-m", "gpuwarden"]
+    script = len(argv) > 1 and os.path.basename(argv[1]) == "gpuwarden"
+    if not (module or script) or "run" not in argv[2:]:
+        return f"its command line is not `gpuwarden run`: {' '.join(argv)[:200]!r}"
+    return None
+
+
+def database_dir(pid: int) -> Path:
+    """Where the database that `pid` holds open lies."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except FileNotFoundError:

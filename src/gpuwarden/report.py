@@ -27,9 +27,12 @@ from gpuwarden import incidents
 from gpuwarden.conditions import Change, Key
 from gpuwarden.kinds import OUTCOMES
 from gpuwarden.model import Event, GpuSample
+from gpuwarden.offloop import OffLoop
 from gpuwarden.store import private_folder
 
 log = logging.getLogger(__name__)
+_WRITES = OffLoop("incident write", limit=4)  # one per bundle: a hung disk holds these, never a kill's
+_WRITE_DEADLINE = 60.0
 
 BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go into the bundle
 SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
@@ -170,7 +173,7 @@ class Incidents:
         try:
             content = self.gather(trigger, trigger_id or 0, opened)
             content["incident"] = self._latest[incident_id].row()
-            await asyncio.to_thread(self._write, path, content, self.keep)
+            await _WRITES.run(path.name, _WRITE_DEADLINE, self._write, path, content, self.keep)
             await render_in_child(path, self.folder.parent / "matplotlib")
         except Exception:
             log.exception("incident report %s could not be written", path)

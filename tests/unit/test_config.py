@@ -78,8 +78,9 @@ def test_severity_overrides_check_the_kind():
     assert "did you mean 'page_fault'" in error_of('[kernel.severity]\npage_falt = "critical"\n')
 
 
-def test_toml_syntax_error_is_a_config_error():
-    assert error_of("[kernel\n").startswith("gw.toml: not valid TOML")
+def test_toml_syntax_error_is_a_config_error_at_its_line():
+    assert error_of("[kernel\n").startswith("gw.toml:1: not valid TOML")
+    assert error_of("[daemon]\nstate_dir = \n").startswith("gw.toml:2: not valid TOML: Invalid value")
 
 
 def test_missing_explicit_file_and_unreadable_file(tmp_path):

@@ -142,8 +142,20 @@ def test_unresponsive_kills_only_when_requests_were_running_and_configured_to():
 
 
 def test_a_crash_loop_quarantines_or_only_says_what_it_would_move():
-    assert acts(ev("engine_crash_loop", engine="a"), [A]) == [Quarantine("crash_loop")]
-    assert acts(ev("engine_crash_loop", engine="a"), [A], cache_dry_run=True) == [Quarantine("crash_loop", True)]
+    assert acts(ev("engine_crash_loop", engine="a"), [A]) == [Quarantine("crash_loop", engine="a")]
+    assert acts(ev("engine_crash_loop", engine="a"), [A], cache_dry_run=True) == [
+        Quarantine("crash_loop", True, "a")]
+
+
+def test_an_alert_only_or_unknown_engine_in_a_crash_loop_moves_no_cache():
+    """Issue 24: an engine that may only be alerted on (every discovered one) made root rename caches."""
+    quiet = EngineView("a", None, "alert", "alert", on_unresponsive="alert")
+    [only] = decide(ev("engine_crash_loop", engine="a"), Situation([quiet], SEEN, 1000.0))
+    assert isinstance(only, AlertOnly) and only.action == Quarantine("crash_loop", engine="a")
+    [refused] = acts(ev("engine_crash_loop", engine="ghost"), [A])
+    assert isinstance(refused, Refuse) and not refused.by_hand
+    dry = EngineView("a", None, "kill", "kill", dry_run=True)
+    assert acts(ev("engine_crash_loop", engine="a"), [dry]) == [Quarantine("crash_loop", True, "a")]
 
 
 def test_a_stall_read_from_a_log_kills_only_once_a_canary_confirmed_it():

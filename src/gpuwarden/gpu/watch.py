@@ -25,8 +25,11 @@ from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
+from gpuwarden.offloop import Busy, OffLoop
 
 log = logging.getLogger(__name__)
+_NVML = OffLoop("nvml", limit=2)  # opening NVML, waiting for Xids: a hung driver holds these two
+_NVML_DEADLINE = 30.0
 # what a GPU that answers reads again, or is back on the bus, is cured of (not of a failed reset: gpu_lost)
 _UNRESPONSIVE, _MISSING = frozenset({"gpu_unresponsive"}), frozenset({"gpu_missing"})
 
@@ -109,7 +112,7 @@ class GpuWatch:
                 log.info("NVML reader on: %d NVIDIA GPU(s)", len(self._nv_handles))
 
     async def run(self) -> None:
-        await asyncio.to_thread(self.open_nvml)
+        await _NVML.run("open", _NVML_DEADLINE, self.open_nvml)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._sample_forever())
             if self.nvml and self._nv_handles:
@@ -222,7 +225,10 @@ class GpuWatch:
     async def _watch_xids(self) -> None:
         while True:
             try:
-                events = await asyncio.to_thread(nvidia.xid_events, self.nvml, 1000)
+                events = await _NVML.run("xid events", _NVML_DEADLINE, nvidia.xid_events, self.nvml, 1000)
+            except (Busy, TimeoutError):
+                await asyncio.sleep(1.0)  # a hung wait still holds its thread: try again once it returns
+                continue
             except Exception as exc:
                 log.warning("NVML Xid events unavailable: %s", exc)
                 for event in self.xid_merge.due(float("inf")):  # what is held has no other way out
