@@ -206,7 +206,7 @@ class Alerter:
 
     @staticmethod
     async def _picture(folder: Path, created: float) -> str | None:
-        """The incident's timeline.png, waiting for it up to _PICTURE_WAIT after the alert was made."""
+        """The incident's timeline.svg, waiting for it up to _PICTURE_WAIT after the alert was made."""
         while (found := picture(folder)) is None and time.time() - created < _PICTURE_WAIT:
             await asyncio.sleep(0.25)
         return str(found) if found else None

@@ -50,7 +50,7 @@ def compose(out: Outgoing, host: str, alert_id: str, incident: str | None = None
     if runbooks:
         sections.append("**What to do**\n" + "\n".join(f"- {r}" for r in runbooks))
     if incident:
-        sections.append(f"**Incident report**: `{incident}` (incident.json; timeline.png attached where the "
+        sections.append(f"**Incident report**: `{incident}` (incident.json; timeline.svg attached where the "
                         "target takes attachments)")
     sections.append(f"alert id: {alert_id}")
     return Message(alert_id, title, "\n\n".join(sections), out.severity, False, frozenset(tags))
