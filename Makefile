@@ -18,9 +18,11 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 run: $(VENV)/.installed
 	$(VENV)/bin/gpuwarden run
 
-test: test-deps peers nspawn $(VENV)/.installed
+# The engines and the nspawn root build (niced) while the tests that need neither run; then the tests that need
+# them (tests/run.sh). `make peers nspawn` builds them alone.
+test: test-deps $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/pytest
+	VENV=$(VENV) MAKE="$(MAKE)" bash tests/run.sh
 
 # Real engines for the end-to-end tests (vLLM, llama.cpp), cached outside the checkout in $(PEERS_CACHE):
 # the first run builds them (about 10 minutes), later runs find them in a second.

@@ -163,11 +163,7 @@ class Vllm(Server):
     startup_timeout = 300.0  # 26-50 s here, more on a loaded machine (torch.compile warm-up)
 
     def command(self) -> list[str]:
-        model = self.run_dir / "tiny-llama"
-        model.mkdir(parents=True, exist_ok=True)
-        (model / "config.json").write_text(json.dumps(TINY_LLAMA))
-        (model / "generation_config.json").write_text('{"bos_token_id": 1, "eos_token_id": 2}')
-        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model()),
                 "--served-model-name", "tiny-llama", "--load-format", "dummy", "--skip-tokenizer-init",
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "2048",
                 "--max-num-seqs", "16"]
@@ -212,6 +208,19 @@ def unit_cgroup(unit: str) -> Path:
         if (base / "cgroup.procs").exists():
             return base / "system.slice" / unit
     raise RuntimeError("no cgroup hierarchy to run a unit in")
+
+
+def vllm_model() -> Path:
+    """The tiny model's folder, one for every vLLM the tests start: vLLM's compile cache (~/.cache/vllm) is keyed by
+    the model's path, so a folder per test compiled the model again at every start (25-50 s of each)."""
+    path = PEERS / "models" / "tiny-llama"
+    files = {"config.json": json.dumps(TINY_LLAMA), "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}'}
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        if not (path / name).exists() or (path / name).read_text() != text:
+            (path / f".{name}.tmp").write_text(text)
+            (path / f".{name}.tmp").replace(path / name)
+    return path
 
 
 def gguf_model(name: str) -> Path:
