@@ -80,7 +80,7 @@ def test_npd_check_reports_gpu_engine_and_daemon_from_a_real_daemon(daemon_facto
     stuck.set_mode("stall")
     event("engine_stall", "stuck")
     code, text = npd_check(cfg, "engine")
-    assert code == 1 and text.startswith("engine stuck: engine_stalled at ") and text.endswith(", not fixed"), text
+    assert code == 1 and text.startswith("engine stuck: engine_stall at ") and text.endswith(", not fixed"), text
 
     with d.log_file.open("a") as log:
         log.write(LOST)
