@@ -15,8 +15,9 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 
 .PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
 
+# `make run CONFIG=my.toml` runs with your file; without it, on the built-in defaults
 run: $(VENV)/.installed
-	$(VENV)/bin/gpuwarden run
+	$(VENV)/bin/gpuwarden $(if $(CONFIG),--config $(abspath $(CONFIG))) run
 
 # The engines and the nspawn root build (niced) while the tests that need neither run; then the tests that need
 # them (tests/run.sh). `make peers nspawn` builds them alone.

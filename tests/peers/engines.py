@@ -135,7 +135,7 @@ class Server:
             for pid in self.tree:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 5  # a server with requests open may never exit on SIGTERM (uvicorn, llama-server)
         while not self.gone() and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in self.tree:
