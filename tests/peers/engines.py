@@ -13,8 +13,10 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -69,6 +71,7 @@ class Server:
 
     name = "server"
     startup_timeout = 60.0
+    slow_start = False  # worth starting ahead, while the test before runs (Spares)
 
     def __init__(self, port: int, run_dir: Path, unit: str | None = None) -> None:
         self.port, self.run_dir, self.unit = port, run_dir, unit
@@ -161,6 +164,7 @@ class Vllm(Server):
 
     name = "vllm"
     startup_timeout = 300.0  # 26-50 s here, more on a loaded machine (torch.compile warm-up)
+    slow_start = True  # about 40 s on its one core: three processes import torch, then the model compiles
 
     def command(self) -> list[str]:
         return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model()),
@@ -198,6 +202,53 @@ class LlamaCpp(Server):
         return [str(LLAMA_SERVER), "-m", str(gguf_model(self.model)), "--alias", "tiny-llama", "--host", "127.0.0.1",
                 "--port", str(self.port), *(["--metrics"] if self.metrics else []), "--slots", "-t", "1", "-tb", "1",
                 "-c", str(ctx), "-np", str(self.slots)]
+
+
+class Spares:
+    """Engines started ahead, one per kind and settings, while the test before runs: a test that asks for a
+    slow starter (vLLM) gets the one started during the previous test, fresh and never used, and the next one
+    starts at once in a thread. Each test still gets an engine of its own; the spare waits idle beside it, on
+    the engines' core. What is left is stopped at the end."""
+
+    def __init__(self, run_dir: Path, port: Callable[[], int]) -> None:
+        self.run_dir, self.port = run_dir, port
+        self._started: dict[tuple, tuple[threading.Thread, list]] = {}
+
+    def take(self, kind: type[Server], settings: dict) -> Server | None:
+        """The spare for these settings once it answers, or None (none was started, or it failed to start)."""
+        thread, box = self._started.pop(self._key(kind, settings), (None, []))
+        if thread is None:
+            return None
+        thread.join()
+        return box[0] if box and isinstance(box[0], Server) else None
+
+    def prepare(self, kind: type[Server], settings: dict) -> None:
+        key = self._key(kind, settings)
+        if not kind.slow_start or settings.get("unit") or key in self._started:  # a unit is one test's own
+            return
+        box: list = []
+        server = kind(self.port(), self.run_dir, **settings)
+
+        def start() -> None:
+            try:
+                box.append(server.start())
+            except Exception as exc:  # the test that takes it starts its own instead
+                box.append(exc)
+                server.stop()
+        thread = threading.Thread(target=start, name=f"spare-{kind.name}", daemon=True)
+        thread.start()
+        self._started[key] = (thread, box)
+
+    def stop(self) -> None:
+        for thread, box in self._started.values():
+            thread.join()
+            if box and isinstance(box[0], Server):
+                box[0].stop()
+        self._started.clear()
+
+    @staticmethod
+    def _key(kind: type[Server], settings: dict) -> tuple:
+        return (kind, tuple(sorted(settings.items())))
 
 
 def unit_cgroup(unit: str) -> Path:
