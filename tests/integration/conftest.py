@@ -1,5 +1,6 @@
 """Fixtures for integration tests; the parts themselves are in helpers.py."""
 
+import inspect
 import os
 import shutil
 import signal
@@ -88,17 +89,18 @@ def spare_engines(tmp_path_factory):
 @pytest.fixture
 def servers(request, tmp_path, spare_engines):
     """Real engine servers (tests/peers), each test's own, stopped (whole trees) after it. A slow starter asked
-    for is started ahead for the module's next test when that test uses this fixture too."""
+    for is started ahead for the module's next test when that test uses this fixture too and names the kind."""
     started = []
     items = request.session.items
     following = items[items.index(request.node) + 1:items.index(request.node) + 2]
-    ahead = any(item.module is request.node.module and "servers" in item.fixturenames for item in following)
+    ahead = [inspect.getsource(item.function) for item in following
+             if item.module is request.node.module and "servers" in item.fixturenames]
 
     def start(kind, **kw):
         if why := missing(kind.name):
             pytest.fail(why)
         server = spare_engines.take(kind, kw) or kind(free_port(), tmp_path / "engines", **kw).start()
-        if ahead:
+        if any(f"servers({kind.__name__}" in source for source in ahead):
             spare_engines.prepare(kind, kw)
         started.append(server)
         return server
