@@ -468,7 +468,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         else:
             stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
-            picture = "timeline.png" if row["picture"] else "no picture"
+            picture = "timeline.svg" if row["picture"] else "no picture"
             print(f"{stamp}  {row['kind']:<16} {row['subject']:<13} {row['events']:>3} event(s) "
                   f"{row['actions']:>2} action(s)  {picture:<12}  {row['folder']}"
                   + (f"\n    ended: {row['ended']}" if row.get("ended") else ""))

@@ -35,7 +35,7 @@ PIP_BINDS = ["/etc/pip.conf", "/etc/xdg/pip", "/root/.config/pip", "/opt/wheels"
 PIP_ENV = ("PIP_FIND_LINKS", "PIP_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_INDEX_URL",
            "PIP_EXTRA_INDEX_URL")
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.peers]  # peers: the nspawn root that make test builds
 
 
 class Container:

@@ -1,4 +1,5 @@
-"""Read one amdgpu GPU from sysfs and hwmon (platform-facts §1). Synchronous and possibly blocking: the
+"""Read one amdgpu GPU from sysfs and hwmon (amdgpu registers hwmon on the PCI device, so everything is found
+from the PCI address, never a card or hwmon index). Synchronous and possibly blocking: the
 caller runs it off the event loop with a deadline.
 
 A missing file means "not supported" (amdgpu creates only what the ASIC supports). EBUSY, EPERM and EAGAIN
