@@ -89,8 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
 
-    status = command("status", help="a table of every GPU's latest reading")
-    status.add_argument("--json", action="store_true")
+    status = command("status", help="the running daemon's state: sources, engines, open incidents, GPUs (without "
+                                     "a daemon: a fresh reading of every GPU)")
+    status.add_argument("--json", action="store_true", help="one JSON document")
+    status.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the daemon (default 5)")
     status.set_defaults(handler=cmd_status)
 
     guard = command("guard", help="the recovery guard outside the daemon: status, apply, release")
@@ -453,15 +455,23 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """One fresh reading of every GPU, through the same readers as the daemon (no daemon needed)."""
+    """The daemon's snapshot from its exporter (/status.json); when no daemon answers, one fresh reading of every
+    GPU through the same readers as the daemon. --json: {"daemon": snapshot or null, "error": why not,
+    "readings": the fresh readings, without a daemon}."""
     from gpuwarden.gpu.discovery import discover
     from gpuwarden.gpu.watch import read_once
 
     config, _ = configuration.load(args.config)
+    snap, error = _daemon_status(config.exporter, args.timeout)
+    if snap is not None:
+        print(json.dumps({"daemon": snap, "error": None, "readings": None}) if args.json else _status_text(snap))
+        return EXIT_OK
+    print(f"gpuwarden status: no daemon answers ({error}); a fresh reading of the GPUs instead", file=sys.stderr)
     gpus = discover(config.gpu.sysfs_root)
     samples = read_once(config.gpu, gpus)
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) for s in samples.values()], default=str))
+        print(json.dumps({"daemon": None, "error": error,
+                          "readings": [dataclasses.asdict(s) for s in samples.values()]}, default=str))
         return EXIT_OK
     if not gpus:
         print("no GPUs found")
@@ -486,3 +496,51 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _w(watts: float | None) -> str:
     return f"{watts:.0f} W" if watts is not None else "-"
+
+
+def _daemon_status(exporter, timeout: float) -> tuple[dict | None, str | None]:
+    """The running daemon's /status.json, at the address its configuration gives the exporter."""
+    import httpx
+
+    if not exporter.enabled:
+        return None, "the exporter is off ([exporter] enabled = false)"
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(exporter.listen, exporter.listen)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{exporter.port}/status.json"
+    try:
+        response = httpx.get(url, timeout=timeout)
+        response.raise_for_status()
+        return response.json(), None
+    except (httpx.HTTPError, ValueError) as exc:
+        return None, f"{url}: {exc}"
+
+
+def _status_text(snap: dict) -> str:
+    from gpuwarden.statuspage import ago
+
+    now = snap["time"]
+    lines = [f"gpuwarden {snap['version']} on {snap['host']}, pid {snap['pid']}: {snap['summary']}", "", "sources:"]
+    lines += [f"  {s['name']:<10} {_updown(s['up']):<8} {s['detail']}" for s in snap["sources"]]
+    lines += ["", "engines:" if snap["engines"] else "engines: none watched"]
+    lines += [f"  {e['name']:<16} {e['state']:<13} running {_n(e['running']):>3} waiting {_n(e['waiting']):>3}  "
+              f"last progress {ago(e['last_progress'], now)}" for e in snap["engines"]]
+    lines += ["", f"open incidents: {len(snap['incidents']) or 'none'}"]
+    for i in snap["incidents"]:
+        lines.append(f"  {i['id']}  opened {ago(i['opened'], now)}  {i['message']}")
+        lines += [f"    decided: {d.get('action')} {d.get('engine') or ''} ({d.get('reason')})".replace(" )", ")")
+                  for d in i["decisions"]]
+    lines += ["", "GPUs:" if snap["gpus"] else "GPUs: none found"]
+    for g in snap["gpus"]:
+        sensors = g["sensors"]
+        temps = " ".join(f"{k.split('_')[1]}={v:.0f}" for k, v in sensors.items() if k.startswith("temperature_"))
+        power = f"{sensors['power_watts']:.0f} W" if "power_watts" in sensors else "-"
+        lines.append(f"  {g['gpu']:<13} {g['vendor']:<6} {(g['model'] or '-')[:22]:<22} {g['state']:<12} {power:>6} "
+                     f"{temps}")
+    return "\n".join(lines)
+
+
+def _updown(up: bool | None) -> str:
+    return "unknown" if up is None else "up" if up else "DOWN"
+
+
+def _n(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, policy, reloads
+from gpuwarden import families, logsetup, policy, reloads, snapshot
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
@@ -38,6 +38,7 @@ log = logging.getLogger("gpuwarden")
 _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 _CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
+_STATUS_DEADLINE = 2.0  # the status page waits this long for the loop, then says it did not answer
 
 
 class Daemon:
@@ -66,6 +67,7 @@ class Daemon:
         self.started = time.monotonic()  # kernel lines logged before this are history
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _situation(self) -> policy.Situation:
         cache = self.config.cache
@@ -79,7 +81,7 @@ class Daemon:
     # --- lifecycle --------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         state_dir = self.config.daemon.state_dir
         if warning := private_folder(state_dir, ours=state_dir == configuration.default_state_dir()):
             log.warning("%s", warning)
@@ -129,7 +131,7 @@ class Daemon:
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port)
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status)
         try:
             exporter.start()
         except OSError as exc:
@@ -173,6 +175,18 @@ class Daemon:
             async with self._reload_lock:  # a reload starts its own
                 if self.exporter is None:
                     await asyncio.to_thread(self._start_exporter, True)  # `listen` may need a name look-up
+
+    def _status(self) -> dict:
+        """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives."""
+        async def gather() -> dict:
+            return snapshot.gather(self)
+        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
+        try:
+            return future.result(_STATUS_DEADLINE)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
+                               "gpuwarden_loop_lag_seconds on /metrics)") from None
 
     def _guarded_devices(self) -> set[str]:
         return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))

@@ -25,12 +25,12 @@ SRC = Path(gpuwarden.__file__).parent
 DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
-     "sdnotify", "supervise", "reloads", "sockets", *DATA},
+     "sdnotify", "supervise", "reloads", "sockets", "statuspage", *DATA},
     {"policy"},
     {"kernel", "gpu", "engine"},
     {"act", "alert"},
     {"hub", "health"},
-    {"daemon"},
+    {"daemon", "snapshot"},
     {"cli", "__main__", "doctor", "npd"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -67,6 +67,11 @@ class StallDetector:
         means = [m for m in (self._timing.mean, self._first_token.mean) if m is not None]
         return max(means) if means else None
 
+    @property
+    def progress_at(self) -> float | None:
+        """Monotonic time of the last progress (or of the look that found it idle or starting to run)."""
+        return self._since
+
     def threshold(self, spinning: bool = False) -> float:
         typical = self.typical
         if spinning or typical is None:
