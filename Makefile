@@ -10,7 +10,8 @@ BUILD_NEEDS := cc:gcc pkg-config:pkg-config
 TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux \
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
-	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container
+	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container \
+	chromium:chromium jq:jq
 
 .PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
 
@@ -50,7 +51,7 @@ system-deps:
 
 test-deps: system-deps
 	@bash .ci/apt-needs $(TEST_NEEDS)
-	@bash .ci/apt-needs --package libfuse2
+	@bash .ci/apt-needs --package libfuse2 fonts-dejavu-core
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)

@@ -42,9 +42,11 @@ _STATUS_DEADLINE = 2.0  # the status page waits this long for the loop, then say
 
 
 class Daemon:
-    def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None) -> None:
+    def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None,
+                 log_level: str | None = None) -> None:
         self.config = config
         self.config_arg = config_arg  # what --config said; None: the default path or built-in defaults
+        self.log_level = log_level  # what --log-level said: it outlives reloads; None: [daemon] log_level
         self.notifier = notifier or Notifier()
         self.metrics = SelfMetrics()
         self.recorder = FlightRecorder(config.gpu.recorder_window)
@@ -248,7 +250,7 @@ class Daemon:
                     self._start_exporter()
                 except OSError as exc:  # the components must come back all the same
                     log.error("the exporter cannot serve on the new address: %s", exc)
-            logsetup.setup(new.daemon.log_level)
+            logsetup.setup(self.log_level or new.daemon.log_level)
             await self._start_components()
             await asyncio.sleep(0)
             log.info("reloaded %s", path or "built-in defaults")
