@@ -18,7 +18,7 @@ from collections.abc import Callable
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpuwarden import __version__, statuspage
@@ -98,6 +98,7 @@ class Exporter:
                  status: Callable[[], dict] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(metrics))
+        ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
         self._metrics_app = make_wsgi_app(self.registry)
         self._status = status
         self._listen, self._port = listen, port

@@ -322,7 +322,7 @@ class EngineWatch:
             return  # a look-up that outran its deadline still holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
-            self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
+            self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
         """From the device files they hold open, and for NVIDIA from NVML's process lists."""
