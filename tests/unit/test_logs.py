@@ -179,3 +179,19 @@ def test_a_log_that_cannot_be_read_is_a_failed_look_not_a_failed_start(tmp_path)
         asyncio.run(scraper.scrape())
     (tmp_path / "missing.log").write_text("")
     assert asyncio.run(scraper.scrape()).running is None  # nothing said yet: no judgement
+
+
+def test_under_systemd_without_systemd_python_the_journal_gets_prefixed_lines(tmp_path):
+    """$JOURNAL_STREAM names our stderr (a real file here); systemd-python is made unimportable in a real child."""
+    import subprocess
+    import sys
+
+    err = tmp_path / "stderr"
+    code = ("import os, sys, logging; sys.modules['systemd'] = None; st = os.fstat(2); "
+            "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'; from gpuwarden import logsetup; "
+            "logsetup.setup('info'); log = logging.getLogger('gpuwarden'); log.info('up'); "
+            "log.error('bad http://u:secret@h/x')")
+    with err.open("w") as stderr:
+        run = subprocess.run([sys.executable, "-c", code], stderr=stderr, timeout=60)
+    assert run.returncode == 0, err.read_text()
+    assert err.read_text().splitlines() == ["<6>up", "<3>bad http://***@h/x"]
