@@ -2,7 +2,7 @@
 down these layers, and never in a cycle. A package may import others of its own layer, without a cycle.
 
     entry points    cli, __main__, doctor, npd
-    wiring          daemon
+    wiring          daemon, snapshot
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
