@@ -48,17 +48,19 @@ def open_incidents(hub: Any) -> list[dict[str, Any]]:
 
 
 def _sources(daemon: Any, metrics: dict) -> list[dict[str, Any]]:
+    """Each source that says whether it is up; its last success is polled under its own name or, for the kernel
+    log, under each reader it used (kernel_kmsg, kernel_journal, kernel_file): the latest of those."""
     up, last = metrics.get(f.SOURCE_UP.name, {}), metrics.get(f.SOURCE_LAST_SUCCESS.name, {})
     kernel = daemon.kernel
     details = {"kernel": kernel.status if kernel else "not started",
                "uevents": (daemon.uevents.unavailable or "netlink") if daemon.uevents else "not started"}
-    names = sorted({labels[0] for labels in (*up, *last)} | {"kernel"})
     rows = []
-    for name in names:
+    for name in sorted({labels[0] for labels in up} | {"kernel"}):
         ok = up.get((name,))
         if name == "kernel" and kernel is not None:
             ok = 0.0 if kernel.unavailable else 1.0
-        rows.append({"name": name, "up": None if ok is None else ok == 1, "last_success": last.get((name,)),
+        polled = [t for (label,), t in last.items() if label == name or label.startswith(f"{name}_")]
+        rows.append({"name": name, "up": None if ok is None else ok == 1, "last_success": max(polled, default=None),
                      "detail": details.get(name, "")})
     return rows
 
