@@ -54,7 +54,8 @@ def test_the_snapshot_says_what_the_daemon_knows(stalled):
     [incident] = snap["incidents"]
     assert "engine_stall" in incident["id"]
     kernel = next(s for s in snap["sources"] if s["name"] == "kernel")
-    assert kernel["up"] is True
+    assert kernel["up"] is True and kernel["detail"] == "file" and snap["time"] - kernel["last_success"] < 60
+    assert sorted(s["name"] for s in snap["sources"]) == ["kernel", "uevents"]
     assert all(c["up"] for c in snap["components"]), snap["components"]
 
 
