@@ -39,8 +39,11 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
 
 def open_incidents(hub: Any) -> list[dict[str, Any]]:
     """The incidents open now, with their decisions: the hub's incidents are the one place that knows."""
-    opened = getattr(hub.incidents, "_open", None)
-    if not opened:
+    incidents = hub.incidents
+    if isinstance(getattr(incidents, "open", None), dict):  # incidents grouped by cause (the `model` branch)
+        return [incident.row() for incident in incidents.open.values()]
+    # until that lands: the one bundle open now, named by its folder; no decision is recorded on it
+    if not (opened := getattr(incidents, "_open", None)):
         return []
     since, path = opened
     return [{"id": path.name, "opened": since, "kind": path.name.split("-", 2)[-1], "message": "",
