@@ -133,7 +133,7 @@ class Daemon:
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status)
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status, self.hub.incidents.folder)
         try:
             exporter.start()
         except OSError as exc:

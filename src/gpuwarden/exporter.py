@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import json
 import math
+import mimetypes
+import os
 import platform
+import re
 import socket
+import stat
 import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpuwarden import __version__, statuspage
+from gpuwarden import __version__, report, statuspage
 from gpuwarden import families as f
 from gpuwarden.families import FAMILIES, Family
 
@@ -91,16 +96,17 @@ class _Collector:
 
 
 class Exporter:
-    """/metrics; the status page at / and /status, its snapshot at /status.json; 404 elsewhere. `status` gives
-    the daemon's snapshot (from this server's threads: it may raise TimeoutError when the loop does not answer)."""
+    """/metrics; the status page at / and /status, its snapshot at /status.json, the incidents' pictures under
+    /incidents/; 404 elsewhere. `status` gives the daemon's snapshot (from this server's threads: it may raise
+    TimeoutError when the loop does not answer); `incidents` is the folder of the incident bundles."""
 
     def __init__(self, metrics: SelfMetrics, listen: str, port: int,
-                 status: Callable[[], dict] | None = None) -> None:
+                 status: Callable[[], dict] | None = None, incidents: Path | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(metrics))
         ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
         self._metrics_app = make_wsgi_app(self.registry)
-        self._status = status
+        self._status, self._incidents = status, incidents
         self._listen, self._port = listen, port
         self._server = None
         self._thread: threading.Thread | None = None
@@ -126,6 +132,8 @@ class Exporter:
         path = environ.get("PATH_INFO") or "/"
         if path == "/metrics":
             return self._metrics_app(environ, start_response)
+        if self._incidents and (picture := _PICTURE.fullmatch(path)):
+            return self._picture(picture[1], start_response)
         if self._status is None or path not in ("/", "/status", "/status.json"):
             return _answer(start_response, "404 Not Found", "text/plain", b"not found: see /metrics\n")
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
@@ -142,6 +150,24 @@ class Exporter:
             return _answer(start_response, "200 OK", "application/json", json.dumps(snap).encode())
         return _answer(start_response, "200 OK", "text/html; charset=utf-8", statuspage.render(snap).encode())
 
+    def _picture(self, incident: str, start_response: Callable) -> list[bytes]:
+        """An incident's picture: a plain file in the bundle's folder (the name has no slash and no leading dot;
+        a link is not followed). At most _PICTURE_READS at once, so a hung state disk never takes a scrape's
+        thread."""
+        if not _PICTURE_READS.acquire(blocking=False):
+            return _answer(start_response, "503 Service Unavailable", "text/plain", b"busy\n")
+        try:
+            fd = os.open(self._incidents / incident / report.PICTURE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(_MAX_PICTURE + 1) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+        except OSError:
+            data = None  # not drawn yet, drawing failed, or no such incident
+        finally:
+            _PICTURE_READS.release()
+        if data is None or len(data) > _MAX_PICTURE:
+            return _answer(start_response, "404 Not Found", "text/plain", b"no picture (yet)\n")
+        return _answer(start_response, "200 OK", _PICTURE_TYPE, data)
+
     def stop(self) -> None:
         if self._server:
             self._server.shutdown()
@@ -150,7 +176,11 @@ class Exporter:
             self._server = None
 
 
-_CSP = "default-src 'none'; style-src 'unsafe-inline'"  # the page needs its own style sheet and nothing else
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'"  # its own style sheet and pictures only
+_PICTURE = re.compile(r"/incidents/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/" + re.escape(report.PICTURE))
+_PICTURE_TYPE = mimetypes.guess_type(report.PICTURE)[0] or "application/octet-stream"
+_PICTURE_READS = threading.BoundedSemaphore(2)
+_MAX_PICTURE = 8 << 20
 
 
 def _answer(start_response: Callable, status: str, content_type: str, body: bytes) -> list[bytes]:

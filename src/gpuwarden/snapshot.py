@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from gpuwarden import __version__
+from gpuwarden import __version__, report
 from gpuwarden import families as f
 from gpuwarden.logsetup import redact
 
@@ -33,7 +33,7 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
         "components": _components(metrics),
         "gpus": _gpus(daemon),
         "engines": _engines(daemon, now),
-        "incidents": open_incidents(daemon.hub),
+        "incidents": [{**i, "picture": f"/incidents/{i['id']}/{report.PICTURE}"} for i in open_incidents(daemon.hub)],
     }
 
 

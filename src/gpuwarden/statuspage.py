@@ -23,7 +23,8 @@ h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-b
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.1em .8em;margin:0}dt{color:var(--dim)}
 dd{margin:0;overflow-wrap:anywhere}.pill{border-radius:1em;padding:0 .5em;color:#fff;font-size:.85em;white-space:nowrap}
 .ok{background:var(--ok)}.warn{background:var(--warn)}.bad{background:var(--bad)}.none{background:var(--dim)}
-.critical{border-left:.3em solid var(--bad)}ul{margin:.2em 0;padding-left:1.2em}.empty{color:var(--dim)}
+.critical{border-left:.3em solid var(--bad)}img{max-width:100%;display:block;margin-top:.4em}
+ul{margin:.2em 0;padding-left:1.2em}.empty{color:var(--dim)}
 """
 
 _ENGINE_TONE = {"running": "ok", "idle": "ok", "starting": "none", "unknown": "none", "stalled": "bad",
@@ -85,6 +86,9 @@ def _incident(i: dict[str, Any], now: float) -> str:
              else "<div class=\"empty\">no decision recorded</div>")
     if i["done"]:
         extra += f"<div>done:<ul>{''.join(f'<li>{escape(d)}</li>' for d in i['done'])}</ul></div>"
+    if i.get("picture"):  # a path of this server; drawn a few seconds after the incident opened
+        extra += (f"<a href=\"{escape(i['picture'])}\"><img src=\"{escape(i['picture'])}\" loading=\"lazy\" "
+                  "alt=\"the timeline picture (drawn a few seconds after the incident opens)\"></a>")
     return _card(i["id"], _pill(i["kind"], "bad"), rows, extra, "card critical")
 
 

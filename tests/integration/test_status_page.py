@@ -70,6 +70,29 @@ def test_status_command_reads_the_running_daemon(stalled):
     assert json.loads(as_json.stdout)["daemon"]["engines"][0]["state"] == "stalled"
 
 
+def test_the_incident_picture_is_served_and_nothing_else_of_the_state_dir(stalled):
+    base = f"http://127.0.0.1:{stalled.port}"
+    [incident] = json.loads(http_get(f"{base}/status.json"))["incidents"]
+    assert incident["picture"] == f"/incidents/{incident['id']}/timeline.png"
+
+    def picture():
+        try:
+            with urllib.request.urlopen(base + incident["picture"], timeout=5) as response:
+                return response.headers["Content-Type"], response.read()
+        except urllib.error.HTTPError:
+            return None  # drawn in a child process a few seconds after the incident opened
+    kind, data = wait_for(picture, 60, 0.5, "the timeline picture")
+    assert kind == "image/png" and data.startswith(b"\x89PNG")
+    folder = stalled.state / "incidents" / incident["id"]
+    (folder / "timeline.png").unlink()
+    (folder / "timeline.png").symlink_to(stalled.state / "gpuwarden.db")  # a link is not followed
+    for path in (incident["picture"], "/incidents/../gpuwarden.db", "/incidents/..%2Fgpuwarden.db/timeline.png",
+                 f"/incidents/{incident['id']}/incident.json", "/incidents/.x/timeline.png"):
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            http_get(base + path)
+        assert caught.value.code == 404, path
+
+
 def test_other_paths_are_not_found_and_metrics_stay(stalled):
     base = f"http://127.0.0.1:{stalled.port}"
     assert "gpuwarden_engine_stalled" in http_get(f"{base}/metrics")

@@ -30,6 +30,7 @@ def snapshot(**changes) -> dict:
         "incidents": [{"id": "20270115-080000-engine_stall", "opened": NOW - 60, "kind": "engine_stall",
                        "message": f"{EVIL} stalled", "engines": [EVIL], "gpus": [],
                        "conditions": ["engine_stalled:x"], "done": [],
+                       "picture": "/incidents/20270115-080000-engine_stall/timeline.png",
                        "decisions": [{"action": "kill", "engine": "vllm", "reason": "stalled for 95 s",
                                       "by_hand": False, "dry_run": True}]}],
     }
@@ -41,7 +42,8 @@ def test_it_shows_the_engines_the_gpus_the_incidents_and_the_sources():
     for shown in ("gpuwarden on box-1", "1 open incident", "20270115-080000-engine_stall", "stalled", "kill vllm",
                   "(dry run)", "stalled for 95 s", "1.6 min ago", "0000:03:00.0", "272 W of 327 W cap",
                   "67 (warn 100, critical 110)", "2500 of 2900 MHz", "93%", "20.0 of 24.0 GiB", "16 GT/s x16",
-                  "uevents", "netlink: EPERM", "(3 restarts)", "98% of a core", "up 1.0 h"):
+                  "uevents", "netlink: EPERM", "(3 restarts)", "98% of a core", "up 1.0 h",
+                  '<img src="/incidents/20270115-080000-engine_stall/timeline.png"'):
         assert shown in page, shown
     assert 'content="5"' in page and 'name="viewport"' in page
 
