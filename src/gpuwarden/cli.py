@@ -596,8 +596,8 @@ def _status_text(snap: dict) -> str:
     lines += ["", f"open incidents: {len(snap['incidents']) or 'none'}"]
     for i in snap["incidents"]:
         lines.append(f"  {i['id']}  opened {ago(i['opened'], now)}  {i['message']}")
-        lines += [f"    decided: {d.get('action')} {d.get('engine') or ''} ({d.get('reason')})".replace(" )", ")")
-                  for d in i["decisions"]]
+        lines += [f"    decided: {' '.join(filter(None, (d.get('action'), d.get('engine'))))} ({d.get('reason')})"
+                  + (" [dry run]" if d.get("dry_run") else "") for d in i["decisions"]]
     lines += ["", "GPUs:" if snap["gpus"] else "GPUs: none found"]
     for g in snap["gpus"]:
         sensors = g["sensors"]
