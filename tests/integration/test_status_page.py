@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import GPUWARDEN, TEST_GPU, http_get, need, wait_for
+from helpers import GPUWARDEN, TEST_GPU, free_port, http_get, need, wait_for
 
 from fakesysfs import build
 
@@ -125,3 +125,16 @@ def test_a_headless_browser_shows_the_stalled_engine_the_gpu_and_the_incident(st
     if os.environ.get("GPUWARDEN_UPDATE_DOCS"):  # by hand: refresh the pictures docs/status.md shows
         shutil.copy(shot, DOCS / "status.png")
         shutil.copy(phone, DOCS / "status-phone.png")
+
+
+def test_status_without_a_daemon_reads_the_gpus_itself(tmp_path):
+    root = build(tmp_path / "sys", {TEST_GPU: "rdna3"})
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[exporter]\nport = {free_port()}\n'
+                   f'[gpu]\nsysfs_root = "{root}"\nnvml = false\n')
+    out = subprocess.run([*GPUWARDEN, "--config", str(cfg), "status", "--json"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "no daemon answers" in out.stderr, out.stderr
+    document = json.loads(out.stdout)
+    assert document["daemon"] is None and "Connection refused" in document["error"]
+    assert [r["gpu"] for r in document["readings"]] == [TEST_GPU]
