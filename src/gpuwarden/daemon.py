@@ -39,6 +39,7 @@ _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 _CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
 _STATUS_DEADLINE = 2.0  # the status page waits this long for the loop, then says it did not answer
+_STATUS_FRESH = 1.0  # a snapshot this young is served again: a client asking in a loop costs the loop little
 
 
 class Daemon:
@@ -70,6 +71,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_status: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
 
     def _situation(self) -> policy.Situation:
         cache = self.config.cache
@@ -180,11 +182,17 @@ class Daemon:
 
     def _status(self) -> dict:
         """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives."""
+        at, snap = self._last_status
+        if time.monotonic() - at < _STATUS_FRESH:
+            return snap
+
         async def gather() -> dict:
             return snapshot.gather(self)
         future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
         try:
-            return future.result(_STATUS_DEADLINE)
+            snap = future.result(_STATUS_DEADLINE)
+            self._last_status = (time.monotonic(), snap)
+            return snap
         except TimeoutError:
             future.cancel()
             raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
