@@ -54,6 +54,11 @@ class RecentMean:
 
 
 class StallDetector:
+    @property
+    def progress_at(self) -> float | None:
+        """Monotonic time of the last progress (or of the look that found it idle or starting to run)."""
+        return self._since
+
     def __init__(self, stall_multiple: float = 4.0, min_stall: float = 30.0, max_stall: float = 1800.0) -> None:
         self.stall_multiple, self.min_stall, self.max_stall = stall_multiple, min_stall, max_stall
         self._progress: float | None = None
@@ -66,11 +71,6 @@ class StallDetector:
     def typical(self) -> float | None:
         means = [m for m in (self._timing.mean, self._first_token.mean) if m is not None]
         return max(means) if means else None
-
-    @property
-    def progress_at(self) -> float | None:
-        """Monotonic time of the last progress (or of the look that found it idle or starting to run)."""
-        return self._since
 
     def threshold(self, spinning: bool = False) -> float:
         typical = self.typical
