@@ -48,6 +48,8 @@ class Daemon:
         self.config = config
         self.config_arg = config_arg  # what --config said; None: the default path or built-in defaults
         self.log_level = log_level  # what --log-level said: it outlives reloads; None: [daemon] log_level
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_status: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
         self.notifier = notifier or Notifier()
         self.metrics = SelfMetrics()
         self.recorder = FlightRecorder(config.gpu.recorder_window)
@@ -70,8 +72,6 @@ class Daemon:
         self.started = time.monotonic()  # kernel lines logged before this are history
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_status: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
 
     def _situation(self) -> policy.Situation:
         cache = self.config.cache
