@@ -4,6 +4,7 @@ in a real headless browser (Debian's chromium), whose screenshot goes to docs/st
 
 import fcntl
 import json
+import mimetypes
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from helpers import GPUWARDEN, TEST_GPU, free_port, http_get, need, wait_for
 
 from fakesysfs import build
+from gpuwarden.report import PICTURE
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 LOCK = "/tmp/gpuwarden-heavy.lock"
@@ -73,7 +75,7 @@ def test_status_command_reads_the_running_daemon(stalled):
 def test_the_incident_picture_is_served_and_nothing_else_of_the_state_dir(stalled):
     base = f"http://127.0.0.1:{stalled.port}"
     [incident] = json.loads(http_get(f"{base}/status.json"))["incidents"]
-    assert incident["picture"] == f"/incidents/{incident['id']}/timeline.png"
+    assert incident["picture"] == f"/incidents/{incident['id']}/{PICTURE}"
 
     def picture():
         try:
@@ -82,12 +84,12 @@ def test_the_incident_picture_is_served_and_nothing_else_of_the_state_dir(stalle
         except urllib.error.HTTPError:
             return None  # drawn in a child process a few seconds after the incident opened
     kind, data = wait_for(picture, 60, 0.5, "the timeline picture")
-    assert kind == "image/png" and data.startswith(b"\x89PNG")
     folder = stalled.state / "incidents" / incident["id"]
-    (folder / "timeline.png").unlink()
-    (folder / "timeline.png").symlink_to(stalled.state / "gpuwarden.db")  # a link is not followed
-    for path in (incident["picture"], "/incidents/../gpuwarden.db", "/incidents/..%2Fgpuwarden.db/timeline.png",
-                 f"/incidents/{incident['id']}/incident.json", "/incidents/.x/timeline.png"):
+    assert kind == mimetypes.guess_type(PICTURE)[0] and data == (folder / PICTURE).read_bytes()
+    (folder / PICTURE).unlink()
+    (folder / PICTURE).symlink_to(stalled.state / "gpuwarden.db")  # a link is not followed
+    for path in (incident["picture"], "/incidents/../gpuwarden.db", f"/incidents/..%2Fgpuwarden.db/{PICTURE}",
+                 f"/incidents/{incident['id']}/incident.json", f"/incidents/.x/{PICTURE}"):
         with pytest.raises(urllib.error.HTTPError) as caught:
             http_get(base + path)
         assert caught.value.code == 404, path
