@@ -275,6 +275,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     db = config.daemon.state_dir / "gpuwarden.db"
     if not db.exists():  # opening it would make an empty store, and a state_dir where none was meant
         print(f"gpuwarden events: no store at {db}: gpuwarden has not run with this state_dir", file=sys.stderr)
+        _emit(args, [], str)
         return EXIT_OK  # no events, as from an empty store
     store = Store(db)
     try:
@@ -438,6 +439,8 @@ def cmd_guard(args: argparse.Namespace) -> int:
     paths = paths_for(devices, sysfs)
     if not paths:
         print("no GPU to guard (none found; set [guard] devices to choose)", file=sys.stderr)
+        if args.json:
+            print("[]")
         return EXIT_OK if args.action == "status" else EXIT_FAILURE
     try:
         if args.action == "apply":

@@ -61,6 +61,7 @@ def test_events_without_a_store_say_so_and_create_nothing(tmp_path):
     result = run("events", "--config", str(cfg))
     assert result.returncode == 0 and result.stdout == ""
     assert f"no store at {tmp_path}/state/gpuwarden.db: gpuwarden has not run with this state_dir" in result.stderr
+    assert run("events", "--config", str(cfg), "--json").stdout == "[]\n"  # still one JSON document
     assert not (tmp_path / "state").exists()
 
 
