@@ -23,7 +23,7 @@ h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-b
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.1em .8em;margin:0}dt{color:var(--dim)}
 dd{margin:0;overflow-wrap:anywhere}.pill{border-radius:1em;padding:0 .5em;color:#fff;font-size:.85em;white-space:nowrap}
 .ok{background:var(--ok)}.warn{background:var(--warn)}.bad{background:var(--bad)}.none{background:var(--dim)}
-.critical{border-left:.3em solid var(--bad)}img{max-width:100%;display:block;margin-top:.4em}
+.critical{border-left:.3em solid var(--bad)}img{max-width:100%;max-height:14em;display:block;margin-top:.4em}
 ul{margin:.2em 0;padding-left:1.2em}.empty{color:var(--dim)}
 """
 

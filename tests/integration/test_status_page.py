@@ -118,9 +118,9 @@ def test_a_headless_browser_shows_the_stalled_engine_the_gpu_and_the_incident(st
         fcntl.flock(lock, fcntl.LOCK_EX)
         dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=60)
         shots = [subprocess.run([*base, f"--screenshot={path}", f"--window-size={size}", url], capture_output=True,
-                                text=True, timeout=60) for path, size in ((shot, "1000,1250"), (phone, "390,1700"))]
+                                text=True, timeout=60) for path, size in ((shot, "1000,1400"), (phone, "390,2000"))]
     assert dom.returncode == 0, dom.stderr[-2000:]
-    for shown in ("1 open incident", "engine_stall", "vllm-&lt;b&gt;", "stalled", TEST_GPU, "kernel"):
+    for shown in ("1 open incident", "engine_stall", "vllm-&lt;b&gt;", "stalled", TEST_GPU, "kernel", "<img src="):
         assert shown in dom.stdout, f"{shown!r} is not on the page"
     for run, path in zip(shots, (shot, phone), strict=True):
         assert run.returncode == 0 and path.stat().st_size > 10_000, run.stderr[-2000:]
