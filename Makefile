@@ -10,16 +10,20 @@ BUILD_NEEDS := cc:gcc pkg-config:pkg-config
 TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux \
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
-	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container
+	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container \
+	rsvg-convert:librsvg2-bin chromium:chromium jq:jq
 
-.PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
+.PHONY: run test lint bench install install-config uninstall system-deps test-deps peers nspawn clean
 
+# `make run CONFIG=my.toml` runs with your file; without it, on the built-in defaults
 run: $(VENV)/.installed
-	$(VENV)/bin/gpuwarden run
+	$(VENV)/bin/gpuwarden $(if $(CONFIG),--config $(abspath $(CONFIG))) run
 
-test: test-deps peers nspawn $(VENV)/.installed
+# The engines and the nspawn root build (niced) while the tests that need neither run; then the tests that need
+# them (tests/run.sh). `make peers nspawn` builds them alone.
+test: test-deps $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/pytest
+	VENV=$(VENV) MAKE="$(MAKE)" bash tests/run.sh
 
 # Real engines for the end-to-end tests (vLLM, llama.cpp), cached outside the checkout in $(PEERS_CACHE):
 # the first run builds them (about 10 minutes), later runs find them in a second.
@@ -50,7 +54,7 @@ system-deps:
 
 test-deps: system-deps
 	@bash .ci/apt-needs $(TEST_NEEDS)
-	@bash .ci/apt-needs --package libfuse2
+	@bash .ci/apt-needs --package libfuse2 fonts-dejavu-core
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -63,11 +67,18 @@ install: system-deps
 	$(SUDO) $(PREFIX)/bin/pip install -q --upgrade pip
 	$(SUDO) $(PREFIX)/bin/pip install -q .
 	$(SUDO) install -D -m 0644 systemd/gpuwarden.service /etc/systemd/system/gpuwarden.service
-	$(SUDO) install -d -m 0755 /etc/gpuwarden
-	@if [ -e /etc/gpuwarden/gpuwarden.toml ]; then echo "kept the existing /etc/gpuwarden/gpuwarden.toml"; \
-	else $(SUDO) install -m 0644 config/gpuwarden.toml /etc/gpuwarden/gpuwarden.toml; fi
+	@$(MAKE) --no-print-directory install-config
 	@if [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; \
 	echo "installed; start it with: systemctl enable --now gpuwarden"; fi
+
+# The configuration holds the alert URLs' tokens: root's alone (0600). An existing file is kept, and only
+# tightened: group and others lose their access, a stricter mode (0400) stays.
+CONFDIR ?= /etc/gpuwarden
+install-config:
+	$(SUDO) install -d -m 0755 $(CONFDIR)
+	@if [ -e $(CONFDIR)/gpuwarden.toml ]; then $(SUDO) chmod go= $(CONFDIR)/gpuwarden.toml; \
+	echo "kept the existing $(CONFDIR)/gpuwarden.toml (mode $$(stat -c %a $(CONFDIR)/gpuwarden.toml))"; \
+	else $(SUDO) install -m 0600 config/gpuwarden.toml $(CONFDIR)/gpuwarden.toml; fi
 
 uninstall:
 	-@[ -d /run/systemd/system ] && $(SUDO) systemctl disable --now gpuwarden 2>/dev/null; true

@@ -8,6 +8,7 @@ import pwd
 import re
 import socket
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -49,6 +50,7 @@ class ConfigError(Exception):
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def parse_duration(value: Any) -> float:
@@ -57,6 +59,8 @@ def parse_duration(value: Any) -> float:
         raise ValueError("a duration is a number of seconds or text such as \"90s\" or \"5m\"")
     if isinstance(value, int | float):
         seconds = float(value)
+    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        seconds = float(value)  # "30" is 30 seconds, as 30 is
     elif isinstance(value, str) and value.strip():
         text = value.strip().replace(" ", "")
         parts = _DURATION.findall(text)
@@ -73,16 +77,25 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
-def _at_least(minimum: float) -> AfterValidator:
+def _at_least(minimum: float, why: str = "0 or less would spin, flood or never finish") -> AfterValidator:
     def check(seconds: float) -> float:
         if seconds < minimum:
-            raise ValueError(f"must be at least {_show(minimum)} (0 or less would spin, flood or never finish)")
+            raise ValueError(f"must be at least {_show(minimum)} ({why})")
         return seconds
     return AfterValidator(check)
 
 
 def _show(seconds: float) -> str:
     return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+def _at_most(maximum: float) -> AfterValidator:
+    def check(seconds: float) -> float:
+        if seconds > maximum:
+            raise ValueError(f"must be at most {_show(maximum)} (durations are seconds: write \"{seconds:g}ms\" "
+                             "for milliseconds)")
+        return seconds
+    return AfterValidator(check)
 
 
 # How often something runs, or how long it may take: zero would spin a core, flood a receiver or time out at once.
@@ -383,10 +396,12 @@ class EngineConfig(Section):
     canary_timeout: Interval = 30.0
     gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
     scrape_interval: Interval = 5.0
-    scrape_timeout: Interval = 5.0  # the whole scrape: connect, every byte of the body, and the parse
+    # the whole scrape: connect, every byte of the body, and the parse; never above scrape_interval
+    scrape_timeout: Annotated[Interval, _at_most(300.0)] = 5.0
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
     stall_multiple: float = Field(default=4.0, gt=0)
-    min_stall: Interval = 30.0
+    min_stall: Annotated[float, BeforeValidator(parse_duration),
+                         _at_least(1.0, "shorter, one slow scrape would be a stall and a kill")] = 30.0
     max_stall: Interval = 1800.0
     unresponsive_after: int = Field(default=3, ge=1)  # failed scrapes in a row, process alive
     crash_loop_exits: int = Field(default=3, ge=2)
@@ -541,11 +556,86 @@ def parse(text: str, name: str = "<config>") -> Config:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{name}: not valid TOML: {exc}") from None
+        raise ConfigError(_toml_error(exc, name)) from None
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(err, text, name) for err in exc.errors())) from None
+    if problems := list(cross_checks(config)):
+        raise ConfigError("\n".join(_located(loc, message, text, name) for loc, message in problems))
+    return config
+
+
+_TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
+def _toml_error(exc: tomllib.TOMLDecodeError, name: str) -> str:
+    """`file:line: not valid TOML: ...`, the form every other error of `check` has (and editors jump to)."""
+    text = str(exc)
+    if m := _TOML_AT.search(text):
+        return f"{name}:{m.group(1)}: not valid TOML: {text[:m.start()]} (column {m.group(2)})"
+    return f"{name}: not valid TOML: {text}"
+
+
+_THRESHOLDS = ("edge", "junction", "mem")
+_ENGINE_NAME = re.compile(r"(vllm|sglang|llamacpp|tgi|ollama)-\d{1,5}")  # a discovered engine's name
+
+
+def cross_checks(config: Config) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(key, why) for each value that passes its own type but breaks `run` beside another: checked once the
+    whole file parsed, so that each names its own key's line."""
+    engines = [e.name for e in config.engine]
+    for i, target in enumerate(config.alerts.target):
+        for j, tag in enumerate(target.tags):
+            if (pci := _pci_or_none(tag)) is not None and pci != tag:
+                yield ("alerts", "target", i, "tags", j), f"write the GPU {tag!r} as alerts name it: {pci!r}"
+            elif pci is None and not _known_tag(tag, engines):
+                hint = difflib.get_close_matches(tag, [*KINDS, *engines, "host"], n=1)
+                yield (("alerts", "target", i, "tags", j),
+                       f"unknown tag {tag!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                       + ": a tag is an event kind, a GPU's PCI address, an engine's name or \"host\"; this one "
+                         "matches no alert, so this target would never be sent one")
+    for i, e in enumerate(config.engine):
+        if "scrape_timeout" in e.model_fields_set and e.scrape_timeout > e.scrape_interval:
+            yield (("engine", i, "scrape_timeout"), f"scrape_timeout ({_show(e.scrape_timeout)}) is above "
+                   f"scrape_interval ({_show(e.scrape_interval)}): a scrape would outlast its turn")
+    for part in _THRESHOLDS:
+        warn, critical = f"{part}_warn_celsius", f"{part}_critical_celsius"
+        if getattr(config.gpu, warn) > getattr(config.gpu, critical):
+            yield (("gpu", warn), f"{warn} ({getattr(config.gpu, warn):g}) is above {critical} "
+                   f"({getattr(config.gpu, critical):g}): the warning would never come first")
+    if why := _not_a_folder(config.daemon.state_dir):
+        yield ("daemon", "state_dir"), why
+
+
+def _known_tag(tag: str, engines: list[str]) -> bool:
+    return tag in KINDS or tag in engines or tag == "host" or bool(_ENGINE_NAME.fullmatch(tag))
+
+
+def _pci_or_none(tag: str) -> str | None:
+    try:
+        return normalize_pci(tag)
+    except ValueError:
+        return None
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """Why `run` could not make or use `path` as a folder: it, or the nearest existing folder above it, is not
+    one. None when it is (or can be made)."""
+    for part in (path, *path.parents):
+        try:
+            if part.exists() or part.is_symlink():
+                return None if part.is_dir() else f"{part} is not a folder" + ("" if part == path else
+                                                                               f" (it is above {path})")
+        except OSError as exc:
+            return f"{part}: {exc.strerror or exc}"
+    return None
+
+
+def _located(loc: tuple[Any, ...], message: str, text: str, name: str) -> str:
+    key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    line = line_of(text, loc)
+    return f"{name}:{line}: {key}: {message}" if line else f"{name}: {key}: {message}"
 
 
 def placed(exc: ConfigError, path: Path | None) -> ConfigError:

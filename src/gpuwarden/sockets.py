@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 Endpoint = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
 
@@ -38,6 +39,18 @@ def holder(host: str, port: int, timeout: float = 1.0) -> int | None:
             return peer_uid(sock)
     except OSError:
         return None
+
+
+def pinned(url: str) -> str:
+    """`url` with the host `localhost` written as 127.0.0.1. The name resolves to 127.0.0.1 and ::1, an HTTP
+    client may try [::1] first, and any user may listen there on the engine's port: the address whose listener's
+    owner is checked must be the one scraped and killed for (an engine on ::1 alone is written http://[::1]:…)."""
+    parts = urlsplit(url)
+    if (parts.hostname or "").lower().rstrip(".") != "localhost":
+        return url
+    netloc = parts.netloc.rpartition("@")
+    host_port = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=f"{netloc[0]}{netloc[1]}{host_port}"))
 
 
 def _endpoint(host: str, port: int) -> Endpoint:

@@ -20,6 +20,7 @@ import http.server
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -83,6 +84,7 @@ def main():
     p.add_argument("--orphans", action="store_true")
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--pids")
+    p.add_argument("--host", default="127.0.0.1")  # "::1", "::" (IPv6 only), "0.0.0.0"
     p.add_argument("--loading", type=float, default=0.0)
     p.add_argument("rest", nargs="*")  # e.g. "vllm serve": what discovery looks for in the command line
     args = p.parse_args()
@@ -158,7 +160,15 @@ def main():
         def log_message(self, *a):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+
+        def server_bind(self):
+            if self.address_family == socket.AF_INET6:  # IPv6 alone, beside another's IPv4 socket on the port
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            super().server_bind()
+
+    server = Server((args.host, args.port), Handler)
     server.daemon_threads = True
     if args.pids:
         with open(args.pids, "w") as f:

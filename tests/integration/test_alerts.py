@@ -50,7 +50,7 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     assert "**What to do**\n1. Reboot, then wait" in hook["message"]  # apprise's JSON plugin takes Markdown
 
     [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
-    assert ntfy["raw"].startswith(b"\x89PNG")  # the incident's timeline.png; title and message go in the query
+    assert ntfy["raw"].startswith(b"<svg ")  # the incident's timeline.svg; title and message go in the query
     ntfy_text = urllib.parse.unquote_plus(ntfy["path"])
     assert "GPU 0000:03:00.0 fell off the bus" in ntfy_text and "device lost from bus!" in ntfy_text
     assert "What to do:\n  1. Reboot, then wait" in ntfy_text and "**" not in ntfy_text  # ntfy takes plain text
@@ -168,9 +168,7 @@ def _outbox_rows(db) -> int:
 def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_picture(daemon_factory, receiver,
                                                                                        tmp_path):
     import base64
-    import io
-
-    from PIL import Image
+    from xml.etree import ElementTree
 
     from fakesysfs import build
 
@@ -186,18 +184,18 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     [folder] = (d.state / "incidents").iterdir()
     assert folder.name.endswith("-device_lost") and f"**Incident report**: `{folder}` (" in hook["message"]
     [attachment] = hook["attachments"]
-    png = base64.b64decode(attachment["base64"])
-    assert attachment["filename"] == "timeline.png" and png == (folder / "timeline.png").read_bytes()
-    assert Image.open(io.BytesIO(png)).size == (1100, 800)
+    picture = base64.b64decode(attachment["base64"])
+    assert attachment["filename"] == "timeline.svg" and picture == (folder / "timeline.svg").read_bytes()
+    assert ElementTree.fromstring(picture).get("width") == "1100"
     content = json.loads((folder / "incident.json").read_text())
     assert content["trigger"]["kind"] == "device_lost" and content["trigger"]["gpu"] == "0000:03:00.0"
     assert any("device lost from bus!" in line["line"] for line in content["kernel_lines"])
     assert {e["kind"] for e in content["events"]} >= {"sq_intr", "device_lost"}
     points = content["telemetry"]["0000:03:00.0"]
     assert len(points) >= 5 and points[-1]["power_watts"] == 272.0 and points[-1]["temperature_celsius"] == 67.0
-    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--json"], capture_output=True,
+    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--jsonl"], capture_output=True,
                             text=True, check=True).stdout
     [row] = [json.loads(line) for line in listed.splitlines()]
     assert (row["kind"], row["subject"], row["picture"]) == ("device_lost", "0000:03:00.0",
-                                                             str(folder / "timeline.png"))
+                                                             str(folder / "timeline.svg"))
     assert d.stop() == 0

@@ -2,6 +2,7 @@
 network), what gpuwarden needs of the node, and its ConfigMap's configuration through `gpuwarden check`."""
 
 import copy
+import re
 import subprocess
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def validate(doc: dict, version: str) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_document_is_valid_against_the_schemas(version):
     docs = documents()
-    assert set(docs) == {"Namespace", "ConfigMap", "DaemonSet"}
+    assert set(docs) == {"Namespace", "Secret", "ConfigMap", "DaemonSet"}
     for doc in docs.values():
         validate(doc, version)
 
@@ -66,8 +67,26 @@ def test_the_pod_gets_what_gpuwarden_needs_of_the_node():
 
 
 def test_the_configmaps_configuration_passes_gpuwarden_check(tmp_path):
+    """With the Secret's apprise config where the pod mounts it (here: in tmp_path)."""
+    docs = documents()
+    secret = tmp_path / "apprise.txt"
+    secret.write_text(docs["Secret"]["stringData"]["apprise.txt"])
     toml = tmp_path / "gpuwarden.toml"
-    toml.write_text(documents()["ConfigMap"]["data"]["gpuwarden.toml"])
+    toml.write_text(docs["ConfigMap"]["data"]["gpuwarden.toml"].replace("/etc/gpuwarden-alerts/apprise.txt",
+                                                                        str(secret)))
     result = subprocess.run([*GPUWARDEN, "check", str(toml)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert '"state_dir": "/var/lib/gpuwarden"' in result.stdout and '"listen": "0.0.0.0"' in result.stdout
+
+
+def test_the_alert_urls_come_from_a_secret_not_the_configmap():
+    """Issue 24: the alert URLs (tokens) were in the ConfigMap."""
+    docs = documents()
+    config = docs["ConfigMap"]["data"]["gpuwarden.toml"]
+    assert not re.search(r"^\s*(urls|url)\s*=", config, re.M)
+    assert 'config_file = "/etc/gpuwarden-alerts/apprise.txt"' in config
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/etc/gpuwarden-alerts"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == docs["Secret"]["metadata"]["name"]
+    assert volume["secret"]["defaultMode"] & 0o077 == 0 and mount["readOnly"]

@@ -136,11 +136,12 @@ def test_a_stopped_vllm_api_server_is_unresponsive_and_killed_as_configured(serv
         wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
 
 
-def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once(servers, daemon_factory,
-                                                                                 journald, receiver, tmp_path):
+def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_makes_a_suspect_its_reset_kills(
+        servers, daemon_factory, journald, receiver, tmp_path):
     """Fault lines in this boot's journal from before the daemon started (a test suite's, a crash before a
-    restart) are alerted as history and never kill a busy engine; a fault logged after the start, naming a
-    GPU the daemon has seen (a Radeon's sysfs tree, faked: none is here), kills it at once."""
+    restart) are alerted as history and never kill a busy engine; a live sq_intr (it names no process: anyone
+    may raise one), naming a GPU the daemon has seen (a Radeon's sysfs tree, faked: none is here), puts the busy
+    engine under suspicion, and the GPU reset that follows kills it at once."""
     vllm = servers(Vllm)
     sysfs = build(tmp_path / "sys", {GPU: "rdna3"})
     old = f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (old {time.time_ns()})"
@@ -162,8 +163,12 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once
         time.sleep(3 * INTERVAL)
         assert not events(d, {"engine_killed"}) and not any(is_gone(pid) for pid in vllm.tree)
         write_kmsg(f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (live)")
+        assert wait_event(d, "engine_suspect", timeout=20)["engine"] == "engine"
+        time.sleep(3 * INTERVAL)
+        assert not events(d, {"engine_killed"}) and not any(is_gone(pid) for pid in vllm.tree)
+        write_kmsg(f"amdgpu {GPU}: amdgpu: GPU reset begin!")
         killed = wait_event(d, "engine_killed", timeout=20)
-        assert f"kernel reported sq_intr on {GPU}" in killed["message"]
+        assert f"kernel reported gpu_reset on {GPU} after an earlier fault with no owner" in killed["message"]
         wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
 
 

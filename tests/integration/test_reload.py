@@ -47,10 +47,11 @@ def test_an_earlier_reload_is_no_confirmation_and_the_wait_is_bounded(tmp_path):
     """A process that holds a gpuwarden.db and ignores SIGHUP, with the confirmation of an earlier reload of its
     own pid in its state dir: `gpuwarden reload` does not take that one, and gives up after its timeout."""
     db = tmp_path / reloads.DB
-    deaf = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                             "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-                             f"f = open({str(db)!r}, 'a')\nprint('ready', flush=True)\ntime.sleep(60)"],
-                            stdout=subprocess.PIPE, text=True)
+    script = tmp_path / "gpuwarden"  # it must look like `gpuwarden run` to be signalled at all
+    script.write_text("import signal, sys, time\nsignal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+                      f"f = open({str(db)!r}, 'a')\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    tmp_path.chmod(0o700)
+    deaf = subprocess.Popen([sys.executable, str(script), "run"], stdout=subprocess.PIPE, text=True)
     try:
         assert deaf.stdout.readline() == "ready\n"
         reloads.confirm(tmp_path, deaf.pid, time.clock_gettime_ns(time.CLOCK_MONOTONIC), None, "earlier")

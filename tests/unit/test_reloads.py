@@ -34,6 +34,18 @@ def test_the_confirmation_is_replaced_whole_and_private(tmp_path):
 
 def test_the_state_dir_is_where_the_daemon_holds_its_database(tmp_path):
     with open(tmp_path / reloads.DB, "a"):
-        assert reloads.state_dir_of(os.getpid()) == tmp_path
+        assert reloads.database_dir(os.getpid()) == tmp_path
     with pytest.raises(LookupError, match="is not a gpuwarden daemon"):
+        reloads.database_dir(os.getpid())
+
+
+def test_a_process_holding_a_gpuwarden_db_is_no_proof_of_a_daemon(tmp_path):
+    """Issue 24: any process with an open file named gpuwarden.db passed for the daemon (pytest is not one)."""
+    with open(tmp_path / reloads.DB, "a"), pytest.raises(LookupError, match="command line is not `gpuwarden run`"):
         reloads.state_dir_of(os.getpid())
+
+
+def test_a_failed_reload_always_says_why():
+    assert reloads.reason(TimeoutError()).startswith("reading the configuration did not finish in time")
+    assert reloads.reason(RuntimeError()) == "RuntimeError"
+    assert reloads.reason(ValueError("bad")) == "bad"

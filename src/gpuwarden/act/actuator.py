@@ -19,8 +19,14 @@ from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig
 from gpuwarden.engine.watch import KillTarget
 from gpuwarden.model import Event, Severity, Sink
+from gpuwarden.offloop import Busy, OffLoop
 
 log = logging.getLogger("gpuwarden")
+# Their own pools: a stuck log read or NVML call elsewhere never delays a kill.
+_KILLS = OffLoop("kill", limit=32)  # one per engine
+_KILL_SLACK = 30.0  # SIGKILL's own wait (5 s) and the looks around it
+_CACHES = OffLoop("cache quarantine", limit=1)
+_CACHE_DEADLINE = 600.0
 
 
 class Engines(Protocol):
@@ -31,6 +37,8 @@ class Engines(Protocol):
     def killing(self, name: str, restart: bool) -> None: ...
 
     def restart_failed(self, name: str) -> None: ...
+
+    def user(self, name: str) -> int | None: ...
 
 
 def describe(action: policy.Kill | policy.Quarantine) -> str:
@@ -51,6 +59,9 @@ class Actuator:
             self._background(self._kill(action))
         elif isinstance(action, policy.Quarantine):
             self._background(self._quarantine(action))
+        elif isinstance(action, policy.Suspect):  # watched closely from now on; its event follows
+            if self.engines and (suspected := self.engines.suspect(action.engine, action.reason, event)):
+                self._background(self._record(suspected))
         elif isinstance(action, policy.Refuse) and action.by_hand:
             self._background(self._refused(action.action, action.reason))
         elif isinstance(action, policy.Refuse):
@@ -62,6 +73,9 @@ class Actuator:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, event: Event) -> None:
+        self.sink.record([event])
 
     async def _refused(self, action: policy.Kill, refusal: str, **evidence) -> None:
         self.sink.record([Event("kill_refused", Severity.CRITICAL, f"{action.engine} should be killed "
@@ -88,7 +102,12 @@ class Actuator:
                 return
             if not action.dry_run:
                 engines.killing(name, action.restart)
-            report = await asyncio.to_thread(kill, target.procs, cfg.kill_grace, action.dry_run)
+            try:
+                report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, target.procs, cfg.kill_grace,
+                                          action.dry_run)
+            except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
+                log.error("killing %s (%s) did not finish: %s", name, action.reason, exc or "timed out")
+                return
             if not action.dry_run:
                 self.sink.count(families.ENGINE_KILLS, name)
             then = f"; restarting it through its {restart.supervisor(cfg.target)}" if action.restart else ""
@@ -120,9 +139,17 @@ class Actuator:
                                     gpu=target.gpu, evidence={"supervisor": supervisor, "error": str(exc)})])
 
     async def _quarantine(self, action: policy.Quarantine) -> None:
-        """Move poisoned compile caches aside (a scan can take a while: off the loop)."""
-        event = await asyncio.to_thread(quarantine_all, cache_dirs(self.cache), action.reason, time.time(),
-                                        action.dry_run)
+        """Move the engine's user's poisoned compile caches aside (a scan can take a while: off the loop)."""
+        owner = self.engines.user(action.engine) if self.engines and action.engine else None
+        if owner is None:
+            log.warning("not moving caches (%s): the user of %s is not known", action.reason, action.engine)
+            return
+        try:
+            event = await _CACHES.run("caches", _CACHE_DEADLINE, quarantine_all, cache_dirs(self.cache, owner),
+                                      action.reason, time.time(), action.dry_run, owner)
+        except (Busy, TimeoutError) as exc:
+            log.error("moving poisoned caches (%s) did not finish: %s", action.reason, exc or "timed out")
+            return
         if event:
             self.sink.record([event])
         else:

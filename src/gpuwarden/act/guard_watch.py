@@ -12,8 +12,11 @@ from gpuwarden import families
 from gpuwarden.act.guard import Guard, GuardError, paths_for, status
 from gpuwarden.config import GuardConfig
 from gpuwarden.model import Event, Severity, Sink
+from gpuwarden.offloop import Busy, OffLoop
 
 log = logging.getLogger(__name__)
+_GUARD = OffLoop("guard", limit=2)  # sysfs reads and bind mounts: a hung sysfs holds these two only
+_GUARD_DEADLINE = 30.0
 
 
 class GuardWatch:
@@ -32,15 +35,10 @@ class GuardWatch:
         try:
             while True:
                 paths = paths_for(self.devices(), self.sysfs_root)
-                lost = await asyncio.to_thread(guard.ensure, paths)
-                if lost:
-                    self.sink.record([Event(
-                        "guard_lost", Severity.WARNING,
-                        f"the recovery guard on {len(lost)} file(s) was gone (driver reload, PCI rescan, or an "
-                        "umount) and is applied again", time.time(), evidence={"paths": [str(p) for p in lost]})])
-                intact = sum(ok for _, ok in await asyncio.to_thread(status, paths, self.sysfs_root))
-                self.sink.metric(families.GUARD_PATHS, intact, "intact")
-                self.sink.metric(families.GUARD_PATHS, len(paths) - intact, "missing")
+                try:
+                    await self._verify(guard, paths)
+                except (Busy, TimeoutError):  # a hung sysfs: its thread still runs; the next round tries again
+                    log.warning("verifying the recovery guard took longer than %.0f s", _GUARD_DEADLINE)
                 self.recheck.clear()
                 try:
                     await asyncio.wait_for(self.recheck.wait(), self.config.verify_interval)
@@ -49,3 +47,15 @@ class GuardWatch:
         finally:
             released = guard.release_all()
             log.info("recovery guard released from %d file(s)", len(released))
+
+    async def _verify(self, guard: Guard, paths: list[Path]) -> None:
+        lost = await _GUARD.run("ensure", _GUARD_DEADLINE, guard.ensure, paths)
+        if lost:
+            self.sink.record([Event(
+                "guard_lost", Severity.WARNING,
+                f"the recovery guard on {len(lost)} file(s) was gone (driver reload, PCI rescan, or an "
+                "umount) and is applied again", time.time(), evidence={"paths": [str(p) for p in lost]})])
+        states = await _GUARD.run("status", _GUARD_DEADLINE, status, paths, self.sysfs_root)
+        intact = sum(ok for _, ok in states)
+        self.sink.metric(families.GUARD_PATHS, intact, "intact")
+        self.sink.metric(families.GUARD_PATHS, len(paths) - intact, "missing")

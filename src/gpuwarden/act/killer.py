@@ -81,8 +81,9 @@ def _wait(procs: list[psutil.Process], timeout: float,
             break
         if until_stuck:
             states, spent = [_status(p) for p in alive], _cpu(alive)
-            if spent > cpu or psutil.STATUS_DISK_SLEEP in states:
-                quiet_since, cpu = now, spent
+            if _spun(cpu, spent) or psutil.STATUS_DISK_SLEEP in states:
+                quiet_since = now
+            cpu = spent
             if all(s in _STOPPED for s in states) or now - quiet_since >= QUIET:
                 break
     return [p for p in procs if p not in alive], alive
@@ -99,15 +100,22 @@ def _status(proc: psutil.Process) -> str:
         return psutil.STATUS_DEAD
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
-    total = 0.0
+def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
+    """Each process's CPU seconds so far, by pid (psutil's Process checks the pid is still the same process)."""
+    spent = {}
     for proc in procs:
         try:
             times = proc.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system
-    return total
+        spent[proc.pid] = times.user + times.system
+    return spent
+
+
+def _spun(before: dict[int, float], now: dict[int, float]) -> bool:
+    """Did a process that was there at both looks use CPU between them? Compared per process: summed, a child
+    that exits takes its seconds out of the total, and a server that still spins looked quiet."""
+    return any(now[pid] > seconds for pid, seconds in before.items() if pid in now)
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

@@ -56,15 +56,18 @@ class Poisoned:
     refused: str = ""
 
 
-def cache_dirs(config: CacheConfig) -> list[Path]:
-    return list(config.dirs) if config.dirs is not None else default_dirs()
+def cache_dirs(config: CacheConfig, owner: int | None = None) -> list[Path]:
+    """The caches to look at: [cache] dirs, else the usual ones of `owner` (None: of root and every login
+    user, for a person's `gpuwarden quarantine`)."""
+    return list(config.dirs) if config.dirs is not None else default_dirs(owner)
 
 
-def default_dirs() -> list[Path]:
-    """The cache templates for root and for every login user (uid >= 1000) whose home exists."""
+def default_dirs(owner: int | None = None) -> list[Path]:
+    """The cache templates for `owner`, or for root and for every login user (uid >= 1000) whose home exists."""
     dirs: list[Path] = []
     for user in pwd.getpwall():
-        if (user.pw_uid == 0 or user.pw_uid >= 1000) and os.path.isdir(user.pw_dir):
+        wanted = user.pw_uid == owner if owner is not None else user.pw_uid == 0 or user.pw_uid >= 1000
+        if wanted and os.path.isdir(user.pw_dir):
             dirs += [Path(t.format(home=user.pw_dir, user=user.pw_name)) for t in CACHE_TEMPLATES]
     return list(dict.fromkeys(dirs))
 
@@ -108,13 +111,17 @@ def _name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def scan(dirs: list[Path]) -> list[Poisoned]:
+def scan(dirs: list[Path], owner: int | None = None) -> list[Poisoned]:
     """Every directory in `dirs` that holds a zero-byte regular file other than a `*.lock` (links not followed),
-    and every one that is there but may not be walked (with why). Missing ones are skipped."""
+    and every one that is there but may not be walked (with why). Missing ones are skipped, and so, when
+    `owner` is given (an engine's user), is every cache that is not that user's: an engine's crash loop moves
+    its own user's caches, never another's."""
     found = []
     for top in dirs:
         try:
             with opened(top) as (_, fd):
+                if owner is not None and os.fstat(fd).st_uid != owner:
+                    continue
                 empty = sorted(_zero_byte_files(fd))
         except Unsafe as exc:
             found.append(Poisoned(Path(os.path.abspath(top)), 0, refused=str(exc)))
@@ -126,17 +133,50 @@ def scan(dirs: list[Path]) -> list[Poisoned]:
     return found
 
 
+MAX_DEPTH = 64  # folders below a cache's top; compile caches nest a few levels
+
+
 def _zero_byte_files(dir_fd: int) -> Iterator[str]:
-    for folder, _, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-        for name in files:
-            if name.endswith(".lock"):
+    """Zero-byte regular files below `dir_fd` (an O_PATH descriptor), links not followed. The user shapes this
+    tree: it is walked without recursion, holding one descriptor per level, and a tree deeper than MAX_DEPTH is
+    Unsafe (os.fwalk recursed, and a tree 1,100 deep ended the walk in a RecursionError)."""
+    stack: list[tuple[str, int, Iterator[os.DirEntry]]] = []
+    try:
+        _enter(stack, "", os.open(".", _DIR_FLAGS, dir_fd=dir_fd))
+        while stack:
+            folder, fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                entries.close()
+                os.close(fd)
                 continue
+            path = os.path.join(folder, entry.name)
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    if len(stack) > MAX_DEPTH:
+                        raise Unsafe(f"it nests folders more than {MAX_DEPTH} deep")
+                    _enter(stack, path, os.open(entry.name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
+                elif (entry.is_file(follow_symlinks=False) and not entry.name.endswith(".lock")
+                      and entry.stat(follow_symlinks=False).st_size == 0):
+                    yield path
             except OSError:
                 continue  # gone while we looked
-            if st.st_size == 0 and stat.S_ISREG(st.st_mode):
-                yield os.path.normpath(os.path.join(folder, name))
+    finally:
+        for _, fd, entries in stack:
+            entries.close()
+            os.close(fd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _enter(stack: list, folder: str, fd: int) -> None:
+    try:
+        stack.append((folder, fd, os.scandir(fd)))
+    except OSError:
+        os.close(fd)
+        raise
 
 
 def broken_name(directory: Path, reason: str, now: float) -> Path:
@@ -171,9 +211,11 @@ def quarantine(directory: Path, reason: str, now: float, dry_run: bool = False) 
     return target
 
 
-def quarantine_all(dirs: list[Path], reason: str, now: float, dry_run: bool = False) -> Event | None:
-    """Move aside every poisoned cache among `dirs`; the `cache_poisoned` event that says what moved, or None."""
-    return moved_event(scan(dirs), reason, now, dry_run)
+def quarantine_all(dirs: list[Path], reason: str, now: float, dry_run: bool = False,
+                   owner: int | None = None) -> Event | None:
+    """Move aside every poisoned cache among `dirs` (only `owner`'s, when given); the `cache_poisoned` event
+    that says what moved, or None."""
+    return moved_event(scan(dirs, owner), reason, now, dry_run)
 
 
 def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool = False) -> Event | None:

@@ -68,6 +68,10 @@ RUNBOOKS: dict[str, str] = {
     "store": ("gpuwarden cannot write its database: free space in its state_dir, or end what holds the database "
               "(`fuser` on gpuwarden.db). Events are kept in memory meanwhile and written when it works again."),
     "kmsg": "Kernel messages were lost before gpuwarden read them: check `dmesg` by hand for GPU faults.",
+    "refused_file": (
+        "gpuwarden will not read this file: it is a FIFO, a device node, a symbolic link or another user's, which "
+        "the engine's user can plant to freeze or fool root. Point the setting at a regular file owned by the "
+        "engine's user or root; until then the engine's progress is not read from it."),
 }
 
 # The order in which runbooks apply when several do: the worst state of the hardware first.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -43,6 +44,7 @@ class Found:
     log_unit: str | None = None
     container: str | None = None  # the Docker container it runs in (its name)
     log_container: str | None = None  # source "log" from that container's log
+    installed: bool = False  # runs an engine's program that only root could have put there (`installed`)
 
     @property
     def name(self) -> str:
@@ -85,7 +87,8 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
         if (profile := _profile(pid)) is not None:
             container = container_of(pid)
             found.append(Found(profile[0], pid, min(ports), profile[1],
-                               container=container and name_of(docker_socket, container)))
+                               container=container and name_of(docker_socket, container),
+                               installed=any(installed(p, profile[0]) for p in (pid, _parent(pid)) if p)))
     seen = {f.pid for f in found}
     by_container: dict[str, list[int]] = {}
     for port, name in published(docker_socket).items():
@@ -99,9 +102,43 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
 
 
 def probe_order(new: list[Found], probed: dict[str, float]) -> list[Found]:
-    """The servers not watched yet, the longest unprobed first: with at most [engines] max_discovered probed a
-    round, a crowd of servers that never answer cannot keep a later one from its turn."""
-    return sorted(new, key=lambda f: probed.get(f.name, float("-inf")))
+    """The servers not watched yet: installed engines first, then the longest unprobed: with at most [engines]
+    max_discovered probed a round, a crowd of look-alikes, or of servers that never answer, cannot keep a real
+    engine from its turn."""
+    return sorted(new, key=lambda f: (not f.installed, probed.get(f.name, float("-inf"))))
+
+
+# The program file of each engine (a native server, or the console script an interpreter runs)
+PROGRAMS = {name: {c.split()[0] for c in commands if "." not in c.split()[0] and "/" not in c.split()[0]}
+            for name, commands in COMMANDS.items()}
+_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*")
+
+
+def installed(pid: int, profile: str, proc: Path = Path("/proc")) -> bool:
+    """The process runs the engine's own program (its executable, or the script right after its interpreter:
+    /usr/bin/llama-server, /opt/venv/bin/vllm), and that file and its folder are root's and writable by no one
+    else (discovery asks it of the serving process and of the process that started it). Any user can start a
+    look-alike (`python3 x.py vllm serve` carries the words); only root installs. An engine its user installed
+    in a home is not `installed`: it is watched the same, but not preferred."""
+    try:
+        exe = os.readlink(proc / str(pid) / "exe").removesuffix(" (deleted)")
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    # seen from the process's own root and folder: an engine in a container runs its image's files
+    program = os.path.join(proc / str(pid) / "root", exe.lstrip("/"))
+    if _INTERPRETER.fullmatch(os.path.basename(exe)):
+        if len(argv) < 2 or not argv[1] or argv[1].startswith(b"-"):
+            return False  # `-m module`, `-c code`: nothing to prove it by
+        script = os.fsdecode(argv[1])
+        program = os.path.join(proc / str(pid) / ("root" if script.startswith("/") else "cwd"), script.lstrip("/"))
+    if os.path.basename(program) not in PROGRAMS.get(profile, ()):
+        return False
+    try:
+        return all(st.st_uid == 0 and not st.st_mode & 0o022
+                   for st in (os.stat(program), os.stat(os.path.dirname(program))))
+    except OSError:
+        return False
 
 
 def listens(pid: int, proc: Path = Path("/proc")) -> bool:
@@ -118,6 +155,14 @@ def listens(pid: int, proc: Path = Path("/proc")) -> bool:
         return any(os.readlink(proc / str(pid) / "fd" / fd) in listening for fd in os.listdir(proc / str(pid) / "fd"))
     except OSError:
         return False
+
+
+def _parent(pid: int) -> int | None:
+    """The process that started `pid` (a launcher owns the server it starts: TGI's launcher, its router)."""
+    try:
+        return psutil.Process(pid).ppid() or None
+    except psutil.Error:
+        return None
 
 
 def _profile(pid: int) -> tuple[str, str] | None:
@@ -174,7 +219,7 @@ def _answers(url: str) -> bool:
 
 def _fields(found: Found) -> dict:
     return {"profile": found.profile, "pid": found.pid, "port": found.port, "command": found.command,
-            "container": found.container}
+            "container": found.container, "installed": found.installed}
 
 
 def hint(metrics_url: str) -> str | None:

@@ -9,9 +9,10 @@ off the event loop with a deadline.
 
 from __future__ import annotations
 
-import asyncio
+import errno
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,9 +20,12 @@ from gpuwarden.engine.dockerlog import DockerLines
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES, LogProfile
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.scraper import ScrapeError
+from gpuwarden.offloop import Busy, OffLoop
 
 _MAX_READ = 4 << 20  # bytes read per look: a log flood is skipped past, not slurped
 _DEADLINE = 5.0
+_READS = OffLoop("log read", limit=64)  # one per engine: a read stuck in a filesystem holds one thread, no more
+MAX_LINE = 64 << 10  # a longer line is passed over (no rule reads past MAX_RULE_LINE anyway)
 # The lines the rules know are under 400 characters (tests/corpus/logs); a longer one carries someone's text and
 # is passed over, which also bounds the rules' work per line.
 MAX_RULE_LINE = 2048
@@ -36,6 +40,7 @@ class LogReader:
         self.running: dict[str, int] = {}  # per engine index or slot
         self.lines = 0  # lines a rule matched
         self._timing = (0.0, 0)  # finished requests' seconds, count
+        self._moves: dict[tuple[str, str], str] = {}  # (key, group) -> its value in the last line
 
     def feed(self, line: str) -> None:
         if len(line) > MAX_RULE_LINE:
@@ -60,7 +65,12 @@ class LogReader:
             self.running.pop(key, None)
         if rule.all_idle:
             self.running.clear()
-        if rule.progress or (rule.tokens and sum(float(groups[g]) for g in rule.tokens) > 0):
+        moved = False
+        for group in rule.moves:
+            if (value := groups.get(group)) is not None:
+                moved |= self._moves.get((key, group), value) != value
+                self._moves[key, group] = value
+        if moved or rule.progress or (rule.tokens and sum(float(groups[g]) for g in rule.tokens) > 0):
             self.progress += 1
         if rule.request_ms:
             seconds, count = self._timing
@@ -82,32 +92,87 @@ class LogReader:
             timing=self._timing if self._timing[1] else None)
 
 
-class FileLines:
-    """New lines of a log file since the last look; a rotated or truncated file is read from its start."""
+class LogRefused(ScrapeError):
+    """The log file is not one to read: not a regular file, a link, or someone else's. Each look says it again
+    (the engine watch turns the first into a `log_refused` event)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, detail: str) -> None:
+        super().__init__("refused", detail)
+
+
+def open_log(path: Path, owner: int | None) -> int:
+    """A read-only descriptor of the regular file at `path`, opened as data: the engine's user writes that file
+    (or the folder it is in), and could make it a FIFO (an open() that never returns), a device node (an open()
+    with effects) or a link to another user's file. The path is looked at first with O_PATH, which opens
+    nothing; only a regular file owned by root or by `owner` (the engine's user, when known) is then opened,
+    through that very inode, non-blocking and never as a controlling terminal."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LogRefused(f"{path} is a symbolic link") from None
+        raise ScrapeError("log", f"{path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise LogRefused(f"{path} is a symbolic link")
+        if not stat.S_ISREG(st.st_mode):
+            raise LogRefused(f"{path} is not a regular file ({_file_type(st.st_mode)})")
+        if owner is not None and st.st_uid not in (0, owner):
+            raise LogRefused(f"{path} belongs to uid {st.st_uid}, not root or the engine's user (uid {owner})")
+        try:  # /proc/self/fd/N is the inode checked above, whatever the path names now
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ScrapeError("log", f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _file_type(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+    return next((name for test, name in kinds if test(mode)), f"mode {mode:o}")
+
+
+class FileLines:
+    """New lines of a log file since the last look; a rotated or truncated file is read from its start. A line
+    longer than MAX_LINE is passed over: one that never ends holds at most MAX_LINE bytes, never more."""
+
+    def __init__(self, path: Path, owner: Callable[[], int | None] = lambda: None) -> None:
+        self.path, self.owner = path, owner
         self._inode: int | None = None
         self._offset = 0
         self._partial = b""
+        self._skipping = False  # inside a line already cut at MAX_LINE: drop up to its end
 
     def read(self) -> list[str]:
+        fd = open_log(self.path, self.owner())
         try:
-            with open(self.path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if self._inode is None:  # first look: only what comes from now on counts
-                    self._inode, self._offset = st.st_ino, st.st_size
-                elif st.st_ino != self._inode or st.st_size < self._offset:
-                    self._inode, self._offset, self._partial = st.st_ino, 0, b""
-                if st.st_size - self._offset > _MAX_READ:
-                    self._offset, self._partial = st.st_size - _MAX_READ, b""
-                f.seek(self._offset)
-                data = f.read(_MAX_READ)
+            st = os.fstat(fd)
+            if self._inode is None:  # first look: only what comes from now on counts
+                self._inode, self._offset = st.st_ino, st.st_size
+            elif st.st_ino != self._inode or st.st_size < self._offset:
+                self._inode, self._offset, self._partial, self._skipping = st.st_ino, 0, b"", False
+            if st.st_size - self._offset > _MAX_READ:  # skipped past: what follows starts mid-line
+                self._offset, self._partial, self._skipping = st.st_size - _MAX_READ, b"", True
+            data = os.pread(fd, _MAX_READ, self._offset)
         except OSError as exc:
             raise ScrapeError("log", f"{self.path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
         self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        return [line.decode("utf-8", "replace") for line in lines]
+        return self._split(data)
+
+    def _split(self, data: bytes) -> list[str]:
+        *lines, rest = data.split(b"\n")
+        if lines:
+            head = b"" if self._skipping else self._partial + lines[0]
+            lines[0], self._partial, self._skipping = head, b"", False
+        if self._skipping or len(self._partial) + len(rest) > MAX_LINE:
+            self._partial, self._skipping = b"", True
+        else:
+            self._partial += rest
+        return [line.decode("utf-8", "replace") for line in lines if 0 < len(line) <= MAX_LINE]
 
     def close(self) -> None:
         pass
@@ -151,9 +216,11 @@ class LogScraper:
 
     @classmethod
     def of(cls, file: Path | None, unit: str | None, profile: str = "auto", container: str | None = None,
-           docker_socket: Path = Path("/var/run/docker.sock")) -> LogScraper:
+           docker_socket: Path = Path("/var/run/docker.sock"),
+           owner: Callable[[], int | None] = lambda: None) -> LogScraper:
+        """`owner`: the engine's user as known now (None: not yet), whose log file alone is read."""
         if file:
-            return cls(lambda: FileLines(file), str(file), profile)
+            return cls(lambda: FileLines(file, owner), str(file), profile)
         if container:
             return cls(lambda: DockerLines(container, docker_socket), f"the Docker log of container {container}",
                        profile)
@@ -169,9 +236,11 @@ class LogScraper:
 
     async def scrape(self) -> EngineSample:
         try:
-            new = await asyncio.wait_for(asyncio.to_thread(self._read), _DEADLINE)
+            new = await _READS.run(self.where, _DEADLINE, self._read)
         except TimeoutError:
             raise ScrapeError("log", f"reading {self.where} took longer than {_DEADLINE:.0f} s") from None
+        except Busy:
+            raise ScrapeError("log", f"the last read of {self.where} has not returned yet") from None
         for line in new:
             self.reader.feed(line)
         return self.reader.sample()

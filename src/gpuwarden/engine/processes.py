@@ -64,6 +64,10 @@ def resolve(spec: TargetSpec) -> Resolved:
     serving = _serving(spec.host, spec.port) if spec.port else []
     uid = spec.uid if spec.uid is not None else _only_uid(serving)
     candidates, refused = _candidates(spec, serving)
+    if spec.uid is None and uid is None and serving:
+        refused.append(f"the engine's user is ambiguous: {spec.host or '127.0.0.1'}:{spec.port} is served by "
+                       f"processes of several users ({', '.join(describe(p) for p in serving[:4])}); set "
+                       "[engine.target] user")
     accepted, protected = [], _protected()
     for proc in candidates:
         if why := refusal(proc, uid, protected):
@@ -108,19 +112,27 @@ def owned_by(proc: psutil.Process, uid: int) -> bool:
 
 
 def _serving(host: str | None, port: int) -> list[psutil.Process]:
-    """The processes listening on the socket that serves host:port: one bound to that address, or else one
-    bound to the wildcard (the kernel prefers the exact address in the same way)."""
-    addresses = _addresses(host or "127.0.0.1")
-    exact, wildcard = set(), set()
-    for c in psutil.net_connections(kind="inet"):
-        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port or not c.pid:
-            continue
-        ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
-        if ip in addresses or getattr(ip, "ipv4_mapped", None) in addresses:
-            exact.add(c.pid)
-        elif ip.is_unspecified and (ip.version == 6 or any(a.version == 4 for a in addresses)):
-            wildcard.add(c.pid)
-    return _alive(exact or wildcard)
+    """The processes listening on the socket that serves host:port, for each address the host names: the
+    kernel's choice (`serves`). Another user's listener beside the engine's on another family (a `[::]` next to
+    `0.0.0.0`, a `[::1]`) serves another address, and is not counted."""
+    listeners = [(ipaddress.ip_address(c.laddr.ip.split("%")[0]), c.pid)
+                 for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
+    return _alive({pid for address in _addresses(host or "127.0.0.1") for pid in serves(address, listeners)})
+
+
+def serves(address, listeners: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]) -> set[int]:
+    """Of the (bound address, pid) listeners on one port, those a connection to `address` reaches. The exact
+    address first (an IPv4 one also as ::ffff:a.b.c.d), then the family's own wildcard; an IPv4 address reaches
+    `[::]` only when no 0.0.0.0 listens (both can be bound only if `[::]` is IPV6_V6ONLY, and then it serves
+    IPv6 alone); an IPv6 address never reaches 0.0.0.0."""
+    def mapped(ip):
+        return getattr(ip, "ipv4_mapped", None) or ip
+    tiers = [{pid for ip, pid in listeners if mapped(ip) == address}]
+    if address.version == 4:
+        tiers.append({pid for ip, pid in listeners if ip == ipaddress.IPv4Address(0)})
+    tiers.append({pid for ip, pid in listeners if ip == ipaddress.IPv6Address(0)})
+    return next((tier for tier in tiers if tier), set())
 
 
 def _addresses(host: str) -> set:
@@ -201,14 +213,21 @@ def _unit_cgroup(unit: str) -> Path | None:
     return next((c for c in candidates if c.is_dir()), None)
 
 
+MAX_CGROUP_DEPTH = 32  # a delegated subtree is its user's to nest: walked in a loop, this deep at most
+
+
 def _in_cgroup(path: Path | None) -> list[psutil.Process]:
     if path is None or not path.is_dir():
         return []
-    pids = set()
-    for procs in path.rglob("cgroup.procs"):
+    pids, todo = set(), [(str(path), 0)]
+    while todo:
+        folder, depth = todo.pop()
         try:
-            pids.update(int(x) for x in procs.read_text().split())
-        except OSError:
+            pids.update(int(x) for x in Path(folder, "cgroup.procs").read_text().split())
+            if depth < MAX_CGROUP_DEPTH:
+                with os.scandir(folder) as entries:
+                    todo += [(e.path, depth + 1) for e in entries if e.is_dir(follow_symlinks=False)]
+        except (OSError, ValueError):
             continue
     return _alive(pids)
 

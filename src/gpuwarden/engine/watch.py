@@ -17,8 +17,9 @@ from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
+from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
-from gpuwarden.engine.logs import LogScraper
+from gpuwarden.engine.logs import LogRefused, LogScraper
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
 from gpuwarden.engine.scraper import ScrapeError, Scraper
@@ -29,13 +30,19 @@ from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
+from gpuwarden.sockets import pinned
 
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
+# How long a fault with no owner keeps an engine under suspicion (each new one starts it again): a GPU that a
+# fault left hanging shows it within seconds; a suspicion for ever would judge every long request on the floor.
+SUSPICION = 300.0
 _INSPECT_DEADLINE = 10.0
 _CANARY_EVERY = 2.0  # at most this often a starting engine that answers is asked for a completion
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
+_DISCOVERY = OffLoop("discovery", limit=2)  # a /proc walk and one probe at a time
+_DISCOVERY_DEADLINE = 30.0
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
 
 
@@ -57,6 +64,13 @@ class EngineState:
     canary_at: float = -1e9  # monotonic time of the last canary
     canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
     canary_failed: bool = False
+    pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
+    suspect_until: float = 0.0  # monotonic: under suspicion until then (a fault with no owner on its GPU)
+    suspicion: str = ""  # why
+    suspect_canary: bool = False  # a canary is due for the suspicion
+    checking: asyncio.Future | None = None  # the suspicion's canary under way
+    log_refused: str | None = None  # why its log file was last refused (said once)
+    lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
 
     @property
     def name(self) -> str:
@@ -79,7 +93,11 @@ class EngineState:
         cfg, life = self.config, self.lifecycle
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
                           cfg.kill_budget, cfg.kill_budget_window, life.kills,
-                          pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused)
+                          pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused,
+                          pasids=self.pasids, suspect=self.suspected(time.monotonic()))
+
+    def suspected(self, now: float) -> bool:
+        return now < self.suspect_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +111,7 @@ class KillTarget:
 
 
 def target_spec(config: EngineConfig) -> TargetSpec:
-    t, url = config.target, urlsplit(config.metrics_url)
+    t, url = config.target, urlsplit(pinned(config.metrics_url))
     return TargetSpec(t.kind, port=url.port or SCHEME_PORTS[url.scheme], host=url.hostname, pidfile=t.pidfile,
                       pattern=t.pattern, unit=t.unit, cgroup=t.cgroup, container=t.container,
                       docker_socket=t.docker_socket, uid=user_id(t.user) if t.user else None)
@@ -102,18 +120,19 @@ def target_spec(config: EngineConfig) -> TargetSpec:
 def base_url(config: EngineConfig) -> str:
     """The engine's API: `url`, else metrics_url's scheme, host and port."""
     if config.url:
-        return config.url.rstrip("/")
-    parts = urlsplit(config.metrics_url)
+        return pinned(config.url.rstrip("/"))
+    parts = urlsplit(pinned(config.metrics_url))
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def source_of(config: EngineConfig) -> Scraper | LogScraper | SlotsScraper:
+def source_of(config: EngineConfig, owner=lambda: None) -> Scraper | LogScraper | SlotsScraper:
+    """`owner`: the engine's user as known now (a log file is read only when root's or that user's)."""
     if config.source == "log":
         return LogScraper.of(config.log_file, config.log_unit, config.profile, config.log_container,
-                             config.target.docker_socket)
+                             config.target.docker_socket, owner)
     if config.source == "slots":
         return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
-    return Scraper(config.metrics_url, config.profile, config.scrape_timeout, config.max_body_bytes)
+    return Scraper(pinned(config.metrics_url), config.profile, config.scrape_timeout, config.max_body_bytes)
 
 
 def stall_floor(config: EngineConfig) -> float:
@@ -132,7 +151,10 @@ def rules_of(config: EngineConfig) -> lc.Rules:
 def new_state(config: EngineConfig) -> EngineState:
     floor = stall_floor(config)
     lifecycle = lc.Lifecycle(rules_of(config), lambda: StallDetector(config.stall_multiple, floor, config.max_stall))
-    return EngineState(config, source_of(config), lifecycle, gpus=frozenset(config.gpus) if config.gpus else None)
+    tracker = Tracker()
+    configured = user_id(config.target.user) if config.target.user else None
+    return EngineState(config, source_of(config, lambda: configured if configured is not None else tracker.uid),
+                       lifecycle, tracker=tracker, gpus=frozenset(config.gpus) if config.gpus else None)
 
 
 class EngineWatch:
@@ -146,6 +168,8 @@ class EngineWatch:
         self._unwatchable: set[str] = set()  # discovered engines already said to offer no source
         self._skipped: set[str] = set()  # discovered engines already said to be past max_discovered
         self._probed: dict[str, float] = {}  # when each discovered server was last probed for a source
+        self._watching: dict[str, asyncio.Task] = {}  # each discovered engine's watch
+        self._flooded = False  # the discovery_flood alert was sent for the crowd now skipped
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -182,6 +206,36 @@ class EngineWatch:
         if state := self.engines.get(name):
             state.lifecycle.restart_failed()
 
+    def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
+        """The policy's `Suspect`: watch the engine closely for SUSPICION seconds (its stall threshold at the
+        floor, a canary at the next look). Returns the engine_suspect event to record; None for an engine this
+        watch does not have, or one already under suspicion (a storm of faults extends it and says nothing more)."""
+        state = self.engines.get(name)
+        if state is None:
+            return None
+        now = time.monotonic()
+        if state.suspected(now):
+            state.suspect_until = now + SUSPICION
+            return None
+        state.suspect_until, state.suspicion, state.suspect_canary = now + SUSPICION, reason, True
+        floor = state.lifecycle.detector.floor
+        evidence = {"reason": reason, "fault": {"kind": fault.kind, "gpu": fault.gpu, "message": fault.message},
+                    "seconds": SUSPICION, "floor_seconds": floor}
+        if "incident" in fault.evidence:  # what this fault did belongs to its incident
+            evidence["incident"] = fault.evidence["incident"]
+        return Event("engine_suspect", Severity.WARNING,
+                     f"{name} is under suspicion ({reason}): its stall threshold drops to "
+                     f"{floor:.0f} s and a canary runs; it is killed only if it then stops "
+                     "progressing or does not answer", time.time(), engine=name, gpu=fault.gpu or state.gpu,
+                     evidence=evidence)
+
+    def user(self, name: str) -> int | None:
+        """The engine's user: configured, else the one its processes were last seen as (None: not known)."""
+        state = self.engines.get(name)
+        if state is None:
+            return None
+        return user_id(state.config.target.user) if state.config.target.user else state.tracker.uid
+
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             self._tasks = tasks
@@ -193,14 +247,22 @@ class EngineWatch:
     async def _discover(self) -> None:
         first = True
         while True:
-            found = await asyncio.to_thread(discover)
+            try:
+                found = await _DISCOVERY.run("processes", _DISCOVERY_DEADLINE, discover)
+            except (Busy, TimeoutError):
+                log.warning("looking for engine servers took longer than %.0f s; trying again", _DISCOVERY_DEADLINE)
+                await asyncio.sleep(self.settings.discover_interval)
+                continue
             # Anyone can start servers that look like engines: root watches (and probes) a bounded number.
             cap = self.settings.max_discovered
             for f in probe_order([f for f in found if f.name not in self.engines], self._probed)[:cap]:
-                if len(self.engines) >= cap:
+                if len(self.engines) >= cap and not (f.installed and self._make_room()):
                     break
                 self._probed[f.name] = time.monotonic()
-                f = await asyncio.to_thread(with_source, f)
+                try:
+                    f = await _DISCOVERY.run("probe", _DISCOVERY_DEADLINE, with_source, f)
+                except (Busy, TimeoutError):
+                    continue  # probed again on a later round
                 if f.source == "none":
                     if f.name not in self._unwatchable:
                         self._unwatchable.add(f.name)
@@ -214,15 +276,33 @@ class EngineWatch:
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
                     log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
                     on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
-                self._tasks.create_task(self._watch(state))
-            if len(self.engines) >= cap:
-                self._say_skipped([f for f in found if f.name not in self.engines], cap)
+                state.lookalike = not f.installed
+                self._watching[f.name] = self._tasks.create_task(self._watch(state))
+            skipped = [f for f in found if f.name not in self.engines] if len(self.engines) >= cap else []
+            self._say_skipped(skipped, cap)
             if first and not found:
                 log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
             first = False
             await asyncio.sleep(self.settings.discover_interval)
 
+    def _make_room(self) -> bool:
+        """Stop watching one discovered look-alike, for an installed engine; False when none is watched."""
+        name = next((n for n, s in self.engines.items() if s.lookalike and n in self._watching), None)
+        if name is None:
+            return False
+        self._watching.pop(name).cancel()
+        del self.engines[name]
+        # its series go with it (each engine left says its own again at its next scrape)
+        self.sink.replace_series(families.ENGINE_UP, {(n,): float(s.sample is not None)
+                                                      for n, s in self.engines.items()})
+        log.info("no longer watching %s, a server that only looks like an engine: an installed engine needs its place",
+                 name)
+        return True
+
     def _say_skipped(self, skipped: list[Found], cap: int) -> None:
+        if not skipped:
+            self._flooded = False  # the crowd is gone: a new one is news again
+            return
         new = [f for f in skipped if f.name not in self._skipped]
         if new:
             self._skipped.update(f.name for f in new)
@@ -231,6 +311,13 @@ class EngineWatch:
             log.warning("discovered more engine servers than [engines] max_discovered (%d) watches; not watching "
                         "%s. Configure the engines to watch ([[engine]]): configured ones are always watched",
                         cap, names)
+            if self._flooded:
+                return
+            self._flooded = True  # one alert for a crowd: look-alikes are cheap to start, none is a page
+            self._record(Event("discovery_flood", Severity.WARNING,
+                               f"{len(new)} more engine-like servers than [engines] max_discovered ({cap}) watches: "
+                               "not watched; configure the engines to watch ([[engine]])", time.time(),
+                               evidence={"skipped": [f.name for f in new], "max_discovered": cap}))
 
     # --- one engine ---------------------------------------------------------------------------------
 
@@ -254,14 +341,28 @@ class EngineWatch:
         except ScrapeError as exc:
             sample, error = None, redact(str(exc))
             self.sink.count(families.ENGINE_SCRAPE_FAILURES, name, exc.reason)
+            if isinstance(exc, LogRefused) and state.log_refused != error:  # said once, again when it changes
+                state.log_refused = error
+                self._record(Event("log_refused", Severity.WARNING, f"{name}: not reading its log: {error}",
+                                   time.time(), engine=name, evidence={"error": error}))
+        else:
+            state.log_refused = None
         looked = await self.inspect(state)
         spinning = is_spinning(state.cpus)
         life = state.lifecycle
-        changes = life.observe(lc.Look(time.monotonic(), sample, state.instance if looked else None, spinning))
+        now = time.monotonic()
+        changes = life.observe(lc.Look(now, sample, state.instance if looked else None, spinning,
+                                       state.suspected(now)))
         self._export(state, sample)
         for change in changes:
             await self._on(state, change, error, spinning)
-        if sample is not None and life.phase == "watching":
+        if sample is None or life.phase != "watching":
+            return
+        if state.suspect_canary:  # beside the scrapes: a stall meanwhile is still seen within the floor
+            state.suspect_canary = False
+            spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
+            state.checking = spawn(self._suspect_canary(state, sample))
+        else:
             await self._idle_canary(state, sample, time.monotonic())
 
     async def _on(self, state: EngineState, change: lc.Transition, error: str, spinning: bool) -> None:
@@ -327,6 +428,28 @@ class EngineWatch:
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
 
+    async def _suspect_canary(self, state: EngineState, before: EngineSample) -> None:
+        """Once per suspicion: a real completion. One that does not return is the engine not answering, unless
+        the engine showed work meanwhile (a long prefill holds a canary back, and is no hang)."""
+        started = time.monotonic()
+        result = await self._canary(state)
+        life = state.lifecycle
+        if not state.procs or life.phase != "watching" or (life.kills and life.kills[-1] >= started):
+            return  # gone or killed meanwhile: nothing left to judge
+        if result.outcome != "timeout":
+            log.info("%s under suspicion: canary %s (%s)", state.name, result.outcome, result.detail)
+            return
+        try:
+            after = await state.scraper.scrape()
+        except ScrapeError:
+            after = None
+        if after is not None and (after.progress != before.progress or after.activity != before.activity):
+            log.info("%s under suspicion: the canary did not return in time, but it works on (%s)", state.name,
+                     result.detail)
+            return
+        state.canary_failed = True
+        self._record(self._canary_event(state, before, result))
+
     async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
         """Every canary_interval while the engine shows no progress (idle, or running without progress), never
         while it progresses: the progress counter moved since the last look. The look after a canary starts
@@ -361,9 +484,10 @@ class EngineWatch:
             found = resolve(target_spec(state.config))
             procs = state.tracker.refresh(found)
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, instance_of(procs), found.refused, cpu_percents(procs), gpus
+            return (procs, instance_of(procs), found.refused, cpu_percents(procs), gpus,
+                    pasids_of([p.pid for p in procs]))
         try:
-            state.procs, state.instance, state.refused, state.cpus, gpus = await _INSPECTS.run(
+            state.procs, state.instance, state.refused, state.cpus, gpus, state.pasids = await _INSPECTS.run(
                 state.name, _INSPECT_DEADLINE, look)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
@@ -372,7 +496,7 @@ class EngineWatch:
             return False  # a look-up that outran its deadline holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
-            self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
+            self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
         return True
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
@@ -410,6 +534,9 @@ class EngineWatch:
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
             message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
+        suspect = state.suspected(time.monotonic())
+        if suspect:
+            message += f"; under suspicion since {state.suspicion}"
         figures = {"running": sample.running, "waiting": sample.waiting, "tokens_processed": sample.progress,
                    "generated_tokens": sample.generated, "stalled_seconds": round(verdict.stalled_for, 1),
                    "threshold_seconds": round(verdict.threshold, 1),
@@ -419,8 +546,8 @@ class EngineWatch:
         if source == "log":
             message += f" (read from {state.scraper.where})"
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning,
-                                                      "source": source})
+                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning, "source": source,
+                                              **({"suspicion": state.suspicion} if suspect else {})})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
         message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "
@@ -471,6 +598,11 @@ class EngineWatch:
                                "started": failed.started, "processes": len(state.procs)})
 
     def _record(self, event: Event) -> None:
+        """A discovered server that only looks like an engine (anyone can start one) is never a page."""
+        state = self.engines.get(event.engine or "")
+        if state is not None and state.lookalike and event.severity == Severity.CRITICAL:
+            event = replace(event, severity=Severity.WARNING,
+                            message=f"{event.message} (a discovered server not installed as an engine)")
         self.sink.record([event])
 
 

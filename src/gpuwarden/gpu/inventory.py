@@ -13,10 +13,13 @@ from pathlib import Path
 
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import Gpu, discover
+from gpuwarden.offloop import OffLoop
 
 log = logging.getLogger(__name__)
 
 REDISCOVER_SECONDS = 5.0  # a GPU can vanish without a uevent reaching us
+_SCANS = OffLoop("gpu discovery", limit=1)
+_SCAN_DEADLINE = 30.0
 
 
 def _scan(sysfs_root: Path) -> tuple[list[Gpu], dict[str, tuple[str, ...]]]:
@@ -36,7 +39,7 @@ class GpuInventory:
     def start_refresh(self) -> asyncio.Future:
         """Discover again, off the loop; one discovery at a time: while one runs, this is that one."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(asyncio.to_thread(_scan, self.sysfs_root))
+            self._refreshing = asyncio.ensure_future(_SCANS.run("gpus", _SCAN_DEADLINE, _scan, self.sysfs_root))
             self._refreshing.add_done_callback(self._found)
         return self._refreshing
 
