@@ -48,10 +48,6 @@ RUNBOOKS: dict[str, str] = {
         "check its GPU (`gpuwarden doctor`) before starting it by hand; gpuwarden will not restart it again."),
     "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
                      "may not kill (the event says which and why). Look at it by hand now."),
-    "restart_failed": (
-        "The engine did not come back after it was started again: no real completion within restart_timeout. "
-        "Read its own log for why it does not load (`journalctl -u <unit>`, `docker logs <container>`), and "
-        "check its GPU (`gpuwarden doctor`) before starting it by hand; gpuwarden will not restart it again."),
     "gpus_missing": (
         "A GPU is still missing after the reboot. Shut down, switch the PSU off for 30-60 s, power on (a warm "
         "reboot does not always bring a card back). Still missing: reseat the card, check its power cables and "
