@@ -11,7 +11,7 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
 	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container \
-	rsvg-convert:librsvg2-bin
+	rsvg-convert:librsvg2-bin chromium:chromium jq:jq
 
 .PHONY: run test lint bench install install-config uninstall system-deps test-deps peers nspawn clean
 
@@ -54,7 +54,7 @@ system-deps:
 
 test-deps: system-deps
 	@bash .ci/apt-needs $(TEST_NEEDS)
-	@bash .ci/apt-needs --package libfuse2
+	@bash .ci/apt-needs --package libfuse2 fonts-dejavu-core
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)

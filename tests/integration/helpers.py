@@ -133,7 +133,7 @@ class Daemon:
         return metrics
 
     def events(self) -> list[dict]:
-        out = subprocess.run([*GPUWARDEN, "--config", str(self.config_path), "events", "--json", "--since", "1d"],
+        out = subprocess.run([*GPUWARDEN, "--config", str(self.config_path), "events", "--jsonl", "--since", "1d"],
                              capture_output=True, text=True, check=True, env=self.env).stdout
         return [json.loads(line) for line in out.splitlines()]
 

@@ -192,7 +192,7 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     assert {e["kind"] for e in content["events"]} >= {"sq_intr", "device_lost"}
     points = content["telemetry"]["0000:03:00.0"]
     assert len(points) >= 5 and points[-1]["power_watts"] == 272.0 and points[-1]["temperature_celsius"] == 67.0
-    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--json"], capture_output=True,
+    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--jsonl"], capture_output=True,
                             text=True, check=True).stdout
     [row] = [json.loads(line) for line in listed.splitlines()]
     assert (row["kind"], row["subject"], row["picture"]) == ("device_lost", "0000:03:00.0",

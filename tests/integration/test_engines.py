@@ -192,7 +192,7 @@ def test_nvml_off_is_off_for_the_engines_too(daemon_factory, fake_engine):
     engine = fake_engine("progress")
     d = daemon_factory(engine_config(engine) + "[gpu]\nnvml = false\n").start()
     d.wait_serving()
-    wait_for(lambda: 'gpuwarden_engine_cpu_percent{engine="fake"}' in d.metrics(), 15,
+    wait_for(lambda: 'gpuwarden_engine_cpu_ratio{engine="fake"}' in d.metrics(), 15,
              what="the engine's processes looked at")
     assert "NVML" not in d.log()
     assert d.stop() == 0

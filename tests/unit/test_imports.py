@@ -2,7 +2,7 @@
 down these layers, and never in a cycle. A package may import others of its own layer, without a cycle.
 
     entry points    cli, __main__, doctor, npd
-    wiring          daemon
+    wiring          daemon, snapshot
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
@@ -25,12 +25,12 @@ SRC = Path(gpuwarden.__file__).parent
 DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "timeline", "exporter", "logsetup",
-     "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", *DATA},
+     "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage", *DATA},
     {"policy"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
     {"hub", "health"},
-    {"daemon"},
+    {"daemon", "snapshot"},
     {"cli", "__main__", "doctor", "npd"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}

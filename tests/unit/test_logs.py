@@ -199,3 +199,19 @@ def test_a_long_prefill_moves_slots_progress_batch_by_batch():
     older = SlotsProgress()
     seen = [older.sample([{"id": 0, "id_task": 3, "is_processing": True, "n_past": n}]).progress for n in (64, 128)]
     assert seen == [64, 128]
+
+
+def test_under_systemd_without_systemd_python_the_journal_gets_prefixed_lines(tmp_path):
+    """$JOURNAL_STREAM names our stderr (a real file here); systemd-python is made unimportable in a real child."""
+    import subprocess
+    import sys
+
+    err = tmp_path / "stderr"
+    code = ("import os, sys, logging; sys.modules['systemd'] = None; st = os.fstat(2); "
+            "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'; from gpuwarden import logsetup; "
+            "logsetup.setup('info'); log = logging.getLogger('gpuwarden'); log.info('up'); "
+            "log.error('bad http://u:secret@h/x')")
+    with err.open("w") as stderr:
+        run = subprocess.run([sys.executable, "-c", code], stderr=stderr, timeout=60)
+    assert run.returncode == 0, err.read_text()
+    assert err.read_text().splitlines() == ["<6>up", "<3>bad http://***@h/x"]

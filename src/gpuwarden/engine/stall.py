@@ -64,6 +64,11 @@ class RecentMean:
 
 
 class StallDetector:
+    @property
+    def progress_at(self) -> float | None:
+        """Monotonic time of the last progress (or of the look that found it idle or starting to run)."""
+        return self._since
+
     def __init__(self, stall_multiple: float = 4.0, min_stall: float = 30.0, max_stall: float = 1800.0) -> None:
         self.stall_multiple, self.min_stall, self.max_stall = stall_multiple, min_stall, max_stall
         self._progress: float | None = None

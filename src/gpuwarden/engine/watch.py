@@ -496,7 +496,7 @@ class EngineWatch:
             return False  # a look-up that outran its deadline holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
-            self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
+            self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
         return True
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:

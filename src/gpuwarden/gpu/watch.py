@@ -257,6 +257,9 @@ SERIES = {  # family -> (extra label, sample fields that fill it)
 }
 
 
+_SCALE = {"voltage_mv": 1e-3, "pcie_speed_gts": 1e9, "pcie_max_speed_gts": 1e9}  # to base units
+
+
 def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple[str, ...], float]]:
     """Prometheus series for the latest samples, labelled gpu, vendor, model (and the extra label)."""
     out: dict[families.Family, dict[tuple[str, ...], float]] = {family: {} for family in SERIES}
@@ -267,7 +270,7 @@ def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple
             for extra, attr in (fields.items() if label else [(None, fields)]):
                 value = getattr(s, attr)
                 if value is not None:
-                    scale = 0.001 if attr == "voltage_mv" else 1.0
+                    scale = _SCALE.get(attr, 1.0)
                     out[family][(*base, extra) if extra else base] = float(value) * scale
         for sensor, value in s.temperatures.items():
             out[families.GPU_TEMPERATURE][(*base, sensor)] = value
