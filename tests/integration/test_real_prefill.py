@@ -8,10 +8,10 @@ enough, that one long prompt's prefill lasts several times min_stall; the real d
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
+from typing import ClassVar
 
 import pytest
 from helpers import wait_for
@@ -31,11 +31,11 @@ class BigVllm(Vllm):
     """TINY_LLAMA made about six times the work per token, and chunks of 256 tokens (--max-num-batched-tokens):
     one 7,000-token prompt takes tens of seconds here, in some 30 engine steps."""
 
+    model: ClassVar[dict] = {**TINY_LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 6,
+             "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64, "max_position_embeddings": 8192}
+
     def command(self) -> list[str]:
         command = super().command()
-        big = {**TINY_LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 6,
-               "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64, "max_position_embeddings": 8192}
-        (self.run_dir / "tiny-llama" / "config.json").write_text(json.dumps(big))
         command[command.index("--max-model-len") + 1] = "8192"
         return [*command, "--max-num-batched-tokens", "256"]
 

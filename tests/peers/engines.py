@@ -9,6 +9,7 @@ engine, the other free for gpuwarden and the load, as on a box whose engine has 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 
@@ -166,8 +168,10 @@ class Vllm(Server):
     startup_timeout = 300.0  # 26-50 s here, more on a loaded machine (torch.compile warm-up)
     slow_start = True  # about 40 s on its one core: three processes import torch, then the model compiles
 
+    model: ClassVar[dict] = TINY_LLAMA  # its config.json; a subclass may serve another shape
+
     def command(self) -> list[str]:
-        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model()),
+        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model(self.model)),
                 "--served-model-name", "tiny-llama", "--load-format", "dummy", "--skip-tokenizer-init",
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "2048",
                 "--max-num-seqs", "16"]
@@ -261,11 +265,13 @@ def unit_cgroup(unit: str) -> Path:
     raise RuntimeError("no cgroup hierarchy to run a unit in")
 
 
-def vllm_model() -> Path:
-    """The tiny model's folder, one for every vLLM the tests start: vLLM's compile cache (~/.cache/vllm) is keyed by
-    the model's path, so a folder per test compiled the model again at every start (25-50 s of each)."""
-    path = PEERS / "models" / "tiny-llama"
-    files = {"config.json": json.dumps(TINY_LLAMA), "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}'}
+def vllm_model(config: dict) -> Path:
+    """The model's folder, one per config for every vLLM the tests start: vLLM's compile cache (~/.cache/vllm) is
+    keyed by the model's path, so a folder per test compiled the model from nothing at every start (25-50 s)."""
+    text = json.dumps(config, sort_keys=True)
+    name = "tiny-llama" if config == TINY_LLAMA else f"llama-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    path = PEERS / "models" / name
+    files = {"config.json": text, "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}'}
     path.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         if not (path / name).exists() or (path / name).read_text() != text:
