@@ -39,15 +39,7 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
 
 def open_incidents(hub: Any) -> list[dict[str, Any]]:
     """The incidents open now, with their decisions: the hub's incidents are the one place that knows."""
-    incidents = hub.incidents
-    if isinstance(getattr(incidents, "open", None), dict):  # incidents grouped by cause (the `model` branch)
-        return [incident.row() for incident in incidents.open.values()]
-    # until that lands: the one bundle open now, named by its folder; no decision is recorded on it
-    if not (opened := getattr(incidents, "_open", None)):
-        return []
-    since, path = opened
-    return [{"id": path.name, "opened": since, "kind": path.name.split("-", 2)[-1], "message": "",
-             "engines": [], "gpus": [], "conditions": [], "decisions": [], "done": []}]
+    return [incident.row() for incident in hub.incidents.open.values()]
 
 
 def _sources(daemon: Any, metrics: dict) -> list[dict[str, Any]]:
@@ -113,35 +105,36 @@ def _engines(daemon: Any, now: float) -> list[dict[str, Any]]:
     wall = lambda mono: None if mono is None else round(now - (time.monotonic() - mono), 3)  # noqa: E731
     rows = []
     for state in daemon.engines.engines.values():
-        sample = state.sample
+        life = state.lifecycle
+        sample = life.sample
         rows.append({
             "name": state.name,
             "url": redact(state.config.metrics_url),
-            "state": engine_state(state),
+            "state": engine_state(life),
             "running": sample and sample.running, "waiting": sample and sample.waiting,
             "generated_tokens": sample and sample.generated, "progress": sample and sample.progress,
-            "last_progress": wall(state.detector.progress_at),
-            "stall_threshold_seconds": round(state.detector.threshold(), 1),
-            "last_answer": wall(state.answered),
+            "last_progress": wall(life.detector.progress_at),
+            "stall_threshold_seconds": round(life.detector.threshold(), 1),
+            "last_answer": wall(life.answered),
             "cpu_ratio": None if state.cpu is None else round(state.cpu / 100, 3),
             "gpus": sorted(state.gpus or ()),
             "processes": len(state.procs),
-            "kills_in_window": len(state.kills),
+            "kills_in_window": len(life.kills),
         })
     return rows
 
 
-def engine_state(state: Any) -> str:
-    """One word for a person: what gpuwarden thinks of the engine now."""
-    if state.killing:
-        return "killing"
-    if state.unresponsive:
+def engine_state(life: Any) -> str:
+    """One word for a person: what gpuwarden thinks of the engine now (its engine.lifecycle.Lifecycle)."""
+    if life.phase != "watching":
+        return "restart failed" if life.phase == "failed" else life.phase  # down, starting
+    if life.unresponsive:
         return "unresponsive"
-    if state.detector.stalled:
+    if life.detector.stalled:
         return "stalled"
-    if state.sample is None:
-        return "down" if state.failures else "starting"
-    if state.failures:
+    if life.sample is None:
+        return "not answering" if life.failures else "starting"
+    if life.failures:
         return "not answering"
-    running = state.sample.running
+    running = life.sample.running
     return "unknown" if running is None else "running" if running > 0 else "idle"

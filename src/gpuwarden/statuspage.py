@@ -28,7 +28,7 @@ ul{margin:.2em 0;padding-left:1.2em}.empty{color:var(--dim)}
 """
 
 _ENGINE_TONE = {"running": "ok", "idle": "ok", "starting": "none", "unknown": "none", "stalled": "bad",
-                "unresponsive": "bad", "killing": "bad", "down": "bad", "not answering": "warn"}
+                "unresponsive": "bad", "restart failed": "bad", "down": "bad", "not answering": "warn"}
 
 
 def render(snap: dict[str, Any]) -> str:

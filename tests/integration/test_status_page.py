@@ -54,7 +54,8 @@ def test_the_snapshot_says_what_the_daemon_knows(stalled):
     assert gpu["sensors"]["power_watts"] > 0 and gpu["limits"]["power_cap_watts"] > 0
     assert gpu["limits"]["temperature_edge_critical_celsius"] == 100
     [incident] = snap["incidents"]
-    assert "engine_stall" in incident["id"]
+    assert "engine_stall" in incident["id"] and incident["engines"] == ["vllm-<b>"]
+    assert [(d["action"], d["engine"]) for d in incident["decisions"]] == [("alert_only", "vllm-<b>")]
     kernel = next(s for s in snap["sources"] if s["name"] == "kernel")
     assert kernel["up"] is True and kernel["detail"] == "file" and snap["time"] - kernel["last_success"] < 60
     assert sorted(s["name"] for s in snap["sources"]) == ["kernel", "uevents"]

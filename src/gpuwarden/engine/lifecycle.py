@@ -165,6 +165,20 @@ class Lifecycle:
         self.kills, self.restart_refused = earlier.kills, earlier.restart_refused
 
     @property
+    def answered(self) -> float | None:
+        """When this instance last answered (for the status page)."""
+        return self._answered
+
+    @property
+    def failures(self) -> int:
+        """Failed scrapes in a row."""
+        return self._failures
+
+    @property
+    def unresponsive(self) -> bool:
+        return self._unresponsive
+
+    @property
     def in_grace(self) -> bool:
         """Down or starting: no figure of the dead instance counts, and none of the new one yet."""
         return self.phase in ("down", "starting")
