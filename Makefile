@@ -10,16 +10,20 @@ BUILD_NEEDS := cc:gcc pkg-config:pkg-config
 TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd journalctl:systemd unshare:util-linux \
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
-	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container
+	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container \
+	rsvg-convert:librsvg2-bin chromium:chromium jq:jq
 
 .PHONY: run test lint bench install install-config uninstall system-deps test-deps peers nspawn clean
 
+# `make run CONFIG=my.toml` runs with your file; without it, on the built-in defaults
 run: $(VENV)/.installed
-	$(VENV)/bin/gpuwarden run
+	$(VENV)/bin/gpuwarden $(if $(CONFIG),--config $(abspath $(CONFIG))) run
 
-test: test-deps peers nspawn $(VENV)/.installed
+# The engines and the nspawn root build (niced) while the tests that need neither run; then the tests that need
+# them (tests/run.sh). `make peers nspawn` builds them alone.
+test: test-deps $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/pytest
+	VENV=$(VENV) MAKE="$(MAKE)" bash tests/run.sh
 
 # Real engines for the end-to-end tests (vLLM, llama.cpp), cached outside the checkout in $(PEERS_CACHE):
 # the first run builds them (about 10 minutes), later runs find them in a second.
@@ -50,7 +54,7 @@ system-deps:
 
 test-deps: system-deps
 	@bash .ci/apt-needs $(TEST_NEEDS)
-	@bash .ci/apt-needs --package libfuse2
+	@bash .ci/apt-needs --package libfuse2 fonts-dejavu-core
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)

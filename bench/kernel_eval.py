@@ -1,6 +1,7 @@
 """Evaluation of the kernel classifier on the real-log corpus (tests/corpus/kernel, sources in SOURCES.md).
 
-    .venv/bin/python bench/kernel_eval.py
+    .venv/bin/python bench/kernel_eval.py                               # the corpus the rules quote
+    .venv/bin/python bench/kernel_eval.py tests/corpus/kernel/heldout   # logs no rule example quotes
 
 Per expected kind: files that expect it and got it (right), files that expect it and lack it (missed), files
 that got it at warning or above without expecting it (over-called). Per file: fully right means every expected

@@ -1,5 +1,10 @@
 """Shared test set-up. Tests marked `root` need root: they run in CI (root) and skip elsewhere with the
-reason; as root, a skipped root test fails the run."""
+reason; as root, a skipped root test fails the run.
+
+Tests marked `peers` need what `make test` builds (the real engines of tests/peers, the nspawn root of
+tests/nspawn): `make test` runs the others while those build, then these. A test that uses the `servers`,
+`containers` or `docker_engine` fixture is marked by itself; a module that needs them otherwise says so.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,13 @@ from paths import CORPUS
 IS_ROOT = os.geteuid() == 0
 
 
+PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if PEERS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.peers)
     if IS_ROOT:
         return
     skip = pytest.mark.skip(reason="needs root (writes /dev/kmsg, starts journald, makes mount namespaces)")

@@ -1,4 +1,4 @@
-"""Faithful fake amdgpu sysfs trees (platform-facts.md §1), since no Radeon is here.
+"""Faithful fake amdgpu sysfs trees (as amdgpu_pm.c and the PCI core make them), since no Radeon is here.
 
 Layout as the kernel makes it: /sys/devices/pci0000:00/<bdf>/ with class, vendor, device, uevent, the driver
 symlink into /sys/bus/pci/drivers/amdgpu, hwmon/hwmonN/ (name "amdgpu"), and /sys/bus/pci/devices/<bdf> as a

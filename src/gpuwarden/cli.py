@@ -1,4 +1,8 @@
-"""The `gpuwarden` command. Exit codes: 0 ok, 1 runtime failure, 2 usage error, 78 configuration error."""
+"""The `gpuwarden` command. Exit codes: 0 ok, 1 runtime failure, 2 usage error (and `replay`: a critical event
+found), 78 configuration error, 141 standard output closed early (`| head`), as a tool that SIGPIPE ended.
+
+JSON, the same way in every command: `--json` prints one JSON document and nothing else on standard output;
+`--jsonl` (the commands that list rows: events, incidents, replay) one JSON object per line as rows come."""
 
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ from gpuwarden.config import ConfigError, parse_duration
 from gpuwarden.logsetup import redact
 from gpuwarden.store import Store, StoreError
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 78
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG, EXIT_PIPE = 0, 1, 2, 78, 141
+EXIT_CRITICAL = 2  # replay found a critical event
+LOG_LEVELS = ("debug", "info", "warning", "error")
+SEVERITIES = ("info", "warning", "critical")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_FAILURE
+    except BrokenPipeError:
+        # the reader went away (`| head -1`): say nothing more, and keep the interpreter's final flush of
+        # standard output from raising again on its way out
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 def _seconds(text: str) -> float:
@@ -48,6 +60,41 @@ def _seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
     return value
+
+
+def _since(text: str) -> float:
+    """A --since: a duration back from now (90s, 1h, 2d) or a time (2026-12-04 09:30, 2026-12-04T09:30:00+00:00,
+    local time unless it says its zone); the epoch seconds it means."""
+    try:
+        return time.time() - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a duration (90s, 1h, 2d) nor a time "
+                                         "(2026-12-04 09:30, 2026-12-04T09:30:00+00:00)") from None
+
+
+def _json_forms(parser: argparse.ArgumentParser) -> None:
+    forms = parser.add_mutually_exclusive_group()
+    forms.add_argument("--json", action="store_true", help="one JSON document (an array of rows)")
+    forms.add_argument("--jsonl", action="store_true", help="one JSON object per line, as rows come")
+
+
+def _emit(args: argparse.Namespace, rows, text) -> int:
+    """Rows as --json (one array), --jsonl (a line each, as they come) or text (`text(row)` a line each);
+    the number of rows."""
+    count, collected = 0, []
+    for row in rows:
+        count += 1
+        if args.json:
+            collected.append(row)
+        else:
+            print(json.dumps(row, default=str) if args.jsonl else text(row), flush=args.jsonl)
+    if args.json:
+        print(json.dumps(collected, default=str))
+    return count
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,39 +110,51 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, **kw) -> argparse.ArgumentParser:
         return subparsers.add_parser(name, parents=[common], **kw)
 
-    command("run", help="run the daemon in the foreground").set_defaults(handler=cmd_run)
+    run = command("run", help="run the daemon in the foreground")
+    run.add_argument("--log-level", choices=LOG_LEVELS, help="instead of [daemon] log_level (kept across reloads)")
+    run.set_defaults(handler=cmd_run)
     reload = command("reload", help="make a running daemon re-read its configuration, and wait until it has")
-    reload.add_argument("--pid", type=int, required=True, help="the daemon's pid (systemd: $MAINPID)")
+    reload.add_argument("--pid", type=int, help="the daemon's pid (systemd: $MAINPID); default: the one gpuwarden "
+                                                "daemon running with this configuration's state_dir")
     reload.add_argument("--timeout", type=_seconds, default=20.0, help="seconds to wait (default 20)")
     reload.set_defaults(handler=cmd_reload)
     check = command("check", help="validate the configuration and print it")
     check.add_argument("file", nargs="?", type=Path, help="the configuration file (same as --config)")
+    check.add_argument("--json", action="store_true", help="one JSON document: the file, the effective "
+                                                           "configuration, what a kill of each engine would take")
     check.set_defaults(handler=cmd_check)
 
     events = command("events", help="recent events from the store")
-    events.add_argument("--json", action="store_true", help="one JSON object per line")
-    events.add_argument("--since", default="24h", help="how far back, e.g. 90s, 1h, 2d (default 24h)")
+    _json_forms(events)
+    events.add_argument("--since", type=_since, default="24h",
+                        help="how far back: a duration (90s, 1h, 2d) or a time (2026-12-04 09:30) (default 24h)")
+    events.add_argument("--kind", action="append", help="only this kind (again for more: --kind xid --kind ...)")
+    events.add_argument("--gpu", action="append", help="only events about this GPU (its PCI address)")
+    events.add_argument("--engine", action="append", help="only events about this engine")
+    events.add_argument("--severity", choices=SEVERITIES, help="only events at this severity or above")
     events.set_defaults(handler=cmd_events)
 
-    replay = command("replay", help="classify saved kernel logs and print the events")
+    replay = command("replay", help="classify saved kernel logs and print the events (exit 2: a critical one)")
     replay.add_argument("files", nargs="+", help="log files; - reads standard input")
-    replay.add_argument("--format", choices=("table", "json"), default="table")
+    _json_forms(replay)
     replay.set_defaults(handler=cmd_replay)
 
     probe = command("probe", help="scrape an engine's /metrics once and say what it shows")
     probe.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
-    probe.add_argument("--json", action="store_true")
+    probe.add_argument("--json", action="store_true", help="one JSON document")
     probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
     probe.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
 
-    status = command("status", help="a table of every GPU's latest reading")
-    status.add_argument("--json", action="store_true")
+    status = command("status", help="the running daemon's state: sources, engines, open incidents, GPUs (without "
+                                     "a daemon: a fresh reading of every GPU)")
+    status.add_argument("--json", action="store_true", help="one JSON document")
+    status.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the daemon (default 5)")
     status.set_defaults(handler=cmd_status)
 
     guard = command("guard", help="the recovery guard outside the daemon: status, apply, release")
     guard.add_argument("action", choices=("status", "apply", "release"))
-    guard.add_argument("--json", action="store_true")
+    guard.add_argument("--json", action="store_true", help="one JSON document")
     guard.set_defaults(handler=cmd_guard)
 
     quarantine = command("quarantine", help="move poisoned compile caches aside (renamed, never deleted)")
@@ -106,15 +165,15 @@ def _parser() -> argparse.ArgumentParser:
     quarantine.set_defaults(handler=cmd_quarantine)
 
     doctor = command("doctor", help="preflight: BARs, PCIe paths, AtomicOps, NUMA, IOMMU, settings, caches")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--json", action="store_true", help="one JSON document")
     doctor.set_defaults(handler=cmd_doctor)
 
     incidents = command("incidents", help="the incident reports (state_dir/incidents)")
-    incidents.add_argument("--json", action="store_true", help="one JSON object per line")
+    _json_forms(incidents)
     incidents.set_defaults(handler=cmd_incidents)
 
     conditions = command("conditions", help="what is wrong now: the open conditions (docs/conditions.md)")
-    conditions.add_argument("--json", action="store_true", help="one JSON object per line")
+    _json_forms(conditions)
     conditions.set_defaults(handler=cmd_conditions)
 
     npd = command("npd-check", help="node-problem-detector custom plugin: exit 0 ok, 1 problem, 2 unknown")
@@ -135,12 +194,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuwarden.daemon import Daemon
 
     config, path = configuration.load(args.config)
-    logsetup.setup(config.daemon.log_level)
+    logsetup.setup(args.log_level or config.daemon.log_level)
     import logging
 
     logging.getLogger("gpuwarden").info("gpuwarden %s starting with %s", __version__, path or "built-in defaults")
     try:
-        rc = asyncio.run(Daemon(config, args.config).run())
+        rc = asyncio.run(Daemon(config, args.config, log_level=args.log_level).run())
     except OSError as exc:
         logging.getLogger("gpuwarden").error("cannot run: %s", exc)
         return EXIT_FAILURE
@@ -157,7 +216,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
     from gpuwarden import reloads
 
     try:
-        done = reloads.request(args.pid, args.timeout)
+        pid = args.pid or reloads.find_daemon(configuration.load(args.config)[0].daemon.state_dir)
+        done = reloads.request(pid, args.timeout)
     except (LookupError, TimeoutError, OSError) as exc:
         print(f"gpuwarden reload: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -180,6 +240,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
     except ConfigError as exc:
         raise configuration.placed(exc, path) from None
+    if args.json:
+        engines = {}
+        for engine in config.engine:
+            processes, refused = _resolution(target_spec(engine))
+            engines[engine.name] = {"processes": processes, "refused": refused}
+        print(json.dumps({"file": str(path) if path else None, "valid": True,
+                          "config": json.loads(config.model_dump_json()), "kill_would_take": engines}))
+        return EXIT_OK
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
     print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
     if config.kernel.source == "file":
@@ -210,30 +278,26 @@ def _print_processes(procs: list[str], refused: list[str]) -> None:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    try:
-        since = time.time() - parse_duration(args.since)
-    except ValueError as exc:
-        print(f"gpuwarden events: --since: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    since = args.since  # epoch seconds: argparse runs _since on the default too
     config, _ = configuration.load(args.config)
     db = config.daemon.state_dir / "gpuwarden.db"
     if not db.exists():  # opening it would make an empty store, and a state_dir where none was meant
         print(f"gpuwarden events: no store at {db}: gpuwarden has not run with this state_dir", file=sys.stderr)
+        _emit(args, [], str)
         return EXIT_OK  # no events, as from an empty store
     store = Store(db)
     try:
-        rows = store.events(since=since)
+        rows = [row for row in store.events(since=since) if _wanted(row, args)]
     finally:
         store.close()
-    for row in rows:
-        if args.json:
-            print(json.dumps(row))
-        else:
-            stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
-            count = f" (x{row['count']})" if row["count"] > 1 else ""
-            print(f"{stamp}  {row['severity']:<8} {row['kind']:<16} {row['gpu'] or '-':<13} {row['message']}{count}")
-    if not rows and not args.json:
-        print(f"no events since {args.since} ago", file=sys.stderr)
+
+    def text(row: dict) -> str:
+        stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+        count = f" (x{row['count']})" if row["count"] > 1 else ""
+        return f"{stamp}  {row['severity']:<8} {row['kind']:<16} {row['gpu'] or '-':<13} {row['message']}{count}"
+    if not _emit(args, rows, text) and not (args.json or args.jsonl):
+        print(f"no events since {datetime.fromtimestamp(since).isoformat(sep=' ', timespec='seconds')}"
+              + (" that match" if args.kind or args.gpu or args.engine or args.severity else ""), file=sys.stderr)
     return EXIT_OK
 
 
@@ -247,15 +311,19 @@ def cmd_conditions(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"gpuwarden conditions: {exc}", file=sys.stderr)
         return EXIT_OK
-    for row in rows:
-        if args.json:
-            print(json.dumps(row))
-        else:
-            stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
-            print(f"since {stamp}  {row['condition']:<19} {row['subject']:<13} by {', '.join(row['causes'])}")
-    if not rows and not args.json:
+
+    def text(row: dict) -> str:
+        stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+        return f"since {stamp}  {row['condition']:<19} {row['subject']:<13} by {', '.join(row['causes'])}"
+    if not _emit(args, rows, text) and not (args.json or args.jsonl):
         print("no open condition", file=sys.stderr)
     return EXIT_OK
+
+
+def _wanted(row: dict, args: argparse.Namespace) -> bool:
+    return ((not args.kind or row["kind"] in args.kind) and (not args.gpu or row["gpu"] in args.gpu)
+            and (not args.engine or row["engine"] in args.engine)
+            and (not args.severity or SEVERITIES.index(row["severity"]) >= SEVERITIES.index(args.severity)))
 
 
 def cmd_npd_check(args: argparse.Namespace) -> int:
@@ -279,7 +347,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from gpuwarden.kernel.watch import classifier_for
 
     config, _ = configuration.load(args.config)
-    malformed = 0
+    malformed, critical = 0, False
+    found: list[dict] = []
     for name in args.files:
         try:
             text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8", errors="replace")
@@ -292,20 +361,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
         now = time.time()
         bursts = [b for record in parsed.records for b in classifier.feed(record, now)]
         bursts += classifier.flush(now, everything=True).new
-        for event in (b.final for b in bursts):
-            _print_event(event, name, args.format)
+        rows = [_replayed(b.final, name) for b in bursts]
+        critical = critical or any(r["severity"] == "critical" for r in rows)
+        if args.json:
+            found += rows  # one document at the end
+        else:
+            _emit(args, rows, lambda r: f"{r['severity']:<8} {r['kind']:<13} {r['gpu'] or '-':<13} x{r['count']:<4} "
+                                        f"{r['message']}")
+    if args.json:
+        print(json.dumps(found))
     if malformed:
         print(f"gpuwarden replay: {malformed} malformed line(s) skipped", file=sys.stderr)
-    return EXIT_OK
+    return EXIT_CRITICAL if critical else EXIT_OK
 
 
-def _print_event(event, source: str, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps({"file": source, "kind": event.kind, "severity": str(event.severity), "gpu": event.gpu,
-                          "xid": event.evidence.get("xid"), "count": event.count,
-                          "line": event.evidence.get("line"), "message": event.message}))
-    else:
-        print(f"{event.severity!s:<8} {event.kind:<13} {event.gpu or '-':<13} x{event.count:<4} {event.message}")
+def _replayed(event, source: str) -> dict:
+    return {"file": source, "kind": event.kind, "severity": str(event.severity), "gpu": event.gpu,
+            "xid": event.evidence.get("xid"), "count": event.count, "line": event.evidence.get("line"),
+            "message": event.message}
 
 
 def cmd_test_alert(args: argparse.Namespace) -> int:
@@ -388,6 +461,8 @@ def cmd_guard(args: argparse.Namespace) -> int:
     paths = paths_for(devices, sysfs)
     if not paths:
         print("no GPU to guard (none found; set [guard] devices to choose)", file=sys.stderr)
+        if args.json:
+            print("[]")
         return EXIT_OK if args.action == "status" else EXIT_FAILURE
     try:
         if args.action == "apply":
@@ -463,30 +538,36 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
     config, _ = configuration.load(args.config)
     rows = listing(config.daemon.state_dir / "incidents")
-    for row in rows:
-        if args.json:
-            print(json.dumps(row))
-        else:
-            stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
-            picture = "timeline.png" if row["picture"] else "no picture"
-            print(f"{stamp}  {row['kind']:<16} {row['subject']:<13} {row['events']:>3} event(s) "
-                  f"{row['actions']:>2} action(s)  {picture:<12}  {row['folder']}"
-                  + (f"\n    ended: {row['ended']}" if row.get("ended") else ""))
-    if not rows and not args.json:
+
+    def text(row: dict) -> str:
+        stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+        picture = "timeline.svg" if row["picture"] else "no picture"
+        return (f"{stamp}  {row['kind']:<16} {row['subject']:<13} {row['events']:>3} event(s) "
+                f"{row['actions']:>2} action(s)  {picture:<12}  {row['folder']}"
+                + (f"\n    ended: {row['ended']}" if row.get("ended") else ""))
+    if not _emit(args, rows, text) and not (args.json or args.jsonl):
         print("no incident reports", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """One fresh reading of every GPU, through the same readers as the daemon (no daemon needed)."""
+    """The daemon's snapshot from its exporter (/status.json); when no daemon answers, one fresh reading of every
+    GPU through the same readers as the daemon. --json: {"daemon": snapshot or null, "error": why not,
+    "readings": the fresh readings, without a daemon}."""
     from gpuwarden.gpu.discovery import discover
     from gpuwarden.gpu.watch import read_once
 
     config, _ = configuration.load(args.config)
+    snap, error = _daemon_status(config.exporter, args.timeout)
+    if snap is not None:
+        print(json.dumps({"daemon": snap, "error": None, "readings": None}) if args.json else _status_text(snap))
+        return EXIT_OK
+    print(f"gpuwarden status: no daemon answers ({error}); a fresh reading of the GPUs instead", file=sys.stderr)
     gpus = discover(config.gpu.sysfs_root)
     samples = read_once(config.gpu, gpus)
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) for s in samples.values()], default=str))
+        print(json.dumps({"daemon": None, "error": error,
+                          "readings": [dataclasses.asdict(s) for s in samples.values()]}, default=str))
         return EXIT_OK
     if not gpus:
         print("no GPUs found")
@@ -511,3 +592,51 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _w(watts: float | None) -> str:
     return f"{watts:.0f} W" if watts is not None else "-"
+
+
+def _daemon_status(exporter, timeout: float) -> tuple[dict | None, str | None]:
+    """The running daemon's /status.json, at the address its configuration gives the exporter."""
+    import httpx
+
+    if not exporter.enabled:
+        return None, "the exporter is off ([exporter] enabled = false)"
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(exporter.listen, exporter.listen)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{exporter.port}/status.json"
+    try:
+        response = httpx.get(url, timeout=timeout)
+        response.raise_for_status()
+        return response.json(), None
+    except (httpx.HTTPError, ValueError) as exc:
+        return None, f"{url}: {exc}"
+
+
+def _status_text(snap: dict) -> str:
+    from gpuwarden.statuspage import ago
+
+    now = snap["time"]
+    lines = [f"gpuwarden {snap['version']} on {snap['host']}, pid {snap['pid']}: {snap['summary']}", "", "sources:"]
+    lines += [f"  {s['name']:<10} {_updown(s['up']):<8} {s['detail']}" for s in snap["sources"]]
+    lines += ["", "engines:" if snap["engines"] else "engines: none watched"]
+    lines += [f"  {e['name']:<16} {e['state']:<13} running {_n(e['running']):>3} waiting {_n(e['waiting']):>3}  "
+              f"last progress {ago(e['last_progress'], now)}" for e in snap["engines"]]
+    lines += ["", f"open incidents: {len(snap['incidents']) or 'none'}"]
+    for i in snap["incidents"]:
+        lines.append(f"  {i['id']}  opened {ago(i['opened'], now)}  {i['message']}")
+        lines += [f"    decided: {' '.join(filter(None, (d.get('action'), d.get('engine'))))} ({d.get('reason')})"
+                  + (" [dry run]" if d.get("dry_run") else "") for d in i["decisions"]]
+    lines += ["", "GPUs:" if snap["gpus"] else "GPUs: none found"]
+    for g in snap["gpus"]:
+        sensors = g["sensors"]
+        temps = " ".join(f"{k.split('_')[1]}={v:.0f}" for k, v in sensors.items() if k.startswith("temperature_"))
+        power = f"{sensors['power_watts']:.0f} W" if "power_watts" in sensors else "-"
+        lines.append(f"  {g['gpu']:<13} {g['vendor']:<6} {(g['model'] or '-')[:22]:<22} {g['state']:<12} {power:>6} "
+                     f"{temps}")
+    return "\n".join(lines)
+
+
+def _updown(up: bool | None) -> str:
+    return "unknown" if up is None else "up" if up else "DOWN"
+
+
+def _n(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"

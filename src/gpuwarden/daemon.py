@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, policy, reloads
+from gpuwarden import families, logsetup, policy, reloads, snapshot
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
@@ -25,6 +25,7 @@ from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
+from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.health import Health, Loop
 from gpuwarden.hub import Hub
 from gpuwarden.kernel.watch import KernelWatch
@@ -41,12 +42,18 @@ _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 _CONFIG = OffLoop("configuration", limit=2)  # a reload's read and name look-ups; the exporter's bind
 _CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
+_STATUS_DEADLINE = 2.0  # the status page waits this long for the loop, then says it did not answer
+_STATUS_FRESH = 1.0  # a snapshot this young is served again: a client asking in a loop costs the loop little
 
 
 class Daemon:
-    def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None) -> None:
+    def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None,
+                 log_level: str | None = None) -> None:
         self.config = config
         self.config_arg = config_arg  # what --config said; None: the default path or built-in defaults
+        self.log_level = log_level  # what --log-level said: it outlives reloads; None: [daemon] log_level
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_status: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
         self.notifier = notifier or Notifier()
         self.metrics = SelfMetrics()
         self.recorder = FlightRecorder(config.gpu.recorder_window)
@@ -66,6 +73,7 @@ class Daemon:
         self.kernel: KernelWatch | None = None
         self.uevents: UeventWatch | None = None
         self.started = time.monotonic()  # kernel lines logged before this are history
+        self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
@@ -102,7 +110,7 @@ class Daemon:
     # --- lifecycle --------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         state_dir = self.config.daemon.state_dir
         if warning := private_folder(state_dir, ours=state_dir == configuration.default_state_dir()):
             log.warning("%s", warning)
@@ -157,7 +165,7 @@ class Daemon:
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port)
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status, self.hub.incidents.folder)
         try:
             exporter.start()
         except OSError as exc:
@@ -182,7 +190,8 @@ class Daemon:
         self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
         self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self.inventory.current, self.hub,
-                                                       self.recorder, xid_overrides=self.config.kernel.xid_overrides()))
+                                                       self.recorder, xid_overrides=self.config.kernel.xid_overrides(),
+                                                       xid_merge=self.xids))
         self.supervisor.start("uevents", self._uevent_watch)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
@@ -203,6 +212,24 @@ class Daemon:
                     # `listen` may need a name look-up
                     await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
+    def _status(self) -> dict:
+        """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives."""
+        at, snap = self._last_status
+        if time.monotonic() - at < _STATUS_FRESH:
+            return snap
+
+        async def gather() -> dict:
+            return snapshot.gather(self)
+        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
+        try:
+            snap = future.result(_STATUS_DEADLINE)
+            self._last_status = (time.monotonic(), snap)
+            return snap
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
+                               "gpuwarden_loop_lag_seconds on /metrics)") from None
+
     def _guarded_devices(self) -> set[str]:
         return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))
 
@@ -211,8 +238,8 @@ class Daemon:
         self.inventory.start_refresh().add_done_callback(lambda _: self.guard and self.guard.recheck.set())
 
     def _kernel_watch(self) -> KernelWatch:
-        watch = KernelWatch(self.config.kernel, self.hub, self.store.cursor("journal"), live_since=self.started,
-                            gpus_behind=self.inventory.behind)
+        watch = KernelWatch(self.config.kernel, self.xids.tap(self.hub, time.monotonic), self.store.cursor("journal"),
+                            live_since=self.started, gpus_behind=self.inventory.behind)
         self.kernel = watch
         return watch
 
@@ -266,7 +293,7 @@ class Daemon:
                     self._start_exporter()
                 except OSError as exc:  # the components must come back all the same
                     log.error("the exporter cannot serve on the new address: %s", exc)
-            logsetup.setup(new.daemon.log_level)
+            logsetup.setup(self.log_level or new.daemon.log_level)
             await self._start_components()
             await asyncio.sleep(0)
             log.info("reloaded %s", path or "built-in defaults")

@@ -7,19 +7,26 @@ never see a half-updated state.
 
 from __future__ import annotations
 
+import json
 import math
+import mimetypes
+import os
 import platform
+import re
 import socket
+import stat
 import sys
 import threading
 from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpuwarden import __version__
+from gpuwarden import __version__, report, statuspage
 from gpuwarden import families as f
 from gpuwarden.families import FAMILIES, Family
 
@@ -95,9 +102,17 @@ class _Collector:
 
 
 class Exporter:
-    def __init__(self, metrics: SelfMetrics, listen: str, port: int) -> None:
+    """/metrics; the status page at / and /status, its snapshot at /status.json, the incidents' pictures under
+    /incidents/; 404 elsewhere. `status` gives the daemon's snapshot (from this server's threads: it may raise
+    TimeoutError when the loop does not answer); `incidents` is the folder of the incident bundles."""
+
+    def __init__(self, metrics: SelfMetrics, listen: str, port: int,
+                 status: Callable[[], dict] | None = None, incidents: Path | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(metrics))
+        ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
+        self._metrics_app = make_wsgi_app(self.registry)
+        self._status, self._incidents = status, incidents
         self._listen, self._port = listen, port
         self._server = None
         self._thread: threading.Thread | None = None
@@ -111,8 +126,7 @@ class Exporter:
                                     flags=socket.AI_PASSIVE)[0][0]
         server_class = type("Server", (_Server,), {"address_family": family})
         try:
-            self._server = make_server(self._listen, self._port, make_wsgi_app(self.registry), server_class,
-                                       _Handler)
+            self._server = make_server(self._listen, self._port, self._app, server_class, _Handler)
         except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
             host = f"[{self._listen}]" if ":" in self._listen else self._listen
             raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
@@ -120,12 +134,66 @@ class Exporter:
         self._thread = threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True)
         self._thread.start()
 
+    def _app(self, environ: dict, start_response: Callable) -> list[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)
+        if self._incidents and (picture := _PICTURE.fullmatch(path)):
+            return self._picture(picture[1], start_response)
+        if self._status is None or path not in ("/", "/status", "/status.json"):
+            return _answer(start_response, "404 Not Found", "text/plain", b"not found: see /metrics\n")
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return _answer(start_response, "405 Method Not Allowed", "text/plain", b"GET only\n")
+        try:
+            snap = self._status()
+        except TimeoutError as exc:
+            if path == "/status.json":
+                return _answer(start_response, "503 Service Unavailable", "application/json",
+                               json.dumps({"error": str(exc)}).encode())
+            return _answer(start_response, "503 Service Unavailable", "text/html; charset=utf-8",
+                           statuspage.unavailable(str(exc)).encode())
+        if path == "/status.json":
+            return _answer(start_response, "200 OK", "application/json", json.dumps(snap).encode())
+        return _answer(start_response, "200 OK", "text/html; charset=utf-8", statuspage.render(snap).encode())
+
+    def _picture(self, incident: str, start_response: Callable) -> list[bytes]:
+        """An incident's picture: a plain file in the bundle's folder (the name has no slash and no leading dot;
+        a link is not followed). At most _PICTURE_READS at once, so a hung state disk never takes a scrape's
+        thread."""
+        if not _PICTURE_READS.acquire(blocking=False):
+            return _answer(start_response, "503 Service Unavailable", "text/plain", b"busy\n")
+        try:
+            fd = os.open(self._incidents / incident / report.PICTURE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(_MAX_PICTURE + 1) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+        except OSError:
+            data = None  # not drawn yet, drawing failed, or no such incident
+        finally:
+            _PICTURE_READS.release()
+        if data is None or len(data) > _MAX_PICTURE:
+            return _answer(start_response, "404 Not Found", "text/plain", b"no picture (yet)\n")
+        return _answer(start_response, "200 OK", _PICTURE_TYPE, data)
+
     def stop(self) -> None:
         if self._server:
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=5)
             self._server = None
+
+
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'"  # its own style sheet and pictures only
+_PICTURE = re.compile(r"/incidents/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/" + re.escape(report.PICTURE))
+_PICTURE_TYPE = mimetypes.guess_type(report.PICTURE)[0] or "application/octet-stream"
+_PICTURE_READS = threading.BoundedSemaphore(2)
+_MAX_PICTURE = 8 << 20
+
+
+def _answer(start_response: Callable, status: str, content_type: str, body: bytes) -> list[bytes]:
+    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                            ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
+                            ("Content-Security-Policy", _CSP)])
+    return [body]
 
 
 # Anyone on the box can connect to the exporter. One thread per connection with no deadline let a local user

@@ -77,8 +77,8 @@ ENGINE_GENERATED_TOKENS = _declare("gpuwarden_engine_generated_tokens_total", "c
 ENGINE_STALLED = _declare("gpuwarden_engine_stalled", "gauge", "1 while the engine is stalled.", "engine")
 ENGINE_STALL_THRESHOLD = _declare("gpuwarden_engine_stall_threshold_seconds", "gauge",
                                   "How long without progress counts as a stall.", "engine")
-ENGINE_CPU = _declare("gpuwarden_engine_cpu_percent", "gauge", "CPU of the engine's busiest process (100 = one core).",
-                      "engine")
+ENGINE_CPU = _declare("gpuwarden_engine_cpu_ratio", "gauge",
+                      "CPU of the engine's busiest process, as a share of one core (1 = one core).", "engine")
 ENGINE_SCRAPE_FAILURES = _declare("gpuwarden_engine_scrape_failures_total", "counter",
                                   "Failed /metrics scrapes, by reason.", "engine", "reason")
 ENGINE_KILLS = _declare("gpuwarden_engine_kills_total", "counter", "Times gpuwarden killed the engine.", "engine")
@@ -97,8 +97,14 @@ GPU_FAN = _gpu("gpuwarden_gpu_fan_rpm", "GPU fan speed.")
 GPU_BUSY = _gpu("gpuwarden_gpu_busy_ratio", "GPU busy share, 0 to 1.")
 GPU_VOLTAGE = _gpu("gpuwarden_gpu_voltage_volts", "GPU core voltage.")
 GPU_CLOCK = _gpu("gpuwarden_gpu_clock_hz", "GPU clocks (sclk, mclk).", "clock")
-GPU_VRAM = _gpu("gpuwarden_gpu_vram_bytes", "GPU memory (total, used, visible_total).", "kind")
-GPU_PCIE_SPEED = _gpu("gpuwarden_gpu_pcie_link_speed_gigatransfers", "PCIe link speed in GT/s (current, max).", "link")
+GPU_VRAM = _gpu("gpuwarden_gpu_vram_bytes", "GPU memory (total; used, without the driver's reserve; reserved; "
+                "visible_total).", "kind")
+GPU_THROTTLE = _gpu("gpuwarden_gpu_throttle", "1 while the GPU slows its clocks for this reason (NVML's clock event "
+                    "reasons), else 0.", "reason")
+GPU_TEMPERATURE_LIMIT = _gpu("gpuwarden_gpu_temperature_limit_celsius", "The temperature at which the GPU slows "
+                             "itself down or shuts down, as it reports it, by sensor.", "sensor", "limit")
+GPU_PCIE_SPEED = _gpu("gpuwarden_gpu_pcie_link_speed_transfers_per_second",
+                      "PCIe link speed in transfers per second (current, max; 16 GT/s is 1.6e10).", "link")
 GPU_PCIE_WIDTH = _gpu("gpuwarden_gpu_pcie_link_width", "PCIe link width in lanes (current, max).", "link")
 GPU_READER_UP = _gpu("gpuwarden_gpu_reader_up", "1 when the GPU's last read finished in time.")
 GPU_READ_DURATION = _declare("gpuwarden_gpu_read_duration_seconds", "gauge", "How long the GPU's last read took.",
@@ -110,5 +116,5 @@ KMSG_OVERRUNS = _declare("gpuwarden_kmsg_overruns_total", "counter",
 STORE_WRITABLE = _declare("gpuwarden_store_writable", "gauge",
                           "1 while the store takes writes, 0 while they wait in memory.")
 STORE_PENDING_WRITES = _declare("gpuwarden_store_pending_writes", "gauge", "Writes waiting in memory for the store.")
-STORE_DROPPED_WRITES = _declare("gpuwarden_store_dropped_writes", "gauge",
+STORE_DROPPED_WRITES = _declare("gpuwarden_store_dropped_writes_total", "counter",
                                 "Writes dropped since start because too many waited.")

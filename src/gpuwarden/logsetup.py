@@ -28,6 +28,16 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
+class PriorityFormatter(RedactingFormatter):
+    """For the journal's stderr stream: a `<N>` syslog priority first, which journald takes as the entry's."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = record.levelno
+        priority = 7 if level < logging.INFO else 6 if level < logging.WARNING else 4 if level < logging.ERROR \
+            else 3 if level < logging.CRITICAL else 2
+        return f"<{priority}>{super().format(record)}"
+
+
 def under_systemd() -> bool:
     """True when stderr is the journal stream systemd gave us ($JOURNAL_STREAM is `dev:inode`)."""
     stream = os.environ.get("JOURNAL_STREAM", "")
@@ -44,10 +54,14 @@ def setup(level: str = "info") -> None:
         root.removeHandler(handler)
     handler: logging.Handler
     if under_systemd():
-        from systemd.journal import JournalHandler
-
-        handler = JournalHandler(SYSLOG_IDENTIFIER="gpuwarden")
-        handler.setFormatter(RedactingFormatter("%(message)s"))
+        try:
+            from systemd.journal import JournalHandler
+        except ImportError:  # systemd-python is optional here: journald reads stderr, with the priority prefixed
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(PriorityFormatter("%(message)s"))
+        else:
+            handler = JournalHandler(SYSLOG_IDENTIFIER="gpuwarden")
+            handler.setFormatter(RedactingFormatter("%(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))

@@ -114,6 +114,8 @@ class GpuSample:
     power_cap_watts: float | None = None
     power_cap_max_watts: float | None = None
     temperatures: dict[str, float] = field(default_factory=dict)  # sensor -> °C (edge, junction, mem, gpu)
+    # sensor -> (slowdown, shutdown) °C as the device reports them (NVML thresholds; amdgpu temp*_crit, _emergency)
+    temperature_limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     fan_rpm: float | None = None
     fan_pwm_ratio: float | None = None
     fan_state: str | None = None  # "passive" for cards without a fan
@@ -123,7 +125,8 @@ class GpuSample:
     voltage_mv: float | None = None
     busy_ratio: float | None = None
     vram_total_bytes: float | None = None
-    vram_used_bytes: float | None = None
+    vram_used_bytes: float | None = None  # what processes use: the driver's own reserve is not counted
+    vram_reserved_bytes: float | None = None  # the driver's reserve (NVML's v2 memory info)
     vram_visible_total_bytes: float | None = None
     pcie_speed_gts: float | None = None
     pcie_width: int | None = None

@@ -3,12 +3,17 @@ actions out.
 
 - An engine that stalls, or whose /metrics hangs while requests were running, or that lets a real one-token
   completion (the canary) time out, is killed (or only alerted, as its config says); so is an engine on a GPU
-  that the kernel reports hanging or faulting. A stall read from a log alone kills only once a canary confirmed
-  it: a log is the engine's word, a completion is proof.
-- A GPU fault that the driver pins on a process (`evidence["process"]`, a pid other than 0) kills only the
-  engines that process belongs to: any local user with GPU access can make a GPU fault, and must not thereby
-  kill the engines sharing it (each of those gets a `Refuse`). A fault with no process, or pid 0, is the GPU's
-  own: every engine on it is killed.
+  whose own process the kernel reports faulting the GPU. A stall read from a log alone kills only once a canary
+  confirmed it: a log is the engine's word, a completion is proof.
+- A GPU fault that the driver pins on a process (`evidence["process"]`, a pid other than 0, or
+  `evidence["pasid"]`, an AMD address space that an engine's processes hold) kills only the engines that process
+  belongs to: any local user with GPU access can make a GPU fault, and must not thereby kill the engines sharing
+  it (each of those gets a `Refuse`).
+- A fault with no owner (no process, pid 0, a pasid no one can be found for: sq_intr, NVML's Xid events, MES and
+  KFD hangs, soft-recovered timeouts) never kills alone: any user can raise one. Each engine on that GPU is put
+  under suspicion (`Suspect`): its stall threshold drops to its floor and a canary completion runs, so that it is
+  killed if it then stops progressing or does not answer. An escalation on that GPU (a reset, the device lost)
+  kills the engines already under suspicion. A fault that names no GPU never kills on its own word either.
 - An engine in a crash loop gets its poisoned compile caches moved aside.
 - Only live, local evidence acts: an event from a line logged before gpuwarden started (journal look-back,
   catch-up after a restart) is history, and a kernel fault acts only for a GPU this daemon has seen on this
@@ -51,6 +56,8 @@ class EngineView:
     kills: tuple[float, ...] = ()  # monotonic times of its real kills (not dry runs)
     pids: frozenset[int] = frozenset()  # its processes at the last look (none known: no fault is pinned on it)
     restart_failed: bool = False  # a restart did not bring it back: it is never restarted again
+    pasids: frozenset[int] | None = None  # their KFD pasids (AMD); None: the kernel exposes none to read
+    suspect: bool = False  # under suspicion since an owner-less fault on its GPU (watched closely)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +103,21 @@ class AlertOnly:
     reason: str
 
 
-Action = Kill | Quarantine | Refuse | AlertOnly
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """A fault with no owner on the engine's GPU: alert, drop its stall threshold to the floor and run a canary;
+    a kill follows only from what the engine then does (a stall, no answer) or from an escalation."""
+
+    engine: str
+    reason: str
+
+
+Action = Kill | Quarantine | Refuse | AlertOnly | Suspect
+
+# What a fault with no owner escalates to: the GPU reset or lost, whatever any process did. Xid 79 (off the
+# bus), 95 (uncontained ECC: reset needed), 154 (a reset or reboot is required) say it too.
+ESCALATION_KINDS = frozenset({"gpu_reset", "reset_failed", "device_lost", "gpu_wedged"})
+ESCALATION_XIDS = frozenset({79, 95, 154})
 
 
 def is_gpu_fault(event: Event) -> bool:
@@ -105,10 +126,19 @@ def is_gpu_fault(event: Event) -> bool:
     return event.kind in GPU_FAULT_KINDS or (event.kind == "xid" and event.severity == Severity.CRITICAL)
 
 
+def escalates(event: Event) -> bool:
+    """The GPU was reset or lost: the engines under suspicion on it are done for. A reset at info ("reset
+    succeeded", "wedged, but recovered") is the driver's recovery, not news of a worse fault."""
+    if event.kind in ESCALATION_KINDS:
+        return event.severity >= Severity.WARNING
+    return event.kind == "xid" and event.evidence.get("xid") in ESCALATION_XIDS
+
+
 def decide(event: Event, situation: Situation) -> list[Action]:
     wanted = _wanted(event, situation)
     if why := _not_allowed(event, situation.gpus_seen):
-        return [Refuse(a, why) if isinstance(a, Kill | Quarantine) else a for a in wanted]
+        return [Refuse(a, why) if isinstance(a, Kill | Quarantine) else a for a in wanted
+                if not isinstance(a, Suspect)]
     return [_within_budget(a, situation) if isinstance(a, Kill) else a for a in wanted]
 
 
@@ -167,22 +197,57 @@ def _raised_by(event: Event) -> tuple[int, str] | None:
     return pid, str(process.get("name") or "")
 
 
-def _gpu_fault(event: Event, situation: Situation) -> list[Kill | AlertOnly | Refuse]:
-    """A kill for each engine on the GPU, or, when a process raised the fault, for its engines only."""
+def _pasid(event: Event) -> int | None:
+    pasid = event.evidence.get("pasid")
+    return pasid if isinstance(pasid, int) and pasid > 0 else None
+
+
+def _gpu_fault(event: Event, situation: Situation) -> list[Kill | AlertOnly | Refuse | Suspect]:
+    """A kill for the engines whose process raised the fault; suspicion, not a kill, when no one did."""
     on_gpu = {e.name: e for e in situation.engines if _uses(e, event.gpu)}
     reason = f"kernel reported {event.kind}" + (f" on {event.gpu}" if event.gpu else "")
-    if (raised := _raised_by(event)) is None:
-        return _per_engine(list(on_gpu.values()), "on_gpu_fault", reason)
-    pid, name = raised
-    actions: list[Kill | AlertOnly | Refuse] = []
+    owned = _owned(event, list(on_gpu.values()))
+    if owned is None:
+        return _unowned(event, list(on_gpu.values()), reason)
+    owners, whose, its = owned
+    actions: list[Kill | AlertOnly | Refuse | Suspect] = []
     for action in _per_engine(list(on_gpu.values()), "on_gpu_fault", reason):
-        if isinstance(action, Kill) and pid in on_gpu[action.engine].pids:
-            action = replace(action, reason=f"{reason}, raised by its process {pid} ({name})")
+        if isinstance(action, Kill) and action.engine in owners:
+            action = replace(action, reason=f"{reason}, raised by its process {its}")
         elif isinstance(action, Kill):
-            action = Refuse(action, f"the fault was raised by pid {pid} ({name}), not one of {action.engine}'s "
-                                    "processes")
+            action = Refuse(action, f"the fault was raised by {whose}, not one of {action.engine}'s processes")
         actions.append(action)
     return actions
+
+
+def _owned(event: Event, engines: list[EngineView]) -> tuple[set[str], str, str] | None:
+    """Which engines' process raised the fault, and who it was (said of anyone, said of an engine's own); None
+    when the fault has no owner to be found.
+    A pasid is as good as a pid once resolved: it belongs to an engine, or (every engine's pasids being known)
+    to no engine."""
+    if raised := _raised_by(event):
+        pid, name = raised
+        return {e.name for e in engines if pid in e.pids}, f"pid {pid} ({name})", f"{pid} ({name})"
+    if (pasid := _pasid(event)) is None:
+        return None
+    owners = {e.name for e in engines if e.pasids and pasid in e.pasids}
+    if owners or (engines and all(e.pasids is not None for e in engines)):
+        return owners, f"pasid {pasid}", f"with pasid {pasid}"
+    return None  # the kernel does not say whose it is: no owner can be found
+
+
+def _unowned(event: Event, engines: list[EngineView], reason: str) -> list[Kill | AlertOnly | Suspect]:
+    """No owner: suspicion for each engine on the GPU; a kill only where an escalation on a named GPU finds an
+    engine already under suspicion."""
+    if not (event.gpu and escalates(event)):
+        return [Suspect(e.name, f"{reason} (no owner)") for e in engines]
+    out: list[Kill | AlertOnly | Suspect] = []
+    for engine in engines:
+        if engine.suspect:
+            out += _per_engine([engine], "on_gpu_fault", f"{reason} after an earlier fault with no owner")
+        else:
+            out.append(Suspect(engine.name, f"{reason} (no owner)"))
+    return out
 
 
 def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | AlertOnly | Refuse]:
@@ -195,7 +260,7 @@ def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | Aler
         reason = "a real completion did not return" if _canary_timed_out(event) else \
             "unresponsive with requests running"
         return _per_engine(named, "on_unresponsive", reason)
-    if is_gpu_fault(event):
+    if is_gpu_fault(event) or escalates(event):
         return _gpu_fault(event, situation)
     if event.kind in QUARANTINE_KINDS:
         return _quarantine(Quarantine(event.kind.replace("engine_", ""), situation.cache_dry_run, event.engine),
@@ -221,9 +286,11 @@ def _not_allowed(event: Event, gpus_seen: frozenset[str]) -> str | None:
     """Why this event may not act, or None."""
     if not event.live:
         return "history: logged before gpuwarden started"
+    if event.evidence.get("verified") is False:  # a kernel line its own record does not prove the driver's
+        return f"not proven to come from the driver ({event.evidence.get('unverified', 'unverified')})"
     if event.kind == "engine_stall" and event.evidence.get("source") == "log" and not _canary_timed_out(event):
         return "a stall read from a log alone is not confirmed by a real completion (canary)"
-    if is_gpu_fault(event):
+    if is_gpu_fault(event) or escalates(event):
         if event.gpu and event.gpu not in gpus_seen:
             return f"{event.gpu} is not a GPU this machine has had since gpuwarden started"
         if not gpus_seen:

@@ -1,4 +1,4 @@
-"""A reload that its caller can wait for: `gpuwarden reload --pid PID` (the unit's ExecReload) signals the daemon
+"""A reload that its caller can wait for: `gpuwarden reload [--pid PID]` (the unit's ExecReload) signals the daemon
 and returns only when the daemon confirms that a reload which read the configuration after the signal finished,
 good or bad. systemd 252 has no notify-reload, and `kill -HUP` returns at once, so `systemctl reload && curl`
 could see the old configuration.
@@ -122,3 +122,28 @@ def request(pid: int, timeout: float, poll: float = 0.05) -> dict[str, Any]:
             raise LookupError(f"process {pid} ended before it confirmed the reload")
         time.sleep(poll)
     raise TimeoutError(f"process {pid} did not confirm the reload within {timeout:.0f} s (see its log)")
+
+
+def find_daemon(state_dir: Path, proc: Path = Path("/proc")) -> int:
+    """The pid of the one gpuwarden daemon whose store lies in `state_dir` (the configuration's); LookupError
+    when there is none, or more than one (then --pid says which)."""
+    want = state_dir.resolve()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if b"run" not in argv or not any(b"gpuwarden" in a for a in argv):
+            continue
+        try:
+            if state_dir_of(int(entry.name)).resolve() == want:
+                found.append(int(entry.name))
+        except LookupError:
+            continue
+    if len(found) != 1:
+        raise LookupError(f"{'no' if not found else len(found)} gpuwarden daemon{'s' if found else ''} running with "
+                          f"the state_dir {state_dir}" + ("; say which with --pid" if found else ""))
+    return found[0]

@@ -1,10 +1,9 @@
 """Incident reports: on a critical event, a folder `state_dir/incidents/<time>-<kind>/` with `incident.json`
 (the event, the kernel lines around it, the flight recorder's telemetry per GPU, the engines' last metrics,
-what gpuwarden did and how it went) and `timeline.png`.
+what gpuwarden did and how it went) and `timeline.svg`.
 
-The bundle is pure (`bundle`); `Incidents` is the daemon's edge that gathers and writes it. The picture is
-drawn by `python -m gpuwarden.report <folder>` in a child process, so matplotlib never loads into the daemon
-(its memory, and a slow or failing plot, stay out of the event loop).
+The bundle is pure (`bundle`), and so is its picture (`timeline.svg`, SVG text written directly: a few
+milliseconds, no plotting library); `Incidents` is the daemon's edge that gathers and writes both, off the loop.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ import os
 import re
 import shutil
 import stat
-import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +28,7 @@ from gpuwarden.kinds import OUTCOMES
 from gpuwarden.model import Event, GpuSample
 from gpuwarden.offloop import OffLoop
 from gpuwarden.store import private_folder
+from gpuwarden.timeline import svg
 
 log = logging.getLogger(__name__)
 _WRITES = OffLoop("incident write", limit=4)  # one per bundle: a hung disk holds these, never a kill's
@@ -38,7 +38,7 @@ BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go 
 SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
 WINDOW = 60.0  # the incident stays open this long: critical events join it, and it is written again at the end
 KERNEL_LINES = 2000  # the daemon keeps this many recent kernel lines for the bundles
-PICTURE, BUNDLE, FAILED = "timeline.png", "incident.json", "render-error.txt"
+PICTURE, BUNDLE, FAILED = "timeline.svg", "incident.json", "render-error.txt"
 _TELEMETRY = ("power_watts", "sclk_hz", "busy_ratio", "state")
 KEEP = 100  # bundles kept ([daemon] incidents_keep): one a minute, forever, would fill the state disk
 _NAMED = re.compile(r"\d{8}-\d{6}-[a-z_]{1,64}(?:-\d{1,9})?")  # what folder_name and _unique make
@@ -174,7 +174,6 @@ class Incidents:
             content = self.gather(trigger, trigger_id or 0, opened)
             content["incident"] = self._latest[incident_id].row()
             await _WRITES.run(path.name, _WRITE_DEADLINE, self._write, path, content, self.keep)
-            await render_in_child(path, self.folder.parent / "matplotlib")
         except Exception:
             log.exception("incident report %s could not be written", path)
 
@@ -186,6 +185,7 @@ class Incidents:
         (path / FAILED).unlink(missing_ok=True)
         _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
         log.info("incident report written: %s", path)
+        draw(path, content)
         if new:
             try:
                 prune(path.parent, keep, path)
@@ -228,23 +228,15 @@ def _atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-async def render_in_child(path: Path, cache: Path, timeout: float = 60.0) -> bool:
-    """Draw `path`/timeline.png in a child process; on failure write render-error.txt (alerts stop waiting).
-    matplotlib keeps its font cache in `cache` (a service may have no usable HOME)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpuwarden.report", str(path),
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                                                env={**os.environ, "MPLCONFIGDIR": str(cache)})
+def draw(path: Path, content: dict[str, Any]) -> bool:
+    """Write `path`/timeline.svg; on failure write render-error.txt instead (alerts stop waiting for it)."""
     try:
-        _, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        err = f"no picture within {timeout:.0f} s".encode()
-    if proc.returncode == 0:
-        return True
-    (path / FAILED).write_bytes(err[-4000:])
-    log.error("incident picture for %s failed: %s", path, err.decode(errors="replace").strip()[-300:])
-    return False
+        _atomic(path / PICTURE, svg(content).encode())
+    except Exception:  # a bundle the picture cannot show is still written and alerted
+        (path / FAILED).write_text(traceback.format_exc()[-4000:])
+        log.exception("incident picture for %s failed", path)
+        return False
+    return True
 
 
 def picture(path: Path) -> Path | bool | None:
@@ -272,72 +264,3 @@ def listing(folder: Path) -> list[dict[str, Any]]:
                      "actions": len(content["actions"]), "picture": str(found) if found else None,
                      "ended": incident.get("ended") if incident.get("closed") else None})
     return rows
-
-
-# --- the picture (child process only: imports matplotlib) -------------------------------------------------
-
-GPU_COLOURS = ("tab:blue", "tab:purple", "tab:brown", "tab:gray", "tab:olive", "tab:cyan", "tab:pink", "black")
-PANELS = (("power_watts", "power (W)", 1.0), ("temperature_celsius", "hottest sensor (°C)", 1.0),
-          ("sclk_hz", "shader clock (MHz)", 1e-6))
-
-
-def render(content: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-
-    trigger = content["trigger"]
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(11, 8), sharex=True, constrained_layout=True)
-    for ax, (key, label, scale) in zip(axes, PANELS, strict=True):
-        for (gpu, points), colour in zip(sorted(content["telemetry"].items()), GPU_COLOURS * 2, strict=False):
-            xs = [datetime.fromtimestamp(p["time"]) for p in points if p[key] is not None]
-            ys = [p[key] * scale for p in points if p[key] is not None]
-            if xs:
-                ax.plot(xs, ys, label=gpu, linewidth=1.4, color=colour)
-            lost = [datetime.fromtimestamp(p["time"]) for p in points if p["state"] != "ok"]
-            if lost:  # readings that failed: the GPU was busy resetting, or gone
-                ax.plot(lost, [0] * len(lost), "x", color=colour, markersize=4, label=f"{gpu} unreadable")
-        ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    marks: dict[tuple[int, str], list[dict]] = {}  # events of one second share one line and one label
-    for e in content["events"]:
-        marks.setdefault((int(e["time"]), "tab:red" if e["id"] == trigger["id"] else "tab:orange"), []).append(e)
-    for a in content["actions"]:
-        marks.setdefault((int(a["time"]), "tab:green"), []).append(a)
-    for (second, colour), events in sorted(marks.items()):
-        x = datetime.fromtimestamp(second)
-        style = "--" if colour == "tab:green" else "-" if any(e["severity"] == "critical" for e in events) else ":"
-        for ax in axes:
-            ax.axvline(x, color=colour, linestyle=style, linewidth=1.6 if colour == "tab:red" else 1.0)
-        axes[0].annotate(", ".join(dict.fromkeys(e["kind"] for e in events)), (x, 1), rotation=90, fontsize=8,
-                         xycoords=("data", "axes fraction"), color=colour, va="top",
-                         ha="left" if colour == "tab:red" else "right")
-    times = [p["time"] for points in content["telemetry"].values() for p in points] + [s for s, _ in marks]
-    axes[-1].set_xlim(datetime.fromtimestamp(min([*times, trigger["time"] - 60])),
-                      datetime.fromtimestamp(max([*times, trigger["time"] + 30])))  # never a zero-width axis
-    if not any(content["telemetry"].values()):
-        axes[1].text(0.5, 0.5, "no GPU telemetry recorded", transform=axes[1].transAxes, ha="center", color="gray")
-    if any(ax.get_legend_handles_labels()[0] for ax in axes):
-        axes[0].legend(loc="lower left", fontsize=8, ncols=2)
-    axes[-1].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
-    when = datetime.fromtimestamp(trigger["time"]).strftime("%Y-%m-%d %H:%M:%S")
-    fig.suptitle(f"{trigger['kind']} on {trigger['gpu'] or trigger['engine'] or content['host']} at {when} "
-                 f"({content['host']})\nred: the event; orange: other events; green: what gpuwarden did",
-                 fontsize=11)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, out)
-
-
-def main(argv: list[str]) -> int:
-    folder = Path(argv[0])
-    render(json.loads((folder / BUNDLE).read_text()), folder / PICTURE)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

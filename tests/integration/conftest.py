@@ -1,5 +1,6 @@
 """Fixtures for integration tests; the parts themselves are in helpers.py."""
 
+import inspect
 import os
 import shutil
 import signal
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import JOURNALD, Daemon, FakeEngine, NotifySocket, Receiver, free_port, wait_for, write_kmsg
 
-from peers.engines import missing
+from peers.engines import Spares, missing
 
 
 @pytest.fixture
@@ -77,15 +78,30 @@ def fake_engine(tmp_path, corpus):
         engine.kill()
 
 
+@pytest.fixture(scope="module")
+def spare_engines(tmp_path_factory):
+    """Slow-starting engines (vLLM) started ahead for the module's next test (tests/peers/engines.py Spares)."""
+    spares = Spares(tmp_path_factory.mktemp("spare-engines"), free_port)
+    yield spares
+    spares.stop()
+
+
 @pytest.fixture
-def servers(tmp_path):
-    """Real engine servers (tests/peers), started by the test and stopped, whole trees, after it."""
+def servers(request, tmp_path, spare_engines):
+    """Real engine servers (tests/peers), each test's own, stopped (whole trees) after it. A slow starter asked
+    for is started ahead for the module's next test when that test uses this fixture too and names the kind."""
     started = []
+    items = request.session.items
+    following = items[items.index(request.node) + 1:items.index(request.node) + 2]
+    ahead = [inspect.getsource(item.function) for item in following
+             if item.module is request.node.module and "servers" in item.fixturenames]
 
     def start(kind, **kw):
         if why := missing(kind.name):
             pytest.fail(why)
-        server = kind(free_port(), tmp_path / "engines", **kw).start()
+        server = spare_engines.take(kind, kw) or kind(free_port(), tmp_path / "engines", **kw).start()
+        if any(f"servers({kind.__name__}" in source for source in ahead):
+            spare_engines.prepare(kind, kw)
         started.append(server)
         return server
     yield start

@@ -133,7 +133,7 @@ class Daemon:
         return metrics
 
     def events(self) -> list[dict]:
-        out = subprocess.run([*GPUWARDEN, "--config", str(self.config_path), "events", "--json", "--since", "1d"],
+        out = subprocess.run([*GPUWARDEN, "--config", str(self.config_path), "events", "--jsonl", "--since", "1d"],
                              capture_output=True, text=True, check=True, env=self.env).stdout
         return [json.loads(line) for line in out.splitlines()]
 
@@ -157,6 +157,22 @@ def write_kmsg(text: str, level: int = 3) -> None:
             raise ValueError(f"refusing to write a plausible real GPU address into the kernel log: {text!r}")
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write(f"<{level}>{text}\n")
+
+
+_SEQ = iter(range(1, 1 << 62))
+
+
+def driver_record(text: str, device: str | None = TEST_GPU, level: int = 3) -> str:
+    """A driver's line as the kernel's own /dev/kmsg record carries it: facility 0 (the kernel's) and, for a line
+    printed by dev_printk, SUBSYSTEM=/DEVICE= metadata. Append it to the file a daemon follows (`kernel.source =
+    "file"`, the Daemon's `log_file`): user space can write neither the kernel's facility nor device metadata to
+    the real /dev/kmsg, so this is how a test hands the daemon a line that may act (kernel/classifier.unverified).
+    Only `ffff` addresses, as for write_kmsg."""
+    for domain in _PCI_IN_TEXT.findall(text) + ([device.split(":")[0]] if device else []):
+        if domain.lower() != "ffff":
+            raise ValueError(f"refusing a plausible real GPU address in a test's kernel line: {text!r}")
+    meta = f" SUBSYSTEM=pci\n DEVICE=+pci:{device}\n" if device else ""
+    return f"{level},{next(_SEQ)},{time.monotonic_ns() // 1000},-;{text}\n{meta}"
 
 
 class Receiver:

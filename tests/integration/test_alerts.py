@@ -41,7 +41,7 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     append(d, LOST.format(bus="03"))
     wait_for(lambda: len(receiver.received) >= 2, 15, what="both deliveries")
 
-    [hook] = receiver.json_bodies("/hook")
+    [hook] = [b for b in receiver.json_bodies("/hook") if "GPU 0000:03:00.0" in b["title"]]  # not the loop's lag
     assert hook["type"] == "failure"
     assert hook["title"].split(";")[0] == "box1: GPU 0000:03:00.0 fell off the bus — reboot needed"
     assert "amdgpu 0000:03:00.0: amdgpu: device lost from bus!" in hook["message"]  # the evidence
@@ -50,7 +50,7 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     assert "**What to do**\n1. Reboot, then wait" in hook["message"]  # apprise's JSON plugin takes Markdown
 
     [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
-    assert ntfy["raw"].startswith(b"\x89PNG")  # the incident's timeline.png; title and message go in the query
+    assert ntfy["raw"].startswith(b"<svg ")  # the incident's timeline.svg; title and message go in the query
     ntfy_text = urllib.parse.unquote_plus(ntfy["path"])
     assert "GPU 0000:03:00.0 fell off the bus" in ntfy_text and "device lost from bus!" in ntfy_text
     assert "What to do:\n  1. Reboot, then wait" in ntfy_text and "**" not in ntfy_text  # ntfy takes plain text
@@ -84,7 +84,8 @@ def test_outage_every_alert_arrives_in_order_once(daemon_factory, receiver):
     for bus in buses:
         append(d, LOST.format(bus=bus))
         time.sleep(0.4)  # one group per GPU
-    wait_for(lambda: 'gpuwarden_alerts_failed_total' in d.metrics(), 10, what="failed attempts during the outage")
+    # each loss is an incident whose first page waits for its picture (up to the alerter's 30 s) before its send
+    wait_for(lambda: 'gpuwarden_alerts_failed_total' in d.metrics(), 45, what="failed attempts during the outage")
     time.sleep(1.5)
     receiver.start()
     wait_for(lambda: len(receiver.received) >= len(buses), 20, what="every alert after the outage")
@@ -136,7 +137,7 @@ def test_a_storm_of_10000_identical_kernel_events_is_one_message_and_a_count(dae
     assert "more `sq_intr` since" not in first["message"]
     assert follow_up["title"] == "box1: GPU 0000:31:00.0: 9,999 more sq_intr"
     assert "And 9,999 more `sq_intr` since" in follow_up["message"]
-    [event] = d.events()
+    [event] = [e for e in d.events() if e["kind"] == "sq_intr"]  # not the loop's lag, if the storm caused one
     assert event["count"] == 10_000
     assert d.stop() == 0
 
@@ -167,9 +168,7 @@ def _outbox_rows(db) -> int:
 def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_picture(daemon_factory, receiver,
                                                                                        tmp_path):
     import base64
-    import io
-
-    from PIL import Image
+    from xml.etree import ElementTree
 
     from fakesysfs import build
 
@@ -180,23 +179,23 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     time.sleep(2)  # some telemetry in the flight recorder
     append(d, "Dec 02 16:22:27 host kernel: amdgpu 0000:03:00.0: amdgpu: sq_intr: error, se 0, data 0x0\n")
     append(d, LOST.format(bus="03"))
-    wait_for(lambda: receiver.json_bodies("/hook"), 40, what="the alert")
-    [hook] = receiver.json_bodies("/hook")
+    lost = lambda: [b for b in receiver.json_bodies("/hook") if "fell off the bus" in b["title"]]  # noqa: E731
+    [hook] = wait_for(lost, 40, what="the alert")  # the warning before it is in it, or (under load) apart
     [folder] = (d.state / "incidents").iterdir()
     assert folder.name.endswith("-device_lost") and f"**Incident report**: `{folder}` (" in hook["message"]
     [attachment] = hook["attachments"]
-    png = base64.b64decode(attachment["base64"])
-    assert attachment["filename"] == "timeline.png" and png == (folder / "timeline.png").read_bytes()
-    assert Image.open(io.BytesIO(png)).size == (1100, 800)
+    picture = base64.b64decode(attachment["base64"])
+    assert attachment["filename"] == "timeline.svg" and picture == (folder / "timeline.svg").read_bytes()
+    assert ElementTree.fromstring(picture).get("width") == "1100"
     content = json.loads((folder / "incident.json").read_text())
     assert content["trigger"]["kind"] == "device_lost" and content["trigger"]["gpu"] == "0000:03:00.0"
     assert any("device lost from bus!" in line["line"] for line in content["kernel_lines"])
     assert {e["kind"] for e in content["events"]} >= {"sq_intr", "device_lost"}
     points = content["telemetry"]["0000:03:00.0"]
     assert len(points) >= 5 and points[-1]["power_watts"] == 272.0 and points[-1]["temperature_celsius"] == 67.0
-    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--json"], capture_output=True,
+    listed = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "incidents", "--jsonl"], capture_output=True,
                             text=True, check=True).stdout
     [row] = [json.loads(line) for line in listed.splitlines()]
     assert (row["kind"], row["subject"], row["picture"]) == ("device_lost", "0000:03:00.0",
-                                                             str(folder / "timeline.png"))
+                                                             str(folder / "timeline.svg"))
     assert d.stop() == 0

@@ -1,11 +1,15 @@
 """`gpuwarden replay` and `gpuwarden events` as a user runs them."""
 
 import json
+import signal
 import subprocess
+import time
+from datetime import datetime
 
 import pytest
-from helpers import GPUWARDEN
+from helpers import GPUWARDEN, need, wait_for
 
+from gpuwarden.model import Event, Severity
 from gpuwarden.store import Store
 
 
@@ -15,8 +19,8 @@ def run(*args, stdin=None):
 
 def test_replay_json_over_a_corpus_file(corpus):
     log = corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log"
-    result = run("replay", "--format", "json", str(log))
-    assert result.returncode == 0, result.stderr
+    result = run("replay", "--jsonl", str(log))
+    assert result.returncode == 2, result.stderr  # it found a critical event
     events = [json.loads(line) for line in result.stdout.splitlines()]
     xid = next(e for e in events if e["kind"] == "xid")
     assert (xid["xid"], xid["severity"], xid["gpu"], xid["count"]) == (79, "critical", "0000:01:00.0", 1)
@@ -27,8 +31,8 @@ def test_replay_json_over_a_corpus_file(corpus):
 
 def test_replay_reads_stdin_and_counts_malformed_lines():
     text = '{"MESSAGE": "broken\n[5.0] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19\n'
-    result = run("replay", "--format", "json", "-", stdin=text)
-    assert result.returncode == 0
+    result = run("replay", "--jsonl", "-", stdin=text)
+    assert result.returncode == 2  # a failed reset is critical
     [event] = [json.loads(line) for line in result.stdout.splitlines()]
     assert (event["kind"], event["gpu"]) == ("reset_failed", "0000:03:00.0")
     assert "1 malformed line(s) skipped" in result.stderr
@@ -46,7 +50,7 @@ def test_events_on_an_empty_store(tmp_path):
     cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n')
     Store(tmp_path / "gpuwarden.db").close()  # as a daemon that recorded nothing leaves it
     result = run("--config", str(cfg), "events", "--since", "1h")
-    assert result.returncode == 0 and "no events since 1h ago" in result.stderr
+    assert result.returncode == 0 and "no events since " in result.stderr
     assert run("--config", str(cfg), "events", "--since", "soon").returncode == 2
 
 
@@ -57,6 +61,7 @@ def test_events_without_a_store_say_so_and_create_nothing(tmp_path):
     result = run("events", "--config", str(cfg))
     assert result.returncode == 0 and result.stdout == ""
     assert f"no store at {tmp_path}/state/gpuwarden.db: gpuwarden has not run with this state_dir" in result.stderr
+    assert run("events", "--config", str(cfg), "--json").stdout == "[]\n"  # still one JSON document
     assert not (tmp_path / "state").exists()
 
 
@@ -77,7 +82,7 @@ def test_quarantine_moves_the_poisoned_caches_and_records_it(tmp_path):
     assert not caches[0].exists() and not caches[1].exists() and caches[2].exists()
     [vllm] = tmp_path.glob("vllm.BROKEN-*-power-cut")
     assert sorted(p.name for p in (vllm / "sub").iterdir()) == ["cut.py", "done.bin"]
-    events = [json.loads(line) for line in run("--config", str(cfg), "events", "--json").stdout.splitlines()]
+    events = [json.loads(line) for line in run("--config", str(cfg), "events", "--jsonl").stdout.splitlines()]
     moved = [e for e in events if e["kind"] == "cache_poisoned" and not e["evidence"]["dry_run"]]
     assert [m["zero_byte_files"] for m in moved[0]["evidence"]["moved"]] == [1, 1]
     again = run("--config", str(cfg), "quarantine")
@@ -91,3 +96,106 @@ def test_quarantine_moves_the_poisoned_caches_and_records_it(tmp_path):
 def test_a_timeout_that_cannot_be_waited_is_a_usage_error(command, timeout):
     result = subprocess.run([*GPUWARDEN, *command, "--timeout", timeout], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "is not a number of seconds above 0" in result.stderr, result.stderr
+
+
+# --- the conventions: one JSON form per family, a closed pipe, --since, filters, exit codes --------------------
+
+
+def test_check_json_is_nothing_but_json_through_jq(tmp_path):
+    jq = need("jq", "jq")
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[[engine]]\nname = "e"\n'
+                   'metrics_url = "http://127.0.0.1:9/metrics"\n')
+    out = subprocess.run(f"set -o pipefail; {' '.join(GPUWARDEN)} check {cfg} --json | {jq} -c .", shell=True,
+                         executable="/bin/bash", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    assert document["file"] == str(cfg) and document["valid"] is True
+    assert document["config"]["daemon"]["state_dir"] == str(tmp_path)
+    assert document["kill_would_take"]["e"] == {"processes": [], "refused": []}
+
+
+def test_a_closed_pipe_ends_replay_quietly(tmp_path):
+    big = tmp_path / "big.log"  # far more than a pipe holds: the writer is still writing when head leaves
+    big.write_text("".join(f"[{i}.0] amdgpu {i // 256:04x}:{i % 256:02x}:00.0: amdgpu: GPU Recovery Failed: -19\n"
+                           for i in range(6000)))
+    out = subprocess.run(f"{' '.join(GPUWARDEN)} replay {big} | head -1; echo \"rc=${{PIPESTATUS[0]}}\"",
+                         shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120)
+    assert out.stdout.count("reset_failed") == 1 and "rc=141" in out.stdout, out.stdout
+    assert out.stderr == "", out.stderr  # no BrokenPipeError, no traceback
+
+
+def test_replay_exit_code_says_whether_it_found_something_critical(corpus):
+    assert run("replay", str(corpus / "kernel/001-amd-sq-intr-wave-errors.log")).returncode == 0  # warnings only
+    found = run("replay", "--json", str(corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log"))
+    assert found.returncode == 2
+    assert any(e["kind"] == "xid" for e in json.loads(found.stdout))  # one document
+
+
+@pytest.fixture
+def store_cfg(tmp_path):
+    now = time.time()
+    store = Store(tmp_path / "gpuwarden.db")
+    store.add_events([
+        Event("xid", Severity.CRITICAL, "Xid 79", now - 7200, gpu="0000:01:00.0"),
+        Event("sq_intr", Severity.WARNING, "wave", now - 600, gpu="0000:03:00.0"),
+        Event("engine_stall", Severity.CRITICAL, "stalled", now - 60, engine="vllm", gpu="0000:03:00.0"),
+        Event("engine_exited", Severity.WARNING, "gone", now - 30, engine="sglang"),
+        Event("gpu_power_spike", Severity.INFO, "spike", now - 10, gpu="0000:01:00.0"),
+    ])
+    store.close()
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n')
+    return cfg
+
+
+def kinds(cfg, *args):
+    result = run("--config", str(cfg), "events", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return [e["kind"] for e in json.loads(result.stdout)]
+
+
+def test_events_filters(store_cfg):
+    assert kinds(store_cfg) == ["xid", "sq_intr", "engine_stall", "engine_exited", "gpu_power_spike"]
+    assert kinds(store_cfg, "--kind", "xid", "--kind", "sq_intr") == ["xid", "sq_intr"]
+    assert kinds(store_cfg, "--gpu", "0000:03:00.0") == ["sq_intr", "engine_stall"]
+    assert kinds(store_cfg, "--engine", "vllm", "--engine", "sglang") == ["engine_stall", "engine_exited"]
+    assert kinds(store_cfg, "--severity", "warning") == ["xid", "sq_intr", "engine_stall", "engine_exited"]
+    assert kinds(store_cfg, "--severity", "critical", "--gpu", "0000:03:00.0") == ["engine_stall"]
+    lines = run("--config", str(store_cfg), "events", "--jsonl", "--kind", "xid").stdout.splitlines()
+    assert [json.loads(line)["kind"] for line in lines] == ["xid"]
+
+
+def test_events_since_takes_durations_and_times(store_cfg):
+    assert kinds(store_cfg, "--since", "15m") == ["sq_intr", "engine_stall", "engine_exited", "gpu_power_spike"]
+    assert kinds(store_cfg, "--since", "90s") == ["engine_stall", "engine_exited", "gpu_power_spike"]
+    local = datetime.fromtimestamp(time.time() - 45).isoformat(sep=" ", timespec="seconds")
+    assert kinds(store_cfg, "--since", local) == ["engine_exited", "gpu_power_spike"]
+    utc = datetime.fromtimestamp(time.time() - 3600).astimezone().isoformat()  # with its zone
+    assert kinds(store_cfg, "--since", utc)[0] == "sq_intr"
+    bad = run("--config", str(store_cfg), "events", "--since", "yesterday-ish")
+    assert bad.returncode == 2 and "neither a duration" in bad.stderr
+
+
+def test_run_log_level_outlives_a_reload_found_without_pid(tmp_path):
+    state = tmp_path / "state"
+    cfg = tmp_path / "gw.toml"
+    log = tmp_path / "kern.log"
+    log.touch()
+    cfg.write_text(f'[daemon]\nstate_dir = "{state}"\nlog_level = "debug"\n[exporter]\nenabled = false\n'
+                   f'[kernel]\nsource = "file"\nfile = "{log}"\n')
+    with open(tmp_path / "stderr", "wb") as err:
+        daemon = subprocess.Popen([*GPUWARDEN, "--config", str(cfg), "run", "--log-level", "warning"],
+                                  stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: (state / "gpuwarden.db").exists(), 20, what="the daemon's store")
+        reload = run("--config", str(cfg), "reload", "--timeout", "30")  # no --pid: it finds the daemon
+        assert reload.returncode == 0 and "reloaded" in reload.stdout, reload.stderr
+        (tmp_path / "other.toml").write_text(f'[daemon]\nstate_dir = "{tmp_path / "elsewhere"}"\n')
+        other = run("--config", str(tmp_path / "other.toml"), "reload")
+        assert other.returncode == 1 and "no gpuwarden daemon" in other.stderr
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(15) == 0
+    logged = (tmp_path / "stderr").read_text()
+    assert " INFO " not in logged and " DEBUG " not in logged, logged  # --log-level, not the file's debug

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GPUWARDEN, free_port, wait_for
+from helpers import GPUWARDEN, driver_record, free_port, wait_for
 
 from fakesysfs import build
 from faults import LockHolder
 
 RING = "Dec 02 16:22:28 host kernel: amdgpu 0000:{bus}:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1\n"
+RING_TEXT = "amdgpu {gpu}: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1"
 FAULTING = ("ffff:fe:1f.5", "ffff:fe:1f.6", "ffff:fe:1f.7")  # GPUs no real machine has (fake sysfs below)
 HOSTILE = Path(__file__).with_name("hostile_server.py")
 
@@ -77,7 +78,7 @@ def faults_while_unwritable(d, receiver, engine, notify_socket, why: str) -> Non
     """Three ring timeouts while the store cannot be written: each is logged, alerted and acted on at once,
     and STATUS and an alert say that the store is unwritable."""
     for gpu in FAULTING:
-        append(d, RING.replace("0000:{bus}:00.0", gpu))
+        append(d, driver_record(RING_TEXT.format(gpu=gpu), gpu))  # driver-proven: it may act
     for gpu in FAULTING:
         wait_for(lambda gpu=gpu: re.search(rf"warning ring_timeout: .* on {gpu}", d.log()), 20,
                  what=f"the ring timeout on {gpu} logged")

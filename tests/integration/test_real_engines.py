@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import GPUWARDEN, wait_for, write_kmsg
+from helpers import GPUWARDEN, driver_record, wait_for, write_kmsg
 
 from fakesysfs import build
 from peers.engines import LlamaCpp, Vllm, is_gone
@@ -136,11 +136,14 @@ def test_a_stopped_vllm_api_server_is_unresponsive_and_killed_as_configured(serv
         wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
 
 
-def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once(servers, daemon_factory,
-                                                                                 journald, receiver, tmp_path):
+def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_makes_a_suspect_its_reset_kills(
+        servers, daemon_factory, journald, receiver, tmp_path):
     """Fault lines in this boot's journal from before the daemon started (a test suite's, a crash before a
-    restart) are alerted as history and never kill a busy engine; a fault logged after the start, naming a
-    GPU the daemon has seen (a Radeon's sysfs tree, faked: none is here), kills it at once."""
+    restart) are alerted as history and never kill a busy engine; a live sq_intr (it names no process: anyone
+    may raise one), naming a GPU the daemon has seen (a Radeon's sysfs tree, faked: none is here), puts the busy
+    engine under suspicion, and the GPU reset that follows kills it at once.
+    User space cannot write a line the kernel's own record proves (facility 0, device metadata), so the live
+    lines go, as the kernel's records, to a second daemon that follows a file (helpers.driver_record)."""
     vllm = servers(Vllm)
     sysfs = build(tmp_path / "sys", {GPU: "rdna3"})
     old = f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (old {time.time_ns()})"
@@ -150,9 +153,8 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once
     config = (engine(vllm, gpus=f'["{GPU}"]', min_stall='"10m"')
               + f'[gpu]\nsysfs_root = "{sysfs}"\nnvml = false\n[guard]\nenabled = false\n'
               + f'[alerts]\nurls = ["json://127.0.0.1:{receiver.port}/hook"]\ngroup_window = "1s"\n')
-    d = daemon_factory(config, kernel='source = "journal"\nlookback = "10m"')
-    with Load(vllm.url, streams=8, max_tokens=1500, deadline=120, timeout=120):
-        d.start()
+    with Load(vllm.url, streams=8, max_tokens=1500, deadline=180, timeout=180):
+        d = daemon_factory(config, kernel='source = "journal"\nlookback = "10m"').start()
         d.wait_serving()
         history = wait_for(lambda: [e for e in events(d, {"sq_intr"}) if "(old " in str(e["evidence"])], 20,
                            what="the old line's event")
@@ -161,9 +163,20 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_kills_at_once
                  20, what="the history alert")
         time.sleep(3 * INTERVAL)
         assert not events(d, {"engine_killed"}) and not any(is_gone(pid) for pid in vllm.tree)
-        write_kmsg(f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (live)")
-        killed = wait_event(d, "engine_killed", timeout=20)
-        assert f"kernel reported sq_intr on {GPU}" in killed["message"]
+        assert d.stop() == 0
+        (tmp_path / "live").mkdir()
+        live = daemon_factory(config, tmp=tmp_path / "live").start()
+        live.wait_serving()
+        with live.log_file.open("a") as log:
+            log.write(driver_record(f"amdgpu {GPU}: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1 (live)",
+                                    device=GPU))
+        assert wait_event(live, "engine_suspect", timeout=20)["engine"] == "engine"
+        time.sleep(3 * INTERVAL)
+        assert not events(live, {"engine_killed"}) and not any(is_gone(pid) for pid in vllm.tree)
+        with live.log_file.open("a") as log:
+            log.write(driver_record(f"amdgpu {GPU}: amdgpu: GPU reset begin!", device=GPU))
+        killed = wait_event(live, "engine_killed", timeout=20)
+        assert f"kernel reported gpu_reset on {GPU} after an earlier fault with no owner" in killed["message"]
         wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
 
 

@@ -35,7 +35,7 @@ PIP_BINDS = ["/etc/pip.conf", "/etc/xdg/pip", "/root/.config/pip", "/opt/wheels"
 PIP_ENV = ("PIP_FIND_LINKS", "PIP_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_INDEX_URL",
            "PIP_EXTRA_INDEX_URL")
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.peers]  # peers: the nspawn root that make test builds
 
 
 class Container:
@@ -173,7 +173,7 @@ def test_state_is_private_and_a_first_start_claims_no_backlog(box):
     assert modes.pop("/var/lib/gpuwarden") == "700"
     assert set(modes) >= {"/var/lib/gpuwarden/gpuwarden.db"} and set(modes.values()) == {"600"}, modes
     log = box.journal("-u", "gpuwarden", "-o", "cat")
-    assert "before-first-start" in box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 1h").stdout
+    assert "before-first-start" in box.run("/opt/gpuwarden/bin/gpuwarden events --jsonl --since 1h").stdout
     # stored by this very process: no backlog of an earlier one (whether the old code said so here was a race
     # with the store's writer thread; tests/unit/test_store.py holds the check that always failed on it)
     assert "stored before the last stop" not in log
@@ -184,7 +184,7 @@ def test_a_kernel_fault_is_logged_with_journal_fields(box):
     write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: ring sdma0 timeout, signaled seq=1, emitted seq=2 {tag}")
 
     def stored():
-        out = box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 5m").stdout
+        out = box.run("/opt/gpuwarden/bin/gpuwarden events --jsonl --since 5m").stdout
         return next((json.loads(line) for line in out.splitlines() if tag in line), None)
     event = wait_for(stored, 20, interval=0.5, what="the event in the store")
     assert event["kind"] == "ring_timeout" and event["gpu"] == TEST_GPU, event

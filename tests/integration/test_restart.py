@@ -122,6 +122,7 @@ def test_a_fake_engine_that_loads_for_20_s_after_a_kill_is_not_judged_by_the_dea
 
 
 @pytest.mark.root  # ptrace
+@pytest.mark.peers  # the real llama-server make test builds
 def test_a_real_llamacpp_loading_for_60_s_after_a_kill_answers_503_is_never_killed_and_is_back(
         daemon_factory, tmp_path):
     if why := missing("llamacpp"):

@@ -61,9 +61,10 @@ def test_a_gpu_that_disappears_is_gpu_missing(daemon_factory, tmp_path):
                      what="gpu_missing")
     assert event["gpu"] == "0000:0a:00.0"
     def gauges_of_the_vanished_gpu():  # counters (read errors) keep their series, as Prometheus counters do;
-        # its gpu_lost condition stays, with its label, until it is back
+        # its gpu_lost condition, and the incident it opened, stay with its label until it is back
         return [line for line in d.metrics().splitlines() if 'gpu="0000:0a:00.0"' in line
-                and not line.startswith(("gpuwarden_gpu_read_errors_total", "gpuwarden_condition{"))]
+                and not line.startswith(("gpuwarden_gpu_read_errors_total", "gpuwarden_condition{",
+                                         "gpuwarden_incident{"))]
     wait_for(lambda: not gauges_of_the_vanished_gpu(), 5, what="the vanished GPU's series to be dropped")
     assert 'gpuwarden_condition{condition="gpu_lost",engine="",gpu="0000:0a:00.0",subject="0000:0a:00.0"} 1.0' \
         in d.metrics().splitlines()

@@ -9,13 +9,17 @@ engine, the other free for gpuwarden and the load, as on a box whose engine has 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 
@@ -69,6 +73,7 @@ class Server:
 
     name = "server"
     startup_timeout = 60.0
+    slow_start = False  # worth starting ahead, while the test before runs (Spares)
 
     def __init__(self, port: int, run_dir: Path, unit: str | None = None) -> None:
         self.port, self.run_dir, self.unit = port, run_dir, unit
@@ -135,7 +140,7 @@ class Server:
             for pid in self.tree:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 5  # a server with requests open may never exit on SIGTERM (uvicorn, llama-server)
         while not self.gone() and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in self.tree:
@@ -161,13 +166,12 @@ class Vllm(Server):
 
     name = "vllm"
     startup_timeout = 300.0  # 26-50 s here, more on a loaded machine (torch.compile warm-up)
+    slow_start = True  # about 40 s on its one core: three processes import torch, then the model compiles
+
+    model: ClassVar[dict] = TINY_LLAMA  # its config.json; a subclass may serve another shape
 
     def command(self) -> list[str]:
-        model = self.run_dir / "tiny-llama"
-        model.mkdir(parents=True, exist_ok=True)
-        (model / "config.json").write_text(json.dumps(TINY_LLAMA))
-        (model / "generation_config.json").write_text('{"bos_token_id": 1, "eos_token_id": 2}')
-        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model(self.model)),
                 "--served-model-name", "tiny-llama", "--load-format", "dummy", "--skip-tokenizer-init",
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "2048",
                 "--max-num-seqs", "16"]
@@ -204,6 +208,53 @@ class LlamaCpp(Server):
                 "-c", str(ctx), "-np", str(self.slots)]
 
 
+class Spares:
+    """Engines started ahead, one per kind and settings, while the test before runs: a test that asks for a
+    slow starter (vLLM) gets the one started during the previous test, fresh and never used, and the next one
+    starts at once in a thread. Each test still gets an engine of its own; the spare waits idle beside it, on
+    the engines' core. What is left is stopped at the end."""
+
+    def __init__(self, run_dir: Path, port: Callable[[], int]) -> None:
+        self.run_dir, self.port = run_dir, port
+        self._started: dict[tuple, tuple[threading.Thread, list]] = {}
+
+    def take(self, kind: type[Server], settings: dict) -> Server | None:
+        """The spare for these settings once it answers, or None (none was started, or it failed to start)."""
+        thread, box = self._started.pop(self._key(kind, settings), (None, []))
+        if thread is None:
+            return None
+        thread.join()
+        return box[0] if box and isinstance(box[0], Server) else None
+
+    def prepare(self, kind: type[Server], settings: dict) -> None:
+        key = self._key(kind, settings)
+        if not kind.slow_start or settings.get("unit") or key in self._started:  # a unit is one test's own
+            return
+        box: list = []
+        server = kind(self.port(), self.run_dir, **settings)
+
+        def start() -> None:
+            try:
+                box.append(server.start())
+            except Exception as exc:  # the test that takes it starts its own instead
+                box.append(exc)
+                server.stop()
+        thread = threading.Thread(target=start, name=f"spare-{kind.name}", daemon=True)
+        thread.start()
+        self._started[key] = (thread, box)
+
+    def stop(self) -> None:
+        for thread, box in self._started.values():
+            thread.join()
+            if box and isinstance(box[0], Server):
+                box[0].stop()
+        self._started.clear()
+
+    @staticmethod
+    def _key(kind: type[Server], settings: dict) -> tuple:
+        return (kind, tuple(sorted(settings.items())))
+
+
 def unit_cgroup(unit: str) -> Path:
     """Where a process must be for journald to file its output under _SYSTEMD_UNIT=unit: system.slice/<unit> of
     the hierarchy systemd tracks services in (cgroup2, or its name=systemd hierarchy on a legacy host)."""
@@ -212,6 +263,21 @@ def unit_cgroup(unit: str) -> Path:
         if (base / "cgroup.procs").exists():
             return base / "system.slice" / unit
     raise RuntimeError("no cgroup hierarchy to run a unit in")
+
+
+def vllm_model(config: dict) -> Path:
+    """The model's folder, one per config for every vLLM the tests start: vLLM's compile cache (~/.cache/vllm) is
+    keyed by the model's path, so a folder per test compiled the model from nothing at every start (25-50 s)."""
+    text = json.dumps(config, sort_keys=True)
+    name = "tiny-llama" if config == TINY_LLAMA else f"llama-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    path = PEERS / "models" / name
+    files = {"config.json": text, "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}'}
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        if not (path / name).exists() or (path / name).read_text() != text:
+            (path / f".{name}.tmp").write_text(text)
+            (path / f".{name}.tmp").replace(path / name)
+    return path
 
 
 def gguf_model(name: str) -> Path:

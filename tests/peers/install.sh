@@ -55,7 +55,8 @@ install_llamacpp() {
 case "${1:-all}" in
   vllm) install_vllm ;;
   llamacpp) install_llamacpp ;;
-  all) install_llamacpp; install_vllm ;;
+  # vLLM's install waits on downloads and the disk, llama.cpp's build on the CPU: side by side
+  all) install_vllm & vllm=$!; install_llamacpp; wait "$vllm" ;;
   *) echo "usage: install.sh [all|vllm|llamacpp]" >&2; exit 2 ;;
 esac
 echo "peers: ready in $PEERS"

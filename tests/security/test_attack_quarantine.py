@@ -26,7 +26,7 @@ def gpuwarden(tmp_path, *args, dirs=None, prefix=()) -> subprocess.CompletedProc
 
 
 def stored_events(tmp_path) -> str:
-    out = gpuwarden(tmp_path, "events", "--json", "--since", "1d")
+    out = gpuwarden(tmp_path, "events", "--jsonl", "--since", "1d")
     return out.stdout
 
 

@@ -61,7 +61,7 @@ def test_no_secret_in_the_log_events_or_incidents(attacker, daemon_factory, leve
         log = d.log()
         assert "HTTP Request:" not in log
         stored = "".join(p.read_text(errors="replace") for p in (d.state / "incidents").rglob("*.json"))
-        events = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "events", "--json", "--since", "1d"],
+        events = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "events", "--jsonl", "--since", "1d"],
                                 capture_output=True, text=True, timeout=60).stdout
         for secret in SECRETS:
             assert secret not in log and secret not in stored and secret not in events, secret

@@ -70,3 +70,20 @@ def test_discovery_keys_gpus_by_pci_address_not_hwmon_index(tmp_path):
     build(tmp_path, {"0000:83:00.0": "mi300", "0000:03:00.0": "rdna3"})
     assert [(g.pci, g.vendor, g.driver) for g in discover(tmp_path)] == [
         ("0000:03:00.0", "amd", "amdgpu"), ("0000:83:00.0", "amd", "amdgpu")]
+
+
+def test_the_asics_own_temperature_limits_are_read(tmp_path):
+    """amdgpu's hwmon temp<N>_crit (the SMU throttles) and temp<N>_emergency (it shuts the ASIC down), in
+    millidegrees; written into a temporary tree (no Radeon here)."""
+    from gpuwarden.gpu.amd import AmdReader
+
+    hw = tmp_path / "hwmon" / "hwmon3"
+    hw.mkdir(parents=True)
+    for name, text in (("name", "amdgpu"), ("temp1_input", "45000"), ("temp1_label", "edge"),
+                       ("temp1_crit", "100000"), ("temp1_emergency", "105000"), ("temp2_input", "60000"),
+                       ("temp2_label", "junction"), ("temp2_crit", "110000"), ("temp2_emergency", "115000"),
+                       ("temp3_input", "50000"), ("temp3_label", "mem")):
+        (hw / name).write_text(text + "\n")
+    sample = AmdReader(tmp_path, "0000:03:00.0").read(1.0)
+    assert sample.temperatures == {"edge": 45.0, "junction": 60.0, "mem": 50.0}
+    assert sample.temperature_limits == {"edge": (100.0, 105.0), "junction": (110.0, 115.0)}

@@ -49,7 +49,13 @@ def test_xid_numbers_inside_the_text_are_not_new_xids():
 
 
 def test_xid_short_pci_form_and_nonzero_domain():
-    assert one("NVRM: Xid (PCI:0001:3b:00): 79, pid=1, GPU has fallen off the bus.").gpu == "0001:3b:00.0"
+    assert one("NVRM: Xid (PCI:0001:3b:00): 13, pid=1, name=x, Graphics Exception").gpu == "0001:3b:00.0"
+
+
+def test_a_lone_xid_79_also_means_the_gpu_is_lost():
+    xid, lost = classify_text("NVRM: Xid (PCI:0001:3b:00): 79, pid=1, GPU has fallen off the bus.")
+    assert (xid.kind, xid.evidence["xid"], xid.gpu) == ("xid", 79, "0001:3b:00.0")
+    assert (lost.kind, lost.severity, lost.gpu) == ("device_lost", C, "0001:3b:00.0")
 
 
 def test_unknown_xid_is_a_warning():
@@ -183,8 +189,8 @@ def test_reset_after_wave_errors_on_the_same_gpu_is_escalated():
 def test_journal_device_field_names_the_gpu_for_gpu_rules_only():
     c = Classifier()
     assert c.feed(KernelRecord("[drm] ring gfx_0.0.0 timeout", 1.0, device="0000:03:00.0"), 0) == []  # it waits
-    gpu, port = (b.event for b in c.feed(KernelRecord("AER: Uncorrected (Fatal) error received", 1.0,
-                                                      device="0000:00:01.1"), 0))  # for a process line: not this
+    aer = "pcieport 0000:00:01.1: AER: Uncorrected (Fatal) error received"
+    gpu, port = (b.event for b in c.feed(KernelRecord(aer, 1.0, device="0000:00:01.1"), 0))  # not a process line
     assert gpu.gpu == "0000:03:00.0"
     assert port.gpu is None and port.evidence["pci"] == "0000:00:01.1"
 
@@ -282,3 +288,61 @@ def test_an_xid_names_its_process_only_when_it_is_an_applications_own():
     # the GSP stopped answering while nvidia-smi asked it something: the GPU's fault, not nvidia-smi's
     assert gsp and all("process" not in e.evidence for e in gsp)
     assert gsp[0].evidence["context_process"] == {"pid": 2024380, "name": "nvidia-smi"}
+
+
+def test_an_xid_after_the_gsp_stopped_answering_is_critical():
+    """Severity from the combination: Xid 109 alone is a warning (a context switch timeout); after the GSP's
+    heartbeat timed out on that GPU it is the GPU that needs a reset."""
+    gsp = "[100.0] NVRM: GPU 0000:41:00.0: _kgspRpcRecvPoll: GSP RM heartbeat timed out\n"
+    xid = "[101.0] NVRM: Xid (PCI:0000:41:00): 109, pid=77, name=python3, Ch 00000008, errorString CTX SWITCH\n"
+    alone = classify_text(xid)
+    assert [(e.evidence["xid"], e.severity) for e in alone if e.kind == "xid"] == [(109, W)]
+    after = next(e for e in classify_text(gsp + xid) if e.kind == "xid")
+    assert after.severity == C and "GSP" in after.evidence["escalated"]
+
+
+def test_a_line_acts_only_when_the_kernels_own_record_proves_it():
+    """/dev/kmsg records as the kernel hands them out: facility 0 and dev_printk's device metadata prove a driver's
+    line; user space's facility, or a device prefix without that device's metadata, make it evidence only, at most
+    a warning; a text log proves nothing (its severity kept)."""
+    from gpuwarden.kernel.records import parse_kmsg
+
+    line = "amdgpu ffff:fe:1f.7: amdgpu: device lost from bus!"
+    meta = "\n SUBSYSTEM=pci\n DEVICE=+pci:ffff:fe:1f.7"
+
+    def judged(raw):
+        [event] = [b.event for b in Classifier().feed(parse_kmsg(raw), 1.0)]
+        return event.severity, event.evidence["verified"], event.evidence.get("unverified", "")
+
+    assert judged(f"2,7,100,-;{line}{meta}") == (C, True, "")
+    severity, verified, why = judged(f"10,7,100,-;{line}{meta}")  # <10>: LOG_USER, from user space
+    assert (severity, verified) == (W, False) and "user space (facility 1)" in why
+    severity, verified, why = judged(f"2,7,100,-;{line}")  # no metadata: no dev_printk printed it
+    assert (severity, verified) == (W, False) and "no kernel device metadata" in why
+    severity, verified, why = judged(f"2,7,100,-;{line}\n SUBSYSTEM=pci\n DEVICE=+pci:ffff:fe:1f.6")
+    assert (severity, verified) == (W, False)  # another device's metadata
+    nvrm = "NVRM: Xid (PCI:ffff:fe:1f): 79, pid=1, name=x, GPU has fallen off the bus."
+    assert {(e.kind, e.severity, e.evidence["verified"]) for e in
+            (b.event for b in Classifier().feed(parse_kmsg(f"2,8,100,-;{nvrm}"), 1.0))} == {
+        ("xid", C, True), ("device_lost", C, True)}  # NVRM prints without a device: facility and prefix prove it
+    [text] = classify_text(line)
+    assert (text.severity, text.evidence["verified"]) == (C, False)
+
+
+def test_a_process_line_written_from_user_space_does_not_name_a_drivers_faults_process():
+    """Right after a real ring timeout, a line written to /dev/kmsg that spells the process line would pin the
+    fault on a process of the writer's choosing (an engine, to be killed): it is not taken."""
+    from gpuwarden.kernel.records import parse_kmsg
+
+    meta = "\n SUBSYSTEM=pci\n DEVICE=+pci:ffff:fe:1f.7"
+    fault = parse_kmsg(f"3,1,100,-;amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1{meta}")
+    forged = parse_kmsg(f"11,2,100,-;amdgpu ffff:fe:1f.7: amdgpu:  Process vllm pid 4242 thread vllm pid 4242{meta}")
+    real = parse_kmsg(f"3,2,100,-;amdgpu ffff:fe:1f.7: amdgpu:  Process vllm pid 4242 thread vllm pid 4242{meta}")
+    c = Classifier()
+    assert c.feed(fault, 1.0) == []
+    [event] = [b.event for b in c.feed(forged, 1.0)]
+    assert event.evidence["verified"] and "process" not in event.evidence
+    c = Classifier()
+    c.feed(fault, 1.0)
+    [event] = [b.event for b in c.feed(real, 1.0)]
+    assert event.evidence["process"] == {"pid": 4242, "name": "vllm"}

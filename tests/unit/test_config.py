@@ -161,16 +161,19 @@ def test_rule_names_are_checked_with_key_and_line(text, message):
 
 
 def test_the_readmes_toml_examples_pass_check():
-    """A new user copies these: each parses, and apprise takes its alert URLs (as `check` and `run` build them)."""
+    """A new user copies these (the README's and the docs'): each parses, and apprise takes its alert URLs (as
+    `check` and `run` build them)."""
     import re
 
     from gpuwarden.alert.targets import build
     from paths import ROOT
 
-    blocks = re.findall(r"^```toml\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
-    assert len(blocks) >= 4
-    for block in blocks:
-        build(parse(block, "README.md").alerts)
+    found = 0
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"^```toml\n(.*?)^```", path.read_text(), re.S | re.M):
+            build(parse(block, path.name).alerts)
+            found += 1
+    assert found >= 5
 
 
 def test_the_example_configs_commented_alert_urls_are_accepted():

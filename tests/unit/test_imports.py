@@ -2,12 +2,12 @@
 down these layers, and never in a cycle. A package may import others of its own layer, without a cycle.
 
     entry points    cli, __main__, doctor, npd
-    wiring          daemon
+    wiring          daemon, snapshot
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
     decisions       policy: pure, events and plain views in, typed actions out
-    foundation      model, kinds, config, store, report, exporter, and small helpers
+    foundation      model, kinds, config, store, report, timeline, exporter, and small helpers
 
 A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden". A
 package's pure data modules (the kernel rule catalog, the runbooks) count as their own node in the foundation, so
@@ -24,13 +24,13 @@ SRC = Path(gpuwarden.__file__).parent
 # a package's modules that are pure data, each a node of its own
 DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
-    {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "exporter", "logsetup", "offloop",
-     "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", *DATA},
+    {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "timeline", "exporter", "logsetup",
+     "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage", *DATA},
     {"policy"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
     {"hub", "health"},
-    {"daemon"},
+    {"daemon", "snapshot"},
     {"cli", "__main__", "doctor", "npd"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}

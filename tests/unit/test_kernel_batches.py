@@ -52,3 +52,25 @@ def test_a_flood_comes_in_bounded_batches_with_the_loop_running_between_them():
     assert sizes == [BATCH, BATCH, BATCH, 123]
     batches = [i for i, what in enumerate(order) if what == "batch"]
     assert all("tick" in order[a:b] for a, b in itertools.pairwise(batches))
+
+
+def test_a_quiet_source_wakes_at_the_callers_deadline_not_its_tick():
+    """A fault line held for its process line is released on its own deadline: the watch sets `wake_at` and the
+    source yields an (empty) batch then, though its tick is an hour and nothing is written."""
+    import time
+
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    reader.setblocking(False)
+    source = KmsgSource(tick=3600)
+    source._fd = reader.fileno()  # the reader's fd stands in for /dev/kmsg
+    source.wake_at = time.monotonic() + 0.05
+
+    async def first_batch():
+        async for batch in source.batches():
+            return batch
+
+    try:
+        assert asyncio.run(asyncio.wait_for(first_batch(), 30)) == []
+    finally:
+        reader.close()
+        writer.close()

@@ -29,9 +29,18 @@ def test_vllm_lines_v0_and_v1(corpus):
         (1, 1),  # V0, 41.7 tokens/s
         (19, 2),  # V1 "Engine 000:": 18 running, counted apart from V0's engine-less line
         (19, 2), (19, 2),  # access log and SpecDecoding lines: not progress lines
-        (19, 2),  # 0.0 tokens/s with 1 running: no progress
-        (18, 2),  # idle
+        (19, 3),  # 0.0 tokens/s with 1 running, but the KV cache went 2.0% -> 0.1% (the corpus joins logs): work
+        (18, 4),  # idle; its KV cache emptied
     ]
+
+
+def test_a_vllm_prefill_shows_in_its_kv_cache_while_both_throughputs_read_zero():
+    """vLLM 0.32's stats line during a chunked prefill: no token counted yet, the KV cache growing."""
+    line = ("(APIServer pid=1) INFO 12-04 09:50:{:02d} [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 "
+            "tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, CPU KV cache "
+            "usage: {}%, Prefix cache hit rate: 0.0%")
+    assert after_each("vllm", [line.format(i, kv) for i, kv in enumerate(("4.7", "8.6", "11.0", "11.0"))]) == [
+        (1, 0), (1, 1), (1, 2), (1, 2)]
 
 
 def test_sglang_decode_and_prefill_lines(corpus):
@@ -179,3 +188,30 @@ def test_a_log_that_cannot_be_read_is_a_failed_look_not_a_failed_start(tmp_path)
         asyncio.run(scraper.scrape())
     (tmp_path / "missing.log").write_text("")
     assert asyncio.run(scraper.scrape()).running is None  # nothing said yet: no judgement
+
+
+def test_a_long_prefill_moves_slots_progress_batch_by_batch():
+    """Measured on llama-server b11434 (a 3000-token prompt, --batch-size 64): n_prompt_tokens_processed grew
+    512, 960, 1472, 1856 at 2 s looks while prompt_tokens_total stayed 0. Builds with `n_past` count through it."""
+    p = SlotsProgress()
+    seen = [p.sample([slot(0, 0, True, 0, prompt=n)]).progress for n in (512, 960, 1472, 1856)]
+    assert seen == [512, 960, 1472, 1856]
+    older = SlotsProgress()
+    seen = [older.sample([{"id": 0, "id_task": 3, "is_processing": True, "n_past": n}]).progress for n in (64, 128)]
+    assert seen == [64, 128]
+
+
+def test_under_systemd_without_systemd_python_the_journal_gets_prefixed_lines(tmp_path):
+    """$JOURNAL_STREAM names our stderr (a real file here); systemd-python is made unimportable in a real child."""
+    import subprocess
+    import sys
+
+    err = tmp_path / "stderr"
+    code = ("import os, sys, logging; sys.modules['systemd'] = None; st = os.fstat(2); "
+            "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'; from gpuwarden import logsetup; "
+            "logsetup.setup('info'); log = logging.getLogger('gpuwarden'); log.info('up'); "
+            "log.error('bad http://u:secret@h/x')")
+    with err.open("w") as stderr:
+        run = subprocess.run([sys.executable, "-c", code], stderr=stderr, timeout=60)
+    assert run.returncode == 0, err.read_text()
+    assert err.read_text().splitlines() == ["<6>up", "<3>bad http://***@h/x"]

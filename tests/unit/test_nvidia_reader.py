@@ -37,10 +37,24 @@ def fake_nvml(fan_supported=True, lost=False):
             raise NotSupported("Not Supported")
         return 41
 
+    def memory(handle, version=None):  # nvidia-ml-py 13: v2 leaves the driver's reserve out of `used`
+        if lost:
+            raise GpuIsLost("GPU is lost")
+        if version is None:
+            return SimpleNamespace(total=150 * 2**30, used=120 * 2**30)
+        return SimpleNamespace(total=150 * 2**30, reserved=616 * 2**20, used=120 * 2**30 - 616 * 2**20)
+
+    fields = {186: 401000, 82: 48}  # NVML_FI_DEV_POWER_INSTANT (mW), NVML_FI_DEV_MEMORY_TEMP (°C)
+    # what NVML answered on the device machine's H200 (driver 580.159.04): slowdown 89, shutdown 95, memory max 95 °C
+    thresholds = {0: 95, 1: 89, 2: 95}
+
     return SimpleNamespace(
         NVMLError=NVMLError, NVMLError_NotSupported=NotSupported, NVMLError_GpuIsLost=GpuIsLost,
         NVMLError_Timeout=Timeout, NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
-        NVML_FI_DEV_POWER_INSTANT=186,
+        NVML_FI_DEV_POWER_INSTANT=186, NVML_FI_DEV_MEMORY_TEMP=82, nvmlMemory_v2="v2",
+        NVML_TEMPERATURE_THRESHOLD_SHUTDOWN=0, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN=1,
+        NVML_TEMPERATURE_THRESHOLD_MEM_MAX=2,
+        nvmlDeviceGetTemperatureThreshold=unless_lost(lambda which: thresholds[which]),
         nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: "h0",
         nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=b"00000000:3B:00.0"),
         nvmlDeviceGetName=unless_lost("NVIDIA H200"),
@@ -50,11 +64,12 @@ def fake_nvml(fan_supported=True, lost=False):
         nvmlDeviceGetClockInfo=unless_lost(lambda clock: {1: 1980, 2: 3201}[clock]),
         nvmlDeviceGetMaxClockInfo=unless_lost(lambda clock: 1980),
         nvmlDeviceGetUtilizationRates=unless_lost(SimpleNamespace(gpu=87, memory=40)),
-        nvmlDeviceGetMemoryInfo=unless_lost(SimpleNamespace(total=150 * 2**30, used=120 * 2**30)),
+        nvmlDeviceGetMemoryInfo=memory,
         nvmlDeviceGetCurrPcieLinkGeneration=unless_lost(5), nvmlDeviceGetCurrPcieLinkWidth=unless_lost(16),
         nvmlDeviceGetMaxPcieLinkGeneration=unless_lost(5), nvmlDeviceGetMaxPcieLinkWidth=unless_lost(16),
         nvmlDeviceGetCurrentClocksEventReasons=unless_lost(0x4 | 0x40),
-        nvmlDeviceGetFieldValues=lambda h, ids: [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=401000))],
+        nvmlDeviceGetFieldValues=lambda h, ids: [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=fields[i]))
+                                                 for i in ids],
         nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=4242, usedGpuMemory=2**30)],
         nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
     )
@@ -67,7 +82,9 @@ def test_a_passive_h200_reads_fully():
     assert pci == "0000:3b:00.0" and s.model == "NVIDIA H200" and s.state == "ok" and s.problems == {}
     assert (s.power_watts, s.power_instant_watts, s.power_cap_watts, s.power_cap_max_watts) == (
         pytest.approx(123.456), 401.0, 700.0, 700.0)
-    assert s.temperatures == {"gpu": 36.0} and s.fan_state == "passive" and s.fan_pwm_ratio is None
+    assert s.temperatures == {"gpu": 36.0, "mem": 48.0} and s.fan_state == "passive" and s.fan_pwm_ratio is None
+    assert s.temperature_limits == {"gpu": (89, 95), "mem": (95, None)}  # the card's own, not a table's
+    assert (s.vram_used_bytes, s.vram_reserved_bytes) == (120 * 2**30 - 616 * 2**20, 616 * 2**20)
     assert (s.sclk_hz, s.mclk_hz, s.busy_ratio) == (1980e6, 3201e6, 0.87)
     assert (s.pcie_speed_gts, s.pcie_width, s.pcie_max_speed_gts) == (32.0, 16, 32.0)
     assert s.throttle == ("sw_power_cap", "hw_thermal")
@@ -145,7 +162,7 @@ def test_an_nvml_xid_honours_the_xid_overrides_as_a_kernel_log_xid_does(xid, ove
     watch.nvml = _nvml_with_xids(xid)
     asyncio.run(watch._watch_xids())
     [nvml_event] = sink.events
-    [kernel] = Classifier(xid_overrides=parsed).feed(
+    kernel, *_implied = Classifier(xid_overrides=parsed).feed(
         KernelRecord(f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1, name=python", 1.0), 1.0)
     assert nvml_event.severity == kernel.event.severity == Severity.parse(severity)
     assert (nvml_event.gpu, nvml_event.evidence["xid"]) == (kernel.event.gpu, xid) == ("0000:3b:00.0", xid)

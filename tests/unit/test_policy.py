@@ -8,6 +8,7 @@ from gpuwarden.policy import (
     Quarantine,
     Refuse,
     Situation,
+    Suspect,
     decide,
     exited,
     target_refusal,
@@ -35,51 +36,101 @@ def test_a_stall_kills_only_its_engine_and_only_when_configured_to():
         AlertOnly(Kill("b", "stalled"), 'on_stall = "alert"')]
 
 
-def test_a_gpu_fault_kills_the_engines_on_that_gpu():
-    assert acts(ev("sq_intr", gpu=GPU_A), [A, B]) == [Kill("a", f"kernel reported sq_intr on {GPU_A}")]
-    assert acts(ev("page_fault", gpu=GPU_B), [A, B]) == [Kill("b", f"kernel reported page_fault on {GPU_B}")]
+def test_a_fault_with_no_owner_puts_the_engines_on_its_gpu_under_suspicion_and_kills_none():
+    """sq_intr names no process: any ROCm user can raise one, so it alone kills nothing."""
+    assert acts(ev("sq_intr", gpu=GPU_A), [A, B]) == [Suspect("a", f"kernel reported sq_intr on {GPU_A} (no owner)")]
+    assert acts(ev("page_fault", gpu=GPU_B), [A, B]) == [
+        Suspect("b", f"kernel reported page_fault on {GPU_B} (no owner)")]
 
 
-def test_unknown_gpus_and_faults_without_a_gpu_match_everything():
+def test_unknown_gpus_and_faults_without_a_gpu_match_everything_but_only_for_suspicion():
     both = EngineView("u", None, "kill", "kill")
-    assert acts(ev("ring_timeout", gpu=GPU_A), [both]) == [Kill("u", f"kernel reported ring_timeout on {GPU_A}")]
-    assert [k.engine for k in acts(ev("sq_intr"), [A, B, both])] == ["a", "b", "u"]
+    assert acts(ev("ring_timeout", gpu=GPU_A), [both]) == [
+        Suspect("u", f"kernel reported ring_timeout on {GPU_A} (no owner)")]
+    assert [(type(a), a.engine) for a in acts(ev("sq_intr"), [A, B, both])] == [
+        (Suspect, "a"), (Suspect, "b"), (Suspect, "u")]
+    # an escalation that names no GPU never kills every engine either, even engines under suspicion
+    suspects = [EngineView(e.name, e.gpus, "kill", "kill", suspect=True) for e in (A, B, both)]
+    assert {type(a) for a in acts(ev("device_lost", severity=Severity.CRITICAL), suspects)} == {Suspect}
 
 
 def test_only_critical_xids_and_fault_kinds_count():
-    assert acts(ev("xid", gpu=GPU_A, severity=Severity.CRITICAL), [A]) == [
-        Kill("a", f"kernel reported xid on {GPU_A}")]
-    assert acts(ev("xid", gpu=GPU_A, severity=Severity.WARNING), [A]) == []
+    assert acts(ev("xid", gpu=GPU_A, severity=Severity.CRITICAL, xid=119), [A]) == [
+        Suspect("a", f"kernel reported xid on {GPU_A} (no owner)")]
+    assert acts(ev("xid", gpu=GPU_A, severity=Severity.WARNING, xid=31), [A]) == []
     assert acts(ev("pcie_aer", gpu=GPU_A, severity=Severity.CRITICAL), [A]) == []
+
+
+def test_nvmls_copy_of_a_strangers_xid_kills_no_one():
+    """The H200 case: [kernel.xid] "31" = "critical"; the kernel copy names the stranger (refused), NVML's copy
+    names no one: suspicion, not a kill."""
+    kernel = ev("xid", gpu=GPU_A, severity=Severity.CRITICAL, xid=31, process={"pid": 31337, "name": "evil"})
+    nvml = ev("xid", gpu=GPU_A, severity=Severity.CRITICAL, xid=31, source="nvml")
+    assert [type(a) for a in decide(kernel, Situation([OWNER], SEEN, 1000.0))] == [Refuse]
+    assert decide(nvml, Situation([OWNER], SEEN, 1000.0)) == [
+        Suspect("owner", f"kernel reported xid on {GPU_A} (no owner)")]
+
+
+def test_an_escalation_kills_the_engines_under_suspicion_on_that_gpu_only():
+    suspect = EngineView("s", frozenset({GPU_A}), "kill", "kill", suspect=True)
+    calm = EngineView("c", frozenset({GPU_A}), "kill", "kill")
+    elsewhere = EngineView("e", frozenset({GPU_B}), "kill", "kill", suspect=True)
+    for fault in (ev("gpu_reset", gpu=GPU_A), ev("device_lost", gpu=GPU_A, severity=Severity.CRITICAL),
+                  ev("xid", gpu=GPU_A, severity=Severity.CRITICAL, xid=79)):
+        assert acts(fault, [suspect, calm, elsewhere]) == [
+            Kill("s", f"kernel reported {fault.kind} on {GPU_A} after an earlier fault with no owner"),
+            Suspect("c", f"kernel reported {fault.kind} on {GPU_A} (no owner)")], fault.kind
+    recovered = ev("gpu_reset", gpu=GPU_A, severity=Severity.INFO)  # "GPU reset succeeded": the driver's recovery
+    assert acts(recovered, [suspect]) == []
+    alert = EngineView("s", frozenset({GPU_A}), "kill", "alert", suspect=True)
+    assert [type(a) for a in decide(ev("gpu_reset", gpu=GPU_A), Situation([alert], SEEN, 0.0))] == [AlertOnly]
+
+
+def test_a_resolved_pasid_is_as_good_as_a_pid():
+    mine = EngineView("mine", frozenset({GPU_A}), "kill", "kill", pids=frozenset({10}), pasids=frozenset({32769}))
+    theirs = EngineView("theirs", frozenset({GPU_A}), "kill", "kill", pids=frozenset({20}), pasids=frozenset())
+    reason = f"kernel reported page_fault on {GPU_A}"
+    assert acts(ev("page_fault", gpu=GPU_A, pasid=32769), [mine, theirs]) == [
+        Kill("mine", f"{reason}, raised by its process with pasid 32769"),
+        Refuse(Kill("theirs", reason), "the fault was raised by pasid 32769, not one of theirs's processes")]
+    # every engine's pasids known and none has it: a stranger's
+    assert {type(a) for a in acts(ev("page_fault", gpu=GPU_A, pasid=5), [mine, theirs])} == {Refuse}
+    # an engine whose pasids the kernel does not expose: the pasid cannot be resolved, so it has no owner
+    unknown = EngineView("unknown", frozenset({GPU_A}), "kill", "kill", pids=frozenset({30}))
+    assert {type(a) for a in acts(ev("page_fault", gpu=GPU_A, pasid=5), [mine, unknown])} == {Suspect}
 
 
 def test_history_never_acts():
     """Journal look-back and catch-up after a restart: alerted and reported, never acted on."""
-    for event in (ev("engine_stall", engine="a"), ev("sq_intr", gpu=GPU_A), ev("engine_crash_loop", engine="a")):
-        actions = acts(event.as_history(), [A])
+    owned = ev("sq_intr", gpu=GPU_A, process={"pid": 4242, "name": "vllm"})
+    for event in (ev("engine_stall", engine="a"), owned, ev("engine_crash_loop", engine="a")):
+        actions = acts(event.as_history(), [OWNER] if event is owned else [A])
         assert actions and all(isinstance(a, Refuse) and a.reason.startswith("history") and not a.by_hand
-                               for a in actions)
-        assert not event.as_history().live and event.live
+                               for a in actions), event.kind
+    assert acts(ev("sq_intr", gpu=GPU_A).as_history(), [A]) == []  # not even suspicion
 
 
 def test_a_fault_on_a_gpu_this_machine_never_had_does_not_kill():
-    """A test suite's or another box's fault line names a GPU that is not here."""
-    everywhere = EngineView("u", None, "kill", "kill")  # its GPUs unknown: any GPU's fault would match
-    [refused] = acts(ev("sq_intr", gpu="0000:03:00.0"), [everywhere])
-    assert isinstance(refused, Refuse) and "not a GPU this machine has had" in refused.reason
-    assert refused.action == Kill("u", "kernel reported sq_intr on 0000:03:00.0")
+    everywhere = EngineView("u", None, "kill", "kill", pids=frozenset({7}))
+    [refused] = acts(ev("sq_intr", gpu="0000:03:00.0", process={"pid": 7, "name": "x"}), [everywhere])
+    assert isinstance(refused, Refuse) and not refused.by_hand
+    assert refused.action == Kill("u", "kernel reported sq_intr on 0000:03:00.0, raised by its process 7 (x)")
+    assert "not a GPU this machine has had" in refused.reason
+    assert acts(ev("sq_intr", gpu="0000:03:00.0"), [everywhere]) == []
 
 
 def test_a_gpu_that_is_gone_now_still_counts_when_it_was_seen():
-    """GPUs seen since start, not GPUs present now: the one that fell off the bus is the case that matters."""
+    """The inventory keeps every GPU seen since start: a GPU off the bus is exactly when the policy must act."""
     assert acts(ev("ring_timeout", gpu=GPU_A), [A], frozenset({GPU_A})) == [
-        Kill("a", f"kernel reported ring_timeout on {GPU_A}")]
+        Suspect("a", f"kernel reported ring_timeout on {GPU_A} (no owner)")]
 
 
 def test_a_box_without_gpus_never_kills_for_a_kernel_gpu_fault():
-    [refused] = acts(ev("sq_intr"), [ANY, A], frozenset())
+    owned = ev("sq_intr", process={"pid": 7, "name": "x"})
+    mine = EngineView("m", None, "kill", "kill", pids=frozenset({7}))
+    [refused] = acts(owned, [mine], frozenset())
     assert isinstance(refused, Refuse) and refused.reason == "no GPU was ever seen on this machine"
-    assert acts(ev("engine_stall", engine="a"), [A], frozenset()) == [Kill("a", "stalled")]  # not a GPU fault
+    assert acts(ev("sq_intr"), [ANY, A], frozenset()) == []
 
 
 def test_unresponsive_kills_only_when_requests_were_running_and_configured_to():
@@ -185,11 +236,12 @@ def test_a_fault_raised_by_a_stranger_kills_no_engine():
         assert all("raised by pid 31337 (evil)" in a.reason for a in actions)
 
 
-def test_a_fault_of_pid_0_or_of_no_process_is_the_gpus_own_and_kills_every_engine_on_it():
+def test_a_fault_of_pid_0_or_of_no_process_has_no_owner_and_puts_every_engine_on_it_under_suspicion():
     for evidence in ({"process": {"pid": 0, "name": ""}}, {"process": {"pid": 0, "name": "<unknown>"}}, {},
                      {"context_process": {"pid": 31337, "name": "nvidia-smi"}}):
         fault = ev("ring_timeout", gpu=GPU_A, **evidence)
-        assert [a.engine for a in acts(fault, [OWNER, OTHER])] == ["owner", "other"], evidence
+        assert [(type(a), a.engine) for a in acts(fault, [OWNER, OTHER])] == [
+            (Suspect, "owner"), (Suspect, "other")], evidence
 
 
 def test_a_thread_id_is_not_a_process_of_the_engine_and_a_thread_of_it_is_not_needed():
@@ -209,12 +261,14 @@ def test_a_pinned_fault_still_obeys_history_budget_and_the_alert_setting():
 
 
 def test_restart_kills_and_asks_for_a_restart_until_a_restart_failed():
-    restarting = EngineView("r", frozenset({GPU_A}), "restart", "restart", on_unresponsive="restart")
+    restarting = EngineView("r", frozenset({GPU_A}), "restart", "restart", on_unresponsive="restart",
+                            pids=frozenset({4242}))
     assert acts(ev("engine_stall", engine="r"), [restarting]) == [Kill("r", "stalled", restart=True)]
     assert acts(ev("engine_unresponsive", engine="r", requests_running=2), [restarting]) == [
         Kill("r", "unresponsive with requests running", restart=True)]
-    fault = ev("ring_timeout", gpu=GPU_A, severity=Severity.CRITICAL)
-    assert acts(fault, [restarting]) == [Kill("r", f"kernel reported ring_timeout on {GPU_A}", restart=True)]
+    fault = ev("ring_timeout", gpu=GPU_A, severity=Severity.CRITICAL, process={"pid": 4242, "name": "vllm"})
+    assert acts(fault, [restarting]) == [
+        Kill("r", f"kernel reported ring_timeout on {GPU_A}, raised by its process 4242 (vllm)", restart=True)]
     failed = EngineView("r", frozenset({GPU_A}), "restart", "restart", restart_failed=True)
     assert acts(ev("engine_stall", engine="r"), [failed]) == [
         Kill("r", "stalled; not restarted: its last restart did not bring it back")]
@@ -224,3 +278,14 @@ def test_a_restart_obeys_the_kill_budget():
     spent = EngineView("r", None, "restart", "kill", kill_budget=1, kills=(990.0,))
     [refused] = decide(ev("engine_stall", engine="r"), Situation([spent], SEEN, 1000.0))
     assert isinstance(refused, Refuse) and refused.by_hand and refused.action.restart
+
+
+def test_a_kernel_line_its_own_record_does_not_prove_never_acts():
+    """evidence["verified"] is False: a line user space wrote to /dev/kmsg, a device line without the kernel's
+    device metadata, a line of a text log (kernel/classifier.unverified)."""
+    why = "written to /dev/kmsg by user space (facility 1), not by the kernel"
+    for event in (ev("sq_intr", gpu=GPU_A, verified=False, unverified=why),
+                  ev("device_lost", gpu=GPU_A, severity=Severity.WARNING, verified=False, unverified=why)):
+        assert all(isinstance(a, Refuse) and why in a.reason and not a.by_hand for a in acts(event, [A]))
+    assert acts(ev("sq_intr", gpu=GPU_A, verified=True), [A]) == [
+        Suspect("a", f"kernel reported sq_intr on {GPU_A} (no owner)")]

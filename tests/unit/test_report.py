@@ -1,11 +1,16 @@
-"""Incident bundles and their picture: the JSON is complete and valid, the PNG is a real, non-trivial chart."""
+"""Incident bundles and their picture: the JSON is complete and valid, the SVG is a real, non-trivial chart as a
+real renderer draws it."""
 
 import json
+import shutil
+import subprocess
 import time
+from xml.etree import ElementTree
 
+import pytest
 from PIL import Image
 
-from gpuwarden import report
+from gpuwarden import report, timeline
 from gpuwarden.model import Event, GpuSample, Severity
 
 T0 = time.mktime((2026, 12, 2, 16, 22, 28, 0, 0, -1))
@@ -54,19 +59,50 @@ def test_the_bundle_holds_event_lines_telemetry_engines_and_actions():
     assert content["engines"]["vllm"]["running"] == 2.0
 
 
+def rasterised(svg_path, tmp_path) -> Image.Image:
+    """The picture as a real SVG renderer draws it (librsvg, as a browser or a mail client would)."""
+    rsvg = shutil.which("rsvg-convert")
+    if not rsvg:
+        pytest.fail("rsvg-convert is not installed (make test-deps installs Debian's librsvg2-bin)")
+    png = tmp_path / "timeline.png"
+    subprocess.run([rsvg, str(svg_path), "-o", str(png)], check=True, capture_output=True, timeout=60)
+    return Image.open(png)
+
+
 def test_the_timeline_picture_is_a_real_chart(tmp_path):
-    out = tmp_path / "timeline.png"
-    report.render(incident(), out)
-    image = Image.open(out)
-    assert image.format == "PNG" and image.size == (1100, 800)
-    assert out.stat().st_size > 20_000
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    assert report.draw(folder, incident())
+    out = folder / report.PICTURE
+    root = ElementTree.parse(out).getroot()  # well-formed SVG
+    assert root.tag == "{http://www.w3.org/2000/svg}svg" and (root.get("width"), root.get("height")) == ("1100", "800")
+    texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "device_lost on 0000:03:00.0" in texts and "(box1)" in texts
+    assert all(kind in texts for kind in ("sq_intr", "reset_failed", "engine_killed", "hottest sensor"))
+    assert "0000:03:00.0 unreadable" in texts and "0000:06:00.0" in texts
+    image = rasterised(out, tmp_path)
+    assert image.size == (1100, 800)
     rgb = image.convert("RGB")
     colours = rgb.getcolors(maxcolors=1 << 20)
     assert len(colours) > 200  # lines, text, anti-aliasing: not a blank or flat image
     background = max(colours)[1]
     assert background == (255, 255, 255) and max(colours)[0] < 0.95 * 1100 * 800
-    red = sum(n for n, (r, g, b) in colours if r > 180 and g < 80 and b < 80)  # the trigger's line (tab:red)
+    red = sum(n for n, (r, g, b) in colours if r > 180 and g < 80 and b < 80)  # the trigger's line
     assert red > 500
+    purple = sum(n for n, (r, g, b) in colours if (r, g, b) == (0x94, 0x67, 0xBD))  # the second GPU's lines
+    assert purple > 500
+
+
+def test_a_picture_of_odd_names_and_no_telemetry_is_still_valid_svg(tmp_path):
+    content = incident()
+    content["host"], content["telemetry"] = 'box <&> "1"', {}
+    content["trigger"]["gpu"] = None
+    content["trigger"]["engine"] = "vllm</text><script>"
+    out = tmp_path / "timeline.svg"
+    out.write_text(timeline.svg(content))
+    texts = [t.text for t in ElementTree.parse(out).getroot().iter("{http://www.w3.org/2000/svg}text")]
+    assert any("vllm</text><script> at" in (t or "") for t in texts) and "no GPU telemetry recorded" in texts
+    assert rasterised(out, tmp_path).size == (1100, 800)
 
 
 def test_listing_and_a_failed_render(tmp_path):

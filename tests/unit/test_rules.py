@@ -11,6 +11,7 @@ from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.hints import hints
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
+    FORGED,
     GHES_RECORD,
     OOPS_END,
     OOPS_HEADERS,
@@ -19,6 +20,7 @@ from gpuwarden.kernel.rules import (
     RULES,
     TRACE_LINE,
     Rule,
+    anchored,
 )
 from gpuwarden.model import Severity
 from paths import CORPUS
@@ -51,17 +53,17 @@ def _rule_id(rule: Rule) -> str:
 
 def test_rule_names_are_unique_and_every_rule_has_examples_both_ways():
     names = [r.name for r in RULES]
-    assert len(set(names)) == len(names) == 40
+    assert len(set(names)) == len(names) == 42
     assert all(r.examples and r.counter_examples for r in RULES), [r.name for r in RULES if not r.examples]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=_rule_id)
 def test_rule_matches_its_examples_and_the_classifier_names_it(rule):
-    regex = re.compile(rule.pattern)
+    regex = re.compile(anchored(rule.pattern))
     assert rule.hints, "a built-in rule needs hints, or every line would be tried against it"
     for example in rule.examples:
-        m = regex.search(example.text)
-        assert m, f"{rule.name} does not match its example {example.text!r}"
+        m = regex.match(example.text)
+        assert m, f"{rule.name} does not match its example {example.text!r} right after a driver's prefix"
         # the gate scans the whole line, but the hints come from the expression: the match itself holds one
         assert any(h in m.group(0) for h in rule.hints), (m.group(0), rule.hints)
         events = _events(example.text)
@@ -75,10 +77,27 @@ def test_rule_matches_its_examples_and_the_classifier_names_it(rule):
 
 @pytest.mark.parametrize("rule", RULES, ids=_rule_id)
 def test_rule_refuses_its_counter_examples(rule):
-    regex = re.compile(rule.pattern)
+    regex = re.compile(anchored(rule.pattern))
+    assert set(FORGED) <= set(rule.counter_examples)  # the carriers of user text are every rule's counter-examples
     for text in rule.counter_examples:
-        assert not regex.search(text), f"{rule.name} matches its counter-example {text!r}"
+        assert not regex.match(text), f"{rule.name} matches its counter-example {text!r}"
         assert all(e.evidence.get("rule") != rule.name for e in _events(text))
+
+
+@pytest.mark.parametrize("text", FORGED)
+def test_lines_that_carry_user_text_make_no_event_at_all(text):
+    """A task's name, a mount option, an audit record: the kernel prints them, but a user chose the text."""
+    assert _events(text) == []
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if not r.quiet], ids=_rule_id)
+def test_a_rule_line_inside_user_text_or_after_another_prefix_is_nothing(rule):
+    """Every example, moved to the middle of a line (after a task name, a filesystem's prefix, a grep'd file
+    name that is no timestamp), matches no rule: rules are anchored at the start of the message."""
+    for example in rule.examples:
+        for text in (f"x[1]: {example.text}", f"tmpfs: Unknown parameter '{example.text}'",
+                     f"foo: {example.text}", f"gpu said {example.text}"):
+            assert _events(text) == [], text
 
 
 @pytest.mark.parametrize("rule", RULES, ids=_rule_id)
@@ -241,3 +260,17 @@ def test_random_texts_that_match_hold_a_derived_hint(pattern):
             matched += 1
             assert any(h in text for h in derived), (text, derived)
     assert matched >= 100, f"only {matched} of 400 samples matched: the sampler does not exercise {pattern!r}"
+
+
+def test_the_cheap_start_gate_lets_through_every_line_a_rule_or_report_may_start():
+    """classifier._START refuses most lines with one possessive match: it must pass every line that starts with a
+    driver's prefix, an oops header, a GHES record or a report's end (every line of the corpus is tried)."""
+    from gpuwarden.kernel.classifier import _START
+    from gpuwarden.kernel.rules import DRIVER_START
+
+    exact = re.compile("|".join([DRIVER_START, *(p for p, _ in OOPS_HEADERS), GHES_RECORD, OOPS_END]))
+    lines = {r.text for p in (CORPUS / "kernel").rglob("*.log")
+             for r in parse_lines(p.read_text().splitlines()).records}
+    lines |= {e.text for r in RULES for e in r.examples}
+    wanted = {t for t in lines if exact.match(t)}
+    assert len(wanted) > 1000 and not [t for t in wanted if not _START.match(t)]

@@ -106,3 +106,78 @@ def test_progress_after_a_stall_ends_it():
     v = det.observe(sample(1, 8), 10.0)
     assert not v.stalled and v.new
 
+
+
+def busy(progress, activity, first_token=None):
+    """A vLLM sample with one request running: its token counter and its KV-cache usage."""
+    return EngineSample("vllm", 1, 0.0, progress, progress, True, None, first_token, activity=activity)
+
+
+def test_a_long_prefill_whose_kv_cache_grows_is_progress_even_while_a_process_spins():
+    """Measured on vLLM 0.32 (CPU, 14 K-token prompt, --max-num-batched-tokens 512): prompt_tokens_total stays 0
+    through the 26 s prefill while kv_cache_usage_perc rises at every 3 s scrape. The engine spins at 86 %."""
+    det = StallDetector(stall_multiple=4, min_stall=10, max_stall=600)
+    usage = [0.047, 0.086, 0.110, 0.133, 0.157, 0.172, 0.188, 0.204, 0.22]
+    verdicts = [det.observe(busy(0, u), 3.0 * i, spinning=True) for i, u in enumerate(usage)]
+    assert not any(v.stalled for v in verdicts)
+    # then the engine hangs: nothing moves, and the spin rule's floor applies
+    hung = [det.observe(busy(0, 0.22), 24.0 + 3.0 * i, spinning=True) for i in range(1, 5)]  # last move: 24 s
+    assert [v.stalled for v in hung] == [False, False, False, True] and hung[3].threshold == 10
+
+
+def test_a_gauge_that_does_not_move_is_no_progress_whatever_its_level():
+    det = StallDetector(min_stall=3)
+    assert [v.stalled for v in run(det, [busy(5, 0.5)] * 6)] == [False] * 4 + [True, True]
+
+
+def test_an_engine_whose_steps_are_long_is_judged_on_them_not_on_the_floor():
+    """One chunk every 20 s (a 186 K-token prefill on one card): a quiet look between movements is one step,
+    and the floor rises to stall_multiple steps, spinning or not; a hang is still caught past it."""
+    det = StallDetector(stall_multiple=4, min_stall=30, max_stall=1800)
+    for chunk in range(6):
+        for i in range(4):  # scrapes every 5 s; the KV cache grows once each 20 s
+            det.observe(busy(0, 0.1 + 0.01 * chunk), 20.0 * chunk + 5.0 * i, spinning=True)
+    assert det.floor == 80 and det.threshold(spinning=True) == 80
+    last = 0.1 + 0.01 * 5
+    assert not det.observe(busy(0, last), 175.0, spinning=True).stalled  # 75 s after the last chunk
+    assert det.observe(busy(0, last), 185.0, spinning=True).stalled
+
+
+def test_steps_are_learnt_only_from_quiet_looks_so_a_slow_scrape_is_no_step():
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [busy(i, 0.1) for i in range(20)], step=10.0)  # moves at every look, 10 s apart
+    assert det.floor == 5
+
+
+def test_under_suspicion_the_floor_applies_where_progress_moves_each_step():
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [busy(100 * i, None, first_token=(30.0 * i, i)) for i in range(1, 5)])  # prefills took 30 s
+    assert det.threshold() == 120 and det.threshold(suspect=True) == 5
+    verdicts = [det.observe(busy(400, None), 4.0 + i, suspect=True) for i in range(6)]  # last progress at t=3
+    assert [v.stalled for v in verdicts] == [False] * 5 + [True] and verdicts[5].threshold == 5
+
+
+def test_suspicion_does_not_shorten_a_counter_that_moves_only_as_requests_end():
+    """A per-request counter proves nothing within a request's time: the canary watches such an engine."""
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [sample(1, i, lat_sum=100.0 * i, lat_count=i) for i in range(1, 5)])
+    assert det.threshold(suspect=True) == 400
+
+
+def test_where_a_prefills_work_is_seen_the_time_to_a_first_token_no_longer_stretches_the_threshold():
+    """vLLM's KV-cache usage shows every chunk of a prefill: a stopped EngineCore in a 30 s prefill is caught at
+    the floor, not at 4 x 30 s."""
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [busy(100 * i, 0.01 * i, first_token=(30.0 * i, i)) for i in range(1, 5)])
+    assert det.typical is None and det.threshold() == 5
+    blind = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(blind, [busy(100 * i, None, first_token=(30.0 * i, i)) for i in range(1, 5)])
+    assert blind.typical == 30 and blind.threshold() == 120
+
+
+def test_a_stall_that_ended_is_not_learnt_as_a_step():
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=600)
+    run(det, [busy(0, 0.1), busy(1, 0.1)] + [busy(1, 0.1)] * 100 + [busy(2, 0.1)])  # stalled 101 s, then moved
+    assert det.floor == 5
+    run(det, [busy(2, 0.1)] * 3 + [busy(3, 0.1)], start=103.0)  # a 4 s step, quiet looks between: learnt
+    assert det.floor == 16

@@ -86,3 +86,39 @@ def test_asymmetry_between_same_model_gpus():
 
 def test_samples_that_are_not_ok_are_not_judged():
     assert run(TelemetryRules(GpuConfig()), s(state="gone", temperatures={"junction": 150.0})) == []
+
+
+def test_a_power_step_from_idle_to_load_is_no_warning_a_jump_under_load_is():
+    rules = TelemetryRules(GpuConfig())
+    assert run(rules, s(power_watts=90.0, busy_ratio=0.0, power_cap_watts=700.0)) == []
+    assert run(rules, s(power_watts=650.0, busy_ratio=1.0, power_cap_watts=700.0)) == []
+    [jump] = run(rules, s(power_watts=900.0, busy_ratio=1.0, power_cap_watts=1000.0))
+    assert "power jumped 650 -> 900 W under load" in jump.event.message
+
+
+def h200(temp, **kw):
+    return GpuSample(gpu="0000:3b:00.0", vendor="nvidia", model="NVIDIA H200", time=0.0,
+                     temperatures={"gpu": temp}, temperature_limits={"gpu": (89.0, 95.0)}, **kw)
+
+
+def test_the_cards_own_limits_win_where_it_reports_them():
+    """An H200 slows itself at 89 °C and shuts down at 95 °C (NVML): the table's 90/100 °C would warn after it
+    throttles and page after it is off."""
+    rules = TelemetryRules(GpuConfig())
+    assert run(rules, h200(88.0)) == []
+    [warn] = run(rules, h200(89.0))
+    assert warn.event.severity == Severity.WARNING and warn.event.message == "gpu temperature 89 °C on 0000:3b:00.0"
+    [crit] = run(rules, h200(92.0))  # 3 °C under its shutdown
+    assert crit.event.severity == Severity.CRITICAL
+
+
+def test_amdgpus_crit_and_emergency_set_the_junctions_thresholds():
+    """A card whose SMU throttles its junction at 110 °C and shuts down at 115 °C runs at 105 °C by design."""
+    rules = TelemetryRules(GpuConfig())
+    limits = {"junction": (110.0, 115.0)}
+    assert run(rules, s(temperatures={"junction": 105.0}, temperature_limits=limits)) == []
+    [warn] = run(rules, s(temperatures={"junction": 110.0}, temperature_limits=limits))
+    assert warn.event.severity == Severity.WARNING
+    # only the configured table where the card says nothing (edge here)
+    [edge] = run(TelemetryRules(GpuConfig()), s(temperatures={"edge": 91.0}, temperature_limits=limits))
+    assert edge.event.severity == Severity.WARNING

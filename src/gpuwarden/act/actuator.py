@@ -59,6 +59,9 @@ class Actuator:
             self._background(self._kill(action))
         elif isinstance(action, policy.Quarantine):
             self._background(self._quarantine(action))
+        elif isinstance(action, policy.Suspect):  # watched closely from now on; its event follows
+            if self.engines and (suspected := self.engines.suspect(action.engine, action.reason, event)):
+                self._background(self._record(suspected))
         elif isinstance(action, policy.Refuse) and action.by_hand:
             self._background(self._refused(action.action, action.reason))
         elif isinstance(action, policy.Refuse):
@@ -70,6 +73,9 @@ class Actuator:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, event: Event) -> None:
+        self.sink.record([event])
 
     async def _refused(self, action: policy.Kill, refusal: str, **evidence) -> None:
         self.sink.record([Event("kill_refused", Severity.CRITICAL, f"{action.engine} should be killed "

@@ -225,7 +225,7 @@ class Alerter:
 
     @staticmethod
     async def _picture(folder: Path, created: float, wait: float) -> str | None:
-        """The incident's timeline.png, waiting for it up to `wait` seconds after the alert was made."""
+        """The incident's timeline.svg, waiting for it up to `wait` seconds after the alert was made."""
         while (found := picture(folder)) is None and time.time() - created < wait:
             await asyncio.sleep(0.25)
         return str(found) if found else None

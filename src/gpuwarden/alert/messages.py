@@ -88,7 +88,7 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
 def _message(alert_id: str, title: str, blocks: list, incident: str | None, out: Outgoing, resolved: bool,
              tags: set[str]) -> Message:
     if incident:
-        blocks.append(("Incident report", f"`{incident}` (incident.json, timeline.png)"))
+        blocks.append(("Incident report", f"`{incident}` (incident.json, timeline.svg)"))
     footer = f"\n\nalert id: {alert_id}"
     return Message(alert_id, title, _render(blocks, True) + footer, _render(blocks, False) + footer, out.severity,
                    resolved, frozenset(tags))

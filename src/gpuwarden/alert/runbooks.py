@@ -42,12 +42,12 @@ RUNBOOKS: dict[str, str] = {
         "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
         "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
         "(the first start takes longer), then delete the BROKEN folder once it runs."),
+    "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
+                     "may not kill (the event says which and why). Look at it by hand now."),
     "restart_failed": (
         "The engine did not come back after it was started again: no real completion within restart_timeout. "
         "Read its own log for why it does not load (`journalctl -u <unit>`, `docker logs <container>`), and "
         "check its GPU (`gpuwarden doctor`) before starting it by hand; gpuwarden will not restart it again."),
-    "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
-                     "may not kill (the event says which and why). Look at it by hand now."),
     "gpus_missing": (
         "A GPU is still missing after the reboot. Shut down, switch the PSU off for 30-60 s, power on (a warm "
         "reboot does not always bring a card back). Still missing: reseat the card, check its power cables and "
@@ -80,9 +80,7 @@ _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "
 # Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
 _LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
 # Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back
-# (gpus_changed), a restart that failed (the kind belongs to the restart's owner, whose catalog entry may name none)
-SITUATIONAL = frozenset({"gpus_missing", "restart_failed"})
-_KIND_KEYS = {"engine_restart_failed": "restart_failed"}
+SITUATIONAL = frozenset({"gpus_missing"})
 HARDWARE = frozenset(_ORDER[:_ORDER.index("restart_failed")])  # these come before the steps for each engine
 OFF_THE_BUS_XIDS = frozenset({79})  # "GPU has fallen off the bus": a reboot, never nvidia-smi -r
 
@@ -94,7 +92,7 @@ def runbook_for(kind: str, key: str | None = None, xid: int | None = None) -> st
 def key_for(kind: str, key: str | None = None, xid: int | None = None) -> str | None:
     if kind == "xid" and xid in OFF_THE_BUS_XIDS:
         return "device_lost"
-    return key or runbook(kind) or _KIND_KEYS.get(kind)
+    return key or runbook(kind)
 
 
 def ordered(keys: list[str]) -> list[str]:

@@ -45,6 +45,7 @@ class Look:
     sample: EngineSample | None  # None: the scrape failed
     processes: Instance | None  # None: the look-up did not answer (keep what is known)
     spinning: bool = False
+    suspect: bool = False  # under suspicion (a fault with no owner on its GPU): judged on the floor
 
 
 # --- transitions -----------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ class Lifecycle:
             out.append(Silent(self._failures))
         silent_for = look.now - (self._answered if self._answered is not None else self._since)
         if (self._failures >= self.rules.unresponsive_after and self._instance and not self._unresponsive
-                and silent_for >= self.detector.threshold(look.spinning)):
+                and silent_for >= self.detector.threshold(look.spinning, look.suspect)):
             self._unresponsive = True
             out.append(Unresponsive(silent_for, self._failures, self.sample))
 
@@ -263,7 +264,7 @@ class Lifecycle:
         if self.phase == "down":
             return  # the old instance still answers while it dies: nothing to judge
         self.sample = look.sample
-        verdict = self.detector.observe(look.sample, look.now, look.spinning)
+        verdict = self.detector.observe(look.sample, look.now, look.spinning, look.suspect)
         out.append(Judged(verdict))
         if verdict.new:
             out.append(Stalled(verdict) if verdict.stalled else Progressing())

@@ -24,6 +24,7 @@ class LineRule:
     #   request_seconds / request_ms: one request ended and took this long (its timing)
     running: str | None = None  # "set": group `running` is the count; "busy"/"idle": the `key` slot is
     tokens: tuple[str, ...] = ()  # groups summed: progress when > 0
+    moves: tuple[str, ...] = ()  # groups whose change since the last such line (per `key`) is progress
     progress: bool = False  # the line proves progress by itself
     request_ms: bool = False  # group `ms` is one finished request's time
     all_idle: bool = False  # nothing runs any more
@@ -75,9 +76,12 @@ LOG_PROFILES: tuple[LogProfile, ...] = (
         # Running: %d reqs, ...", every VLLM_LOG_STATS_INTERVAL (10 s; 5 s in V0). V1 logs it at DEBUG once
         # this and the last interval both read 0 tokens/s: a stall shows as one 0.0 line, then silence.
         "vllm",
+        # The "KV cache usage" that follows grows chunk by chunk through a prefill whose tokens count only once it
+        # is done: its change is progress while both throughputs read 0.0.
         (LineRule(_r(_VLLM, rf"(?:Engine (?P<key>\d+): )?Avg prompt throughput: (?P<prompt>{_NUM}) tokens/s, "
-                     rf"Avg generation throughput: (?P<gen>{_NUM}) tokens/s, Running: (?P<running>\d+) reqs"),
-                  running="set", tokens=("prompt", "gen")),),
+                     rf"Avg generation throughput: (?P<gen>{_NUM}) tokens/s, Running: (?P<running>\d+) reqs"
+                     rf"(?:.{{0,256}}? KV cache usage: (?P<kv>{_NUM})%)?"),
+                  running="set", tokens=("prompt", "gen"), moves=("kv",)),),
         per_step=True, interval=10.0, knows_running=True),
     LogProfile(
         # sglang/srt/managers/scheduler_metrics_mixin.py (and scheduler.py before it): "Decode batch[ [n]],

@@ -40,6 +40,7 @@ class LogReader:
         self.running: dict[str, int] = {}  # per engine index or slot
         self.lines = 0  # lines a rule matched
         self._timing = (0.0, 0)  # finished requests' seconds, count
+        self._moves: dict[tuple[str, str], str] = {}  # (key, group) -> its value in the last line
 
     def feed(self, line: str) -> None:
         if len(line) > MAX_RULE_LINE:
@@ -64,7 +65,12 @@ class LogReader:
             self.running.pop(key, None)
         if rule.all_idle:
             self.running.clear()
-        if rule.progress or (rule.tokens and sum(float(groups[g]) for g in rule.tokens) > 0):
+        moved = False
+        for group in rule.moves:
+            if (value := groups.get(group)) is not None:
+                moved |= self._moves.get((key, group), value) != value
+                self._moves[key, group] = value
+        if moved or rule.progress or (rule.tokens and sum(float(groups[g]) for g in rule.tokens) > 0):
             self.progress += 1
         if rule.request_ms:
             seconds, count = self._timing

@@ -26,6 +26,7 @@ class EngineSample:
     first_token: tuple[float, float] | None = None  # seconds to a first token (per_step only): (sum, count)
     spec_accepted: float | None = None
     spec_draft: float | None = None
+    activity: float | None = None  # a gauge that changes with every step of work (profiles.py): a change is progress
     families: tuple[str, ...] = ()  # the sample names this reading came from
 
     @property
@@ -72,6 +73,7 @@ def parse(text: str, profile: str = "auto") -> EngineSample:
         first_token=_timing(values, chosen.first_token_timing) if per_step else None,
         spec_accepted=first(chosen.spec_accepted),
         spec_draft=first(chosen.spec_draft),
+        activity=first(chosen.activity),
         families=tuple(sorted(values)),
     )
 

@@ -2,8 +2,11 @@
 
 tools/server (b11434, server-context.cpp `to_json`): each slot reports `is_processing` and, for its current
 or last task, `id_task`, `n_prompt_tokens_processed` and `next_token[0].n_decoded` (tokens generated so far,
-counted on every step). /slots is on by default (`--no-slots` turns it off). It is answered by the inference
-loop's own queue, so it hangs when that loop hangs: a timeout here is itself the evidence.
+counted on every step). The prompt count grows batch by batch during a prefill (measured on b11434: 512, 960,
+1472 ... every 2 s of a 3000-token prompt at --batch-size 64), so a long prefill is progress. Builds that
+report `n_past` instead (the slot's position: prompt and generated tokens) count through it. /slots is on by
+default (`--no-slots` turns it off). It is answered by the inference loop's own queue, so it hangs when that
+loop hangs: a timeout here is itself the evidence.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class SlotsProgress:
             if "id_task" not in slot:
                 continue
             decoded = sum(int(t.get("n_decoded", 0)) for t in slot.get("next_token") or [])
-            tokens = int(slot.get("n_prompt_tokens_processed") or 0) + decoded
+            prompt = slot.get("n_prompt_tokens_processed", slot.get("n_past"))
+            tokens = int(prompt or 0) + decoded
             task, before = self._seen.get(slot["id"], (None, 0))
             self.total += tokens - before if task == slot["id_task"] and tokens >= before else tokens
             self._seen[slot["id"]] = (slot["id_task"], tokens)

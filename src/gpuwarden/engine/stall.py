@@ -1,12 +1,21 @@
 """Stall detection, pure: samples and the time in, a verdict out.
 
-A stall: requests running and the progress counter not increasing for longer than the threshold,
-`clamp(stall_multiple x typical time, min_stall, max_stall)`. The typical time matches what the progress
-counter proves: when it moves on every engine step, the longer of seconds per token and seconds to a first
-token (a prefill may be counted only once done); when it moves only as requests end, seconds per request.
-Each comes from the engine's own timing (histograms or sum/count counters) over its recent increments.
-Without timing the floor applies. While an engine process spins at a full core with no progress
-(the classic hang) the floor applies too, however long requests usually take.
+Progress is any work the engine shows: its progress counter increasing, or its per-step activity gauge
+changing (vLLM's KV-cache usage grows chunk by chunk through a long prefill while no token counter moves). A
+stall: requests running and nothing moving for longer than the threshold,
+`clamp(stall_multiple x typical time, floor, max_stall)`. The typical time matches what the progress counter
+proves: when it moves on every engine step, the longer of seconds per token and seconds to a first token (a
+prefill may be counted only once done; not where an activity gauge shows the prefill's work); when it moves
+only as requests end, seconds per request. Each comes from the engine's own timing (histograms or sum/count
+counters) over its recent increments.
+
+The floor is `min_stall`, or `stall_multiple` x the longest recent step the engine was seen to take (a gap
+between two movements with a quiet scrape between them): an engine whose every chunk takes 40 s shows it
+before it is judged on it. Without timing the floor applies. While an engine process spins at a full core
+(the classic hang; a GPU's waiter spins too) the floor applies, however long requests usually take: since
+any movement restarts the clock, the spin rule shortens only a wait in which nothing at all moves. Under
+suspicion (a fault with no owner on its GPU) the floor applies too, where the progress counter moves every
+step; a per-request counter proves nothing within a request's time, and the canary watches that engine.
 
 Idle (nothing running) is never a stall. A counter that goes down (the engine restarted, or a broken
 counter) is not progress: the count starts again from the lower value, and the time without progress runs on.
@@ -20,6 +29,7 @@ from dataclasses import dataclass
 from gpuwarden.engine.metrics import EngineSample
 
 _RECENT = 20  # timing increments that make "recent"
+_STEPS = 8  # step gaps that make "recent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,35 +64,63 @@ class RecentMean:
 
 
 class StallDetector:
+    @property
+    def progress_at(self) -> float | None:
+        """Monotonic time of the last progress (or of the look that found it idle or starting to run)."""
+        return self._since
+
     def __init__(self, stall_multiple: float = 4.0, min_stall: float = 30.0, max_stall: float = 1800.0) -> None:
         self.stall_multiple, self.min_stall, self.max_stall = stall_multiple, min_stall, max_stall
         self._progress: float | None = None
+        self._activity: float | None = None
         self._since: float | None = None  # last progress, or when running started
+        self._moved: float | None = None  # last movement while running (None: none since it was idle)
+        self._quiet = False  # a look since that movement saw nothing move
+        self._steps: deque[float] = deque(maxlen=_STEPS)  # recent gaps between movements, quiet looks between
         self._timing, self._first_token = RecentMean(), RecentMean()
         self._per_step = False
         self.stalled = False
 
     @property
     def typical(self) -> float | None:
-        means = [m for m in (self._timing.mean, self._first_token.mean) if m is not None]
+        """Seconds per token (or request); with the time to a first token only where a prefill's work is not
+        seen as it goes (no activity gauge): where it is, a prefill is judged chunk by chunk like any step."""
+        waits = (self._timing.mean,) if self._activity is not None else (self._timing.mean, self._first_token.mean)
+        means = [m for m in waits if m is not None]
         return max(means) if means else None
 
-    def threshold(self, spinning: bool = False) -> float:
-        typical = self.typical
-        if spinning or typical is None:
-            return self.min_stall
-        return min(max(self.stall_multiple * typical, self.min_stall), self.max_stall)
+    @property
+    def floor(self) -> float:
+        step = max(self._steps, default=0.0)
+        return min(max(self.stall_multiple * step, self.min_stall), self.max_stall)
 
-    def observe(self, sample: EngineSample, now: float, spinning: bool = False) -> Verdict:
+    def threshold(self, spinning: bool = False, suspect: bool = False) -> float:
+        typical = self.typical
+        if spinning or typical is None or (suspect and self._per_step):
+            return self.floor
+        return min(max(self.stall_multiple * typical, self.floor), self.max_stall)
+
+    def observe(self, sample: EngineSample, now: float, spinning: bool = False, suspect: bool = False) -> Verdict:
         self._learn_timing(sample)
         running, progress = sample.running, sample.progress
         if running is None or progress is None:
-            return self._verdict(False, now, spinning)  # the engine does not say: no judgement
-        if running <= 0 or self._progress is None or progress > self._progress:  # idle, first look, progress
+            return self._verdict(False, now, spinning, suspect)  # the engine does not say: no judgement
+        activity, self._activity = self._activity, sample.activity
+        moved = self._progress is not None and (progress > self._progress or (
+            sample.activity is not None and activity is not None and sample.activity != activity))
+        if running <= 0 or self._progress is None or moved:  # idle, first look, progress
+            self._learn_step(now, moved and running > 0)
             self._progress, self._since = progress, now
-            return self._verdict(False, now, spinning)
-        self._progress = progress  # unchanged, or went down: not progress
-        return self._verdict(now - self._since > self.threshold(spinning), now, spinning)
+            return self._verdict(False, now, spinning, suspect)
+        self._progress, self._quiet = progress, True  # unchanged, or went down: not progress
+        return self._verdict(now - self._since > self.threshold(spinning, suspect), now, spinning, suspect)
+
+    def _learn_step(self, now: float, moved: bool) -> None:
+        """A movement after a quiet look ends one step the engine took (how long its steps take now); one that
+        ends a stall does not (that wait was the stall, not a step)."""
+        if moved and self._moved is not None and self._quiet and not self.stalled:
+            self._steps.append(now - self._moved)
+        self._moved, self._quiet = (now if moved else None), False
 
     def _learn_timing(self, sample: EngineSample) -> None:
         if sample.per_step != self._per_step:  # the kind of timing changed: what was learnt does not apply
@@ -90,8 +128,8 @@ class StallDetector:
         self._timing.learn(sample.timing)
         self._first_token.learn(sample.first_token)
 
-    def _verdict(self, stalled: bool, now: float, spinning: bool) -> Verdict:
+    def _verdict(self, stalled: bool, now: float, spinning: bool, suspect: bool) -> Verdict:
         new = stalled != self.stalled
         self.stalled = stalled
         stalled_for = now - self._since if self._since is not None and stalled else 0.0
-        return Verdict(stalled, new, stalled_for, self.threshold(spinning), self.typical, self._per_step)
+        return Verdict(stalled, new, stalled_for, self.threshold(spinning, suspect), self.typical, self._per_step)

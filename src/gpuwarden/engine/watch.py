@@ -17,6 +17,7 @@ from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
+from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogRefused, LogScraper
 from gpuwarden.engine.metrics import EngineSample
@@ -34,6 +35,9 @@ from gpuwarden.sockets import pinned
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
+# How long a fault with no owner keeps an engine under suspicion (each new one starts it again): a GPU that a
+# fault left hanging shows it within seconds; a suspicion for ever would judge every long request on the floor.
+SUSPICION = 300.0
 _INSPECT_DEADLINE = 10.0
 _CANARY_EVERY = 2.0  # at most this often a starting engine that answers is asked for a completion
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
@@ -60,6 +64,11 @@ class EngineState:
     canary_at: float = -1e9  # monotonic time of the last canary
     canary_progress: float | None = None  # the progress counter then: moved since means busy and progressing
     canary_failed: bool = False
+    pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
+    suspect_until: float = 0.0  # monotonic: under suspicion until then (a fault with no owner on its GPU)
+    suspicion: str = ""  # why
+    suspect_canary: bool = False  # a canary is due for the suspicion
+    checking: asyncio.Future | None = None  # the suspicion's canary under way
     log_refused: str | None = None  # why its log file was last refused (said once)
     lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
 
@@ -84,7 +93,11 @@ class EngineState:
         cfg, life = self.config, self.lifecycle
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
                           cfg.kill_budget, cfg.kill_budget_window, life.kills,
-                          pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused)
+                          pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused,
+                          pasids=self.pasids, suspect=self.suspected(time.monotonic()))
+
+    def suspected(self, now: float) -> bool:
+        return now < self.suspect_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +205,29 @@ class EngineWatch:
     def restart_failed(self, name: str) -> None:
         if state := self.engines.get(name):
             state.lifecycle.restart_failed()
+
+    def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
+        """The policy's `Suspect`: watch the engine closely for SUSPICION seconds (its stall threshold at the
+        floor, a canary at the next look). Returns the engine_suspect event to record; None for an engine this
+        watch does not have, or one already under suspicion (a storm of faults extends it and says nothing more)."""
+        state = self.engines.get(name)
+        if state is None:
+            return None
+        now = time.monotonic()
+        if state.suspected(now):
+            state.suspect_until = now + SUSPICION
+            return None
+        state.suspect_until, state.suspicion, state.suspect_canary = now + SUSPICION, reason, True
+        floor = state.lifecycle.detector.floor
+        evidence = {"reason": reason, "fault": {"kind": fault.kind, "gpu": fault.gpu, "message": fault.message},
+                    "seconds": SUSPICION, "floor_seconds": floor}
+        if "incident" in fault.evidence:  # what this fault did belongs to its incident
+            evidence["incident"] = fault.evidence["incident"]
+        return Event("engine_suspect", Severity.WARNING,
+                     f"{name} is under suspicion ({reason}): its stall threshold drops to "
+                     f"{floor:.0f} s and a canary runs; it is killed only if it then stops "
+                     "progressing or does not answer", time.time(), engine=name, gpu=fault.gpu or state.gpu,
+                     evidence=evidence)
 
     def user(self, name: str) -> int | None:
         """The engine's user: configured, else the one its processes were last seen as (None: not known)."""
@@ -314,11 +350,19 @@ class EngineWatch:
         looked = await self.inspect(state)
         spinning = is_spinning(state.cpus)
         life = state.lifecycle
-        changes = life.observe(lc.Look(time.monotonic(), sample, state.instance if looked else None, spinning))
+        now = time.monotonic()
+        changes = life.observe(lc.Look(now, sample, state.instance if looked else None, spinning,
+                                       state.suspected(now)))
         self._export(state, sample)
         for change in changes:
             await self._on(state, change, error, spinning)
-        if sample is not None and life.phase == "watching":
+        if sample is None or life.phase != "watching":
+            return
+        if state.suspect_canary:  # beside the scrapes: a stall meanwhile is still seen within the floor
+            state.suspect_canary = False
+            spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
+            state.checking = spawn(self._suspect_canary(state, sample))
+        else:
             await self._idle_canary(state, sample, time.monotonic())
 
     async def _on(self, state: EngineState, change: lc.Transition, error: str, spinning: bool) -> None:
@@ -384,6 +428,28 @@ class EngineWatch:
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
 
+    async def _suspect_canary(self, state: EngineState, before: EngineSample) -> None:
+        """Once per suspicion: a real completion. One that does not return is the engine not answering, unless
+        the engine showed work meanwhile (a long prefill holds a canary back, and is no hang)."""
+        started = time.monotonic()
+        result = await self._canary(state)
+        life = state.lifecycle
+        if not state.procs or life.phase != "watching" or (life.kills and life.kills[-1] >= started):
+            return  # gone or killed meanwhile: nothing left to judge
+        if result.outcome != "timeout":
+            log.info("%s under suspicion: canary %s (%s)", state.name, result.outcome, result.detail)
+            return
+        try:
+            after = await state.scraper.scrape()
+        except ScrapeError:
+            after = None
+        if after is not None and (after.progress != before.progress or after.activity != before.activity):
+            log.info("%s under suspicion: the canary did not return in time, but it works on (%s)", state.name,
+                     result.detail)
+            return
+        state.canary_failed = True
+        self._record(self._canary_event(state, before, result))
+
     async def _idle_canary(self, state: EngineState, sample: EngineSample, now: float) -> None:
         """Every canary_interval while the engine shows no progress (idle, or running without progress), never
         while it progresses: the progress counter moved since the last look. The look after a canary starts
@@ -418,9 +484,10 @@ class EngineWatch:
             found = resolve(target_spec(state.config))
             procs = state.tracker.refresh(found)
             gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return procs, instance_of(procs), found.refused, cpu_percents(procs), gpus
+            return (procs, instance_of(procs), found.refused, cpu_percents(procs), gpus,
+                    pasids_of([p.pid for p in procs]))
         try:
-            state.procs, state.instance, state.refused, state.cpus, gpus = await _INSPECTS.run(
+            state.procs, state.instance, state.refused, state.cpus, gpus, state.pasids = await _INSPECTS.run(
                 state.name, _INSPECT_DEADLINE, look)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
@@ -429,7 +496,7 @@ class EngineWatch:
             return False  # a look-up that outran its deadline holds its thread (a hung NVML): keep what we know
         state.gpus = frozenset(gpus) if gpus else None
         if state.cpus:
-            self.sink.metric(families.ENGINE_CPU, state.cpu, state.name)
+            self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
         return True
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
@@ -467,6 +534,9 @@ class EngineWatch:
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
             message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
+        suspect = state.suspected(time.monotonic())
+        if suspect:
+            message += f"; under suspicion since {state.suspicion}"
         figures = {"running": sample.running, "waiting": sample.waiting, "tokens_processed": sample.progress,
                    "generated_tokens": sample.generated, "stalled_seconds": round(verdict.stalled_for, 1),
                    "threshold_seconds": round(verdict.threshold, 1),
@@ -476,8 +546,8 @@ class EngineWatch:
         if source == "log":
             message += f" (read from {state.scraper.where})"
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
-                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning,
-                                                      "source": source})
+                     gpu=state.gpu, evidence={"figures": figures, "spinning": spinning, "source": source,
+                                              **({"suspicion": state.suspicion} if suspect else {})})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
         message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "

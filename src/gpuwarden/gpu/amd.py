@@ -1,4 +1,5 @@
-"""Read one amdgpu GPU from sysfs and hwmon (platform-facts §1). Synchronous and possibly blocking: the
+"""Read one amdgpu GPU from sysfs and hwmon (amdgpu registers hwmon on the PCI device, so everything is found
+from the PCI address, never a card or hwmon index). Synchronous and possibly blocking: the
 caller runs it off the event loop with a deadline.
 
 A missing file means "not supported" (amdgpu creates only what the ASIC supports). EBUSY, EPERM and EAGAIN
@@ -102,6 +103,7 @@ class AmdReader:
             if path is not None and path.exists():
                 self.numbers[field] = (str(path), scale)
         self.labelled = {prefix: self._labels(hw, prefix) for prefix in ("temp", "freq", "in")} if hw else {}
+        self.limits = self._temperature_limits(hw) if hw else {}
         self.texts = {name: str(self.device / name) for name in _TEXTS if (self.device / name).exists()}
         product = self.device / "product_name"
         self.model = product.read_text().strip() if product.exists() else None
@@ -118,6 +120,20 @@ class AmdReader:
             label_file = hw / f"{prefix}{index}_label"
             label = label_file.read_text().strip() if label_file.exists() else f"{prefix}{index}"
             out[label] = str(path)
+        return out
+
+    @staticmethod
+    def _temperature_limits(hw: Path) -> dict[str, tuple[float | None, float | None]]:
+        """label -> (temp<N>_crit, temp<N>_emergency) in °C: where the SMU throttles and where it shuts the ASIC
+        down (amdgpu_pm.c; settings of the ASIC, read once per plan)."""
+        out = {}
+        for path in sorted(hw.glob("temp*_input")):
+            stem = path.name[:-len("_input")]
+            label_file = hw / f"{stem}_label"
+            label = label_file.read_text().strip() if label_file.exists() else stem
+            limits = tuple(_celsius(hw / f"{stem}_{kind}") for kind in ("crit", "emergency"))
+            if limits != (None, None):
+                out[label] = limits
         return out
 
     def read(self, now: float) -> GpuSample:
@@ -138,7 +154,8 @@ class AmdReader:
                     for prefix, paths in self.labelled.items()}
         if any(v is None for v in n.values()) and not problems:
             self._planned_at = None  # a file vanished: look again next round
-        values: dict = {"temperatures": {k: v / 1000 for k, v in labelled.get("temp", {}).items()}}
+        values: dict = {"temperatures": {k: v / 1000 for k, v in labelled.get("temp", {}).items()},
+                        "temperature_limits": self.limits}
         if n.get("power1_average") is not None:
             values.update(power_watts=n["power1_average"], power_source="power1_average",
                           power_instant_watts=n.get("power1_input"))
@@ -165,6 +182,14 @@ class AmdReader:
         state = "gone" if "gone" in problems.values() else "not_readable" if "busy" in problems.values() else "ok"
         return GpuSample(gpu=self.pci, vendor="amd", model=self.model, time=now, state=state, problems=problems,
                          **{k: v for k, v in values.items() if v is not None})
+
+
+def _celsius(path: Path) -> float | None:
+    """A hwmon limit file in millidegrees; None when absent or unreadable (amdgpu gives none on some ASICs)."""
+    try:
+        return int(path.read_text().strip()) / 1000
+    except (OSError, ValueError):
+        return None
 
 
 def read(device: Path, pci: str, now: float) -> GpuSample:

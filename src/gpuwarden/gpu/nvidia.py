@@ -63,12 +63,16 @@ def read(nvml: ModuleType, handle: object, pci: str, now: float) -> GpuSample:
     limit = call("nvmlDeviceGetEnforcedPowerLimit")
     limit_max = call("nvmlDeviceGetPowerManagementLimitConstraints")
     temp = call("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+    slowdown = call("nvmlDeviceGetTemperatureThreshold", nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+    shutdown = call("nvmlDeviceGetTemperatureThreshold", nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+    mem_max = call("nvmlDeviceGetTemperatureThreshold", nvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)
+    hbm = _field(nvml, handle, "NVML_FI_DEV_MEMORY_TEMP")  # °C; HBM cards (H100, H200) report it
     fan = call("nvmlDeviceGetFanSpeed")  # NotSupported on passive cards (H100/H200): not a failure
     sm = call("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)
     mem = call("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)
     sm_max = call("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
     util = call("nvmlDeviceGetUtilizationRates")
-    memory = call("nvmlDeviceGetMemoryInfo")
+    memory = _memory(nvml, handle) or call("nvmlDeviceGetMemoryInfo")
     gen, width = call("nvmlDeviceGetCurrPcieLinkGeneration"), call("nvmlDeviceGetCurrPcieLinkWidth")
     gen_max, width_max = call("nvmlDeviceGetMaxPcieLinkGeneration"), call("nvmlDeviceGetMaxPcieLinkWidth")
     reasons = call("nvmlDeviceGetCurrentClocksEventReasons") or 0
@@ -81,7 +85,9 @@ def read(nvml: ModuleType, handle: object, pci: str, now: float) -> GpuSample:
         power_instant_watts=instant,
         power_cap_watts=limit / 1000 if limit is not None else None,
         power_cap_max_watts=limit_max[1] / 1000 if limit_max else None,
-        temperatures={"gpu": float(temp)} if temp is not None else {},
+        temperatures={k: float(v) for k, v in (("gpu", temp), ("mem", hbm)) if v is not None},
+        temperature_limits={k: v for k, v in (("gpu", (slowdown, shutdown)), ("mem", (mem_max, None)))
+                            if v != (None, None)},
         fan_pwm_ratio=fan / 100 if fan is not None else None,
         fan_state=None if fan is not None or lost else "passive",
         sclk_hz=sm * 1e6 if sm is not None else None,
@@ -90,6 +96,7 @@ def read(nvml: ModuleType, handle: object, pci: str, now: float) -> GpuSample:
         busy_ratio=util.gpu / 100 if util is not None else None,
         vram_total_bytes=float(memory.total) if memory is not None else None,
         vram_used_bytes=float(memory.used) if memory is not None else None,
+        vram_reserved_bytes=float(memory.reserved) if getattr(memory, "reserved", None) is not None else None,
         pcie_speed_gts=_GEN_GTS.get(gen), pcie_width=width,
         pcie_max_speed_gts=_GEN_GTS.get(gen_max), pcie_max_width=width_max,
         throttle=tuple(label for bit, label in THROTTLE_BITS.items() if reasons & bit),
@@ -101,7 +108,13 @@ _GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 
 def _instant_power(nvml: ModuleType, handle: object) -> float | None:
     """NVML_FI_DEV_POWER_INSTANT (mW), where the driver has it: the 1 s average hides spikes."""
-    field_id = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+    milliwatts = _field(nvml, handle, "NVML_FI_DEV_POWER_INSTANT")
+    return milliwatts / 1000 if milliwatts is not None else None
+
+
+def _field(nvml: ModuleType, handle: object, name: str) -> int | None:
+    """One NVML field value (unsigned), where the library and the driver have it."""
+    field_id = getattr(nvml, name, None)
     if field_id is None:
         return None
     try:
@@ -110,7 +123,19 @@ def _instant_power(nvml: ModuleType, handle: object) -> float | None:
         return None
     if getattr(value, "nvmlReturn", 1) != 0:
         return None
-    return value.value.uiVal / 1000
+    return value.value.uiVal
+
+
+def _memory(nvml: ModuleType, handle: object):
+    """NVML's v2 memory info: its `used` leaves out the driver's reserve (v1's includes it: 616 MiB on an H200
+    with no process); None where the driver or the library has no v2."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is None:
+        return None
+    try:
+        return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+    except (nvml.NVMLError, TypeError):
+        return None
 
 
 def xid_events(nvml: ModuleType, timeout_ms: int = 1000) -> list[tuple[str, int]]:

@@ -13,6 +13,7 @@ from gpuwarden.config import GpuConfig
 from gpuwarden.model import CONDITION, Event, GpuSample, Severity
 
 W, C = Severity.WARNING, Severity.CRITICAL
+SHUTDOWN_MARGIN = 3.0  # °C under the device's own shutdown temperature: critical while it can still be acted on
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +28,7 @@ class TelemetryRules:
     def __init__(self, config: GpuConfig) -> None:
         self.c = config
         self._active: dict[str, tuple[Severity, str]] = {}  # condition key -> (severity, dedupe key)
-        self._previous_power: dict[str, float] = {}
+        self._previous_power: dict[str, tuple[float, bool]] = {}  # GPU -> (peak watts, busy) at the last sample
 
     def evaluate(self, samples: dict[str, GpuSample], now: float) -> list[Change]:
         found: dict[str, Event] = {}
@@ -47,7 +48,7 @@ class TelemetryRules:
                   "mem": (c.mem_warn_celsius, c.mem_critical_celsius),
                   "gpu": (c.edge_warn_celsius, c.edge_critical_celsius)}
         for sensor, value in s.temperatures.items():
-            warn, crit = limits.get(sensor, (None, None))
+            warn, crit = device_limits(limits.get(sensor, (None, None)), s.temperature_limits.get(sensor))
             if warn is not None and value >= warn:
                 severity = C if value >= crit else W
                 yield f"thermal:{s.gpu}:{sensor}", self._event("thermal", severity, s, now,
@@ -58,14 +59,15 @@ class TelemetryRules:
         if over_cap:
             yield f"power:{s.gpu}:cap", self._event("power", W, s, now, f"power {s.power_watts:.0f} W above its cap "
                                                     f"{s.power_cap_watts:.0f} W", {"power_watts": s.power_watts})
-        spike_from = self._previous_power.get(s.gpu)
+        spike_from, was_busy = self._previous_power.get(s.gpu, (None, False))
         peak = s.power_instant_watts or s.power_watts
         if peak is not None:
-            if spike_from is not None and peak - spike_from >= c.power_spike_watts:
+            # A step from idle to load is every job's start; a jump while already under load is the finding
+            if spike_from is not None and was_busy and peak - spike_from >= c.power_spike_watts:
                 yield f"power:{s.gpu}:spike", self._event("power", W, s, now,
-                                                          f"power jumped {spike_from:.0f} -> {peak:.0f} W",
+                                                          f"power jumped {spike_from:.0f} -> {peak:.0f} W under load",
                                                           {"power_watts": peak})
-            self._previous_power[s.gpu] = peak
+            self._previous_power[s.gpu] = (peak, s.busy_ratio is not None and s.busy_ratio >= c.busy_ratio)
         hottest = max(s.temperatures.values(), default=None)
         stopped = s.fan_rpm == 0 or (s.fan_rpm is None and s.fan_pwm_ratio == 0)
         if stopped and s.fan_state != "passive" and hottest is not None and hottest >= c.fan_hot_celsius:
@@ -132,3 +134,18 @@ class TelemetryRules:
             _, dedupe_key = self._active.pop(key)
             changes.append(Change(key, dedupe_key, None, f"{key.split(':', 1)[0]} back to normal: {key}"))
         return changes
+
+
+def device_limits(configured: tuple[float | None, float | None],
+                  device: tuple[float | None, float | None] | None) -> tuple[float | None, float | None]:
+    """(warning, critical) °C for one sensor: the card's own where it reports them (a warning where it slows
+    itself down, critical SHUTDOWN_MARGIN under where it shuts down), the configured ones where it does not."""
+    warn, crit = configured
+    slowdown, shutdown = device or (None, None)
+    warn = slowdown if slowdown is not None else warn
+    crit = shutdown - SHUTDOWN_MARGIN if shutdown is not None else crit
+    if warn is not None and crit is not None:
+        warn = min(warn, crit)
+    if crit is None and warn is not None:
+        crit = warn
+    return warn, crit

@@ -22,6 +22,7 @@ from gpuwarden.gpu import amd, nvidia
 from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
+from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
@@ -83,10 +84,13 @@ class GpuWatch:
     name = "gpus"
 
     def __init__(self, config: GpuConfig, gpus: Callable[[], list[Gpu]], sink: Sink,
-                 recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None) -> None:
-        """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do."""
+                 recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None,
+                 xid_merge: XidMerge | None = None) -> None:
+        """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do. `xid_merge`:
+        where the kernel log's Xids are noted, so that NVML's copy of one is not a second event."""
         self.config, self.gpus, self.sink, self.recorder = config, gpus, sink, recorder
         self.xid_overrides = xid_overrides or {}
+        self.xid_merge = xid_merge or XidMerge()
         self.rules = TelemetryRules(config)
         self._worker = Worker("gpus")
         self._batch: tuple[asyncio.Future, float] | None = None
@@ -227,11 +231,16 @@ class GpuWatch:
                 continue
             except Exception as exc:
                 log.warning("NVML Xid events unavailable: %s", exc)
+                for event in self.xid_merge.due(float("inf")):  # what is held has no other way out
+                    self.sink.record([event])
                 return
+            now = time.monotonic()
             for pci, xid in events:
                 severity, meaning = xid_catalog.judge(xid, self.xid_overrides)
-                self.sink.record([Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
-                                        gpu=pci, evidence={"xid": xid, "source": "nvml"})])
+                self.xid_merge.nvml(pci, xid, Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
+                                                    gpu=pci, evidence={"xid": xid, "source": "nvml"}), now)
+            for event in self.xid_merge.due(now):  # no kernel copy came: NVML's is the only word of it
+                self.sink.record([event])
 
 
 SERIES = {  # family -> (extra label, sample fields that fill it)
@@ -242,26 +251,36 @@ SERIES = {  # family -> (extra label, sample fields that fill it)
     families.GPU_VOLTAGE: (None, "voltage_mv"),
     families.GPU_CLOCK: ("clock", {"sclk": "sclk_hz", "mclk": "mclk_hz"}),
     families.GPU_VRAM: ("kind", {"total": "vram_total_bytes", "used": "vram_used_bytes",
-                                 "visible_total": "vram_visible_total_bytes"}),
+                                 "reserved": "vram_reserved_bytes", "visible_total": "vram_visible_total_bytes"}),
     families.GPU_PCIE_SPEED: ("link", {"current": "pcie_speed_gts", "max": "pcie_max_speed_gts"}),
     families.GPU_PCIE_WIDTH: ("link", {"current": "pcie_width", "max": "pcie_max_width"}),
 }
 
 
+_SCALE = {"voltage_mv": 1e-3, "pcie_speed_gts": 1e9, "pcie_max_speed_gts": 1e9}  # to base units
+
+
 def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple[str, ...], float]]:
     """Prometheus series for the latest samples, labelled gpu, vendor, model (and the extra label)."""
     out: dict[families.Family, dict[tuple[str, ...], float]] = {family: {} for family in SERIES}
-    out[families.GPU_TEMPERATURE] = {}
+    out[families.GPU_TEMPERATURE], out[families.GPU_TEMPERATURE_LIMIT], out[families.GPU_THROTTLE] = {}, {}, {}
     for s in samples.values():
         base = (s.gpu, s.vendor, s.model or "")
         for family, (label, fields) in SERIES.items():
             for extra, attr in (fields.items() if label else [(None, fields)]):
                 value = getattr(s, attr)
                 if value is not None:
-                    scale = 0.001 if attr == "voltage_mv" else 1.0
+                    scale = _SCALE.get(attr, 1.0)
                     out[family][(*base, extra) if extra else base] = float(value) * scale
         for sensor, value in s.temperatures.items():
             out[families.GPU_TEMPERATURE][(*base, sensor)] = value
+        for sensor, pair in s.temperature_limits.items():
+            for limit, value in zip(("slowdown", "shutdown"), pair, strict=True):
+                if value is not None:
+                    out[families.GPU_TEMPERATURE_LIMIT][(*base, sensor, limit)] = value
+        known = nvidia.THROTTLE_BITS.values() if s.vendor == "nvidia" else ()
+        for reason in {*known, *s.throttle}:
+            out[families.GPU_THROTTLE][(*base, reason)] = 1.0 if reason in s.throttle else 0.0
     return out
 
 

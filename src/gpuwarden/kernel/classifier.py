@@ -33,9 +33,10 @@ from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
+    BDF,
     CORRELATIONS,
+    DRIVER_START,
     DUMP_STACK_FRAME,
-    FRAME,
     GHES_PCIE,
     GHES_RECORD,
     GHES_RULE,
@@ -44,33 +45,52 @@ from gpuwarden.kernel.rules import (
     GPU_DRIVERS,
     GPU_MODULES,
     GSP_FRAME,
+    MODULE_FRAME,
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
     PROCESS_FORMATS,
     RULES,
     TRACE_LINE,
+    USER_TEXT,
     Correlation,
     Rule,
+    anchored,
+    config_anchored,
 )
 from gpuwarden.model import Event, Severity, normalize_pci
 
-_PREFIX = re.compile(r"^\s*([\w-]+) ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): ")
+_PREFIX = re.compile(rf"^\s*([\w-]+) ({BDF}): ")
 _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
                        r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
-_FRAME = re.compile(FRAME)
+_ANY_PCI = re.compile(rf"(?<![\w:]){BDF}(?![\w:])")
+_DRIVER_START = re.compile(DRIVER_START)
+_USER_TEXT = re.compile(USER_TEXT)
+# The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
+# report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
+_START = re.compile(
+    r"\s*+(?:[\w-]++ [0-9a-fA-F]{4,8}:|(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|"
+    r"CPU |WARNING|INFO: task)|(?:\S++ )?(?:BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|"
+    r"Unable to handle))")
+_MODULE_FRAME = re.compile(MODULE_FRAME)
 _TRACE_LINE = re.compile(TRACE_LINE)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
+# amdgpu's gmc_v9 "(src_id:%u ring:%u vmid:%u pasid:%u, ...)", gmc_v8 "(0x%02x, vmid %d, pasid %d)"
+_PASID = re.compile(r"\bpasid[: ](\d{1,10})\b")
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _GHES = re.compile(GHES_RECORD)
 _GHES_SEVERITY = re.compile(GHES_SEVERITY)
 _GHES_PCIE = re.compile(GHES_PCIE)
-_OOPS_HEADERS = [(re.compile(p), s) for p, s in OOPS_HEADERS]
+# one match for every header: group h<i> names which (a report line is mostly a frame, matching none)
+_OOPS_HEADER = re.compile("|".join(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)))  # all at ^: match
+_HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
-PROCESS_WAIT = 0.5  # seconds a fault line waits for its report's process line when the reads split them
+# Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
+# both in one function, microseconds apart, so a report cut between reads completes within a few milliseconds.
+PROCESS_WAIT = 0.002
 
 
 @dataclass
@@ -115,6 +135,7 @@ class _Oops:
     gsp: bool = False  # the stack of NVRM's GSP RPC-timeout report
     last: float = 0.0  # log time
     arrived: float = 0.0  # caller's time
+    verified: bool = True  # every line of it is the kernel's own (the carriers of user text are never part of one)
 
 
 class Classifier:
@@ -128,8 +149,15 @@ class Classifier:
         storm_window: float = 2.0,
         max_burst: float = 60.0,
     ) -> None:
-        self._rules = [(re.compile(r.pattern), r) for r in (*extra_rules, *rules)]
+        self._rules = [(re.compile(config_anchored(r.pattern)), r) for r in extra_rules] + \
+            [(re.compile(anchored(r.pattern)), r) for r in rules]
+        # The built-in rules as one expression: the driver's prefix is read once, then every rule is tried where
+        # the message starts; group r<i> names the rule (the first in order that matches there).
+        self._builtin = list(rules)
+        self._combined = re.compile(anchored("|".join(f"(?P<r{i}>{r.pattern})" for i, r in enumerate(rules))))
+        self._extra = self._rules[:len(extra_rules)]
         self._unhinted = [(regex, r) for regex, r in self._rules if not r.hints]
+        self._fast = not extra_rules  # a config rule may match any line's start: then every line is looked at
         self._gsp_rule = next((r for r in rules if r.name == "nv_gsp_timeout"), None)
         self._gate = ahocorasick.Automaton()
         for hint in {h for _, r in self._rules for h in r.hints} | set(OOPS_HINTS) | set(literal_hints(GHES_RECORD)):
@@ -141,21 +169,29 @@ class Classifier:
         self.max_burst = max_burst
         self._bursts: dict[tuple, Burst] = {}
         self._latest: dict[tuple, tuple] = {}  # (kind, severity, subject, xid) -> the key of its latest burst
-        # rule -> recent lines: (gpu, log time, text, other device)
-        self._recent: dict[str, list[tuple[str | None, float, str, str | None]]] = {}
+        # rule -> recent lines: (gpu, log time, text, other device, verified)
+        self._recent: dict[str, list[tuple[str | None, float, str, str | None, bool]]] = {}
         self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
         self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
         self._held: _Held | None = None
+        self._carry: dict[str, tuple[str, float]] = {}  # vendor -> (the GPU its latest report named, log time)
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
         text = record.text
+        if self._held is None and self._fast and "+0x" not in text and (
+                not _START.match(text) or next(self._gate.iter(text), None) is None):
+            # The common case: a line that no driver and no oops report starts, or a driver's line without any
+            # rule's literal (within an open report such a line is not part of it either). An open report past
+            # its window is closed by the next line that is, or by flush().
+            return []
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
         if held := self._held:
             self._held = None
-            process = process_named(text) if _same_gpu(held.record, record) else None
+            process = process_named(text) if _DRIVER_START.match(text) and not _USER_TEXT.match(text) \
+                and _same_gpu(held.record, record) and _no_less_proven(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
             out += self._event(held.rule, held.match, held.record, held.stamp, held.now, process=process,
@@ -164,29 +200,44 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
+        if self._oops is not None and "+0x" in text and _TRACE_LINE.match(text):  # the next frame of a report
+            out += self._oops_line(text, record, stamp, now)
+            return out
         gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        if gated and (self._oops or _TRACE_LINE.match(text) or any(r.search(text) for r, _ in _OOPS_HEADERS)):
+        if gated and (self._oops or _TRACE_LINE.match(text) or _OOPS_HEADER.match(text)) \
+                and not _USER_TEXT.match(text):  # a task named `BUG: x` that segfaults opens no report
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
                 return out
         if gated and (ghes := _GHES.match(text)):
             return out + self._ghes_line(ghes.group("id"), text, record, stamp, now)
-        for regex, rule in self._rules if gated else self._unhinted:
-            m = regex.search(text)
-            if m:
-                if rule.process_follows and process_named(text) is None:
-                    self._held = _Held(rule, m, record, stamp, now)
-                else:
-                    out += self._event(rule, m, record, stamp, now)
-                break
+        rule, m = self._match(text, gated)
+        if m and not _USER_TEXT.match(text):  # a driver's prefix in a task's name is no driver's line
+            if rule.process_follows and process_named(text) is None:
+                self._held = _Held(rule, m, record, stamp, now)
+            else:
+                out += self._event(rule, m, record, stamp, now)
         return out
+
+    def _match(self, text: str, gated: bool) -> tuple[Rule | None, re.Match[str] | None]:
+        """The first rule that matches the line (config rules first), and its match."""
+        for regex, rule in self._extra if gated else self._unhinted:
+            if m := regex.match(text):
+                return rule, m
+        if gated and (m := self._combined.match(text)):
+            return self._builtin[int(m.lastgroup[1:])], m
+        return None, None
+
+    def deadline(self) -> float | None:
+        """When (on `feed`'s clock) a held line must be released if no record comes: the caller wakes up then."""
+        return self._held.now + PROCESS_WAIT if self._held else None
 
     def _is_rule_line(self, text: str) -> bool:
         """A line of a fault of its own (one that names its process inline is not the process line of another)."""
-        return any(regex.search(text) for regex, _ in self._rules)
+        return self._match(text, True)[1] is not None
 
     def flush(self, now: float, *, everything: bool = False) -> Flushed:
         """Close bursts and oops reports that ended (`everything`: all of them, at the end of a replay).
@@ -202,7 +253,7 @@ class Classifier:
                 if burst.count > 1:
                     grown.append(burst)
         new = []
-        if (held := self._held) and (everything or now - held.now > PROCESS_WAIT):
+        if (held := self._held) and (everything or now - held.now >= PROCESS_WAIT):
             self._held = None
             new += self._event(held.rule, held.match, held.record, held.stamp, held.now)
         if self._oops and (everything or now - self._oops.arrived > self.storm_window):
@@ -214,9 +265,13 @@ class Classifier:
     def _event(self, rule: Rule, m: re.Match[str], record: KernelRecord, stamp: float, now: float,
                severity: Severity | None = None, process: dict | None = None,
                process_line: str | None = None) -> list[Burst]:
-        gpu, device = _attribute(record, rule.vendor)
+        gpu, device = self._attribute(record, rule.vendor, stamp)
         severity, meaning, xid = severity or rule.severity, rule.meaning, None
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
+        why_not = unverified(record, m.groupdict().get("dev"))
+        evidence["verified"] = why_not is None
+        if why_not:
+            evidence["unverified"] = why_not
         process = process or process_named(record.text)
         if rule.kind == "xid":
             xid = int(m.group("xid"))
@@ -229,16 +284,24 @@ class Classifier:
             evidence["process"] = process
         if process_line:  # the line that names the process is evidence too: the alert shows both
             evidence["lines"] = [record.text, process_line]
+        if pasid := _PASID.search(record.text):  # the faulting address space (AMD): the policy resolves it
+            evidence["pasid"] = int(pasid.group(1))
         if xid is not None:
             evidence["xid"] = xid
         if device:
             evidence["pci"] = device
         if record.timestamp is not None:
             evidence["log_time"] = record.timestamp
-        severity, outcomes = self._correlate(rule.name, gpu, stamp, now, severity, evidence)
+        # the kernel's own record could have proven the line and did not: evidence, at most a warning
+        capped = bool(why_not and record.metadata)
+        severity, outcomes = self._correlate(rule.name, gpu, stamp, now, severity, evidence, capped)
+        outcomes += self._implied(rule, xid, gpu, device, {**evidence, "capped": capped}, stamp, now)
         if rule.quiet:
             return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
+        if capped:
+            severity = min(severity, Severity.WARNING)
+            meaning = f"{meaning} (unverified: {why_not})"
         bursts = [b for b in (self._burst(rule.kind, severity, gpu, device, xid, meaning, evidence, stamp, now),
                               *outcomes) if b]
         for burst in bursts:  # a held line is released by a later record, which may be of another boot
@@ -264,7 +327,7 @@ class Classifier:
         return burst
 
     def _correlate(self, name: str, gpu: str | None, stamp: float, now: float, severity: Severity,
-                   evidence: dict) -> tuple[Severity, list[Burst]]:
+                   evidence: dict, capped: bool = False) -> tuple[Severity, list[Burst]]:
         """This line's severity after the correlations it completes, and the outcome events they make."""
         outcomes: list[Burst] = []
         for corr in CORRELATIONS:
@@ -279,27 +342,52 @@ class Classifier:
                 evidence["escalated"] = corr.why
                 severity = max(severity, corr.severity)
             elif (burst := self._outcome(corr, hit[0] or gpu, stamp, now, [hit[2], evidence["line"]],
-                                         evidence.get("pci") or hit[3])) is not None:
+                                         evidence.get("pci") or hit[3], hit[4] and evidence.get("verified", False),
+                                         hit[5] or capped)) is not None:
                 outcomes.append(burst)
         hits = self._recent.setdefault(name, [])
-        hits.append((gpu, stamp, evidence["line"], evidence.get("pci")))
+        hits.append((gpu, stamp, evidence["line"], evidence.get("pci"), evidence.get("verified", False),
+                     capped))
         del hits[:-8]
         return severity, outcomes
 
     def _outcome(self, corr: Correlation, gpu: str | None, stamp: float, now: float, lines: list[str],
-                 device: str | None) -> Burst | None:
+                 device: str | None, verified: bool, capped: bool) -> Burst | None:
         last = self._emitted.get((corr.name, gpu))
         if last is not None and 0 <= stamp - last <= corr.within_seconds:
             return None
         self._emitted[(corr.name, gpu)] = stamp
         evidence = {"line": lines[-1], "lines": lines, "rule": corr.name, "runbook": corr.runbook,
-                    "why": corr.why, "log_time": stamp}
+                    "why": corr.why, "log_time": stamp, "verified": verified}
         if device:
             evidence["pci"] = device
         subject = f" on {gpu}" if gpu else ""
-        event = Event(kind=corr.emit or "", severity=corr.severity, message=f"{corr.why}{subject}", time=now,
+        severity = min(corr.severity, Severity.WARNING) if capped else corr.severity
+        event = Event(kind=corr.emit or "", severity=severity, message=f"{corr.why}{subject}", time=now,
                       gpu=gpu, evidence=evidence)
         return Burst(event, stamp, stamp, now)
+
+    def _implied(self, rule: Rule, xid: int | None, gpu: str | None, device: str | None, evidence: dict,
+                 stamp: float, now: float) -> list[Burst]:
+        """An event one line stands for besides its own: an Xid whose catalog entry implies another kind (Xid 79:
+        the GPU fell off the bus), once per GPU within the storm window."""
+        implied = xid_catalog.IMPLIES.get(xid) if xid is not None else None
+        if implied is None:
+            return []
+        kind, severity, why = implied
+        if evidence.get("unverified") and evidence.get("capped"):
+            severity = min(severity, Severity.WARNING)
+        key = (f"implied_{kind}", gpu)
+        last = self._emitted.get(key)
+        if last is not None and 0 <= stamp - last <= self.max_burst:
+            return []
+        self._emitted[key] = stamp
+        implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by", "capped")}
+        implied_evidence.update(rule=f"{rule.name}_{xid}", why=why, runbook=kind)
+        subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
+        event = Event(kind=kind, severity=severity, message=f"{why}{subject}", time=now, gpu=gpu,
+                      evidence=implied_evidence)
+        return [Burst(event, stamp, stamp, now)]
 
     def _ghes_line(self, record_id: str, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
         """APEI/GHES records span lines tied by their `{N}` id: the severity line, then the section type."""
@@ -314,20 +402,23 @@ class Classifier:
 
     def _oops_line(self, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst] | None:
         """Feed a line to the open oops report; None when the line is not part of one."""
-        header = next((sev for regex, sev in _OOPS_HEADERS if regex.search(text)), None)
-        frames = _FRAME.findall(text)
+        header = _HEADER_SEVERITY[h.lastgroup] if (h := _OOPS_HEADER.match(text)) else None
+        frame_line = header is None and _TRACE_LINE.match(text) is not None
         if self._oops is None:
-            if header is None and not _TRACE_LINE.match(text):
+            if header is None and not frame_line:
                 return None
             self._oops = _Oops(severity=header)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
         oops.lines.append(text)
-        oops.gpu_modules.update(m for m in frames if m in GPU_MODULES)
-        oops.dumped = oops.dumped or bool(_DUMP_STACK.search(text))
-        oops.gsp = oops.gsp or bool(_GSP_FRAME.search(text))
-        oops.gpu = oops.gpu or _attribute(record, "kernel")[0]
+        if " [" in text and "+0x" in text:
+            oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
+        oops.dumped = oops.dumped or ("dump_stack" in text and bool(_DUMP_STACK.search(text)))
+        oops.gsp = oops.gsp or ("kgsp" in text and bool(_GSP_FRAME.search(text)))
+        if oops.gpu is None and not frame_line:  # a frame names no device
+            oops.gpu = self._attribute(record, "kernel", stamp)[0]
+        oops.verified = oops.verified and unverified(record, None) is None
         oops.last, oops.arrived = stamp, now
         if _OOPS_END.search(text) or len(oops.lines) >= _OOPS_LINES:
             return self._close_oops(now)
@@ -349,15 +440,27 @@ class Classifier:
         severity = self._severity_overrides.get("kernel_oops", severity)
         event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=oops.gpu,
                       evidence={"line": oops.lines[0], "lines": oops.lines, "runbook": "oops",
-                                "modules": sorted(oops.gpu_modules)})
+                                "modules": sorted(oops.gpu_modules), "verified": oops.verified})
         return [Burst(event, oops.last, oops.last, oops.arrived)]
 
+
+    def _attribute(self, record: KernelRecord, vendor: str, stamp: float) -> tuple[str | None, str | None]:
+        """The GPU (or other device) the line names; a line of a GPU driver that names none belongs to the GPU
+        the same driver's report named within the storm window (`NVRM: GPU4 RPC history` after the Xid line
+        that gave GPU4's address; the status lines of a page fault)."""
+        gpu, device = _named(record, vendor)
+        if gpu is not None:
+            if vendor in ("amd", "nvidia"):
+                self._carry[vendor] = (gpu, stamp)
+        elif device is None and (carried := self._carry.get(vendor)) and 0 <= stamp - carried[1] <= self.storm_window:
+            gpu = carried[0]
+        return gpu, device
 
     def _gsp_stack(self, oops: _Oops, now: float) -> list[Burst]:
         """NVRM dumps the stack of _kgspRpcRecvPoll when a GSP RPC times out: part of the GSP timeout report."""
         rule = self._gsp_rule
         evidence = {"line": oops.lines[0], "lines": oops.lines, "rule": rule.name, "runbook": rule.runbook,
-                    "vendor": rule.vendor, "log_time": oops.last}
+                    "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
 
@@ -374,11 +477,22 @@ def process_named(text: str) -> dict | None:
 
 def _same_gpu(first: KernelRecord, then: KernelRecord) -> bool:
     """Two lines may be of one report: they name the same GPU, or one of them names none."""
-    a, b = _attribute(first, "amd")[0], _attribute(then, "amd")[0]
+    a, b = _named(first, "amd")[0], _named(then, "amd")[0]
     return a is None or b is None or a == b
 
 
-def _attribute(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:
+def _no_less_proven(fault: KernelRecord, then: KernelRecord) -> bool:
+    """A process line proven no less than its fault line: a line user space wrote to /dev/kmsg right after a
+    driver's fault must not pin that fault on a process of its choosing."""
+    return _unproven(fault) is not None or _unproven(then) is None
+
+
+def _unproven(record: KernelRecord) -> str | None:
+    m = _PREFIX.match(record.text)
+    return unverified(record, m.group(2) if m else None)
+
+
+def _named(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:
     """(gpu, other device): the GPU the line names, else a non-GPU PCI device it names (a PCIe port)."""
     text = record.text
     if m := _PREFIX.match(text):
@@ -388,4 +502,24 @@ def _attribute(record: KernelRecord, vendor: str) -> tuple[str | None, str | Non
         return normalize_pci(m.group(1)), None
     if record.device:
         return (record.device, None) if vendor in ("amd", "nvidia") else (None, record.device)
+    if vendor in ("amd", "nvidia") and (m := _ANY_PCI.search(text)):  # `GPU 0000:03:00.0 ...` in the message
+        return normalize_pci(m.group(0)), None
     return None, None
+
+
+def unverified(record: KernelRecord, device: str | None) -> str | None:
+    """Why the kernel's own record does not prove that a driver printed this line; None when it does.
+
+    A line from /dev/kmsg or the journal was printed by the kernel when its facility is the kernel's (user space
+    cannot write facility 0 to /dev/kmsg), and a line with a device prefix (`amdgpu 0000:03:00.0: `, printed by
+    dev_printk) carries that device as the record's own metadata (kmsg's SUBSYSTEM=/DEVICE=, the journal's
+    _KERNEL_SUBSYSTEM/_KERNEL_DEVICE), which no text a user chose can add. A saved or followed text log carries
+    neither: anyone who can log (`logger -t kernel`) can write a line that looks the same.
+    """
+    if not record.metadata:
+        return "a text log does not say who wrote the line"
+    if record.facility:
+        return f"written to /dev/kmsg by user space (facility {record.facility}), not by the kernel"
+    if device is not None and (record.subsystem != "pci" or record.device != normalize_pci(device)):
+        return f"no kernel device metadata for {device} (dev_printk always adds it)"
+    return None

@@ -3,7 +3,8 @@
 Handles plain `dmesg`, `dmesg -T`, `dmesg --time-format iso`, `dmesg -x` level prefixes, `dmesg -H`
 relative stamps, syslog/journal short and short-precise formats (any month language), `journalctl -o
 short-iso`, `journalctl -o json`, raw /dev/kmsg records with dictionary lines, indented continuation
-lines, lines without a timestamp, and newest-first output (`journalctl -r`) with `-- Reboot --` markers.
+lines, lines without a timestamp, `grep -H` file-name prefixes, and newest-first output (`journalctl -r`)
+with `-- Reboot --` markers.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ _ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:([,.])(\d+))?(Z|[+-]\d\d
 _SYSLOG = re.compile(r"^[^\W\d_]{3,10}\.? {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
 _IDENT = re.compile(r"^(?:(?P<host>\S+) )??(?P<ident>[^\s:\[]+)(?P<pid>\[\d+\])?: ")
 _KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+# `grep -r` / `grep -H` output names the file before each line (`/var/log/syslog:Sep 18 ...`, with -n also the
+# line number): stripped when what follows starts as a log line does
+_GREP_FILE = re.compile(r"^/[^\s:]+:(?:\d+[:-])?(?=\[|\d{4}-|[^\W\d_]{3,10}\.? {1,2}\d|kernel: |<\d>)")
 _SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins at .*|No entries) --$")
 
 
@@ -76,6 +80,8 @@ def _continue(result: ParseResult, line: str) -> None:
     stripped = line.strip()
     if stripped.startswith("DEVICE="):
         result.records[-1] = replace(last, device=pci_from_device_field(stripped[7:]))
+    elif stripped.startswith("SUBSYSTEM="):
+        result.records[-1] = replace(last, subsystem=stripped[10:])
     elif "=" in stripped and stripped.split("=", 1)[0].isupper() and stripped.split("=", 1)[0].isalpha():
         pass  # another kmsg dictionary entry (SUBSYSTEM=...)
     else:
@@ -83,6 +89,8 @@ def _continue(result: ParseResult, line: str) -> None:
 
 
 def _parse_one(line: str, relative: float) -> KernelRecord | None:
+    if line[0] == "/" and (m := _GREP_FILE.match(line)):
+        line = line[m.end():]
     if line.startswith('{"'):  # journalctl -o json; `{7}[Hardware Error]: ...` (APEI) is text
         return _from_json(line)
     if _KMSG.match(line):
@@ -161,11 +169,15 @@ def _from_json(line: str) -> KernelRecord | None:
         message = bytes(message).decode("utf-8", "replace")
     stamp = entry.get("_SOURCE_MONOTONIC_TIMESTAMP") or entry.get("__MONOTONIC_TIMESTAMP")
     device = entry.get("_KERNEL_DEVICE") or entry.get("_UDEV_SYSNAME")
+    facility = entry.get("SYSLOG_FACILITY")
     return KernelRecord(
         text=str(message),
         timestamp=int(stamp) / 1e6 if stamp else None,
         device=pci_from_device_field(device) if device else None,
         cursor=entry.get("__CURSOR"),
+        metadata=True,
+        facility=int(facility) if str(facility).isdigit() else (None if facility is None else 1),
+        subsystem=entry.get("_KERNEL_SUBSYSTEM"),
     )
 
 

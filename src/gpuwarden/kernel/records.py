@@ -16,6 +16,12 @@ class KernelRecord:
     cursor: str | None = None  # where to resume after this record (journal cursor, or kmsg position)
     seq: int | None = None  # /dev/kmsg sequence number
     boot: str | None = None  # boot id of a journal entry: its timestamp counts from that boot
+    # The kernel's own metadata, where the format carries it (a /dev/kmsg record, a journal entry): whether it
+    # does (`metadata`), the syslog facility (0: the kernel; user space writing /dev/kmsg gets 1 or more) and the
+    # device's subsystem (`pci` with `device` for a line printed by dev_printk). kernel/classifier.unverified().
+    metadata: bool = False
+    facility: int | None = None
+    subsystem: str | None = None
 
 
 class MalformedRecord(ValueError):
@@ -35,14 +41,17 @@ def parse_kmsg(raw: str) -> KernelRecord:
     if not sep or len(fields) < 4 or not (fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit()):
         raise MalformedRecord(raw[:200])
     text, *dictionary = rest.rstrip("\n").split("\n")
-    device = None
+    device = subsystem = None
     for line in dictionary:
         key, _, value = line.strip().partition("=")
         if key == "DEVICE":
             device = pci_from_device_field(value)
+        elif key == "SUBSYSTEM":
+            subsystem = value
     if "\\x" in text:
         text = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
-    return KernelRecord(text=text, timestamp=int(fields[2]) / 1e6, device=device, seq=int(fields[1]))
+    return KernelRecord(text=text, timestamp=int(fields[2]) / 1e6, device=device, seq=int(fields[1]), metadata=True,
+                        facility=int(fields[0]) >> 3, subsystem=subsystem)
 
 
 def pci_from_device_field(value: str) -> str | None:

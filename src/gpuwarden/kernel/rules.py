@@ -17,6 +17,7 @@ The first rule that matches a line wins, so specific rules stand before general 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -62,15 +63,70 @@ class Rule:
         return literal_hints(self.pattern)
 
 
+# --- Where a driver's line starts ----------------------------------------------------------------------------
+# A rule acts only on a line that provably comes from a driver: its expression must match right after the
+# driver's own prefix, at the start of the message, never in the middle of a line. The kernel prints text a user
+# chose at the start of some lines of its own (a task's name in `<comm>[pid]: segfault at`, a mount option in
+# `tmpfs: Unknown parameter '...'`): none of them starts with a driver's prefix, and a task name (at most 15
+# characters, then `[pid]`) is too short to spell one together with any rule.
+BDF = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
+# dev_printk's `driver 0000:03:00.0: `: on /dev/kmsg and in the journal such a line carries the device as metadata
+DEVICE_PREFIX = rf"(?P<dev_driver>[\w-]+) (?P<dev>{BDF}): "
+# pr_fmt, DRM and NVRM prefixes (printk without a device: no metadata), and the class device kfd
+_DRIVER_START = (r"(?:amdgpu|amdkfd|radeon|drmn\d+|NVRM|nvidia-modeset|nvidia-uvm|kfd kfd|pcieport|AMD-Vi): |"
+                 r"\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] ")
+# what drivers put after their first prefix before the message proper
+_DRIVER_MORE = (r"(?:amdgpu: |\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] |\*ERROR\* |ERROR: |"
+                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |_?\w+: )")
+DRIVER_PREFIX = rf"^\s*(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*"
+# The first characters of a line that may be a driver's: the classifier's cheap gate
+DRIVER_START = rf"^\s*(?:[\w-]+ {BDF}: |{_DRIVER_START})"
+
+
+
+def anchored(pattern: str) -> str:
+    """A built-in rule's expression, matched right after a driver's prefix at the start of the message."""
+    return rf"{DRIVER_PREFIX}(?:{pattern})"
+
+
+_INLINE_FLAGS = r"^\(\?([aiLmsux]+)\)"
+
+
+def config_anchored(pattern: str) -> str:
+    """A `[[kernel.rule]]` expression, matched at the start of the message or right after a driver's prefix
+    (a config rule may be for a driver that gpuwarden does not know). Leading inline flags (`(?i)`) apply to the
+    rule's own expression only."""
+    if m := re.match(_INLINE_FLAGS, pattern):
+        pattern = f"(?{m.group(1)}:{pattern[m.end():]})"
+    return rf"^\s*(?:(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*)?(?:{pattern})"
+
+
+# Lines the kernel prints with text a user chose at their start: never a rule's line, nor an oops header. Each
+# is also a counter-example of every rule (tests/unit/test_rules.py), and tests/security prints them for real.
+USER_TEXT = (r"^\s*(?:.{0,15}\[\d+\]:? |traps: |[\w.-]+: Unknown parameter '|[\w.-]+: Unrecognized mount option|"
+             r"audit[:(]|.{0,15} \(\d+\): |.{0,15}: page allocation failure|.{0,15} invoked oom-killer|"
+             r"potentially unexpected fatal signal)")
+FORGED = (
+    "ring x timeout[4242]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6 in a.out[401000+1000]",
+    "sq_intr: error[4244]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
+    "traps: sq_intr: error[4244] general protection fault ip:401000 sp:7ffc00000000 error:0 in a.out[401000+1000]",
+    "tmpfs: Unknown parameter 'NVRM: Xid (PCI:ffff:fe:1f): 79'",
+    "tmpfs: Unknown parameter 'amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1'",
+    "BUG: soft locku[77]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
+    'audit: type=1400 audit(1700000000.1:4): apparmor="DENIED" comm="NVRM: Xid (PCI:ffff:fe:1f): 79"',
+    "GPU reset begin![99]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
+)
+
+
 def _r(name, pattern, kind, severity, vendor, meaning, runbook, *sources, quiet=False, process_follows=False,
        examples=(), counter_examples=()) -> Rule:
     return Rule(name, pattern, kind, severity, vendor, meaning, runbook, sources, quiet, process_follows, examples,
-                counter_examples)
+                (*counter_examples, *FORGED))
 
 
 RULES: tuple[Rule, ...] = (
     # --- NVIDIA -------------------------------------------------------------------------------------
-    _r("nv_xid", r"NVRM: Xid \(PCI:[0-9a-fA-F:.]+(?: [^)]*)?\): (?P<xid>\d+)", "xid", W, "nvidia",
+    _r("nv_xid", r"Xid \(PCI:[0-9a-fA-F:.]+(?: [^)]*)?\): (?P<xid>\d+)", "xid", W, "nvidia",
        "NVIDIA Xid error", "xid",
        'kernel-open/nvidia/nv-tracepoint.h: "Xid (PCI:%s): %u, %s"',
        'nvidia/src/kernel/gpu/rc/kernel_rc.c: " caused by previous Xid %d"',
@@ -80,7 +136,9 @@ RULES: tuple[Rule, ...] = (
                         "NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception: ESR 0x4041b0=0x0")),
        counter_examples=("NVRM: Xid (PCI:ffff:fe:1f): unknown error",
                          "nvidia-nvlink: Nvlink Core is being initialized, major device number 239")),
-    _r("nv_fallen_off_bus", r"fallen off\s+(?:NVRM:\s+)?the bus", "device_lost", C, "nvidia",
+    _r("nv_fallen_off_bus",
+       r"(?:GPU has )?fallen off\s+(?:NVRM:\s+)?the bus|The NVIDIA GPU [^\n]*(?:\n[^\n]*)*?fallen off\s+the bus",
+       "device_lost", C, "nvidia",
        "the GPU fell off the PCIe bus and does not answer", "device_lost",
        'nvidia/arch/nvalloc/unix/src/osinit.c: "GPU has fallen off the bus.\\n"',
        'nvidia/arch/nvalloc/unix/src/osapi.c: "NVRM: fallen off the bus and is not responding to commands.\\n"',
@@ -88,12 +146,14 @@ RULES: tuple[Rule, ...] = (
                         "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."),),
        counter_examples=("NVRM: fallen off the stage",)),
     _r("nv_gsp_timeout",
-       r"of waiting for RPC response from GPU\d* GSP|GSP RM heartbeat timed out|_kgspIsHeartbeatTimedOut: Heartbeat"
-       r" timed out|\*+ GSP Timeout \*+|RPC (?:event )?history \(CPU [<-]|GSP-CrashCat Report|"
+       r"Timeout after \d+s of waiting for RPC response|rpcRecvPoll timedout|GSP RM heartbeat timed out|"
+       r"_kgspIsHeartbeatTimedOut: Heartbeat"
+       r" timed out|\*+ GSP Timeout \*+|RPC (?:event )?history \(CPU [<-]|\**\s*GSP-CrashCat Report|"
        r"kflcnCoreDump\w*: |Memory Subsystem Error detected",
        "gsp_error", C, "nvidia", "the GPU's GSP firmware stopped answering or crashed", "gsp",
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "Timeout after %llus of waiting for RPC response from GPU%d GSP!'
        ' Expected function %d (%s) sequence %u (0x%llx 0x%llx)."',
+       'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "rpcRecvPoll timedout for fn %d!\\n"',
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "GSP RM heartbeat timed out\\n"',
        'nvidia/src/kernel/gpu/gsp/kernel_gsp.c: "Heartbeat timed out, currentTimeMs %u heartbeat %u'
        ' heartbeatWithOffsetMs %u diff %u timeout %u\\n"',
@@ -107,10 +167,11 @@ RULES: tuple[Rule, ...] = (
                  corpus("050-nv-gsp-heartbeat-timed-out-no-xid-journal.log",
                         "NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out"),
                  corpus("052-nv-gsp-falcon-core-dump-talos.log",
-                        "NVRM: kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0")),
+                        "NVRM: kflcnCoreDumpNondestructive_IMPL: TRACE: 08 = 0x0000000004d4b1a0"),
+                 template("NVRM: kgspHealthCheck_TU102: ********** GSP-CrashCat Report **********")),
        counter_examples=("NVRM: GSP firmware loaded",
                          "NVRM: RPC history is empty")),
-    _r("nv_init_failed", r"RmInitAdapter failed|rm_init_adapter failed|NVIDIA probe routine failed|"
+    _r("nv_init_failed", r"RmInitAdapter failed|rm_init_adapter failed|(?:The )?NVIDIA probe routine failed|"
        r"Cannot initialize GSP firmware RM|unexpected WPR2 already up",
        "gpu_missing", C, "nvidia", "the NVIDIA driver could not initialise a GPU", "device_lost",
        'nvidia/arch/nvalloc/unix/src/osinit.c: "RmInitAdapter failed! (0x%x:0x%x:%d)\\n"',
@@ -123,6 +184,16 @@ RULES: tuple[Rule, ...] = (
                  corpus("017-nv-fallen-off-bus-no-xid-multiline.log",
                         "NVRM: The NVIDIA probe routine failed for 1 device(s).")),
        counter_examples=("NVRM: RmInitAdapter succeeded",)),
+    _r("nv_modeset_timeout",
+       r"ERROR: GPU:\d+: (?:Idling display engine timed out|Error while waiting for GPU progress)",
+       "ring_timeout", W, "nvidia", "the display driver (nvidia-modeset) timed out waiting for the GPU", "gpu_fault",
+       'src/nvidia-modeset/src/nvkms-evo.c: "Idling display engine timed out: 0x%08x:%d:%d:%d"',
+       'src/nvidia-modeset/src/nvkms-evo.c: "Error while waiting for GPU progress: 0x%08x:%d %d:%d:%d:%d"',
+       examples=(template("nvidia-modeset: ERROR: GPU:0: Idling display engine timed out: 0x0000c67d:0:0:1130"),
+                 template("nvidia-modeset: ERROR: GPU:0: Error while waiting for GPU progress: 0x0000c67d:0 2:0:4048"
+                          ":4040")),
+       counter_examples=("nvidia-modeset: Loading NVIDIA UNIX Open Kernel Mode Setting Driver for x86_64",
+                         "nvidia-modeset: WARNING: GPU:0: Unable to read EDID for display device DP-2")),
     # --- AMD: failed recovery and lost devices (before the generic reset rules) ---------------------
     _r("amd_device_lost", r"device lost from bus!", "device_lost", C, "amd",
        "the GPU fell off the PCIe bus", "device_lost",
@@ -130,7 +201,8 @@ RULES: tuple[Rule, ...] = (
        examples=(template(A + "device lost from bus!"),),
        counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: device lost from bus",)),
     _r("amd_recovery_failed", r"GPU Recovery Failed: ?-?\d+|GPU recovery failed|GPU reset(?:\(\d+\))? failed|"
-       r"GPU reset end with ret = -\d+|ASIC reset failed|(?i:mode[12]|baco) reset failed|PCIe error recovery failed|"
+       r"GPU reset end with ret = -\d+|ASIC reset failed|(?:GPU )?(?i:mode[12]|baco) reset failed|"
+       r"PCIe error recovery failed|"
        r"pre asic reset failed",
        "reset_failed", C, "amd",
        "the driver's full GPU reset failed: the GPU is unusable until a reboot", "device_lost",
@@ -345,7 +417,7 @@ RULES: tuple[Rule, ...] = (
                         "amdgpu 0000:03:00.0: amdgpu: GPU psp mode1 reset")),
        counter_examples=("vfio-pci 0000:0c:00.0: AMD_NAVI14: mode1 reset succeeded",
                          "vfio-pci 0000:0c:00.0: AMD_NAVI14: MP1 reset")),
-    _r("amd_reset_method", r"\bBACO reset\s*$|GPU (?:pci config )?reset\s*$", "gpu_reset", W, "amd",
+    _r("amd_reset_method", r"(?:GPU )?BACO reset\s*$|GPU (?:pci config )?reset\s*$", "gpu_reset", W, "amd",
        "a full GPU reset is running", "reset",
        'amdgpu/soc21.c: "BACO reset\\n"',
        'amdgpu/cik.c: "GPU pci config reset\\n"',
@@ -406,12 +478,13 @@ RULES: tuple[Rule, ...] = (
                         "amdgpu 0000:c6:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3"
                         " pasid:32769)"),
                  corpus("074-amd-legacy-gpu-fault-vm-context1-ih-overflow.log",
-                        "VM fault (0x14, vmid 6) at page 1356316, write from 'TC0' (0x54433000) (8)")),
+                        "amdgpu 0000:01:00.0: GPU fault detected: 146 0x07024414")),
        counter_examples=("[drm] PCIE GART of 512M enabled (table at 0x000000801FB00000).",
                          "amdgpu ffff:fe:1f.7: amdgpu: [gfxhub0] page table base 0x8000")),
     _r("amd_ras_uncorrectable",
-       r"\b(?:uncorrectable|uncorrected) (?:hardware )?errors? ?(?:\(\w+\) )?(?:detected|occurred)|"
-       r"\buncorrectable hardware error\(|RAS controller interrupt|ERREVENT_ATHUB_INTERRUPT|poison (?:is )?consumed|"
+       r"(?:\d+ new )?\b(?:uncorrectable|uncorrected) (?:hardware )?errors? ?(?:\(\w+\) )?(?:detected|occurred)|"
+       r"\buncorrectable hardware error\(|RAS controller interrupt|(?:UVD VCPU state may lost due to RAS )?"
+       r"ERREVENT_ATHUB_INTERRUPT|poison (?:is )?consumed|"
        r"RAS Intr triggered, device disabled|RAS records:\d+ exceed threshold",
        "ras_error", C, "amd", "uncorrectable hardware error (RAS)", "ras",
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!\\n"',
@@ -438,16 +511,33 @@ RULES: tuple[Rule, ...] = (
        'pm/swsmu/amdgpu_smu.c: "ERROR: System is going to shutdown due to GPU SW CTF!\\n"',
        examples=(template(A + "ERROR: GPU over temperature range(SW CTF) detected!"),),
        counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: SW CTF threshold 118 C",)),
-    _r("amd_ras_correctable", r"\bcorrectable (?:hardware )?errors? detected", "ras_error", I, "amd",
+    _r("amd_ras_correctable", r"(?:\d+ new )?\bcorrectable (?:hardware )?errors? detected", "ras_error", I, "amd",
        "correctable hardware error (RAS)", "ras",
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "%lld new correctable hardware errors detected in %s block\\n"',
        examples=(template(A + "3 new correctable hardware errors detected in umc block"),),
        counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: correctable error counting enabled",)),
+    _r("amd_psp_failure",
+       r"PSP (?:load \w+(?: \w+)? failed|create ring failed|firmware loading failed|resume failed)|"
+       r"psp gfx command \S+ failed",
+       "smu_error", W, "amd", "the GPU's security processor firmware (PSP) failed a command", "gpu_fault",
+       'amdgpu/amdgpu_psp.c: "PSP load kdb failed!\\n"',
+       'amdgpu/amdgpu_psp.c: "PSP load sys drv failed!\\n"',
+       'amdgpu/amdgpu_psp.c: "PSP load sos failed!\\n"',
+       'amdgpu/amdgpu_psp.c: "PSP load tmr failed!\\n"',
+       'amdgpu/amdgpu_psp.c: "PSP create ring failed!\\n"',
+       'amdgpu/amdgpu_psp.c: "PSP firmware loading failed\\n"',
+       'amdgpu/amdgpu_psp.c: "PSP resume failed\\n"',
+       'amdgpu/amdgpu_psp.c: "psp gfx command %s(0x%X) failed and response status is (0x%X)\\n"',
+       examples=(template(A + "psp gfx command LOAD_TA(0x1) failed and response status is (0x7)"),
+                 template(A + "PSP create ring failed!")),
+       counter_examples=("amdgpu ffff:fe:1f.7: amdgpu: PSP runtime database doesn't exist",
+                         "[drm] psp gfx command LOAD_TA(0x1) done")),
     _r("amd_smu_failure", r"\bSMU\b.*(?:fail|timeout|[Tt]imed out|not done)|\bsmu_\w+.*(?:failed|timeout)|"
        r"SMC is not ready|\[powerplay\] .*[Ff]ailed|Failed to send message 0x|"
        r"SMU: (?:I'm very busy|response:|unknown command|valid command, bad prerequisites|I'm debugging)|"
        r"Fail(?:ed)? to disable (?:dpm|smu) features|"
-       r"Failed to \w+ (?:BACO state|gfxoff)!|\[PrepareMp1\] Failed|SMC failed to set mp1 state",
+       r"Failed to \w+ (?:BACO state|gfxoff)!|\[PrepareMp1\] Failed|SMC failed to set mp1 state|"
+       r"Fail(?:ed)? to \w+ [^\n]*\b(?:SMU|SMC|smu|metrics table|pptable|PPTable)\b",
        "smu_error", W, "amd", "the power-management firmware (SMU) failed a request", "gpu_fault",
        'pm/swsmu/smu_cmn.c: "SMU: I\'m not done with your previous command: SMN_C2PMSG_66:0x%08X'
        ' SMN_C2PMSG_82:0x%08X"',
@@ -488,7 +578,8 @@ RULES: tuple[Rule, ...] = (
        examples=(corpus("007-amd-pcie-aer-uncorrected-fatal-malformed-tlp.log",
                         "pcieport 0000:00:1c.4: AER: Device recovery failed"),),
        counter_examples=("pcieport ffff:fe:1f.7: AER: device recovery successful",)),
-    _r("aer_fatal", r"Uncorrect(?:ed|able) \(Fatal\)|DPC: containment event", "pcie_aer", C, "pcie",
+    _r("aer_fatal", r"(?:PCIe Bus Error: severity=|Multiple )?Uncorrect(?:ed|able) \(Fatal\)|containment event",
+       "pcie_aer", C, "pcie",
        "fatal uncorrected PCIe error", "aer",
        'pci/pcie/aer.c: "PCIe Bus Error: severity=%s, type=%s, (%s)\\n" with "Uncorrectable (Fatal)"',
        'pci/pcie/dpc.c: "containment event, status:%#06x source:%#06x\\n"',
@@ -496,19 +587,20 @@ RULES: tuple[Rule, ...] = (
                         "pcieport 0000:00:1c.4: AER: Uncorrected (Fatal) error received: id=00e4"),),
        counter_examples=("pcieport 0000:80:1b.4: AER: Uncorrectable (Non-Fatal) error message"
                          " received from 0000:80:1b.4",)),
-    _r("aer_nonfatal", r"Uncorrect(?:ed|able) \(Non-Fatal\)", "pcie_aer", W, "pcie",
+    _r("aer_nonfatal", r"(?:PCIe Bus Error: severity=|Multiple )?Uncorrect(?:ed|able) \(Non-Fatal\)",
+       "pcie_aer", W, "pcie",
        "uncorrected, non-fatal PCIe error", "aer",
        'pci/pcie/aer.c: "%s%s error message received from %04x:%02x:%02x.%d\\n" with "Uncorrectable (Non-Fatal)"',
        examples=(corpus("148-aer-nonfatal-no-callback-recovery-failed-xhci-thunderbolt.log",
                         "pcieport 0000:80:1b.4: AER: Uncorrectable (Non-Fatal) error message"
                         " received from 0000:80:1b.4"),),
        counter_examples=("pcieport 0000:00:1c.4: AER: Uncorrected (Fatal) error received: id=00e4",)),
-    _r("aer_corrected", r"AER: (?:Multiple )?Correct(?:ed|able) error|severity=Correct(?:ed|able)", "pcie_aer", I,
-       "pcie", "corrected PCIe error (the link retried)", "aer",
+    _r("aer_corrected", r"(?:Multiple )?Correct(?:ed|able) error|(?:PCIe Bus Error: )?severity=Correct(?:ed|able)",
+       "pcie_aer", I, "pcie", "corrected PCIe error (the link retried)", "aer",
        'pci/pcie/aer.c: "%s%s error message received from %04x:%02x:%02x.%d\\n" with "Correctable"',
        'pci/pcie/aer.c: "PCIe Bus Error: severity=%s, type=%s, (%s)\\n" with "Correctable"',
-       examples=(corpus("078-benign-aer-corrected-receiver-error-localized-month.log",
-                        "pcieport 0000:00:1c.5: AER: Corrected error received: id=00e5"),
+       examples=(corpus("151-benign-aer-multiple-corrected-id-mining-rig-syslog.log",
+                        "pcieport 0000:00:1d.1: AER: Multiple Corrected error received: id=00e9"),
                  corpus("008-benign-pcie-aer-correctable-timeout-during-amdgpu-init.log",
                         "pcieport 0000:00:03.0: PCIe Bus Error: severity=Correctable, type=Data Link"
                         " Layer, (Transmitter ID)")),
@@ -612,8 +704,9 @@ OOPS_HEADERS: tuple[tuple[str, Severity], ...] = (
 OOPS_END = r"---\[ end (?:trace|Kernel panic)"
 OOPS_HINTS = ("+0x", "BUG", "Oops", "panic", "general protection", "Unable to handle", "WARNING: ", "cut here",
               "end trace", "end Kernel panic", "invalid op", "blocked for more than")
-# A stack frame: `func+0x12/0x60 [module]` (`[module buildid]` since 5.x), in `RIP:`, `IP:` and trace lines.
-FRAME = r"[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+(?: \[(?P<module>\w+)(?: [0-9a-f]+)?\])?"
+# The module of a stack frame `func+0x12/0x60 [module]` (`[module buildid]` since 5.x), in `RIP:`, `IP:` and trace
+# lines (a frame of the core kernel names none).
+MODULE_FRAME = r"\+0x[0-9a-f]+/0x[0-9a-f]+ \[(\w+)(?: [0-9a-f]+)?\]"
 # A line of a stack trace (x86 RIP/IP and frames, old `[<addr>]` frames, MIPS/RISC-V epc/ra): only such a line
 # opens a report without a header, so `returns -22` lines naming `amdgpu_pmops_suspend+0x0/0x40 [amdgpu]` do not.
 TRACE_LINE = (r"^\s*(?:\? |RIP: [0-9a-f]{4}:|IP: (?:\[<[0-9a-f]+>\] )?|\(?\[<[0-9a-f]+>\] (?:\? )?|"
@@ -656,6 +749,8 @@ CORRELATIONS: tuple[Correlation, ...] = (
     Correlation("reset_with_failing_ring_tests", ("amd_ring_test_failed",), _RESET_LINES, 60.0, C,
                 "the GPU's own ring/IB self-tests failed inside its reset: the reset did not bring the GPU back",
                 emit="reset_failed", either_order=True, runbook="device_lost"),
+    Correlation("xid_after_gsp_failure", ("nv_gsp_timeout",), ("nv_xid",), 60.0, C,
+                "an Xid after the GPU's GSP firmware crashed or stopped answering: the GPU needs a reset"),
     Correlation("gpu_without_aer_recovery", ("aer_no_callback",), ("aer_recovery_failed",), 10.0, C,
                 "PCIe error recovery failed and the GPU's driver cannot recover: the GPU is lost",
                 emit="device_lost", either_order=True, runbook="device_lost", needs_gpu=True),

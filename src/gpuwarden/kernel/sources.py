@@ -33,6 +33,9 @@ class Source:
     name = "source"  # the store's cursor key and the metrics' `source` label
     label = "source"  # what the log and STATUS= call it
     kernel_clock = False  # records' timestamps are the kernel's monotonic time of this boot
+    # time.monotonic() by which the caller wants a batch even if nothing comes (an empty one): a line the
+    # classifier holds for its process line is released on its own deadline, not at the next tick
+    wake_at: float | None = None
 
     def __init__(self, tick: float = 1.0) -> None:
         self.tick = tick
@@ -42,6 +45,12 @@ class Source:
 
     def batches(self) -> AsyncIterator[list[KernelRecord]]:
         raise NotImplementedError
+
+    def _wait(self) -> float:
+        """Seconds to wait for new records: a tick, or less when the caller wants to wake up sooner."""
+        if self.wake_at is None:
+            return self.tick
+        return max(0.0, min(self.tick, self.wake_at - time.monotonic()))
 
     def close(self) -> None:
         pass
@@ -87,7 +96,7 @@ class KmsgSource(Source):
         if self._fd is None:
             self.start()
         while True:
-            await _readable(self._fd, self.tick)
+            await _readable(self._fd, self._wait())
             while len(batch := self._drain()) == BATCH:
                 yield batch
                 await asyncio.sleep(0)  # more is waiting: let the loop run first
@@ -180,7 +189,8 @@ class JournalSource(Source):
                 await asyncio.sleep(0)  # catching up: let the loop run between batches
                 continue
             timeout_ms = self.reader.get_timeout_ms()
-            timeout = self.tick if timeout_ms < 0 or self.reader.reliable_fd() else min(self.tick, timeout_ms / 1000)
+            timeout = self._wait() if timeout_ms < 0 or self.reader.reliable_fd() \
+                else min(self._wait(), timeout_ms / 1000)
             await _readable(fd, timeout)
             self.reader.process()
             batch = self._drain()
@@ -223,7 +233,18 @@ def _from_entry(entry: dict) -> KernelRecord:
         device=pci_from_device_field(str(device)) if device else None,
         cursor=entry.get("__CURSOR"),
         boot=str(entry["_BOOT_ID"]) if entry.get("_BOOT_ID") else None,
+        metadata=True,
+        facility=journal_facility(entry.get("SYSLOG_FACILITY")),
+        subsystem=str(entry["_KERNEL_SUBSYSTEM"]) if entry.get("_KERNEL_SUBSYSTEM") else None,
     )
+
+
+def journal_facility(value) -> int | None:
+    """journald copies each /dev/kmsg record's facility into SYSLOG_FACILITY (1 and up: written by user space)."""
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return 1  # unreadable: not proven to be the kernel's
 
 
 def this_boot() -> str:
@@ -250,6 +271,14 @@ class JournalKmsgSource(Source):
     name = "journal"  # its cursors continue those of `source = "journal"`
     label = "kmsg (journal catch-up)"  # it reads kmsg live: "journal" would read as the slow source
     kernel_clock = True
+
+    @property  # type: ignore[override]
+    def wake_at(self) -> float | None:  # the live part is kmsg's: it waits
+        return self._kmsg.wake_at
+
+    @wake_at.setter
+    def wake_at(self, value: float | None) -> None:
+        self._kmsg.wake_at = value
 
     def __init__(self, position: str | None, lookback: float, tick: float = 1.0, kmsg_path: str = KMSG,
                  journal_path: str | None = None) -> None:
@@ -369,7 +398,7 @@ class FileSource(Source):
         while True:
             batch, more = self._read_new()
             yield batch
-            await asyncio.sleep(0 if more else self.tick)  # a flood is read in bounded chunks, the loop between
+            await asyncio.sleep(0 if more else self._wait())  # a flood is read in bounded chunks, the loop between
 
     def _read_new(self, limit: int = FILE_CHUNK) -> tuple[list[KernelRecord], bool]:
         """The complete lines added since the last read, at most `limit` bytes of them, and whether more wait."""

@@ -129,6 +129,8 @@ class KernelWatch:
                 sink.kernel_lines(now, [r.text for r in batch])
                 flushed = self.classifier.flush(now, everything=ended)
                 bursts += flushed.new
+                deadline = self.classifier.deadline()  # a held line: wake up when it is due, not at the tick
+                source.wake_at = None if deadline is None else time.monotonic() + max(0.0, deadline - now)
                 if source.overruns > seen_overruns:
                     lost = source.overruns - seen_overruns
                     sink.count(families.KMSG_OVERRUNS, by=lost)

@@ -69,3 +69,10 @@ def judge(xid: int, overrides: Mapping[int, Severity] | None = None, caused_by: 
         severity = max(severity, XIDS[caused_by][0])
         meaning = f"{meaning}, caused by Xid {caused_by}"
     return (overrides or {}).get(xid, severity), f"Xid {xid}: {meaning}"
+
+
+# Xids that also stand for an event of another kind: (kind, severity, why). The classifier makes it beside the
+# Xid event, once per GPU, so that a lone Xid 79 (no "fallen off the bus" line of its own) is still a lost GPU.
+IMPLIES: dict[int, tuple[str, Severity, str]] = {
+    79: ("device_lost", C, "Xid 79: the GPU fell off the PCIe bus and does not answer"),
+}

@@ -1,0 +1,147 @@
+"""The daemon's state as one plain, JSON-ready dict: what the status page, /status.json and `gpuwarden status`
+show. Built on the event loop, where that state lives (the exporter's threads ask for it through the daemon), from
+what the components already hold: nothing is read from disk or from a GPU here.
+
+Times are wall-clock seconds; an engine's monotonic times are turned into wall-clock ones once, here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from gpuwarden import __version__, report
+from gpuwarden import families as f
+from gpuwarden.logsetup import redact
+
+
+def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
+    """`daemon`: a running daemon.Daemon (duck-typed: this module sits beside it, not above it)."""
+    now = time.time() if now is None else now
+    metrics = daemon.metrics.snapshot()
+    return {
+        "host": daemon.config.alerts.hostname,
+        "version": __version__,
+        "pid": os.getpid(),
+        "time": now,
+        "started": now - (time.monotonic() - daemon.started),
+        "summary": daemon.summary(),
+        "loop_lag_seconds": round(daemon.health.lag, 3),
+        "store_error": daemon.health.store_error,
+        "sources": _sources(daemon, metrics),
+        "components": _components(metrics),
+        "gpus": _gpus(daemon),
+        "engines": _engines(daemon, now),
+        "incidents": [{**i, "picture": f"/incidents/{i['id']}/{report.PICTURE}"} for i in open_incidents(daemon.hub)],
+    }
+
+
+def open_incidents(hub: Any) -> list[dict[str, Any]]:
+    """The incidents open now, with their decisions: the hub's incidents are the one place that knows."""
+    incidents = hub.incidents
+    if isinstance(getattr(incidents, "open", None), dict):  # incidents grouped by cause (the `model` branch)
+        return [incident.row() for incident in incidents.open.values()]
+    # until that lands: the one bundle open now, named by its folder; no decision is recorded on it
+    if not (opened := getattr(incidents, "_open", None)):
+        return []
+    since, path = opened
+    return [{"id": path.name, "opened": since, "kind": path.name.split("-", 2)[-1], "message": "",
+             "engines": [], "gpus": [], "conditions": [], "decisions": [], "done": []}]
+
+
+def _sources(daemon: Any, metrics: dict) -> list[dict[str, Any]]:
+    """Each source that says whether it is up; its last success is polled under its own name or, for the kernel
+    log, under each reader it used (kernel_kmsg, kernel_journal, kernel_file): the latest of those."""
+    up, last = metrics.get(f.SOURCE_UP.name, {}), metrics.get(f.SOURCE_LAST_SUCCESS.name, {})
+    kernel = daemon.kernel
+    details = {"kernel": kernel.status if kernel else "not started",
+               "uevents": (daemon.uevents.unavailable or "netlink") if daemon.uevents else "not started"}
+    rows = []
+    for name in sorted({labels[0] for labels in up} | {"kernel"}):
+        ok = up.get((name,))
+        if name == "kernel" and kernel is not None:
+            ok = 0.0 if kernel.unavailable else 1.0
+        polled = [t for (label,), t in last.items() if label == name or label.startswith(f"{name}_")]
+        rows.append({"name": name, "up": None if ok is None else ok == 1, "last_success": max(polled, default=None),
+                     "detail": details.get(name, "")})
+    return rows
+
+
+def _components(metrics: dict) -> list[dict[str, Any]]:
+    restarts = metrics.get(f.COMPONENT_RESTARTS.name, {})
+    return [{"name": labels[0], "up": value == 1, "restarts": int(restarts.get(labels, 0))}
+            for labels, value in sorted(metrics.get(f.COMPONENT_UP.name, {}).items())]
+
+
+def _gpus(daemon: Any) -> list[dict[str, Any]]:
+    latest, cfg = daemon.recorder.latest(), daemon.config.gpu
+    limits_c = {"edge": (cfg.edge_warn_celsius, cfg.edge_critical_celsius),
+                "junction": (cfg.junction_warn_celsius, cfg.junction_critical_celsius),
+                "mem": (cfg.mem_warn_celsius, cfg.mem_critical_celsius)}
+    rows = []
+    for gpu in daemon.inventory.gpus:
+        s = latest.get(gpu.pci)
+        row: dict[str, Any] = {"gpu": gpu.pci, "vendor": gpu.vendor, "driver": gpu.driver, "model": None,
+                               "state": "no reading" if gpu.driver else "no driver", "read_at": None,
+                               "sensors": {}, "limits": {}, "problems": {}, "throttle": []}
+        if s is not None:
+            row.update(model=s.model, state=s.state, read_at=s.time, problems=dict(s.problems),
+                       throttle=list(s.throttle))
+            row["sensors"] = _present({
+                "power_watts": s.power_watts, "fan_rpm": s.fan_rpm, "fan": s.fan_state, "sclk_hz": s.sclk_hz,
+                "mclk_hz": s.mclk_hz, "busy_ratio": s.busy_ratio, "voltage_volts": s.voltage_mv and s.voltage_mv / 1e3,
+                "vram_used_bytes": s.vram_used_bytes, "pcie_speed_gts": s.pcie_speed_gts, "pcie_width": s.pcie_width,
+                **{f"temperature_{k}_celsius": v for k, v in s.temperatures.items()}})
+            row["limits"] = _present({
+                "power_cap_watts": s.power_cap_watts, "power_cap_max_watts": s.power_cap_max_watts,
+                "sclk_max_hz": s.sclk_max_hz, "vram_total_bytes": s.vram_total_bytes,
+                "pcie_max_speed_gts": s.pcie_max_speed_gts, "pcie_max_width": s.pcie_max_width,
+                **{f"temperature_{k}_{level}_celsius": limit for k in s.temperatures if k in limits_c
+                   for level, limit in zip(("warn", "critical"), limits_c[k], strict=True)}})
+        rows.append(row)
+    return rows
+
+
+def _present(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _engines(daemon: Any, now: float) -> list[dict[str, Any]]:
+    if daemon.engines is None:
+        return []
+    wall = lambda mono: None if mono is None else round(now - (time.monotonic() - mono), 3)  # noqa: E731
+    rows = []
+    for state in daemon.engines.engines.values():
+        sample = state.sample
+        rows.append({
+            "name": state.name,
+            "url": redact(state.config.metrics_url),
+            "state": engine_state(state),
+            "running": sample and sample.running, "waiting": sample and sample.waiting,
+            "generated_tokens": sample and sample.generated, "progress": sample and sample.progress,
+            "last_progress": wall(state.detector.progress_at),
+            "stall_threshold_seconds": round(state.detector.threshold(), 1),
+            "last_answer": wall(state.answered),
+            "cpu_ratio": None if state.cpu is None else round(state.cpu / 100, 3),
+            "gpus": sorted(state.gpus or ()),
+            "processes": len(state.procs),
+            "kills_in_window": len(state.kills),
+        })
+    return rows
+
+
+def engine_state(state: Any) -> str:
+    """One word for a person: what gpuwarden thinks of the engine now."""
+    if state.killing:
+        return "killing"
+    if state.unresponsive:
+        return "unresponsive"
+    if state.detector.stalled:
+        return "stalled"
+    if state.sample is None:
+        return "down" if state.failures else "starting"
+    if state.failures:
+        return "not answering"
+    running = state.sample.running
+    return "unknown" if running is None else "running" if running > 0 else "idle"

@@ -1,0 +1,66 @@
+"""The status page's renderer, pure: what a snapshot shows, escaped, with nothing from elsewhere."""
+
+import re
+
+from gpuwarden import statuspage
+
+NOW = 1_800_000_000.0
+EVIL = '<script>alert("x")</script>'
+
+
+def snapshot(**changes) -> dict:
+    snap = {
+        "host": "box-1", "version": "0.1.0", "pid": 42, "time": NOW, "started": NOW - 3600,
+        "summary": "kernel source kmsg; 1 GPU; 7/7 components up", "loop_lag_seconds": 0.002, "store_error": None,
+        "sources": [{"name": "kernel", "up": True, "last_success": NOW - 2, "detail": "kmsg"},
+                    {"name": "uevents", "up": False, "last_success": None, "detail": "netlink: EPERM"}],
+        "components": [{"name": "engines", "up": True, "restarts": 0}, {"name": "gpus", "up": False, "restarts": 3}],
+        "gpus": [{"gpu": "0000:03:00.0", "vendor": "amd", "driver": "amdgpu", "model": "Radeon RX 7900 XTX",
+                  "state": "ok", "read_at": NOW - 1, "problems": {}, "throttle": [],
+                  "sensors": {"power_watts": 272.0, "temperature_junction_celsius": 67.0, "sclk_hz": 2.5e9,
+                              "busy_ratio": 0.93, "vram_used_bytes": 20 * 2**30, "pcie_speed_gts": 16.0,
+                              "pcie_width": 16},
+                  "limits": {"power_cap_watts": 327.0, "temperature_junction_warn_celsius": 100.0,
+                             "temperature_junction_critical_celsius": 110.0, "sclk_max_hz": 2.9e9,
+                             "vram_total_bytes": 24 * 2**30, "pcie_max_speed_gts": 16.0, "pcie_max_width": 16}}],
+        "engines": [{"name": EVIL, "url": "http://127.0.0.1:8000/metrics", "state": "stalled", "running": 2.0,
+                     "waiting": 0.0, "generated_tokens": 1000.0, "progress": 1000.0, "last_progress": NOW - 95,
+                     "stall_threshold_seconds": 30.0, "last_answer": NOW - 1, "cpu_ratio": 0.98,
+                     "gpus": ["0000:03:00.0"], "processes": 3, "kills_in_window": 0}],
+        "incidents": [{"id": "20270115-080000-engine_stall", "opened": NOW - 60, "kind": "engine_stall",
+                       "message": f"{EVIL} stalled", "engines": [EVIL], "gpus": [],
+                       "conditions": ["engine_stalled:x"], "done": [],
+                       "picture": "/incidents/20270115-080000-engine_stall/timeline.png",
+                       "decisions": [{"action": "kill", "engine": "vllm", "reason": "stalled for 95 s",
+                                      "by_hand": False, "dry_run": True}]}],
+    }
+    return {**snap, **changes}
+
+
+def test_it_shows_the_engines_the_gpus_the_incidents_and_the_sources():
+    page = statuspage.render(snapshot())
+    for shown in ("gpuwarden on box-1", "1 open incident", "20270115-080000-engine_stall", "stalled", "kill vllm",
+                  "(dry run)", "stalled for 95 s", "1.6 min ago", "0000:03:00.0", "272 W of 327 W cap",
+                  "67 (warn 100, critical 110)", "2500 of 2900 MHz", "93%", "20.0 of 24.0 GiB", "16 GT/s x16",
+                  "uevents", "netlink: EPERM", "(3 restarts)", "98% of a core", "up 1.0 h",
+                  '<img src="/incidents/20270115-080000-engine_stall/timeline.png"'):
+        assert shown in page, shown
+    assert 'content="5"' in page and 'name="viewport"' in page
+
+
+def test_everything_from_outside_is_escaped_and_nothing_is_loaded_from_elsewhere():
+    page = statuspage.render(snapshot())
+    assert "<script" not in page and "&lt;script&gt;" in page
+    assert not re.findall(r'(?:src|href)="(?!/)', page)  # only links to this server's own paths
+    assert "@import" not in page and "url(" not in page
+
+
+def test_an_empty_box_and_a_broken_store_say_so():
+    page = statuspage.render(snapshot(engines=[], gpus=[], incidents=[], store_error="disk full"))
+    assert "no engine watched" in page and "no GPU found" in page and "no open incident" in page
+    assert "unwritable" in page and "disk full" in page
+
+
+def test_the_page_without_a_snapshot_says_why():
+    page = statuspage.unavailable("the daemon's event loop did not answer within 2 s <b>")
+    assert "did not answer" in page and "&lt;b&gt;" in page and 'content="5"' in page
