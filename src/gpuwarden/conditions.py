@@ -137,8 +137,9 @@ def resolved_by(event: Event, state: State) -> list[Key]:
 
 def impact(event: Event) -> Severity:
     """Severity by impact: an event that takes an engine down (not a dry run) or loses a GPU pages; a dry run
-    never does. Everything else keeps the severity its component gave it."""
-    if _dry_run(event):
+    never does, nor a discovered server that only looks like an engine (evidence "lookalike": anyone can start
+    and crash one). Everything else keeps the severity its component gave it."""
+    if _dry_run(event) or event.evidence.get("lookalike"):
         return min(event.severity, Severity.WARNING)
     if any(k.kind in (Kind.ENGINE_DOWN, Kind.GPU_LOST) for k in raised_by(event)):
         return Severity.CRITICAL

@@ -83,7 +83,7 @@ def test_a_discovered_lookalike_crash_looping_renames_nothing(attacker, daemon_f
     assert not events_of(d, "cache_poisoned")
     assert (d.caches / "fx" / "kernel.so").exists() and not list(d.caches.parent.glob("cache.BROKEN-*"))
     [loop] = [e for e in events_of(d, "engine_crash_loop") if e["engine"] == f"vllm-{engine.port}"]
-    assert loop["severity"] == "warning"  # a look-alike: never a page
+    assert loop["severity"] == "warning" and loop["evidence"]["lookalike"], loop  # a look-alike: never a page
     assert d.stop() == 0
 
 

@@ -160,6 +160,9 @@ def test_the_docs_show_golden_messages_as_they_are():
     docs = (ROOT / "docs" / "pages.md").read_text()
     for situation in ("restart_back", "gpu_lost_with_engines", "gpus_missing"):
         assert render(situation, False).rstrip() in docs, f"docs/pages.md shows an old {situation} message"
+    readme = (ROOT / "README.md").read_text()
+    for situation in ("restart_back", "gpu_lost_with_engines"):
+        assert render(situation, False).rstrip() in readme, f"README.md shows an old {situation} message"
 
 
 @pytest.mark.parametrize("situation", sorted(SITUATIONS))

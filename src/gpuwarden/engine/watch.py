@@ -600,9 +600,10 @@ class EngineWatch:
     def _record(self, event: Event) -> None:
         """A discovered server that only looks like an engine (anyone can start one) is never a page."""
         state = self.engines.get(event.engine or "")
-        if state is not None and state.lookalike and event.severity == Severity.CRITICAL:
-            event = replace(event, severity=Severity.WARNING,
-                            message=f"{event.message} (a discovered server not installed as an engine)")
+        if state is not None and state.lookalike:
+            event = replace(event, severity=min(event.severity, Severity.WARNING),
+                            message=f"{event.message} (a discovered server not installed as an engine)",
+                            evidence={**event.evidence, "lookalike": True})
         self.sink.record([event])
 
 
