@@ -75,10 +75,16 @@ def hostile():
 
 
 def faults_while_unwritable(d, receiver, engine, notify_socket, why: str) -> None:
-    """Three ring timeouts while the store cannot be written: each is logged, alerted and acted on at once,
-    and STATUS and an alert say that the store is unwritable."""
+    """Three ring timeouts while the store cannot be written: each is logged, alerted and acted on at once (the
+    engine's GPU's names the engine's process: a fault with no owner would only make it a suspect), and STATUS
+    and an alert say that the store is unwritable."""
+    wait_for(lambda: 'gpuwarden_engine_up{engine="fake"} 1.0' in d.metrics(), 10, what="the engine scraped")
+    pid = engine.pids()[0]
     for gpu in FAULTING:
         append(d, driver_record(RING_TEXT.format(gpu=gpu), gpu))  # driver-proven: it may act
+        if gpu == FAULTING[0]:
+            append(d, driver_record(f"amdgpu {gpu}: amdgpu:  Process python3 pid {pid} thread python3:cs0 pid {pid}",
+                                    gpu))
     for gpu in FAULTING:
         wait_for(lambda gpu=gpu: re.search(rf"warning ring_timeout: .* on {gpu}", d.log()), 20,
                  what=f"the ring timeout on {gpu} logged")
@@ -159,7 +165,7 @@ def test_a_full_disk_loses_no_fault(daemon_factory, receiver, fake_engine, notif
 
 def test_a_slowloris_metrics_endpoint_fails_at_the_scrape_timeout(daemon_factory, hostile):
     slow = hostile("slowloris")
-    d = daemon_factory(f'[[engine]]\nname = "slow"\nmetrics_url = "{slow.url}"\nscrape_interval = "1s"\n'
+    d = daemon_factory(f'[[engine]]\nname = "slow"\nmetrics_url = "{slow.url}"\nscrape_interval = "2s"\n'
                        f'scrape_timeout = "2s"\n').start()
     d.wait_serving()
     failures = 'gpuwarden_engine_scrape_failures_total{engine="slow",reason="timeout"} '
