@@ -90,7 +90,7 @@ class Refuse:
     """An action the config asks for that may not be done: reported, never done. `by_hand`: it is needed and a
     person must do it (kill_refused, alerted); otherwise the evidence does not allow it (a log line)."""
 
-    action: Kill | Quarantine
+    action: Kill | Quarantine | Suspect
     reason: str
     by_hand: bool = False
 
@@ -137,8 +137,8 @@ def escalates(event: Event) -> bool:
 def decide(event: Event, situation: Situation) -> list[Action]:
     wanted = _wanted(event, situation)
     if why := _not_allowed(event, situation.gpus_seen):
-        return [Refuse(a, why) if isinstance(a, Kill | Quarantine) else a for a in wanted
-                if not isinstance(a, Suspect)]
+        # a suspicion refused too: the decision says why nothing was done (a GPU never seen, history...)
+        return [Refuse(a, why) if isinstance(a, Kill | Quarantine | Suspect) else a for a in wanted]
     return [_within_budget(a, situation) if isinstance(a, Kill) else a for a in wanted]
 
 
@@ -309,7 +309,7 @@ def record_of(action: Action) -> dict:
         inner = action.action
         name = "refuse" if isinstance(action, Refuse) else "alert_only"
         return {"action": name, "engine": getattr(inner, "engine", None), "reason": action.reason,
-                "by_hand": isinstance(action, Refuse) and action.by_hand, "dry_run": inner.dry_run}
+                "by_hand": isinstance(action, Refuse) and action.by_hand, "dry_run": getattr(inner, "dry_run", False)}
     if isinstance(action, Quarantine):
         return {"action": "quarantine", "engine": None, "reason": action.reason, "by_hand": False,
                 "dry_run": action.dry_run}

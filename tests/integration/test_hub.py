@@ -2,6 +2,7 @@
 the policy sees it, and what the actuator does (or may not do) comes back as an event of its own."""
 
 import asyncio
+import os
 import time
 
 from gpuwarden import policy
@@ -16,10 +17,18 @@ from gpuwarden.store import Store
 GPU = "ffff:fe:1f.7"
 
 
+class OwnUser:
+    """The actuator's look-up port for an engine's user, as the engine watch answers it: this test's own user
+    (the caches below are its own)."""
+
+    def user(self, name: str) -> int:
+        return os.getuid()
+
+
 def hub_for(tmp_path, engines: list[policy.EngineView]) -> Hub:
     hub = Hub(SelfMetrics(), FlightRecorder(), lambda: policy.Situation(engines, frozenset({GPU}), 1000.0),
               lambda action, event: actuator.execute(action, event), tmp_path / "incidents", "test")
-    actuator = Actuator(hub, None, CacheConfig(dirs=[tmp_path / "cache"]))
+    actuator = Actuator(hub, OwnUser(), CacheConfig(dirs=[tmp_path / "cache"]))
     hub.store = Store(tmp_path / "gpuwarden.db")
     return hub
 
@@ -65,7 +74,7 @@ def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path)
 def test_a_crash_loop_moves_the_poisoned_cache_aside_and_says_so(tmp_path):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache/kernel.bin").write_bytes(b"")  # a write cut by a power loss
-    hub = hub_for(tmp_path, [])
+    hub = hub_for(tmp_path, [policy.EngineView("e", None, "kill", "kill")])  # an engine root may act for
 
     async def scenario():
         hub.record([Event("engine_crash_loop", Severity.WARNING, "e exited 3 times", 1.0, engine="e")])

@@ -41,7 +41,9 @@ class Engines(Protocol):
     def user(self, name: str) -> int | None: ...
 
 
-def describe(action: policy.Kill | policy.Quarantine) -> str:
+def describe(action: policy.Kill | policy.Quarantine | policy.Suspect) -> str:
+    if isinstance(action, policy.Suspect):
+        return f"would watch {action.engine} closely: {action.reason}"
     if isinstance(action, policy.Kill):
         return f"would {'kill and restart' if action.restart else 'kill'} {action.engine}: {action.reason}"
     return f"would quarantine caches: {action.reason}"
