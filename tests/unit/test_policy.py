@@ -107,7 +107,9 @@ def test_history_never_acts():
         actions = acts(event.as_history(), [OWNER] if event is owned else [A])
         assert actions and all(isinstance(a, Refuse) and a.reason.startswith("history") and not a.by_hand
                                for a in actions), event.kind
-    assert acts(ev("sq_intr", gpu=GPU_A).as_history(), [A]) == []  # not even suspicion
+    # not even suspicion: refused, with the reason the decision records
+    assert [(type(a.action), a.reason) for a in acts(ev("sq_intr", gpu=GPU_A).as_history(), [A])] == [
+        (Suspect, "history: logged before gpuwarden started")]
 
 
 def test_a_fault_on_a_gpu_this_machine_never_had_does_not_kill():
@@ -116,7 +118,8 @@ def test_a_fault_on_a_gpu_this_machine_never_had_does_not_kill():
     assert isinstance(refused, Refuse) and not refused.by_hand
     assert refused.action == Kill("u", "kernel reported sq_intr on 0000:03:00.0, raised by its process 7 (x)")
     assert "not a GPU this machine has had" in refused.reason
-    assert acts(ev("sq_intr", gpu="0000:03:00.0"), [everywhere]) == []
+    assert [(type(a), type(a.action)) for a in acts(ev("sq_intr", gpu="0000:03:00.0"), [everywhere])] == [
+        (Refuse, Suspect)]
 
 
 def test_a_gpu_that_is_gone_now_still_counts_when_it_was_seen():
@@ -130,7 +133,8 @@ def test_a_box_without_gpus_never_kills_for_a_kernel_gpu_fault():
     mine = EngineView("m", None, "kill", "kill", pids=frozenset({7}))
     [refused] = acts(owned, [mine], frozenset())
     assert isinstance(refused, Refuse) and refused.reason == "no GPU was ever seen on this machine"
-    assert acts(ev("sq_intr"), [ANY, A], frozenset()) == []
+    assert {(type(a.action), a.reason) for a in acts(ev("sq_intr"), [ANY, A], frozenset())} == {
+        (Suspect, "no GPU was ever seen on this machine")}
 
 
 def test_unresponsive_kills_only_when_requests_were_running_and_configured_to():
