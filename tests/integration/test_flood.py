@@ -64,7 +64,8 @@ def test_a_flood_is_read_whole_without_blocking_the_loop(daemon_factory):
     d.wait_serving()
     seen = observe_flood(d)
     counted = lambda: sum(e["count"] for e in d.events() if e["kind"] == "page_fault")  # noqa: E731
-    wait_for(lambda: counted() == seen["written"], 60, interval=1, what=f"the storms' counts to add up to {seen['written']:,}")
+    wait_for(lambda: counted() == seen["written"], 60, interval=1,
+             what=f"the storms' counts to add up to {seen['written']:,}")
     print(f"flood: {seen['written']:,} lines read in {seen['seconds']:.1f} s, max loop lag {seen['lag']:.2f} s, "
           f"peak RSS {seen['rss_mb']:.0f} MB")
     assert seen["lag"] < 2.0  # before: blocks of 2.4, 10.3 and 30 s (the watchdog limit)

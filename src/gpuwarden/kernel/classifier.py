@@ -168,6 +168,9 @@ class Classifier:
         self.storm_window = storm_window
         self.max_burst = max_burst
         self._bursts: dict[tuple, Burst] = {}
+        # bursts a line closed by starting the next under the same key (past max_burst or the storm window, in log
+        # time, before flush's caller's clock closed them): reported by the next flush like the ones it closes
+        self._superseded: list[Burst] = []
         self._latest: dict[tuple, tuple] = {}  # (kind, severity, subject, xid) -> the key of its latest burst
         # rule -> recent lines: (gpu, log time, text, other device, verified)
         self._recent: dict[str, list[tuple[str | None, float, str, str | None, bool]]] = {}
@@ -258,6 +261,8 @@ class Classifier:
             new += self._event(held.rule, held.match, held.record, held.stamp, held.now)
         if self._oops and (everything or now - self._oops.arrived > self.storm_window):
             new += self._close_oops(now)
+        grown += (b for b in self._superseded if b.count > 1)  # last: releasing a held line may close one too
+        self._superseded = []
         return Flushed(new, grown)
 
     # --- one-line events -------------------------------------------------------------------------
@@ -322,6 +327,8 @@ class Classifier:
         subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
         event = Event(kind=kind, severity=severity, message=f"{meaning}{subject}", time=now, gpu=gpu,
                       evidence=evidence)
+        if (closed := self._bursts.get(key)) is not None:
+            self._superseded.append(closed)  # its count is final: the store must still hear of it
         burst = self._bursts[key] = Burst(event, stamp, stamp, now)
         self._latest[key[:4]] = key
         return burst
