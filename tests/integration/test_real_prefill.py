@@ -21,7 +21,7 @@ from peers.engines import TINY_LLAMA, LlamaCpp, Vllm
 from peers.freezer import freeze_inside_a_decode
 from peers.load import Load
 
-INTERVAL, MIN_STALL, GRACE = 1.0, 3.0, 5.0
+INTERVAL, MIN_STALL, GRACE = 2.0, 3.0, 5.0  # a scrape may take its whole interval (check: timeout <= interval)
 VLLM_PROMPT, LLAMACPP_PROMPT = 7000, 3000  # tokens: 28 chunks of 256; 47 batches of 64
 
 pytestmark = pytest.mark.root  # ptrace, and killing engine trees
@@ -75,7 +75,8 @@ def prefill_then_hang(d, server, profile: str, prompt: int, hang) -> None:
 
 def test_a_long_vllm_prefill_is_work_and_a_stopped_engine_core_in_one_is_killed(servers, daemon_factory):
     vllm = servers(BigVllm)
-    d = daemon_factory(engine(vllm, scrape_interval=f'"{INTERVAL}s"', min_stall=f'"{MIN_STALL}s"',
+    d = daemon_factory(engine(vllm, scrape_interval=f'"{INTERVAL}s"', scrape_timeout=f'"{INTERVAL}s"',
+                              min_stall=f'"{MIN_STALL}s"',
                               kill_grace=f'"{GRACE}s"', canary='"off"')).start()
     d.wait_serving()
 
@@ -94,7 +95,8 @@ def test_a_long_vllm_prefill_is_work_and_a_stopped_engine_core_in_one_is_killed(
 
 def test_a_long_llamacpp_prefill_is_work_and_a_frozen_inference_thread_in_one_is_killed(servers, daemon_factory):
     server = servers(SmallBatchLlamaCpp, model="slow", slots=1)
-    d = daemon_factory(engine(server, scrape_interval=f'"{INTERVAL}s"', min_stall=f'"{MIN_STALL}s"',
+    d = daemon_factory(engine(server, scrape_interval=f'"{INTERVAL}s"', scrape_timeout=f'"{INTERVAL}s"',
+                              min_stall=f'"{MIN_STALL}s"',
                               kill_grace=f'"{GRACE}s"', canary='"off"')).start()
     d.wait_serving()
 

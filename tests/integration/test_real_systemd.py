@@ -313,7 +313,7 @@ def test_a_stalled_llamacpp_unit_is_killed_restarted_by_systemctl_back_and_a_res
              20, interval=0.5, what="llama watched")
 
     def events(kind):
-        out = box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 1h").stdout
+        out = box.run("/opt/gpuwarden/bin/gpuwarden events --jsonl --since 1h").stdout
         return [e for e in map(json.loads, out.splitlines()) if e["kind"] == kind and e["engine"] == "llama"]
 
     def stall_until_killed(count):
@@ -330,7 +330,7 @@ def test_a_stalled_llamacpp_unit_is_killed_restarted_by_systemctl_back_and_a_res
     try:
         _restart_and_fail(box, url, events, stall_until_killed)
     except AssertionError:
-        out = box.run("/opt/gpuwarden/bin/gpuwarden events --json --since 1h; journalctl --no-pager -n 60 -u llama "
+        out = box.run("/opt/gpuwarden/bin/gpuwarden events --jsonl --since 1h; journalctl --no-pager -n 60 -u llama "
                       "-u gpuwarden -o cat", check=False)
         print(out.stdout[-8000:], out.stderr[-2000:])
         raise
