@@ -26,9 +26,10 @@ IS_ROOT = os.geteuid() == 0
 PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # What two tests running at once would share, by module (its path under tests/) or fixture: the host's kernel log
 # and journal (a test's lines read by another's daemon, or counted), the unprivileged user gwattacker (created
-# once, its home emptied after each test), engine-like servers that discovery finds host-wide ("vllm serve").
+# once per worker, its home emptied after each test). Discovery sees every engine-like server of the host: a test
+# daemon discovers only when its test asks (helpers.Daemon), and those tests count only their own engines.
 HOST_MODULES = {"integration/test_kernel_handover.py", "integration/test_kernel_sources.py",
-                "integration/test_systemd.py", "integration/test_engines.py", "security/test_attack_kernel_lines.py"}
+                "integration/test_systemd.py", "security/test_attack_kernel_lines.py"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
 # The second step's lanes: every engine runs on core 0 (tests/peers/engines.py), so two lanes at most. The
 # engines the tests start themselves (vLLM, llama.cpp; they share the journald fixture and vLLM's compile cache)
