@@ -5,10 +5,10 @@ Tests marked `peers` need what `make test` builds (the real engines of tests/pee
 tests/nspawn): `make test` runs the others while those build, then these. A test that uses the `servers`,
 `containers` or `docker_engine` fixture is marked by itself; a module that needs them otherwise says so.
 
-`make test` runs each step on two workers (pytest-xdist, `--dist loadgroup`); tests of one group run one after
-another on one worker. First step: most tests wait on a daemon child process, not the CPU; those that share
-something of the host are the group `host` (HOST_MODULES), the others run one by one on whichever worker is free.
-Second step: two lanes (PEERS_LANES), the engines the tests start themselves beside the engines in containers.
+`make test` runs each step on two workers (pytest-xdist, `--dist loadgroup`); the tests of one group (GROUPS, by
+module) run one after another on one worker, every other test on whichever worker is free. First step: most
+tests wait on a daemon child process, not the CPU; those that share something of the host are the group `host`.
+Second step: two lanes, the engines the tests start themselves beside the engines in containers.
 """
 
 from __future__ import annotations
@@ -24,38 +24,58 @@ IS_ROOT = os.geteuid() == 0
 
 
 PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
-# What two tests running at once would share, by module (its path under tests/) or fixture: the host's kernel log
-# and journal (a test's lines read by another's daemon, or counted), the unprivileged user gwattacker (created
-# once per worker, its home emptied after each test). Discovery sees every engine-like server of the host: a test
-# daemon discovers only when its test asks (helpers.Daemon), and those tests count only their own engines.
-HOST_MODULES = {"integration/test_kernel_handover.py", "integration/test_kernel_sources.py",
-                "integration/test_systemd.py", "security/test_attack_kernel_lines.py"}
+# By path under tests/ (a folder ends with "/"). Step 1, `host`: what two tests at once would share: the host's
+# kernel log and journal (a test's lines read by another's daemon, or counted; the journald fixture), the user
+# gwattacker (created once per worker, its home emptied after each test: the attacker fixtures). Discovery sees
+# every engine-like server of the host: a test daemon discovers only when its test asks (helpers.Daemon), and
+# those tests count only their own engines.
+# Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
+# themselves (vLLM, llama.cpp; the journald fixture, vLLM's compile cache) beside those in Docker containers, in
+# the nspawn systemd and under test_restart.py's supervisor; their kernel lines name different GPUs, and a
+# discovering daemon counts only its own engine's events.
+GROUPS = {"security/": "host", "integration/test_kernel_handover.py": "host",
+          "integration/test_kernel_sources.py": "host", "integration/test_systemd.py": "host",
+          "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",
+          "integration/test_real_prefill.py": "engines", "integration/test_docker.py": "containers",
+          "integration/test_real_systemd.py": "containers", "integration/test_restart.py": "containers"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
-# The second step's lanes: every engine runs on core 0 (tests/peers/engines.py), so two lanes at most. The
-# engines the tests start themselves (vLLM, llama.cpp; they share the journald fixture and vLLM's compile cache)
-# beside the engines in Docker containers, in the nspawn systemd and under test_restart.py's supervisor. Their
-# kernel lines name different GPUs, and a discovering daemon counts only its own engine's events.
-PEERS_LANES = {"integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers",
-               "integration/test_restart.py": "containers"}
 TESTS = Path(__file__).parent
+
+
+def group(path: str) -> str | None:
+    """The group of a test module, by its path under tests/ (or under the rootdir: tests/...)."""
+    path = path.removeprefix("tests/")
+    return GROUPS.get(path) or GROUPS.get(path.split("/", 1)[0] + "/")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        module = item.path.relative_to(TESTS).as_posix()
         if PEERS_FIXTURES & fixtures:
             item.add_marker(pytest.mark.peers)
-        if item.get_closest_marker("peers"):
-            item.add_marker(pytest.mark.xdist_group(PEERS_LANES.get(module, "engines")))
-        elif HOST_FIXTURES & fixtures or module in HOST_MODULES:
-            item.add_marker(pytest.mark.xdist_group("host"))
+        where = group(item.path.relative_to(TESTS).as_posix())
+        lane = item.get_closest_marker("peers") and where in ("engines", "containers")
+        if (HOST_FIXTURES & fixtures and where != "host") or (item.get_closest_marker("peers") and not lane):
+            raise pytest.UsageError(f"{item.nodeid}: its module needs a group in GROUPS of tests/conftest.py")
     if IS_ROOT:
         return
     skip = pytest.mark.skip(reason="needs root (writes /dev/kmsg, starts journald, makes mount namespaces)")
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup with the groups of GROUPS. (xdist 3.8 marks an `xdist_group` by a suffix to the test's
+    id, which pytest 9 no longer takes: its groups would be lost.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByModule(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group(nodeid.split("::", 1)[0]) or nodeid
+    return ByModule(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
