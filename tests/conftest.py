@@ -54,8 +54,11 @@ def pytest_collection_modifyitems(config, items):
         if PEERS_FIXTURES & fixtures:
             item.add_marker(pytest.mark.peers)
         where = group(item.path.relative_to(TESTS).as_posix())
-        lane = item.get_closest_marker("peers") and where in ("engines", "containers")
-        if (HOST_FIXTURES & fixtures and where != "host") or (item.get_closest_marker("peers") and not lane):
+        if item.get_closest_marker("peers"):
+            grouped = where in ("engines", "containers")  # a lane of step 2
+        else:
+            grouped = where == "host" or not HOST_FIXTURES & fixtures
+        if not grouped:
             raise pytest.UsageError(f"{item.nodeid}: its module needs a group in GROUPS of tests/conftest.py")
     if IS_ROOT:
         return
