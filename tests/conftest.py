@@ -30,14 +30,15 @@ PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # every engine-like server of the host: a test daemon discovers only when its test asks (helpers.Daemon), and
 # those tests count only their own engines.
 # Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
-# themselves (vLLM, llama.cpp; the journald fixture, vLLM's compile cache) beside those in Docker containers, in
-# the nspawn systemd and under test_restart.py's supervisor; their kernel lines name different GPUs, and a
-# discovering daemon counts only its own engine's events.
+# themselves (vLLM, llama.cpp; the journald fixture, vLLM's compile cache) beside those in Docker containers and
+# in the nspawn systemd (about 5 minutes, then the first lane runs alone); their kernel lines name different
+# GPUs, and a discovering daemon counts only its own engine's events. test_restart.py's frozen llama.cpp runs
+# last in the first lane: beside the other it was once judged unresponsive (its /metrics hung) before stalled.
 GROUPS = {"security/": "host", "integration/test_kernel_handover.py": "host",
           "integration/test_kernel_sources.py": "host", "integration/test_systemd.py": "host",
           "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",
-          "integration/test_real_prefill.py": "engines", "integration/test_docker.py": "containers",
-          "integration/test_real_systemd.py": "containers", "integration/test_restart.py": "containers"}
+          "integration/test_real_prefill.py": "engines", "integration/test_restart.py": "engines",
+          "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
 TESTS = Path(__file__).parent
 
