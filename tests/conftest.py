@@ -25,10 +25,10 @@ IS_ROOT = os.geteuid() == 0
 
 PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # By path under tests/ (a folder ends with "/"). Step 1, `host`: what two tests at once would share: the host's
-# kernel log and journal (a test's lines read by another's daemon, or counted; the journald fixture), the user
-# gwattacker (created once per worker, its home emptied after each test: the attacker fixtures). Discovery sees
-# every engine-like server of the host: a test daemon discovers only when its test asks (helpers.Daemon), and
-# those tests count only their own engines.
+# kernel log and journal (a test's lines read by another's daemon, or counted: write_kmsg, the journald fixture),
+# the user gwattacker (created once per worker, its home emptied after each test: the attacker fixtures).
+# Discovery sees every engine-like server of the host: a test daemon discovers only when its test asks
+# (helpers.Daemon), and those tests count only their own engines.
 # Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
 # themselves (vLLM, llama.cpp; the journald fixture, vLLM's compile cache) beside those in Docker containers and
 # in the nspawn systemd (about 5 minutes, then the first lane runs alone); their kernel lines name different
@@ -57,8 +57,9 @@ def pytest_collection_modifyitems(config, items):
         where = group(item.path.relative_to(TESTS).as_posix())
         if item.get_closest_marker("peers"):
             grouped = where in ("engines", "containers")  # a lane of step 2
-        else:
-            grouped = where == "host" or not HOST_FIXTURES & fixtures
+        else:  # a module that writes the kernel log imports helpers.write_kmsg
+            shares = HOST_FIXTURES & fixtures or hasattr(getattr(item, "module", None), "write_kmsg")
+            grouped = where == "host" or not shares
         if not grouped:
             raise pytest.UsageError(f"{item.nodeid}: its module needs a group in GROUPS of tests/conftest.py")
     if IS_ROOT:
