@@ -150,6 +150,8 @@ class EngineKind:
     answers_at: str | None = None  # a path only this kind's API answers: `probe`'s hint when /metrics does not
     more: str = ""  # what a user can switch on for per-step progress
     idle_canary: float = 0.0  # canary_interval of a discovered engine of this kind (0: none)
+    # where it keeps compiled artefacts, per user ({home}, {user}): a crash loop's poisoned cache is looked for there
+    caches: tuple[str, ...] = ()
 
     @property
     def sources(self) -> tuple[str, ...]:

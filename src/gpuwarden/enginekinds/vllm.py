@@ -49,4 +49,5 @@ KIND = EngineKind(
     commands=("vllm serve", "vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"),
     executables=(PYTHON,),
     more="/metrics is on by default; its log needs log stats on (no --disable-log-stats)",
+    caches=("{home}/.cache/vllm",),  # its torch.compile cache (torch_compile_cache/)
 )
