@@ -140,7 +140,7 @@ def stall_floor(config: EngineConfig) -> float:
         return config.min_stall
     kind = enginekinds.named(config.profile)
     logs = [kind.log] if kind else [k.log for k in enginekinds.all_kinds() if k.log]
-    return max(config.min_stall, *(2 * log.interval for log in logs))
+    return max(config.min_stall, *(2 * p.interval for p in logs))
 
 
 def rules_of(config: EngineConfig) -> lc.Rules:
