@@ -98,10 +98,10 @@ def probe_order(new: list[Found], probed: dict[str, float]) -> list[Found]:
     return sorted(new, key=lambda f: (not f.installed, probed.get(f.name, float("-inf"))))
 
 
-def programs(kind: str) -> set[str]:
+def programs(name: str) -> set[str]:
     """The program file of an engine (a native server, or the console script an interpreter runs): the first word
-    of its commands that is a plain file name."""
-    commands = enginekinds.named(kind).commands
+    of its kind's commands that is a plain file name; none for a name no kind has."""
+    commands = kind.commands if (kind := enginekinds.named(name)) else ()
     return {c.split()[0] for c in commands if "." not in c.split()[0] and "/" not in c.split()[0]}
 
 
