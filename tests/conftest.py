@@ -70,17 +70,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def pytest_xdist_make_scheduler(config, log):
+class GroupsByModule:
     """--dist loadgroup with the groups of GROUPS. (xdist 3.8 marks an `xdist_group` by a suffix to the test's
     id, which pytest 9 no longer takes: its groups would be lost.)"""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
 
-    class ByModule(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return group(nodeid.split("::", 1)[0]) or nodeid
-    return ByModule(config, log)
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadGroupScheduling
+
+        class ByModule(LoadGroupScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return group(nodeid.split("::", 1)[0]) or nodeid
+        return ByModule(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` runs everything in one process
+        config.pluginmanager.register(GroupsByModule(), "gpuwarden-groups")
 
 
 @pytest.hookimpl(hookwrapper=True)
