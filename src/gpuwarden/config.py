@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden import webconfig
 from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Severity, normalize_pci
@@ -143,6 +144,14 @@ class ExporterConfig(Section):
     enabled: bool = True
     listen: str = "127.0.0.1"  # an address; "host:port" and "[v6]:port" set the port too
     port: int = Field(default=DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+    web_config_file: AbsolutePath | None = None  # TLS and basic auth, node_exporter's --web.config.file form
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            webconfig.load(value)  # read whole now: `run` must not be the first to find a bad key or hash
+        return value
 
     @model_validator(mode="before")
     @classmethod

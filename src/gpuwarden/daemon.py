@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, policy, reloads, snapshot
+from gpuwarden import families, logsetup, policy, reloads, snapshot, webconfig
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
@@ -165,7 +165,8 @@ class Daemon:
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status, self.hub.incidents.folder)
+        web = webconfig.load(cfg.web_config_file) if cfg.web_config_file else None  # checked at load: read now
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status, self.hub.incidents.folder, web)
         try:
             exporter.start()
         except OSError as exc:

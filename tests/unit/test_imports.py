@@ -22,7 +22,8 @@ import gpuwarden
 SRC = Path(gpuwarden.__file__).parent
 LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "timeline", "exporter", "logsetup",
-     "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage", "registry"},
+     "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage", "registry",
+     "webconfig"},
     {"policy"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
