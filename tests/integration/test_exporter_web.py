@@ -8,7 +8,7 @@ import subprocess
 import bcrypt
 import httpx
 import pytest
-from helpers import GPUWARDEN, need
+from helpers import GPUWARDEN, free_port, need, wait_for
 
 PASSWORD = "correct horse"
 
@@ -74,3 +74,34 @@ def test_check_refuses_a_web_config_run_could_not_serve_with(tmp_path, tls, make
     result = subprocess.run([*GPUWARDEN, "check", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 78, result.stdout + result.stderr
     assert f":3: exporter.web_config_file: {path}: " + said.format(tmp=tmp_path) in result.stderr, result.stderr
+
+
+def test_prometheus_scrapes_it_over_tls_with_basic_auth(daemon_factory, tmp_path, tls):
+    """The real Prometheus, configured as docs/metrics.md says, scrapes the guarded exporter."""
+    cert, _ = tls
+    d = daemon_factory("[guard]\nenabled = false\n[gpu]\nnvml = false\n")
+    d.config_path.write_text(d.config_path.read_text().replace(
+        f"[exporter]\nport = {d.port}\n", f'[exporter]\nport = {d.port}\nweb_config_file = "{web_config(tmp_path)}"\n'))
+    d.start()
+    d.wait_log("gpuwarden running", 30)
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: gpuwarden\n    scheme: https\n"
+        f"    tls_config: {{ca_file: '{cert}'}}\n    basic_auth: {{username: prometheus, password: '{PASSWORD}'}}\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{d.port}']}}]\n")
+    server = subprocess.Popen(
+        [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'db'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def up():
+            try:
+                data = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": "up"}, timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                return None
+            return data["data"]["result"]
+        [series] = wait_for(up, 60, interval=0.5, what="Prometheus to scrape the exporter once")
+        assert series["value"][1] == "1", series  # 0 would be a failed scrape: TLS or the password refused
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert d.stop() == 0
