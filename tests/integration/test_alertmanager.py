@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from helpers import free_port, wait_for
+from helpers import GPUWARDEN, free_port, wait_for
 
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.alertmanager import AlertmanagerChannel
@@ -124,3 +124,15 @@ def test_the_channels_answer_decides_the_retry(alertmanager):
                                                                                                           None)
     retry, error = asyncio.run(AlertmanagerChannel(f"alertmanager://127.0.0.1:{free_port()}").notify(good, 5))
     assert retry and "ConnectError" in error  # down: the outbox tries again later
+
+
+def test_test_alert_reaches_alertmanager(tmp_path, alertmanager):
+    config = tmp_path / "gw.toml"
+    config.write_text(f'[alerts]\nhostname = "vm"\n\n[[alerts.target]]\nname = "am"\n'
+                      f'url = "alertmanager://127.0.0.1:{alertmanager}"\n')
+    result = subprocess.run([*GPUWARDEN, "test-alert", "--config", str(config)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "am: ok", result.stdout + result.stderr
+    out = subprocess.run(["amtool", "alert", "query", "-o", "json", f"--alertmanager.url=http://127.0.0.1:{alertmanager}",
+                          "alertname=test_alert"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert [a["labels"] for a in json.loads(out)] == [{"alertname": "test_alert", "severity": "info", "host": "vm"}]
