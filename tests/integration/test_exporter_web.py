@@ -56,6 +56,13 @@ def test_tls_and_basic_auth_guard_metrics_and_the_status_page(daemon_factory, tm
     lint = subprocess.run([need("promtool"), "check", "metrics"], input=metrics.text, capture_output=True,
                           text=True, timeout=60)
     assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
+    web_config(tmp_path, hashed=bcrypt.hashpw(b"renewed", bcrypt.gensalt(4)).decode())  # a changed password
+    done = subprocess.run([*GPUWARDEN, "reload", "--pid", str(d.proc.pid), "--timeout", "20"], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    with httpx.Client(verify=trust, timeout=10) as client:  # the reload read the file again
+        assert client.get(f"{url}/metrics", auth=("prometheus", PASSWORD)).status_code == 401
+        assert client.get(f"{url}/metrics", auth=("prometheus", "renewed")).status_code == 200
     assert d.stop() == 0
 
 
