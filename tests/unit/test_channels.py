@@ -6,8 +6,8 @@ import base64
 import bcrypt
 import pytest
 
-from gpuwarden.alert.alertmanager import endpoint, identities, postable
-from gpuwarden.alert.channel import Alert
+from gpuwarden.alert.alertmanager import endpoint, postable
+from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.model import Event, Severity
 from gpuwarden.webconfig import WebConfig

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden import families
-from gpuwarden.alert.alertmanager import identities
-from gpuwarden.alert.channel import Alert
+from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl

@@ -19,7 +19,6 @@ from urllib.parse import SplitResult, urlsplit
 import httpx
 
 from gpuwarden.alert.channel import Alert
-from gpuwarden.model import Event
 
 SCHEMES = {"alertmanager": "http", "alertmanagers": "https"}
 
@@ -46,17 +45,6 @@ def _port(parts: SplitResult) -> int | None:
         return parts.port
     except ValueError:
         raise ValueError(f"port {parts.netloc.rsplit(':', 1)[-1]!r} is not a port number") from None
-
-
-def identities(events: list[Event], host: str, incident: str | None) -> list[dict[str, Any]]:
-    """One alert identity per distinct label set of `events`, with when its first event happened."""
-    found: dict[tuple, dict[str, Any]] = {}
-    for e in events:
-        labels = {"alertname": e.kind, "severity": str(e.severity), "host": host, "gpu": e.gpu or "",
-                  "engine": e.engine or "", "incident": incident or ""}
-        labels = {k: v for k, v in labels.items() if v}  # Alertmanager treats an empty label as absent
-        found.setdefault(tuple(sorted(labels.items())), {"labels": labels, "starts": e.time})
-    return list(found.values())
 
 
 def postable(alert: Alert, now: float) -> list[dict[str, Any]]:

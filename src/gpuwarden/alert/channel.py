@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpuwarden.model import Event
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -20,6 +22,18 @@ class Alert:
     resolved: bool  # the alert's end: an all-clear
     picture: str | None = None  # the incident's timeline picture, when the channel takes one
     identities: list[dict[str, Any]] = field(default_factory=list)  # {"labels": {...}, "starts": epoch seconds}
+
+
+def identities(events: list[Event], host: str, incident: str | None) -> list[dict[str, Any]]:
+    """One alert identity per distinct label set of `events`, with when its first event happened: what a channel
+    that keeps alerts by identity (Alertmanager) fires and ends."""
+    found: dict[tuple, dict[str, Any]] = {}
+    for e in events:
+        labels = {"alertname": e.kind, "severity": str(e.severity), "host": host, "gpu": e.gpu or "",
+                  "engine": e.engine or "", "incident": incident or ""}
+        labels = {k: v for k, v in labels.items() if v}  # Alertmanager treats an empty label as absent
+        found.setdefault(tuple(sorted(labels.items())), {"labels": labels, "starts": e.time})
+    return list(found.values())
 
 
 class Channel(Protocol):
