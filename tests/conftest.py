@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import gpuwarden.alert.runbooks  # the domain fills the registry config validates names against, as cli.py does
+import gpuwarden.kernel.rules  # noqa: F401
 from paths import CORPUS
 
 IS_ROOT = os.geteuid() == 0

@@ -26,12 +26,11 @@ from pydantic import (
     model_validator,
 )
 
-from gpuwarden import enginekinds
-from gpuwarden.alert.runbooks import RUNBOOKS
-from gpuwarden.kernel.rules import RULES
+from gpuwarden import enginekinds, webconfig
 from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Severity, normalize_pci
+from gpuwarden.registry import rules, runbooks
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 # Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
@@ -145,6 +144,14 @@ class ExporterConfig(Section):
     enabled: bool = True
     listen: str = "127.0.0.1"  # an address; "host:port" and "[v6]:port" set the port too
     port: int = Field(default=DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+    web_config_file: AbsolutePath | None = None  # TLS and basic auth, node_exporter's --web.config.file form
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            webconfig.load(value)  # read whole now: `run` must not be the first to find a bad key or hash
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -193,8 +200,8 @@ class KernelRule(Section):
     @field_validator("runbook")
     @classmethod
     def _known_runbook(cls, value: str) -> str:
-        if value and value not in RUNBOOKS:  # else the alert would silently carry no runbook
-            hint = difflib.get_close_matches(value, RUNBOOKS, n=1)
+        if value and value not in runbooks():  # else the alert would silently carry no runbook
+            hint = difflib.get_close_matches(value, runbooks(), n=1)
             raise ValueError(f"unknown runbook {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         return value
 
@@ -219,17 +226,14 @@ def _check_kind(value: str) -> str:
     return value
 
 
-_RULES = {r.name: r for r in RULES}
-
-
 def _check_rule(name: str) -> str:
-    if name not in _RULES:
-        hint = difflib.get_close_matches(name, _RULES, n=1)
+    if name not in rules():
+        hint = difflib.get_close_matches(name, rules(), n=1)
         raise ValueError(f"unknown built-in rule {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     return name
 
 
-RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (kernel/rules.py)
+RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (registry.py)
 
 
 class KernelConfig(Section):
@@ -262,9 +266,9 @@ class KernelConfig(Section):
     @classmethod
     def _rule_takes_a_severity(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if _RULES[name].kind == "xid":
+            if rules()[name].kind == "xid":
                 raise ValueError(f"{name}: an Xid line's severity is its Xid's: set it in [kernel.xid]")
-            if _RULES[name].quiet:
+            if rules()[name].quiet:
                 raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
         return value
 
