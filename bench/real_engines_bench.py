@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -60,7 +61,7 @@ def one_run(kind, make_stall, tmp: Path, src: Path | None = None) -> float:
                   deadline=120, timeout=120):
             daemon.start()
             daemon.wait_serving()
-            time.sleep(3 * INTERVAL)
+            time.sleep(3 * INTERVAL + random.uniform(0, INTERVAL))  # the stall at any point between scrapes
             held = make_stall(server)
             onset = time.monotonic()
             wait_for(server.gone, MIN_STALL + 60, interval=0.05, what="the engine's tree to be gone")

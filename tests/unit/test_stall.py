@@ -210,3 +210,4 @@ def test_the_next_look_comes_at_the_tick_or_just_after_the_threshold_runs_out():
     assert next_look(10.0, 12.0, 8.0) == 10.0  # due after the tick: the tick
     assert 9.0 < next_look(10.0, 9.0, 8.0) < 9.1  # due before the tick: just after it runs out
     assert next_look(10.0, 7.0, 8.0) == 10.0  # already past (that look's scrape failed): no look again and again
+    assert 8.2 < next_look(10.0, 8.05, 8.0) < 8.5  # not right after the last look: its CPU reading needs a window

@@ -36,6 +36,7 @@ from gpuwarden.engine.metrics import EngineSample
 _RECENT = 20  # timing increments that make "recent"
 _STEPS = 8  # step gaps that make "recent"
 _PAST = 0.01  # a look this long after the threshold runs out: the judgement is "longer than", not "as long as"
+_GAP = 0.25  # nor sooner after the last look: its CPU reading (spinning or not) needs a window to mean anything
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,6 @@ class StallDetector:
 
 def next_look(tick: float, due: float | None, now: float) -> float:
     """When the watch scrapes next: at its regular tick, or just after a stall threshold runs out if that comes
-    first. At most one early look per threshold (one already past, e.g. its scrape failed, waits for the tick),
-    and only while requests run and nothing moves."""
-    return tick if due is None or due + _PAST <= now else min(tick, due + _PAST)
+    first (`now`: the last look). At most one early look per threshold (one already past, e.g. its scrape
+    failed, waits for the tick), and only while requests run and nothing moves."""
+    return tick if due is None or due + _PAST <= now else min(tick, max(due + _PAST, now + _GAP))
