@@ -18,8 +18,6 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-import apprise
-
 from gpuwarden import families
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
@@ -34,9 +32,11 @@ from gpuwarden.store import OutboxRow, QueuedStore, Store
 
 log = logging.getLogger(__name__)
 
-NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
-                Severity.CRITICAL: apprise.NotifyType.FAILURE}
-_FORMATS = {True: apprise.NotifyFormat.MARKDOWN, False: apprise.NotifyFormat.TEXT}
+# apprise's NotifyType and NotifyFormat values, which it takes as plain strings: apprise itself (130 ms of import)
+# is loaded only where a target is built (alert.targets), not by every start
+NOTIFY_TYPES = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.CRITICAL: "failure"}
+SUCCESS = "success"
+_FORMATS = {True: "markdown", False: "text"}
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
 _SENDS = OffLoop("apprise", limit=16)  # one send in flight per target; a hung one holds one thread, not more
@@ -151,7 +151,7 @@ class Alerter:
         message = compose(out, self.context(), f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
         # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
-        tone = apprise.NotifyType.SUCCESS if message.resolved else NOTIFY_TYPES[
+        tone = SUCCESS if message.resolved else NOTIFY_TYPES[
             max((e.severity for e in out.events), default=message.severity)]
         # the first page of an incident this process is writing waits for its picture; a follow-up, or an alert
         # of an incident from before a restart (whose picture may never come), takes the one there, if any
@@ -219,7 +219,7 @@ class Alerter:
             attach = await self._picture(Path(folder), row.created, wait)
         markdown = target.markdown or "text" not in row.payload  # a row queued before plain text was kept
         return await send(target, row.payload["title"], row.payload["body" if markdown else "text"],
-                          row.payload.get("notify") or (apprise.NotifyType.SUCCESS if row.payload["resolved"]
+                          row.payload.get("notify") or (SUCCESS if row.payload["resolved"]
                                                         else NOTIFY_TYPES[Severity.parse(row.severity)]),
                           self.config.send_timeout, attach, markdown)
 

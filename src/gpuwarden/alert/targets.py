@@ -5,11 +5,13 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-
-import apprise
+from typing import TYPE_CHECKING
 
 from gpuwarden.config import AlertsConfig, ConfigError
 from gpuwarden.model import Severity
+
+if TYPE_CHECKING:
+    import apprise
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,7 @@ class Target:
     def markdown(self) -> bool:
         """Whether every service of the target renders Markdown (or HTML, which apprise makes from it): apprise
         converts no Markdown to plain text, so a plain-text service gets the message's plain text instead."""
-        return all(server.resolve_format(apprise.NotifyFormat.MARKDOWN) != apprise.NotifyFormat.TEXT
-                   for server in self.apprise)
+        return all(server.resolve_format("markdown") != "text" for server in self.apprise)
 
     def wants(self, severity: Severity, tags: frozenset[str]) -> bool:
         return severity >= self.min_severity and (not self.tags or bool(self.tags & tags))
@@ -55,6 +56,8 @@ def _port(parts: urllib.parse.SplitResult) -> int | None:
 
 
 def build(config: AlertsConfig) -> list[Target]:
+    import apprise  # here, not at the top: 130 ms and 10 MB that a box without alert targets never needs
+
     specs = [(u.get_secret_value(), None, "warning", (), ("alerts", "urls", i)) for i, u in enumerate(config.urls)]
     specs += [(t.url.get_secret_value(), t.name, t.min_severity, tuple(t.tags), ("alerts", "target", i, "url"))
               for i, t in enumerate(config.target)]
@@ -75,6 +78,8 @@ def build(config: AlertsConfig) -> list[Target]:
 def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Target]:
     if not path.is_file():
         raise ConfigError(f"alerts.config_file: {path}: no such file", ("alerts", "config_file"))
+    import apprise
+
     cfg = apprise.AppriseConfig()
     if not cfg.add(str(path)):
         raise ConfigError(f"alerts.config_file: {path}: apprise cannot read it", ("alerts", "config_file"))

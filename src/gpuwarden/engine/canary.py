@@ -21,8 +21,10 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 API_OF_PROFILE = {"llamacpp": "llamacpp", "ollama": "ollama", "sglang": "sglang"}  # others speak OpenAI
 # A 503 from /health_generate that came this late is its own deadline passing (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s
@@ -66,6 +68,8 @@ async def canary(base_url: str, api: str, timeout: float) -> CanaryResult:
     """One completion of one token; the whole exchange (model look-up included) within `timeout`. A refused or
     dropped connection is tried again until then: an engine whose HTTP workers are all held by stuck requests
     drops new connections, and that too is a completion that does not return."""
+    import httpx  # on first use: 90 ms of import that a start without engines never needs
+
     started, last = time.monotonic(), ""
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False) as client:
         try:
