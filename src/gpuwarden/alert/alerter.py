@@ -157,7 +157,7 @@ class Alerter:
         # of an incident from before a restart (whose picture may never come), takes the one there, if any
         fresh = drawn is not None and not out.follow_up
         payload = {"title": message.title, "body": message.body, "text": message.text, "resolved": message.resolved,
-                   "notify": tone.value, "incident": incident and str(incident), "picture_wait": fresh}
+                   "notify": tone, "incident": incident and str(incident), "picture_wait": fresh}
         ids = self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
         for name, row_id in zip(wanted, ids, strict=True):
             self._outbox.setdefault(name, deque()).append(
