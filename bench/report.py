@@ -65,8 +65,8 @@ def verdict(fig: dict) -> str:
 
 def table(figures: list[dict], failures: list[str], when: str) -> str:
     rows = ["| figure | value | alternative (same run) | goal | |", "|---|---:|---|---|---|"]
-    rows += [f"| {f['name']} | {value(f)} | {f.get('alternative', '')} | {f.get('goal') or '—'} | {verdict(f)} |"
-             for f in figures]
+    rows += ["| " + " | ".join(cell.replace("|", "\\|") for cell in (
+        f["name"], value(f), f.get("alternative", ""), f.get("goal") or "—", verdict(f))) + " |" for f in figures]
     notes = [f"\n`make bench`, {when}; bench/report.py writes this table."]
     notes += [f"Not measured: {failure}." for failure in failures]
     return "\n".join(rows + notes) + "\n"
