@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import pwd
 import re
@@ -233,6 +234,14 @@ def _check_rule(name: str) -> str:
     return name
 
 
+NEEDS_JOURNAL = "needs systemd-python, not installed: pip install 'gpuwarden[journal]'"
+
+
+def journal_readable() -> bool:
+    """Whether systemd-python, the optional extra `journal`, is there to read the journal with."""
+    return importlib.util.find_spec("systemd") is not None
+
+
 RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (registry.py)
 
 
@@ -276,6 +285,8 @@ class KernelConfig(Section):
     def _file_for_file(self) -> KernelConfig:
         if self.source == "file" and self.file is None:  # else `run` would watch no kernel log at all
             raise ValueError('source = "file" needs file, the log file to follow')
+        if self.source == "journal" and not journal_readable():  # else `run` would watch no kernel log at all
+            raise ValueError(f'source = "journal" {NEEDS_JOURNAL}; or source = "auto" (/dev/kmsg)')
         return self
 
     @model_validator(mode="after")
@@ -482,6 +493,8 @@ class EngineConfig(Section):
         if self.source == "log" and len(logs) != 1:
             raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
                              f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
+        if self.source == "log" and self.log_unit is not None and not journal_readable():
+            raise ValueError(f"log_unit (the unit's journal) {NEEDS_JOURNAL}; or log_file")
         kind = enginekinds.named(self.profile)
         if kind and self.source not in kind.sources:
             raise ValueError(f"{kind.title} offers no source {self.source!r}: use " +
