@@ -361,6 +361,7 @@ def cmd_conditions(args: argparse.Namespace) -> int:
         rows = read_conditions(config.daemon.state_dir / "gpuwarden.db", timeout=2.0)
     except LookupError as exc:
         print(f"gpuwarden conditions: {exc}", file=sys.stderr)
+        _emit(args, [], str)  # --json is still one document: no condition
         return EXIT_OK
 
     def text(row: dict) -> str:

@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 
 import pytest
-from helpers import GPUWARDEN, need, wait_for
+from helpers import GPUWARDEN, free_port, need, wait_for
 
 from gpuwarden.model import Event, Severity
 from gpuwarden.store import Store
@@ -201,6 +201,33 @@ def test_run_log_level_outlives_a_reload_found_without_pid(tmp_path):
         assert daemon.wait(15) == 0
     logged = (tmp_path / "stderr").read_text()
     assert " INFO " not in logged and " DEBUG " not in logged, logged  # --log-level, not the file's debug
+
+
+JSON_COMMANDS = [("check", "--json"), ("events", "--json"), ("incidents", "--json"), ("conditions", "--json"),
+                 ("doctor", "--json"), ("guard", "status", "--json"), ("status", "--json", "--timeout", "1"),
+                 ("probe", "http://127.0.0.1:9/metrics", "--json", "--timeout", "1"), ("replay", "--json", "-")]
+
+
+@pytest.mark.parametrize("command", JSON_COMMANDS, ids=lambda c: c[0])
+def test_every_json_command_prints_one_json_document_and_nothing_else(tmp_path, command):
+    """With --json, standard output is exactly one JSON document, whatever the command has to say besides
+    (no store, no daemon, no GPU, an engine that does not answer): that goes to standard error."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[exporter]\nport = {free_port()}\n')
+    out = run("--config", str(cfg), *command, stdin="")
+    assert out.returncode in (0, 1), out.stderr  # probe: 1, nothing answers
+    json.loads(out.stdout)  # one document: a second one, or any text, would not parse
+
+
+@pytest.mark.parametrize("command", ["events", "incidents", "conditions", "replay"])
+def test_jsonl_commands_print_one_object_a_line(store_cfg, corpus, command):
+    extra = [str(corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log")] if command == "replay" \
+        else []
+    out = run("--config", str(store_cfg), command, "--jsonl", *extra)
+    assert out.returncode in (0, 2), out.stderr  # replay: 2, it found something critical
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert all(isinstance(row, dict) for row in rows)
+    assert rows or command in ("incidents", "conditions")  # the store holds events, no incident or condition
 
 
 # --- the man page and the bash completion, both from the argparse tree ---------------------------------------

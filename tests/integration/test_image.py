@@ -12,12 +12,11 @@ published port, and a fault line written to the file on the host is stored.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
+import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -58,29 +57,27 @@ def base_image() -> str:
     return tag
 
 
-def context(wheels: Path) -> bytes:
-    """The build context as a tar: the repository's files and wheels/."""
+def context(into: Path) -> Path:
+    """The build context: the repository's files, and wheels/ for pip."""
     listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             capture_output=True, timeout=60, check=True).stdout.decode().split("\0")
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name in filter(None, listed):
-            if (ROOT / name).exists():  # a file deleted but not yet committed is still listed
-                tar.add(ROOT / name, arcname=name, recursive=False)
-        tar.add(wheels, arcname="wheels")
-    return out.getvalue()
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():  # a file deleted but not yet committed is still listed
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, into / name, follow_symlinks=False)
+    (into / "wheels").mkdir()
+    return into
 
 
 @pytest.fixture(scope="module")
 def image(docker_engine, tmp_path_factory) -> str:
-    wheels = tmp_path_factory.mktemp("wheels")
+    wheels = context(tmp_path_factory.mktemp("context")) / "wheels"
     for what in ([str(ROOT)], ["--no-deps", "setuptools>=77"]):  # gpuwarden's dependencies; its build backend
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), *what],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     built = _client("build", "--network", "none", "-t", TAG, "--build-arg", f"BASE={base_image()}",
-                    "--build-arg", "PIP_OPTIONS=--no-index --find-links /src/wheels", "-",
-                    stdin=context(wheels))
+                    "--build-arg", "PIP_OPTIONS=--no-index --find-links /src/wheels", str(wheels.parent))
     assert built.returncode == 0, (built.stdout + built.stderr).decode()[-5000:]
     return TAG
 
