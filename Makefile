@@ -11,7 +11,7 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
 	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container \
-	rsvg-convert:librsvg2-bin chromium:chromium jq:jq
+	rsvg-convert:librsvg2-bin chromium:chromium jq:jq man:man-db git:git
 
 .PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
 
