@@ -11,9 +11,9 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 	nsenter:util-linux prometheus-node-exporter:prometheus-node-exporter taskset:util-linux setpriv:util-linux \
 	tmux:tmux useradd:passwd pgrep:procps ss:iproute2 prometheus-alertmanager:prometheus-alertmanager \
 	amtool:prometheus-alertmanager dockerd:docker.io debootstrap:debootstrap systemd-nspawn:systemd-container \
-	rsvg-convert:librsvg2-bin chromium:chromium jq:jq
+	rsvg-convert:librsvg2-bin chromium:chromium jq:jq man:man-db git:git
 
-.PHONY: run test lint bench install install-config uninstall system-deps test-deps peers nspawn clean
+.PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
 
 # `make run CONFIG=my.toml` runs with your file; without it, on the built-in defaults
 run: $(VENV)/.installed
@@ -59,28 +59,26 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
+# `make install DESTDIR=/tmp/stage PREFIX=/usr/lib/gpuwarden` stages it for a package: the virtualenv in
+# $(DESTDIR)$(PREFIX), then `gpuwarden install` places the unit (its ExecStart names $(PREFIX), not the stage),
+# the configuration (0600; an existing one is kept, only tightened), the man page and the bash completion
+# (below $(DESTDIR)$(DATAPREFIX)/share). A virtualenv names its own path inside: staged elsewhere, it runs
+# only once it is at $(PREFIX).
+DESTDIR ?=
+DATAPREFIX ?= /usr/local
 install: system-deps
-	$(SUDO) $(PYTHON) -m venv $(PREFIX)
-	$(SUDO) $(PREFIX)/bin/pip install -q --upgrade pip
-	$(SUDO) $(PREFIX)/bin/pip install -q .
-	$(SUDO) install -D -m 0644 systemd/gpuwarden.service /etc/systemd/system/gpuwarden.service
-	@$(MAKE) --no-print-directory install-config
-	@if [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; \
-	echo "installed; start it with: systemctl enable --now gpuwarden"; fi
-
-# The configuration holds the alert URLs' tokens: root's alone (0600). An existing file is kept, and only
-# tightened: group and others lose their access, a stricter mode (0400) stays.
-CONFDIR ?= /etc/gpuwarden
-install-config:
-	$(SUDO) install -d -m 0755 $(CONFDIR)
-	@if [ -e $(CONFDIR)/gpuwarden.toml ]; then $(SUDO) chmod go= $(CONFDIR)/gpuwarden.toml; \
-	echo "kept the existing $(CONFDIR)/gpuwarden.toml (mode $$(stat -c %a $(CONFDIR)/gpuwarden.toml))"; \
-	else $(SUDO) install -m 0600 config/gpuwarden.toml $(CONFDIR)/gpuwarden.toml; fi
+	$(SUDO) $(PYTHON) -m venv $(DESTDIR)$(PREFIX)
+	$(SUDO) $(DESTDIR)$(PREFIX)/bin/pip install -q --upgrade pip
+	$(SUDO) $(DESTDIR)$(PREFIX)/bin/pip install -q .
+	$(SUDO) $(DESTDIR)$(PREFIX)/bin/gpuwarden install --root "$(or $(DESTDIR),/)" --prefix $(DATAPREFIX) \
+		--exec $(PREFIX)/bin/gpuwarden
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; fi
 
 uninstall:
 	-@[ -d /run/systemd/system ] && $(SUDO) systemctl disable --now gpuwarden 2>/dev/null; true
-	$(SUDO) rm -f /etc/systemd/system/gpuwarden.service
-	$(SUDO) rm -rf $(PREFIX)
+	$(SUDO) rm -f $(DESTDIR)/etc/systemd/system/gpuwarden.service $(DESTDIR)$(DATAPREFIX)/share/man/man1/gpuwarden.1 \
+		$(DESTDIR)$(DATAPREFIX)/share/bash-completion/completions/gpuwarden
+	$(SUDO) rm -rf $(DESTDIR)$(PREFIX)
 	-@[ -d /run/systemd/system ] && $(SUDO) systemctl daemon-reload; true
 	@echo "kept /etc/gpuwarden (your configuration) and /var/lib/gpuwarden (the event store)"
 

@@ -190,7 +190,58 @@ def _parser() -> argparse.ArgumentParser:
 
     command("test-alert", help="send a test message to every alert target").set_defaults(
         handler=cmd_test_alert)
+
+    install = command("install", help="place the systemd unit, the example configuration (an existing one is kept), "
+                                      "the man page and the bash completion")
+    install.add_argument("--root", type=Path, default=Path("/"),
+                         help="install below this folder, as a packager stages (DESTDIR; default /)")
+    install.add_argument("--prefix", default="/usr/local",
+                         help="where the man page and the completion go, below --root (default /usr/local)")
+    install.add_argument("--exec", dest="exe", metavar="PATH",
+                         help="the gpuwarden the unit starts (default: this one)")
+    install.set_defaults(handler=cmd_install)
+    command("man", help="print the man page, gpuwarden(1), in roff").set_defaults(handler=cmd_man)
+    completion = command("completion", help="print the shell completion script: source <(gpuwarden completion bash)")
+    completion.add_argument("shell", choices=("bash",), help="the shell (bash)")
+    completion.set_defaults(handler=cmd_completion)
     return parser
+
+
+def _man_page() -> str:
+    from gpuwarden import cliref
+
+    files = [(str(configuration.DEFAULT_PATH), "the configuration (0600: it holds the alert URLs' tokens)"),
+             ("/var/lib/gpuwarden", "the event store, incident reports and the reload confirmation (0700)"),
+             ("/etc/systemd/system/gpuwarden.service", "the systemd unit `gpuwarden install` places")]
+    return cliref.man(_parser(), __version__, files)
+
+
+def cmd_man(args: argparse.Namespace) -> int:
+    sys.stdout.write(_man_page())
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from gpuwarden import cliref
+
+    sys.stdout.write(cliref.bash_completion(_parser()))
+    return EXIT_OK
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from gpuwarden import cliref, install
+
+    try:
+        placed = install.install(args.root, args.prefix, args.exe or install.executable(), _man_page(),
+                                 cliref.bash_completion(_parser()))
+    except (LookupError, ValueError, OSError) as exc:
+        print(f"gpuwarden install: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    for done in placed:
+        print(f"{'kept the existing' if done.kept else 'placed'} {done.path} (mode {done.mode:o})")
+    if args.root == Path("/"):
+        print("start it with: systemctl daemon-reload && systemctl enable --now gpuwarden")
+    return EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -313,6 +364,7 @@ def cmd_conditions(args: argparse.Namespace) -> int:
         rows = read_conditions(config.daemon.state_dir / "gpuwarden.db", timeout=2.0)
     except LookupError as exc:
         print(f"gpuwarden conditions: {exc}", file=sys.stderr)
+        _emit(args, [], str)  # --json is still one document: no condition
         return EXIT_OK
 
     def text(row: dict) -> str:

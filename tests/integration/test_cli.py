@@ -1,13 +1,15 @@
 """`gpuwarden replay` and `gpuwarden events` as a user runs them."""
 
 import json
+import os
+import shlex
 import signal
 import subprocess
 import time
 from datetime import datetime
 
 import pytest
-from helpers import GPUWARDEN, need, wait_for
+from helpers import GPUWARDEN, free_port, need, wait_for
 
 from gpuwarden.model import Event, Severity
 from gpuwarden.store import Store
@@ -199,3 +201,71 @@ def test_run_log_level_outlives_a_reload_found_without_pid(tmp_path):
         assert daemon.wait(15) == 0
     logged = (tmp_path / "stderr").read_text()
     assert " INFO " not in logged and " DEBUG " not in logged, logged  # --log-level, not the file's debug
+
+
+JSON_COMMANDS = [("check", "--json"), ("events", "--json"), ("incidents", "--json"), ("conditions", "--json"),
+                 ("doctor", "--json"), ("guard", "status", "--json"), ("status", "--json", "--timeout", "1"),
+                 ("probe", "http://127.0.0.1:9/metrics", "--json", "--timeout", "1"), ("replay", "--json", "-")]
+
+
+@pytest.mark.parametrize("command", JSON_COMMANDS, ids=lambda c: c[0])
+def test_every_json_command_prints_one_json_document_and_nothing_else(tmp_path, command):
+    """With --json, standard output is exactly one JSON document, whatever the command has to say besides
+    (no store, no daemon, no GPU, an engine that does not answer): that goes to standard error."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[exporter]\nport = {free_port()}\n')
+    out = run("--config", str(cfg), *command, stdin="")
+    assert out.returncode in (0, 1), out.stderr  # probe: 1, nothing answers
+    json.loads(out.stdout)  # one document: a second one, or any text, would not parse
+
+
+@pytest.mark.parametrize("command", ["events", "incidents", "conditions", "replay"])
+def test_jsonl_commands_print_one_object_a_line(store_cfg, corpus, command):
+    extra = [str(corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log")] if command == "replay" \
+        else []
+    out = run("--config", str(store_cfg), command, "--jsonl", *extra)
+    assert out.returncode in (0, 2), out.stderr  # replay: 2, it found something critical
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert all(isinstance(row, dict) for row in rows)
+    assert rows or command in ("incidents", "conditions")  # the store holds events, no incident or condition
+
+
+# --- the man page and the bash completion, both from the argparse tree ---------------------------------------
+
+def _complete(*words: str) -> list[str]:
+    """What bash's completion offers for the last word: the function `complete -p` names, run as readline would
+    (COMP_WORDS, COMP_CWORD), on the script `gpuwarden completion bash` prints."""
+    script = ("source <(\"$@\" completion bash) && spec=$(complete -p gpuwarden) && echo \"$spec\" && "
+              "fn=$(sed -n 's/.* -F \\([^ ]*\\) .*/\\1/p' <<<\"$spec\") && "
+              f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}) && COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)) && "
+              "COMP_LINE=\"${COMP_WORDS[*]}\" && COMP_POINT=${#COMP_LINE} && "
+              "\"$fn\" && printf '%s\\n' \"${COMPREPLY[@]}\"")
+    out = subprocess.run(["bash", "-c", script, "bash", *GPUWARDEN], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    spec, *offered = out.stdout.splitlines()
+    assert spec.startswith("complete ") and spec.endswith(" gpuwarden"), spec
+    return [w for w in offered if w]
+
+
+def test_bash_completion_completes_commands_options_and_choices():
+    assert _complete("gpuwarden", "ev") == ["events"]
+    assert set(_complete("gpuwarden", "events", "--s")) == {"--since", "--severity"}
+    assert _complete("gpuwarden", "events", "--severity", "c") == ["critical"]
+    assert _complete("gpuwarden", "run", "--log-level", "") == ["debug", "info", "warning", "error"]
+    assert _complete("gpuwarden", "completion", "") == ["bash"]
+    assert _complete("gpuwarden", "--config", "") == []  # a value: bash's own (file) completion takes over
+
+
+def test_the_man_page_is_every_command_and_option_and_man_renders_it(tmp_path):
+    page = run("man")
+    assert page.returncode == 0 and page.stdout.startswith(".TH GPUWARDEN 1"), page.stderr
+    man = need("man", "man-db")
+    (tmp_path / "gpuwarden.1").write_text(page.stdout)
+    shown = subprocess.run([man, "-l", str(tmp_path / "gpuwarden.1")], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "MANWIDTH": "200", "MAN_KEEP_FORMATTING": ""})
+    assert shown.returncode == 0 and "troff:" not in shown.stderr, shown.stderr
+    text = shown.stdout
+    for command in ("run", "reload", "check", "events", "replay", "status", "install", "man", "completion"):
+        assert f"\n   {command}\n" in text, command
+    for option in ("--log-level", "--since", "--severity", "--jsonl", "--root", "--exec"):
+        assert option in text, option

@@ -90,3 +90,14 @@ def test_the_alert_urls_come_from_a_secret_not_the_configmap():
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["secret"]["secretName"] == docs["Secret"]["metadata"]["name"]
     assert volume["secret"]["defaultMode"] & 0o077 == 0 and mount["readOnly"]
+
+
+def test_the_daemonset_names_the_image_the_dockerfile_builds():
+    """The tag in the Dockerfile's `docker build -t` line, which tests/integration/test_image.py builds and runs."""
+    from gpuwarden import __version__
+
+    pod = documents()["DaemonSet"]["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["containers"]] == [f"gpuwarden:{__version__}"]
+    dockerfile = (MANIFEST.parents[2] / "Dockerfile").read_text()
+    assert f"docker build -t gpuwarden:{__version__} ." in dockerfile
+    assert pod["containers"][0]["command"][0] == "gpuwarden" and "ENV PATH=/opt/gpuwarden/bin:$PATH" in dockerfile

@@ -1,7 +1,7 @@
 """The import rule, checked on every module's imports (parsed, not run): between packages, imports go one way,
 down these layers, and never in a cycle. A package may import others of its own layer, without a cycle.
 
-    entry points    cli, __main__, doctor, npd
+    entry points    cli (with cliref: man page, completion; install: placing files), __main__, doctor, npd
     wiring          daemon, snapshot
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
@@ -30,7 +30,7 @@ LAYERS = [
     {"act", "alert"},
     {"hub", "health"},
     {"daemon", "snapshot"},
-    {"cli", "__main__", "doctor", "npd"},
+    {"cli", "__main__", "doctor", "npd", "cliref", "install"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

@@ -1,0 +1,86 @@
+"""`gpuwarden install`: puts the files a package manager would (the systemd unit, the example configuration, the
+man page, the bash completion) where systemd, man and bash look for them, for the gpuwarden this one is. Under a
+root (`--root`, a packager's DESTDIR) everything lands below it while the paths written into the unit stay those
+of the running system."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+# The unit as shipped names the Makefile's default PREFIX; the unit placed names where gpuwarden really is.
+SHIPPED_EXECUTABLE = "/opt/gpuwarden/bin/gpuwarden"
+UNIT = "etc/systemd/system/gpuwarden.service"
+CONFIG = "etc/gpuwarden/gpuwarden.toml"
+
+
+def shipped(name: str) -> str:
+    """A file the wheel ships in gpuwarden/share (the unit, the example configuration)."""
+    return resources.files("gpuwarden").joinpath("share", name).read_text()
+
+
+def executable() -> str:
+    """The `gpuwarden` script of this installation: next to this interpreter (a virtualenv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / "gpuwarden"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside.absolute())
+    found = shutil.which("gpuwarden")
+    if not found:
+        raise LookupError("no gpuwarden script next to this Python nor on PATH: give --exec PATH")
+    return str(Path(found).absolute())
+
+
+def unit(exe: str) -> str:
+    if not os.path.isabs(exe):
+        raise ValueError(f"--exec {exe!r}: systemd needs an absolute path")
+    if any(c.isspace() for c in exe):
+        raise ValueError(f"--exec {exe!r}: a path with blanks would be split by systemd's command line")
+    return shipped("gpuwarden.service").replace(SHIPPED_EXECUTABLE, exe)
+
+
+@dataclass(frozen=True)
+class Placed:
+    path: Path
+    mode: int
+    kept: bool = False  # an existing file left as it was (the configuration)
+
+
+def _write(path: Path, text: str, mode: int) -> Placed:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = path.with_name(f".{path.name}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, mode)  # the umask may have taken bits away
+    os.replace(tmp, path)
+    return Placed(path, mode)
+
+
+def _config(path: Path) -> Placed:
+    """It holds the alert URLs' tokens: root's alone (0600). An existing one is the admin's: kept, and only
+    tightened (group and others lose their access; a stricter mode such as 0400 stays)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = path.stat().st_mode & 0o700
+        os.chmod(path, mode)
+        return Placed(path, mode, kept=True)
+    with os.fdopen(fd, "w") as out:
+        out.write(shipped("gpuwarden.toml"))
+    os.chmod(path, 0o600)
+    return Placed(path, 0o600)
+
+
+def install(root: Path, prefix: str, exe: str, man_page: str, completion: str) -> list[Placed]:
+    """The unit (0644), the configuration (0600, an existing one kept), the man page and the completion (0644)
+    under `root`; the man page and the completion below `prefix` (/usr for a distribution, /usr/local by hand)."""
+    share = root / prefix.lstrip("/") / "share"
+    return [_write(root / UNIT, unit(exe), 0o644),
+            _config(root / CONFIG),
+            _write(share / "man/man1/gpuwarden.1", man_page, 0o644),
+            _write(share / "bash-completion/completions/gpuwarden", completion, 0o644)]
