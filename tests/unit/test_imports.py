@@ -113,7 +113,8 @@ def test_every_package_has_a_layer_and_imports_only_its_own_or_lower_layers():
 
 def test_only_model_defines_a_sink_and_the_daemon_handles_no_event():
     """Components see the hub through model.Sink alone (the actuator sees the engines through its narrow port,
-    Engines; discovery hands the engines it found through Watched); daemon.py wires, it never records, alerts or acts."""
+    Engines; discovery hands the engines it found through Watched); daemon.py wires, it never records, alerts or
+    acts."""
     protocols = {f"{path.relative_to(SRC)}: {node.name}" for path in sorted(SRC.rglob("*.py"))
                  for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
                  and any(getattr(base, "id", None) == "Protocol" for base in node.bases)}
