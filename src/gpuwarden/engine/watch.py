@@ -9,45 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
-from urllib.parse import urlsplit
 
 import psutil
 
 from gpuwarden import conditions, families
-from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
+from gpuwarden.config import EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.finder import Discovery
-from gpuwarden.engine.kfd import pasids_of
-from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
-from gpuwarden.engine.logs import LogRefused, LogScraper
+from gpuwarden.engine.logs import LogRefused
+from gpuwarden.engine.looks import Looker
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
-from gpuwarden.engine.scraper import ScrapeError, Scraper
-from gpuwarden.engine.slots import SlotsScraper
-from gpuwarden.engine.stall import StallDetector
-from gpuwarden.gpu import nvidia
+from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of
+from gpuwarden.engine.processes import Tracker
+from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
-from gpuwarden.sockets import pinned
 
 log = logging.getLogger(__name__)
 
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
-# How long a fault with no owner keeps an engine under suspicion (each new one starts it again): a GPU that a
-# fault left hanging shows it within seconds; a suspicion for ever would judge every long request on the floor.
-SUSPICION = 300.0
-_INSPECT_DEADLINE = 10.0
-_CANARY_EVERY = 2.0  # at most this often a starting engine that answers is asked for a completion
-_INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
-_NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
-
 
 _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
 
@@ -55,7 +40,7 @@ _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # wher
 @dataclass
 class EngineState:
     config: EngineConfig
-    scraper: Scraper | LogScraper | SlotsScraper
+    scraper: Source
     lifecycle: lc.Lifecycle
     tracker: Tracker = field(default_factory=Tracker)
     procs: list[psutil.Process] = field(default_factory=list)
@@ -103,53 +88,11 @@ class KillTarget:
     config: EngineConfig
 
 
-def target_spec(config: EngineConfig) -> TargetSpec:
-    t, url = config.target, urlsplit(pinned(config.metrics_url))
-    return TargetSpec(t.kind, port=url.port or SCHEME_PORTS[url.scheme], host=url.hostname, pidfile=t.pidfile,
-                      pattern=t.pattern, unit=t.unit, cgroup=t.cgroup, container=t.container,
-                      docker_socket=t.docker_socket, uid=user_id(t.user) if t.user else None)
-
-
-def base_url(config: EngineConfig) -> str:
-    """The engine's API: `url`, else metrics_url's scheme, host and port."""
-    if config.url:
-        return pinned(config.url.rstrip("/"))
-    parts = urlsplit(pinned(config.metrics_url))
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def source_of(config: EngineConfig, owner=lambda: None) -> Scraper | LogScraper | SlotsScraper:
-    """`owner`: the engine's user as known now (a log file is read only when root's or that user's)."""
-    if config.source == "log":
-        return LogScraper.of(config.log_file, config.log_unit, config.profile, config.log_container,
-                             config.target.docker_socket, owner)
-    if config.source == "slots":
-        return SlotsScraper(base_url(config), config.scrape_timeout, config.max_body_bytes)
-    return Scraper(pinned(config.metrics_url), config.profile, config.scrape_timeout, config.max_body_bytes)
-
-
-def stall_floor(config: EngineConfig) -> float:
-    """A log says progress only every so often (vLLM: every 10 s): a stall is at least two such intervals."""
-    if config.source != "log":
-        return config.min_stall
-    profiles = [LOG_BY_NAME[config.profile]] if config.profile in LOG_BY_NAME else LOG_PROFILES
-    return max(config.min_stall, *(2 * p.interval for p in profiles))
-
-
-def rules_of(config: EngineConfig) -> lc.Rules:
-    return lc.Rules(config.unresponsive_after, config.kill_grace, config.crash_loop_exits, config.crash_loop_window,
-                    config.restart_timeout, max(config.scrape_interval, _CANARY_EVERY), config.kill_budget_window,
-                    confirm_stall=config.source == "log",
-                    idle_canary_every=0.0 if config.canary == "off" else config.canary_interval, suspicion=SUSPICION)
-
-
 def new_state(config: EngineConfig) -> EngineState:
-    floor = stall_floor(config)
-    lifecycle = lc.Lifecycle(rules_of(config), lambda: StallDetector(config.stall_multiple, floor, config.max_stall))
     tracker = Tracker()
     configured = user_id(config.target.user) if config.target.user else None
     return EngineState(config, source_of(config, lambda: configured if configured is not None else tracker.uid),
-                       lifecycle, tracker=tracker, gpus=frozenset(config.gpus) if config.gpus else None)
+                       lifecycle_of(config), tracker=tracker, gpus=frozenset(config.gpus) if config.gpus else None)
 
 
 class EngineWatch:
@@ -159,7 +102,7 @@ class EngineWatch:
         self.settings, self.sink = settings, sink
         self.engines: dict[str, EngineState] = {e.name: new_state(e) for e in engines}
         self._tasks: asyncio.TaskGroup | None = None
-        self._nvml = None if nvml else False  # loaded on first use; False when off ([gpu] nvml) or no driver
+        self._looker = Looker(nvml)
         self._watching: dict[str, asyncio.Task] = {}  # each discovered engine's watch
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
@@ -199,14 +142,15 @@ class EngineWatch:
 
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
         """The policy's `Suspect`, learnt by the engine's lifecycle: its stall threshold at the floor, a canary at
-        the next look, for SUSPICION seconds. Returns the engine_suspect event to record; None for an engine this
-        watch does not have, or one already under suspicion (a storm of faults extends it and says nothing more)."""
+        the next look, for its rules' `suspicion` seconds. Returns the engine_suspect event to record; None for an
+        engine this watch does not have, or one already under suspicion (a storm of faults extends it and says
+        nothing more)."""
         state = self.engines.get(name)
         if state is None or not state.lifecycle.suspect(time.monotonic(), reason):
             return None
         floor = state.lifecycle.detector.floor
         evidence = {"reason": reason, "fault": {"kind": fault.kind, "gpu": fault.gpu, "message": fault.message},
-                    "seconds": SUSPICION, "floor_seconds": floor}
+                    "seconds": state.lifecycle.rules.suspicion, "floor_seconds": floor}
         if "incident" in fault.evidence:  # what this fault did belongs to its incident
             evidence["incident"] = fault.evidence["incident"]
         return Event("engine_suspect", Severity.WARNING,
@@ -404,37 +348,14 @@ class EngineWatch:
         return await asyncio.shield(state.looking)
 
     async def _look(self, state: EngineState) -> bool:
-        def look():
-            found = resolve(target_spec(state.config))
-            procs = state.tracker.refresh(found)
-            gpus = frozenset(state.config.gpus) if state.config.gpus else self._gpus_of(procs)
-            return (procs, instance_of(procs), found.refused, cpu_percents(procs), gpus,
-                    pasids_of([p.pid for p in procs]))
-        try:
-            state.procs, state.instance, state.refused, state.cpus, gpus, state.pasids = await _INSPECTS.run(
-                state.name, _INSPECT_DEADLINE, look)
-        except TimeoutError:
-            log.warning("looking at %s's processes took longer than %.0f s", state.name, _INSPECT_DEADLINE)
+        seen = await self._looker.look(state.name, state.config, state.tracker)
+        if seen is None:
             return False
-        except Busy:
-            return False  # a look-up that outran its deadline holds its thread (a hung NVML): keep what we know
-        state.gpus = frozenset(gpus) if gpus else None
+        state.procs, state.instance, state.refused, state.cpus = seen.procs, seen.instance, seen.refused, seen.cpus
+        state.gpus, state.pasids = seen.gpus, seen.pasids
         if state.cpus:
             self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
         return True
-
-    def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
-        """From the device files they hold open, and for NVIDIA from NVML's process lists."""
-        found = gpus_in_use(procs) or set()
-        if self._nvml is None:
-            self._nvml = nvidia.load() or False
-        if self._nvml and _NVML_CALL.acquire(blocking=False):
-            try:
-                by_pid = nvidia.gpus_of_processes(self._nvml)
-            finally:
-                _NVML_CALL.release()
-            found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
-        return found or None
 
     def _export(self, state: EngineState, sample: EngineSample | None) -> None:
         """Its own figures; while it is down or starting, nothing of the dead instance's (nothing runs, nothing
@@ -534,17 +455,6 @@ class EngineWatch:
                             message=f"{event.message} (a discovered server not installed as an engine)",
                             evidence={**event.evidence, "lookalike": True})
         self.sink.record([event])
-
-
-def instance_of(procs: list[psutil.Process]) -> lc.Instance:
-    """Its processes by pid and start time: a new pid, or the same pid started anew, is a new instance."""
-    keys = set()
-    for proc in procs:
-        try:
-            keys.add((proc.pid, proc.create_time()))
-        except psutil.Error:
-            continue
-    return frozenset(keys)
 
 
 def is_spinning(cpus: list[float]) -> bool:
