@@ -18,7 +18,7 @@ from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig
-from gpuwarden.engine.watch import KillTarget
+from gpuwarden.engine.looks import KillTarget
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 

@@ -21,7 +21,7 @@ from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.finder import Discovery
 from gpuwarden.engine.logs import LogRefused
-from gpuwarden.engine.looks import Looker
+from gpuwarden.engine.looks import KillTarget, Looker
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of
 from gpuwarden.engine.processes import Tracker
@@ -76,16 +76,6 @@ class EngineState:
                           cfg.kill_budget, cfg.kill_budget_window, life.kills,
                           pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused,
                           pasids=self.pasids, suspect=life.suspected(time.monotonic()))
-
-
-@dataclass(frozen=True, slots=True)
-class KillTarget:
-    """What the actuator needs to kill (and restart) an engine: a fresh look, and its configuration."""
-
-    procs: list[psutil.Process]
-    refused: list[str]
-    gpu: str | None
-    config: EngineConfig
 
 
 def new_state(config: EngineConfig) -> EngineState:
