@@ -263,3 +263,18 @@ CANARIES = {
 @pytest.mark.parametrize("rules, script, expected", list(CANARIES.values()), ids=list(CANARIES))
 def test_the_canaries_it_decides(rules, script, expected):
     assert run_script(life(**rules), script) == expected
+
+
+def test_a_suspicions_canary_that_outlives_the_instance_it_asked_judges_nothing():
+    """Killed, restarted and back before the canary answers: its timeout is the dead instance's, not the new one's
+    (the lifecycle knows its own kill; nobody reads a kill list back)."""
+    lc = life()
+    looks(lc, 0, 2, sample(1, 5))
+    lc.suspect(2.0, "an Xid with no owner")
+    [due] = [t for t in lc.observe(Look(3, sample(1, 6), OLD)) if isinstance(t, SuspectCanaryDue)]
+    lc.killing(4.0, restart=True)
+    lc.observe(Look(5, None, frozenset()))
+    assert kinds(lc.observe(Look(6, sample(0, 0), NEW))) == [Starting, CanaryDue]
+    [back] = lc.canaried(OK, 7)
+    assert isinstance(back, Back) and lc.phase == "watching"
+    assert lc.suspect_canaried(due, TIMEOUT, sample(1, 6)) == []
