@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Protocol
 
+from gpuwarden import enginekinds
 from gpuwarden.config import EngineConfig, EnginesConfig
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
 from gpuwarden.model import Event, Severity, Sink
@@ -33,7 +34,7 @@ def config_of(found: Found) -> EngineConfig:
     """Alert-only: anyone can start a server that looks like an engine; kills need a configuration."""
     return EngineConfig(name=found.name, metrics_url=found.metrics_url, profile=found.profile, source=found.source,
                         log_unit=found.log_unit, log_container=found.log_container,
-                        canary_interval=60.0 if found.profile == "ollama" else 0.0, on_stall="alert",
+                        canary_interval=enginekinds.named(found.profile).idle_canary, on_stall="alert",
                         on_gpu_fault="alert", on_unresponsive="alert", target=found.target)
 
 
@@ -58,7 +59,8 @@ class Discovery:
             else:
                 await self._found(found)
                 if first and not found:
-                    log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
+                    log.info("no engines configured and none found running (%s)",
+                             ", ".join(k.title for k in enginekinds.all_kinds()))
                 first = False
             await asyncio.sleep(self.settings.discover_interval)
 

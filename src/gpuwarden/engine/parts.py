@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from gpuwarden import enginekinds
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, user_id
 from gpuwarden.engine import lifecycle as lc
-from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.processes import TargetSpec
 from gpuwarden.engine.scraper import Scraper
@@ -52,8 +52,9 @@ def stall_floor(config: EngineConfig) -> float:
     """A log says progress only every so often (vLLM: every 10 s): a stall is at least two such intervals."""
     if config.source != "log":
         return config.min_stall
-    profiles = [LOG_BY_NAME[config.profile]] if config.profile in LOG_BY_NAME else LOG_PROFILES
-    return max(config.min_stall, *(2 * p.interval for p in profiles))
+    kind = enginekinds.named(config.profile)
+    logs = [kind.log] if kind else [k.log for k in enginekinds.all_kinds() if k.log]
+    return max(config.min_stall, *(2 * p.interval for p in logs))
 
 
 def rules_of(config: EngineConfig) -> lc.Rules:
