@@ -26,6 +26,7 @@ from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of
 from gpuwarden.engine.processes import Tracker
 from gpuwarden.engine.scraper import ScrapeError
+from gpuwarden.engine.stall import next_look
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.policy import EngineView
@@ -181,14 +182,15 @@ class EngineWatch:
     # --- one engine ---------------------------------------------------------------------------------
 
     async def _watch(self, state: EngineState) -> None:
-        loop = asyncio.get_running_loop()
         interval = state.config.scrape_interval
-        tick = loop.time()
+        tick = time.monotonic()  # the stall detector's clock
         try:
             while True:
                 await self._poll(state)
-                tick += interval
-                await asyncio.sleep(max(0.0, tick - loop.time()))
+                now = time.monotonic()
+                if now >= tick:  # the regular look (an early one, at a stall's threshold, leaves it due)
+                    tick += interval
+                await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, now) - now))
         finally:
             await state.scraper.close()
 
