@@ -284,7 +284,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from gpuwarden.alert.targets import build
-    from gpuwarden.engine.watch import target_spec
+    from gpuwarden.engine.parts import target_spec
 
     if args.file and args.config and args.file != args.config:
         print(f"gpuwarden check: two files given ({args.file} and --config {args.config})", file=sys.stderr)
@@ -460,8 +460,8 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from gpuwarden.config import check_metrics_url
+    from gpuwarden.engine.parts import target_spec
     from gpuwarden.engine.scraper import ScrapeError, Scraper
-    from gpuwarden.engine.watch import target_spec
 
     try:
         check_metrics_url(args.url)

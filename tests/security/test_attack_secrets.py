@@ -9,7 +9,7 @@ import pytest
 from helpers import GPUWARDEN, Receiver, wait_for
 
 from gpuwarden.config import EngineConfig
-from gpuwarden.engine.watch import target_spec
+from gpuwarden.engine.parts import target_spec
 from gpuwarden.logsetup import redact
 
 SECRETS = ("hunter2", "s3cret-api-key", "alert-path-token")

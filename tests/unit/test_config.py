@@ -124,7 +124,7 @@ def test_example_config_is_complete_and_valid():
 def test_an_engine_without_metrics_is_named_by_its_api_url():
     c = parse('[[engine]]\nname = "llama"\nurl = "http://127.0.0.1:8080/"\nsource = "slots"\n')
     assert c.engine[0].metrics_url == "http://127.0.0.1:8080/metrics"
-    from gpuwarden.engine.watch import base_url
+    from gpuwarden.engine.parts import base_url
     assert base_url(c.engine[0]) == "http://127.0.0.1:8080"
     both = parse('[[engine]]\nname = "v"\nurl = "http://127.0.0.1:8000"\nmetrics_url = "http://127.0.0.1:9/m"\n')
     assert both.engine[0].metrics_url == "http://127.0.0.1:9/m" and base_url(both.engine[0]) == "http://127.0.0.1:8000"

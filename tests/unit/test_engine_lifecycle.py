@@ -1,13 +1,17 @@
 """The engine lifecycle, pure: looks with the time passed in, transitions out. A restarted engine is a new
 instance, judged only by its own figures; it is back once a real completion returns."""
 
+import pytest
+
 from gpuwarden.engine.canary import CanaryResult
 from gpuwarden.engine.lifecycle import (
     Answers,
     Back,
     CanaryDue,
+    ConfirmStall,
     CrashLoop,
     Exited,
+    IdleCanaryDue,
     Judged,
     Lifecycle,
     Look,
@@ -17,6 +21,7 @@ from gpuwarden.engine.lifecycle import (
     Silent,
     Stalled,
     Starting,
+    SuspectCanaryDue,
     Unresponsive,
 )
 from gpuwarden.engine.metrics import EngineSample
@@ -185,3 +190,91 @@ def test_a_reload_keeps_kills_and_a_failed_restart():
     new = life()
     new.kept(lc)
     assert new.kills == (1.0,) and new.restart_refused
+
+
+# --- the canaries it decides, as a table: inputs in order, and the transitions each returns -------------------
+
+TIMEOUT = CanaryResult("timeout", 5.0, "no token within 5 s")
+
+
+def answer(lc, due, result, after):
+    if isinstance(due, ConfirmStall):
+        return lc.stall_canaried(due, result)
+    if isinstance(due, IdleCanaryDue):
+        return lc.idle_canaried(due, result)
+    return lc.suspect_canaried(due, result, after)
+
+
+def run_script(lc, script):
+    """Each step: ("look", t, sample) with OLD's processes, ("kill", t), ("suspect", t), or ("answer", result[,
+    scrape after]) for the last due canary. Returns the kinds each step returned (a kill and a suspect: [])."""
+    due, said = None, []
+    for step in script:
+        match step:
+            case ("look", t, s):
+                out = lc.observe(Look(t, s, OLD))
+            case ("kill", t):
+                lc.killing(t, restart=False)
+                out = []
+            case ("suspect", t):
+                out = [] if lc.suspect(t, "an Xid with no owner") else ["already"]
+            case ("answer", result, *after):
+                out = answer(lc, due, result, after[0] if after else None)
+        due = next((t for t in out if isinstance(t, ConfirmStall | IdleCanaryDue | SuspectCanaryDue)), due)
+        said.append([t if isinstance(t, str) else type(t).__name__ for t in out if not isinstance(t, Judged)])
+    return said
+
+
+LOG_STALL = [("look", t, sample(2, 100)) for t in range(12)]  # stalled at t=11: 10 s past the floor
+CANARIES = {
+    "a stall read from a log is said only once a canary does not complete": (
+        {"confirm_stall": True}, [*LOG_STALL, ("answer", TIMEOUT)],
+        [[]] * 11 + [["ConfirmStall"], ["Stalled"]]),
+    "a completion denies the log's word": (
+        {"confirm_stall": True}, [*LOG_STALL, ("answer", OK)], [[]] * 11 + [["ConfirmStall"], ["StallDenied"]]),
+    "a stall read from metrics needs no canary": ({}, LOG_STALL, [[]] * 11 + [["Stalled"]]),
+    "no progress: asked every idle_canary_every; a timeout is said once, a completion ends it": (
+        {"idle_canary_every": 10.0},
+        [("look", 0, sample(0, 7)), ("look", 10, sample(0, 7)), ("answer", TIMEOUT), ("look", 20, sample(0, 7)),
+         ("look", 30, sample(0, 7)), ("answer", TIMEOUT), ("look", 40, sample(0, 7)), ("look", 50, sample(0, 7)),
+         ("answer", OK)],
+        [[], ["IdleCanaryDue"], ["CanaryUnanswered"], [], ["IdleCanaryDue"], [], [], ["IdleCanaryDue"],
+         ["CompletesAgain"]]),
+    "an engine that progresses is never asked": (
+        {"idle_canary_every": 10.0}, [("look", t, sample(1, t)) for t in range(0, 60, 10)], [[]] * 6),
+    "a suspicion asks once at the next answer; a timeout with no work shown is unresponsive": (
+        {}, [("look", 0, sample(1, 5)), ("suspect", 1), ("suspect", 2), ("look", 3, sample(1, 6)),
+             ("look", 4, sample(1, 6)), ("answer", TIMEOUT, sample(1, 6))],
+        [[], [], ["already"], ["SuspectCanaryDue"], [], ["CanaryUnanswered"]]),
+    "a suspicion's canary held back by work shown meanwhile (a long prefill) eases it": (
+        {}, [("look", 0, sample(1, 5)), ("suspect", 1), ("look", 3, sample(1, 6)), ("answer", TIMEOUT, sample(1, 9))],
+        [[], [], ["SuspectCanaryDue"], ["SuspicionEased"]]),
+    "a suspicion's canary that returns eases it": (
+        {}, [("look", 0, sample(1, 5)), ("suspect", 1), ("look", 3, sample(1, 6)), ("answer", OK)],
+        [[], [], ["SuspectCanaryDue"], ["SuspicionEased"]]),
+    "our kill while the suspicion's canary runs: its answer judges nothing (the kill is learnt, not read back)": (
+        {}, [("look", 0, sample(1, 5)), ("suspect", 1), ("look", 3, sample(1, 6)), ("kill", 4), ("answer", TIMEOUT)],
+        [[], [], ["SuspectCanaryDue"], [], []]),
+    "a suspicion ends after `suspicion` seconds: a new fault is news again": (
+        {"suspicion": 300.0}, [("suspect", 0), ("suspect", 299), ("suspect", 600)], [[], ["already"], []]),
+}
+
+
+@pytest.mark.parametrize("rules, script, expected", list(CANARIES.values()), ids=list(CANARIES))
+def test_the_canaries_it_decides(rules, script, expected):
+    assert run_script(life(**rules), script) == expected
+
+
+def test_a_suspicions_canary_that_outlives_the_instance_it_asked_judges_nothing():
+    """Killed, restarted and back before the canary answers: its timeout is the dead instance's, not the new one's
+    (the lifecycle knows its own kill; nobody reads a kill list back)."""
+    lc = life()
+    looks(lc, 0, 2, sample(1, 5))
+    lc.suspect(2.0, "an Xid with no owner")
+    [due] = [t for t in lc.observe(Look(3, sample(1, 6), OLD)) if isinstance(t, SuspectCanaryDue)]
+    lc.killing(4.0, restart=True)
+    lc.observe(Look(5, None, frozenset()))
+    assert kinds(lc.observe(Look(6, sample(0, 0), NEW))) == [Starting, CanaryDue]
+    [back] = lc.canaried(OK, 7)
+    assert isinstance(back, Back) and lc.phase == "watching"
+    assert lc.suspect_canaried(due, TIMEOUT, sample(1, 6)) == []

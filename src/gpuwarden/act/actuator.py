@@ -1,8 +1,9 @@
 """The actuator: the one place that carries out the policy's actions. Each runs once, in the background (a kill
 waits for a fresh look at the engine's processes and its grace period; a cache scan can take a while), and its
 outcome goes back to the hub as an event (engine_killed, engine_restarting, engine_restart_failed, kill_refused,
-cache_poisoned). It sees the engines through a narrow port (`Engines`): a fresh look before a kill, and telling
-the engine's lifecycle that a kill begins or that a restart could not be asked for; it keeps nothing of theirs."""
+cache_poisoned). It sees the engines through a narrow port (`Engines`): a fresh look before a kill (a copy), and
+what the engine's lifecycle learns (a kill begins, a restart could not be asked for, a suspicion); it keeps and
+writes nothing of theirs: the lifecycle applies what it is told."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig
-from gpuwarden.engine.watch import KillTarget
+from gpuwarden.engine.looks import KillTarget
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 
@@ -37,6 +38,8 @@ class Engines(Protocol):
     def killing(self, name: str, restart: bool) -> None: ...
 
     def restart_failed(self, name: str) -> None: ...
+
+    def suspect(self, name: str, reason: str, fault: Event) -> Event | None: ...
 
     def user(self, name: str) -> int | None: ...
 
@@ -95,36 +98,39 @@ class Actuator:
             target = await engines.target(name)
             if target is None:
                 return
-            cfg = target.config
-            if refusal := policy.target_refusal(len(target.procs), target.refused, cfg.max_kill_processes):
+            if refusal := policy.target_refusal(len(target.procs), target.refused, target.config.max_kill_processes):
                 await self._refused(action, refusal, refused=target.refused, processes=len(target.procs))
-                return
-            if not target.procs:
+            elif not target.procs:
                 log.warning("%s should be killed (%s) but none of its processes was found", name, action.reason)
-                return
-            if not action.dry_run:
-                engines.killing(name, action.restart)
-            try:
-                report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, target.procs, cfg.kill_grace,
-                                          action.dry_run)
-            except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
-                log.error("killing %s (%s) did not finish: %s", name, action.reason, exc or "timed out")
-                return
-            if not action.dry_run:
-                self.sink.count(families.ENGINE_KILLS, name)
-            then = f"; restarting it through its {restart.supervisor(cfg.target)}" if action.restart else ""
-            # a production engine killed is down: a page (a dry run is never one)
-            severity = Severity.WARNING if report.dry_run else Severity.CRITICAL
-            self.sink.record([Event("engine_killed", severity, f"{report.summary(name)} ({action.reason}){then}",
-                                    time.time(), engine=name, gpu=target.gpu,
-                                    evidence={"reason": action.reason, "terminated": report.terminated,
-                                              "killed": report.killed, "survivors": report.survivors,
-                                              "dry_run": report.dry_run, "refused": target.refused,
-                                              "restart": action.restart})])
-            if action.restart and not action.dry_run:
+            elif await self._killed(action, target) and action.restart and not action.dry_run:
                 await self._restart(name, target)
         finally:
             self._acting.discard(name)
+
+    async def _killed(self, action: policy.Kill, target: KillTarget) -> bool:
+        """The kill itself, told to the engine's lifecycle first (its processes going is then ours); False when
+        the wait for the signals never ended."""
+        name, cfg = action.engine, target.config
+        if not action.dry_run:
+            self.engines.killing(name, action.restart)
+        try:
+            report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, target.procs, cfg.kill_grace,
+                                      action.dry_run)
+        except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
+            log.error("killing %s (%s) did not finish: %s", name, action.reason, exc or "timed out")
+            return False
+        if not action.dry_run:
+            self.sink.count(families.ENGINE_KILLS, name)
+        then = f"; restarting it through its {restart.supervisor(cfg.target)}" if action.restart else ""
+        # a production engine killed is down: a page (a dry run is never one)
+        severity = Severity.WARNING if report.dry_run else Severity.CRITICAL
+        self.sink.record([Event("engine_killed", severity, f"{report.summary(name)} ({action.reason}){then}",
+                                time.time(), engine=name, gpu=target.gpu,
+                                evidence={"reason": action.reason, "terminated": report.terminated,
+                                          "killed": report.killed, "survivors": report.survivors,
+                                          "dry_run": report.dry_run, "refused": target.refused,
+                                          "restart": action.restart})])
+        return True
 
     async def _restart(self, name: str, target: KillTarget) -> None:
         supervisor = restart.supervisor(target.config.target)

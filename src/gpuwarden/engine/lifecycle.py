@@ -1,6 +1,8 @@
 """An engine's life, pure: each look (the scrape's result, its processes with their start times, whether one
 spins, `now`) in; what changed out, as typed transitions the watch turns into events. Nobody else writes it: the
-kill is something it is told (`killing`), the restart's failure too (`restart_failed`).
+kill is something it learns (`killing`), as are a restart that could not be asked for (`restart_failed`), a
+suspicion (`suspect`) and each canary's answer. It decides every canary: when one is due (start-up, a stall
+read from a log, a suspicion, an idle engine) and what its answer means.
 
 - watching: judged by its figures: a stall (the stall detector), unresponsive (scrapes fail while its processes
   live, for the stall threshold), progress again.
@@ -9,6 +11,10 @@ kill is something it is told (`killing`), the restart's failure too (`restart_fa
   or an exit. It loads: 503, no /metrics yet. It is judged only by its own figures: the dead instance's last
   answer, requests running and stall detector are dropped, and nothing during start-up is held against it.
   Once it answers, a real completion (the canary) is asked for; when one returns, it is back.
+- canaries: a stall read from a log is the engine's word alone: a real completion is asked for first (ConfirmStall),
+  and only one that does not return makes it a stall. Under suspicion (a fault with no owner on its GPU) one
+  canary runs; one that times out while the engine shows no work is unresponsive. An engine that shows no
+  progress is asked every `idle_canary_every`; a timeout is unresponsive, a later completion ends it.
 - failed: a restart gpuwarden made (or a start its supervisor made) did not bring it back within
   `restart_timeout`: said once; it is then judged as any engine, and never restarted by gpuwarden again.
 
@@ -37,6 +43,9 @@ class Rules:
     restart_timeout: float = 600.0  # a restarted engine not back by then: the restart failed
     canary_every: float = 5.0  # how often a starting engine that answers is asked for a completion
     kill_budget_window: float = 3600.0
+    confirm_stall: bool = False  # its progress is read from its log: a canary confirms a stall first
+    idle_canary_every: float = 0.0  # 0: no canary while it shows no progress
+    suspicion: float = 300.0  # how long a fault with no owner keeps it under suspicion (each fault anew)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +54,6 @@ class Look:
     sample: EngineSample | None  # None: the scrape failed
     processes: Instance | None  # None: the look-up did not answer (keep what is known)
     spinning: bool = False
-    suspect: bool = False  # under suspicion (a fault with no owner on its GPU): judged on the floor
 
 
 # --- transitions -----------------------------------------------------------------------------------------
@@ -61,6 +69,60 @@ class Judged:
 @dataclass(frozen=True, slots=True)
 class Stalled:
     verdict: Verdict
+    spinning: bool = False
+    canary: CanaryResult | None = None  # the canary that confirmed a stall read from a log
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmStall:
+    """A stall read from its log: a real completion is asked for before it is said (answer: `stall_canaried`)."""
+
+    verdict: Verdict
+    spinning: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StallDenied:
+    """Its log shows no progress, but a real completion returned."""
+
+    verdict: Verdict
+    canary: CanaryResult
+
+
+@dataclass(frozen=True, slots=True)
+class SuspectCanaryDue:
+    """Under suspicion: one canary, beside the scrapes (answer: `suspect_canaried`, with this)."""
+
+    before: EngineSample
+    epoch: int  # the instance it asks: killed or gone meanwhile, the answer judges nothing
+
+
+@dataclass(frozen=True, slots=True)
+class SuspicionEased:
+    """The suspicion's canary returned, or did not while the engine works on: nothing to say."""
+
+    canary: CanaryResult
+    working: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCanaryDue:
+    """No progress since the last look `idle_canary_every` ago (answer: `idle_canaried`)."""
+
+    sample: EngineSample
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryUnanswered:
+    """A canary timed out while its processes live (said once, until one completes again)."""
+
+    canary: CanaryResult
+    last: EngineSample
+
+
+@dataclass(frozen=True, slots=True)
+class CompletesAgain:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +185,9 @@ class RestartFailed:
     started: bool  # a new instance was seen at all
 
 
-Transition = (Judged | Stalled | Progressing | Silent | Unresponsive | Answers | Exited | CrashLoop | Starting
-              | CanaryDue | Back | RestartFailed)
+Transition = (Judged | Stalled | ConfirmStall | StallDenied | Progressing | Silent | Unresponsive | Answers | Exited
+              | CrashLoop | Starting | CanaryDue | Back | RestartFailed | SuspectCanaryDue | SuspicionEased
+              | IdleCanaryDue | CanaryUnanswered | CompletesAgain)
 
 
 class Lifecycle:
@@ -145,7 +208,14 @@ class Lifecycle:
         self._killed_at: float | None = None
         self._restarting = False  # gpuwarden restarts it (after its kill)
         self._deadline: float | None = None  # back by then, or the restart failed
-        self._canary_at = -1e18
+        self._canary_at = -1e18  # the last start-up canary
+        self.epoch = 0  # instances seen down: an answer asked of an earlier one judges nothing
+        self.suspicion = ""  # why it is under suspicion
+        self._suspect_until = -1e18
+        self._suspect_due = False  # the suspicion's canary is due at the next answer
+        self._asked = -1e18  # the last canary of any kind
+        self._idle_progress: float | None = None  # the progress counter at the idle canary's last look
+        self.canary_failed = False  # a canary timed out and none completed since
 
     # --- told --------------------------------------------------------------------------------------
 
@@ -155,6 +225,18 @@ class Lifecycle:
         self._killed_at, self._restarting = now, restart
         self._deadline = now + self.rules.restart_timeout if restart else None
         self._down()
+
+    def suspect(self, now: float, reason: str) -> bool:
+        """A fault with no owner on its GPU: judged on the floor, and one canary, for `suspicion` seconds. False
+        when already under suspicion (a storm of faults extends it and is said once)."""
+        new = not self.suspected(now)
+        self._suspect_until = now + self.rules.suspicion
+        if new:
+            self.suspicion, self._suspect_due = reason, True
+        return new
+
+    def suspected(self, now: float) -> bool:
+        return now < self._suspect_until
 
     def restart_failed(self) -> None:
         """Asking its supervisor to start it failed: nothing to wait for."""
@@ -199,7 +281,55 @@ class Lifecycle:
             self._failed(look, out)
         else:
             self._answered_with(look, out)
+            self._canaries_due(look, out)
         return out
+
+    def _canaries_due(self, look: Look, out: list[Transition]) -> None:
+        if self.phase != "watching":
+            return
+        if self._suspect_due:  # beside the scrapes: a stall meanwhile is still seen within the floor
+            self._suspect_due, self._asked = False, look.now
+            out.append(SuspectCanaryDue(look.sample, self.epoch))
+            return
+        every = self.rules.idle_canary_every
+        if not every or look.now - self._asked < every:
+            return
+        first, progressed = self._idle_progress is None, look.sample.progress != self._idle_progress
+        self._idle_progress = look.sample.progress
+        if first or progressed:
+            self._asked = look.now
+            return
+        self._idle_progress, self._asked = None, look.now  # the canary's own request moves the counter
+        out.append(IdleCanaryDue(look.sample))
+
+    def stall_canaried(self, confirm: ConfirmStall, result: CanaryResult) -> list[Transition]:
+        """The answer to a ConfirmStall: a completion denies the log's word; anything else confirms it."""
+        if result.outcome == "ok":
+            return [StallDenied(confirm.verdict, result)]
+        return [Stalled(confirm.verdict, confirm.spinning, result)]
+
+    def idle_canaried(self, due: IdleCanaryDue, result: CanaryResult) -> list[Transition]:
+        if result.outcome == "timeout" and not self.canary_failed:
+            self.canary_failed = True
+            return [CanaryUnanswered(result, due.sample)]
+        if result.outcome == "ok" and self.canary_failed:
+            self.canary_failed = False
+            return [CompletesAgain()]
+        return []
+
+    def suspect_canaried(self, due: SuspectCanaryDue, result: CanaryResult,
+                         after: EngineSample | None) -> list[Transition]:
+        """`after`: a scrape once a timed-out canary returned (None: none, or it failed). A canary a long prefill
+        holds back is no hang: work shown meanwhile eases the suspicion."""
+        if due.epoch != self.epoch or self.phase != "watching" or not self._instance:
+            return []  # killed or gone meanwhile: nothing left to judge
+        if result.outcome != "timeout":
+            return [SuspicionEased(result, False)]
+        before = due.before
+        if after is not None and (after.progress != before.progress or after.activity != before.activity):
+            return [SuspicionEased(result, True)]
+        self.canary_failed = True
+        return [CanaryUnanswered(result, before)]
 
     def canaried(self, result: CanaryResult, now: float) -> list[Transition]:
         """The answer to a CanaryDue: a completion (or, with the canary off, the answer itself) means back."""
@@ -237,7 +367,7 @@ class Lifecycle:
         self._down()
 
     def _down(self) -> None:
-        self.phase = "down"
+        self.phase, self.epoch = "down", self.epoch + 1
         self._forget()
 
     def _start(self, now: float, current: Instance, out: list[Transition]) -> None:
@@ -260,7 +390,7 @@ class Lifecycle:
             out.append(Silent(self._failures))
         silent_for = look.now - (self._answered if self._answered is not None else self._since)
         if (self._failures >= self.rules.unresponsive_after and self._instance and not self._unresponsive
-                and silent_for >= self.detector.threshold(look.spinning, look.suspect)):
+                and silent_for >= self.detector.threshold(look.spinning, self.suspected(look.now))):
             self._unresponsive = True
             out.append(Unresponsive(silent_for, self._failures, self.sample))
 
@@ -271,14 +401,24 @@ class Lifecycle:
         if self.phase in ("starting", "failed"):
             self.sample = look.sample  # its own figures, for the record; judged once it is back
             if look.now - self._canary_at >= self.rules.canary_every:
-                self._canary_at = look.now
+                self._canary_at = self._asked = look.now
                 out.append(CanaryDue())
             if self.phase == "starting":
                 return
         if self.phase == "down":
             return  # the old instance still answers while it dies: nothing to judge
+        self._judge(look, out)
+
+    def _judge(self, look: Look, out: list[Transition]) -> None:
         self.sample = look.sample
-        verdict = self.detector.observe(look.sample, look.now, look.spinning, look.suspect)
+        verdict = self.detector.observe(look.sample, look.now, look.spinning, self.suspected(look.now))
         out.append(Judged(verdict))
-        if verdict.new:
-            out.append(Stalled(verdict) if verdict.stalled else Progressing())
+        if not verdict.new:
+            return
+        if not verdict.stalled:
+            out.append(Progressing())
+        elif self.rules.confirm_stall:
+            self._asked = look.now
+            out.append(ConfirmStall(verdict, look.spinning))
+        else:
+            out.append(Stalled(verdict, look.spinning))

@@ -1,0 +1,91 @@
+"""A look at an engine's processes, off the loop and with a deadline: its target resolved, their instance (pid and
+start time of each), the candidates refused, each one's CPU, the GPUs they use, their KFD pasids (AMD)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import psutil
+
+from gpuwarden.config import EngineConfig
+from gpuwarden.engine.kfd import pasids_of
+from gpuwarden.engine.lifecycle import Instance
+from gpuwarden.engine.parts import target_spec
+from gpuwarden.engine.processes import Tracker, cpu_percents, gpus_in_use, resolve
+from gpuwarden.gpu import nvidia
+from gpuwarden.offloop import Busy, OffLoop
+
+log = logging.getLogger(__name__)
+
+DEADLINE = 10.0
+_INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
+_NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
+
+
+@dataclass(frozen=True, slots=True)
+class Processes:
+    procs: list[psutil.Process]
+    instance: Instance
+    refused: list[str]  # candidates the target named but may not be killed
+    cpus: list[float]  # each process's share of a core since the last look
+    gpus: frozenset[str] | None
+    pasids: frozenset[int] | None  # None: none to read
+
+
+class Looker:
+    def __init__(self, nvml: bool = True) -> None:
+        self._nvml = None if nvml else False  # loaded on first use; False when off ([gpu] nvml) or no driver
+
+    async def look(self, name: str, config: EngineConfig, tracker: Tracker) -> Processes | None:
+        """None: the look-up did not answer within its deadline, or one that outran it still holds its thread (a
+        hung NVML): keep what is known."""
+        try:
+            return await _INSPECTS.run(name, DEADLINE, self._look, config, tracker)
+        except TimeoutError:
+            log.warning("looking at %s's processes took longer than %.0f s", name, DEADLINE)
+        except Busy:
+            pass
+        return None
+
+    def _look(self, config: EngineConfig, tracker: Tracker) -> Processes:
+        found = resolve(target_spec(config))
+        procs = tracker.refresh(found)
+        gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
+        return Processes(procs, instance_of(procs), found.refused, cpu_percents(procs),
+                         frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]))
+
+    def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
+        """From the device files they hold open, and for NVIDIA from NVML's process lists."""
+        found = gpus_in_use(procs) or set()
+        if self._nvml is None:
+            self._nvml = nvidia.load() or False
+        if self._nvml and _NVML_CALL.acquire(blocking=False):
+            try:
+                by_pid = nvidia.gpus_of_processes(self._nvml)
+            finally:
+                _NVML_CALL.release()
+            found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
+        return found or None
+
+
+@dataclass(frozen=True, slots=True)
+class KillTarget:
+    """What the actuator needs to kill (and restart) an engine: a fresh look, and its configuration."""
+
+    procs: list[psutil.Process]
+    refused: list[str]
+    gpu: str | None
+    config: EngineConfig
+
+
+def instance_of(procs: list[psutil.Process]) -> Instance:
+    """Its processes by pid and start time: a new pid, or the same pid started anew, is a new instance."""
+    keys = set()
+    for proc in procs:
+        try:
+            keys.add((proc.pid, proc.create_time()))
+        except psutil.Error:
+            continue
+    return frozenset(keys)
