@@ -6,7 +6,7 @@ down these layers, and never in a cycle. A package may import others of its own 
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
-    decisions       policy: pure, events and plain views in, typed actions out
+    decisions       policy: pure, events and plain views in, typed actions out; reports (the one queue)
     foundation      model, kinds, config, store, report, timeline, exporter, and small helpers
 
 A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden". A
@@ -26,7 +26,7 @@ DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
     {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "timeline", "exporter", "logsetup",
      "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage", *DATA},
-    {"policy"},
+    {"policy", "reports"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
     {"hub", "health"},

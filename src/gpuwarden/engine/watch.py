@@ -237,6 +237,7 @@ class EngineWatch:
         return user_id(state.config.target.user) if state.config.target.user else state.tracker.uid
 
     async def run(self) -> None:
+        self.sink.engines(self.views(), self.samples())
         async with asyncio.TaskGroup() as tasks:
             self._tasks = tasks
             for state in self.engines.values():
@@ -354,6 +355,7 @@ class EngineWatch:
         changes = life.observe(lc.Look(now, sample, state.instance if looked else None, spinning,
                                        state.suspected(now)))
         self._export(state, sample)
+        self.sink.engines(self.views(), self.samples())  # the hub's situation for the events that follow
         for change in changes:
             await self._on(state, change, error, spinning)
         if sample is None or life.phase != "watching":
