@@ -19,7 +19,7 @@ from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build as build_targets
-from gpuwarden.config import Config, ConfigError
+from gpuwarden.config import Config, ConfigError, GuardConfig
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.inventory import GpuInventory
@@ -76,29 +76,19 @@ class Daemon:
         self.actuator: Actuator | None = None
         self.alerter: Alerter | None = None
         self.hub: Hub | None = None
-        self.guard: GuardWatch | None = None
         self.exporter: Exporter | None = None
-        self.kernel: KernelWatch | None = None
-        self.uevents: UeventWatch | None = None
+        self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
+        self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()  # kernel lines logged before this are history
         self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
-        self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
         self._recovery: asyncio.Task | None = None
         self._reloading: asyncio.Future | None = None
 
     def _outbox(self, source: str) -> Outbox:
         """A component's own sink: its reports go on the one queue, its metrics to its own handles."""
         return Outbox(source, self.reports, self.metrics)
-
-    def _alert_context(self) -> Context:
-        """What an alert names besides its events: each GPU's index and model, the engines on each GPU."""
-        self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
-        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
-        engines = {v.name: v.gpus for v in self.hub.views}
-        return Context(self.config.alerts.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
-                       engines)
 
     async def _confirm_recovery(self) -> None:
         """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
@@ -126,7 +116,7 @@ class Daemon:
         incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
                                      keep=cfg.daemon.incidents_keep)
         self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
-                               incidents.folder, self._alert_context)
+                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence))
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run())
 
@@ -206,7 +196,7 @@ class Daemon:
         gpus = await self.inventory.refresh()
         log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
                  if gpus else "no GPUs")
-        self.guard = None
+        self.current.guard = None
         self.supervisor.start("hub", self.hub)  # the one consumer of the reports; the queue outlives restarts
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", self.alerter)  # one alerter: its storm state outlives restarts
@@ -214,11 +204,12 @@ class Daemon:
         self.supervisor.start("gpus", partial(GpuWatch, self.config.gpu, self.inventory.current, self._outbox("gpus"),
                                               self.recorder, xid_overrides=self.config.kernel.xid_overrides(),
                                               xid_merge=self.xids))
-        self.supervisor.start("uevents", self._uevent_watch)
+        guarded = Guarded(self.config.guard, self.inventory)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
-            self.guard = GuardWatch(guard, self.config.gpu.sysfs_root, self._guarded_list, self._outbox("guard"))
-            self.supervisor.start("guard", self.guard)
+            self.current.guard = GuardWatch(guard, self.config.gpu.sysfs_root, guarded.listed, self._outbox("guard"))
+            self.supervisor.start("guard", self.current.guard)
+        self.supervisor.start("uevents", partial(self._uevent_watch, guarded))
         for loop in self.health.loops():
             self.supervisor.start(loop.name, loop)
         if self.exporter is None and self.config.exporter.enabled:
@@ -251,40 +242,17 @@ class Daemon:
             raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
                                "gpuwarden_loop_lag_seconds on /metrics)") from None
 
-    def _guarded_devices(self) -> set[str]:
-        return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))
-
-    def _guarded_list(self) -> list[str]:
-        return list(self._guarded_devices())
-
-    def _pci_changed(self) -> None:
-        """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
-        self.inventory.start_refresh().add_done_callback(self._recheck_guard)
-
-    def _recheck_guard(self, _) -> None:
-        if self.guard:
-            self.guard.recheck.set()
-
     def _kernel_watch(self) -> KernelWatch:
         watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic),
                             self.store.cursor("journal"),
                             live_since=self.started, gpus_behind=self.inventory.behind)
-        self.kernel = watch
+        self.current.kernel = watch
         return watch
 
-    def _uevent_watch(self) -> UeventWatch:
-        self.uevents = UeventWatch(self._outbox("uevents"), self._guarded_devices, self._pci_changed)
-        return self.uevents
-
-    def summary(self) -> str:
-        gpus = len(self.inventory.gpus)
-        error = self.store_health.error
-        store = f"; STORE UNWRITABLE ({error})" if error else ""
-        uevents = f"; uevents unavailable ({self.uevents.unavailable})" if self.uevents and self.uevents.unavailable \
-            else ""
-        kernel = self.kernel.status if self.kernel else "none"
-        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}{store}{uevents}")
+    def _uevent_watch(self, guarded: Guarded) -> UeventWatch:
+        self.current.uevents = UeventWatch(self._outbox("uevents"), guarded.devices,
+                                           PciChanged(self.inventory, self.current.guard).changed)
+        return self.current.uevents
 
     async def reload(self) -> None:
         async with self._reload_lock:
@@ -338,6 +306,75 @@ class Daemon:
             await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
         except (OSError, TimeoutError, Busy) as exc:
             log.error("cannot confirm the reload in %s: %s", state_dir, exc)
+
+
+class Current:
+    """The watches the supervisor built last (a restart builds a new one): for the summary and the status page."""
+
+    def __init__(self) -> None:
+        self.kernel: KernelWatch | None = None
+        self.uevents: UeventWatch | None = None
+        self.guard: GuardWatch | None = None
+
+
+class Summary:
+    """The daemon's one-line state, for STATUS and the log."""
+
+    def __init__(self, inventory: GpuInventory, store_health: StoreHealth, supervisor: Supervisor,
+                 current: Current) -> None:
+        self.inventory, self.store_health, self.supervisor, self.current = inventory, store_health, supervisor, current
+
+    def __call__(self) -> str:
+        gpus = len(self.inventory.gpus)
+        error = self.store_health.error
+        store = f"; STORE UNWRITABLE ({error})" if error else ""
+        uevents = self.current.uevents
+        unavailable = f"; uevents unavailable ({uevents.unavailable})" if uevents and uevents.unavailable else ""
+        kernel = self.current.kernel.status if self.current.kernel else "none"
+        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
+                f"{self.supervisor.summary()}{store}{unavailable}")
+
+
+class Guarded:
+    """The GPUs the recovery guard keeps: the configured ones, else every GPU found."""
+
+    def __init__(self, config: GuardConfig, inventory: GpuInventory) -> None:
+        self.config, self.inventory = config, inventory
+
+    def devices(self) -> set[str]:
+        return set(self.config.devices or (g.pci for g in self.inventory.gpus))
+
+    def listed(self) -> list[str]:
+        return list(self.devices())
+
+
+class PciChanged:
+    """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
+
+    def __init__(self, inventory: GpuInventory, guard: GuardWatch | None) -> None:
+        self.inventory, self.guard = inventory, guard
+
+    def changed(self) -> None:
+        self.inventory.start_refresh().add_done_callback(self._recheck)
+
+    def _recheck(self, _) -> None:
+        if self.guard:
+            self.guard.recheck.set()
+
+
+class AlertContext:
+    """What an alert names besides its events: each GPU's index and model, the engines on each GPU."""
+
+    def __init__(self, recorder: FlightRecorder, inventory: GpuInventory, evidence: Evidence) -> None:
+        self.recorder, self.inventory, self.evidence = recorder, inventory, evidence
+        self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
+
+    def __call__(self) -> Context:
+        self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
+        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
+        engines = {v.name: v.gpus for v in self.evidence.views}
+        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
+                       engines)
 
 
 def _supervised(components: Components) -> tuple:

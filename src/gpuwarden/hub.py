@@ -30,13 +30,15 @@ _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Se
 
 
 class Evidence:
-    """What an incident bundle holds besides its events, kept for it on the loop (the recent kernel lines, the
-    engines' last scrapes, the recorder's telemetry), and where an incident is saved."""
+    """What the hub was told of the host, for the policy, incident bundles and alerts (read on the loop): the
+    recent kernel lines, the engines as the engine watch last reported them (views, last scrapes), with the
+    recorder's telemetry; and where an incident is saved."""
 
     def __init__(self, store: Store | QueuedStore, recorder: FlightRecorder, metrics: SelfMetrics,
                  hostname: str) -> None:
         self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
+        self.views: list[policy.EngineView] = []
         self.samples: dict[str, dict] = {}
 
     def save(self, row: dict, open_incidents: Iterable[incidents.Incident]) -> None:
@@ -69,7 +71,6 @@ class Hub:
         self.reports, self.store, self.alerter, self.actuator = reports, store, alerter, actuator
         self.inventory, self.incidents, self.evidence, self.metrics = inventory, incidents, evidence, metrics
         self.dry_run = dry_run
-        self.views: list[policy.EngineView] = []
         self._rows: OrderedDict[tuple[str, int], int] = OrderedDict()  # an outbox's reference -> its stored row
         self.conditions: conditions.State = {}
 
@@ -114,7 +115,7 @@ class Hub:
         """One report, its parts in their order (reports.Report)."""
         self.evidence.lines.extend(report.lines)
         if report.engines is not None:
-            self.views, self.evidence.samples = report.engines, report.samples or {}
+            self.evidence.views, self.evidence.samples = report.engines, report.samples or {}
         if report.events or report.cursor:
             self._record(report.events, report.refs, report.cursor, now, act)
         for ref, event in report.recounts:
@@ -133,7 +134,7 @@ class Hub:
         """Decide first (the decision and its reason go into the stored event), then change the conditions,
         join the incidents, store (with the source's cursor), alert, export, log, and act. The store never
         refuses and never waits: what it cannot write yet it keeps and retries."""
-        situation = policy.Situation(self.views, frozenset(self.inventory.seen), now, self.dry_run)
+        situation = policy.Situation(self.evidence.views, frozenset(self.inventory.seen), now, self.dry_run)
         engine_gpus = {view.name: view.gpus for view in situation.engines}
         decided, changes = [], []
         for event in events:

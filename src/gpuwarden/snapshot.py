@@ -46,9 +46,9 @@ def _sources(daemon: Any, metrics: dict) -> list[dict[str, Any]]:
     """Each source that says whether it is up; its last success is polled under its own name or, for the kernel
     log, under each reader it used (kernel_kmsg, kernel_journal, kernel_file): the latest of those."""
     up, last = metrics.get(f.SOURCE_UP.name, {}), metrics.get(f.SOURCE_LAST_SUCCESS.name, {})
-    kernel = daemon.kernel
+    kernel, uevents = daemon.current.kernel, daemon.current.uevents
     details = {"kernel": kernel.status if kernel else "not started",
-               "uevents": (daemon.uevents.unavailable or "netlink") if daemon.uevents else "not started"}
+               "uevents": (uevents.unavailable or "netlink") if uevents else "not started"}
     rows = []
     for name in sorted({labels[0] for labels in up} | {"kernel"}):
         ok = up.get((name,))
