@@ -59,7 +59,8 @@ class Supervisor:
         while True:
             started = time.monotonic()
             try:
-                component = factory if hasattr(factory, "run") else factory()
+                built = isinstance(factory, type) or not hasattr(factory, "run")  # a class is a factory too
+                component = factory() if built else factory
                 self._set(name, state, True)
                 await component.run()
                 log.info("component %s finished", name)
