@@ -1,8 +1,8 @@
 """docs/architecture.md stays true: every arrow of its walks joins two modules that exist, as the arrow says, and
 the counts it states are the walks' own. An arrow `a → b name` is a call into a module one of them imports from
-the other: `name` is defined in one and called in the other. `a ⇢ b name` is a call through a port handed at
-construction: `name` is defined in b and called (or handed to a pool) in a, or handed over by the daemon (`.name`). `a ⇒ b` is the one
-queue: a puts on it, b awaits it."""
+the other: `name` is defined in one and called (or handed to a pool) in the other. `a ⇢ b name` is a call through
+a port handed at construction: `name` is defined in b and called in a, or handed over by the daemon (`.name`).
+`a ⇒ b` is the one queue: a puts on it, b awaits it."""
 
 import re
 from pathlib import Path
