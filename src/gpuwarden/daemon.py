@@ -56,11 +56,10 @@ class Daemon:
 
     def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None,
                  log_level: str | None = None) -> None:
-        self.config = config
+        self.settings = Settings(config)  # the configuration now: a reload replaces it here, for every reader
         self.config_arg = config_arg  # what --config said; None: the default path or built-in defaults
         self.log_level = log_level  # what --log-level said: it outlives reloads; None: [daemon] log_level
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_status: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
         self.notifier = notifier or Notifier()
         self.metrics = SelfMetrics()
         self.reports: asyncio.Queue[Report] = asyncio.Queue()  # unbounded: a fault is never dropped (reports.py)
@@ -77,6 +76,7 @@ class Daemon:
         self.alerter: Alerter | None = None
         self.hub: Hub | None = None
         self.exporter: Exporter | None = None
+        self.status: Status | None = None
         self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()  # kernel lines logged before this are history
@@ -85,6 +85,10 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self._recovery: asyncio.Task | None = None
         self._reloading: asyncio.Future | None = None
+
+    @property
+    def config(self) -> Config:
+        return self.settings.config
 
     def _outbox(self, source: str) -> Outbox:
         """A component's own sink: its reports go on the one queue, its metrics to its own handles."""
@@ -119,6 +123,8 @@ class Daemon:
                                incidents.folder, AlertContext(self.recorder, self.inventory, evidence))
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run())
+        self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
+                             self.store_health, self.current, self.hub, self.recorder, self.inventory, self.actuator)
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -176,7 +182,7 @@ class Daemon:
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status, self.hub.incidents.folder)
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self.status, self.hub.incidents.folder)
         try:
             exporter.start()
         except OSError as exc:
@@ -196,7 +202,7 @@ class Daemon:
         gpus = await self.inventory.refresh()
         log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
                  if gpus else "no GPUs")
-        self.current.guard = None
+        self.current.built(guard=None)
         self.supervisor.start("hub", self.hub)  # the one consumer of the reports; the queue outlives restarts
         self.supervisor.start("kernel", self._kernel_watch)
         self.supervisor.start("alerts", self.alerter)  # one alerter: its storm state outlives restarts
@@ -207,7 +213,8 @@ class Daemon:
         guarded = Guarded(self.config.guard, self.inventory)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
-            self.current.guard = GuardWatch(guard, self.config.gpu.sysfs_root, guarded.listed, self._outbox("guard"))
+            self.current.built(guard=GuardWatch(guard, self.config.gpu.sysfs_root, guarded.listed,
+                                                self._outbox("guard")))
             self.supervisor.start("guard", self.current.guard)
         self.supervisor.start("uevents", partial(self._uevent_watch, guarded))
         for loop in self.health.loops():
@@ -224,35 +231,18 @@ class Daemon:
                     # `listen` may need a name look-up
                     await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
-    def _status(self) -> dict:
-        """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives."""
-        at, snap = self._last_status
-        if time.monotonic() - at < _STATUS_FRESH:
-            return snap
-
-        async def gather() -> dict:
-            return snapshot.gather(self)
-        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
-        try:
-            snap = future.result(_STATUS_DEADLINE)
-            self._last_status = (time.monotonic(), snap)
-            return snap
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
-                               "gpuwarden_loop_lag_seconds on /metrics)") from None
-
     def _kernel_watch(self) -> KernelWatch:
         watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic),
                             self.store.cursor("journal"),
                             live_since=self.started, gpus_behind=self.inventory.behind)
-        self.current.kernel = watch
+        self.current.built(kernel=watch)
         return watch
 
     def _uevent_watch(self, guarded: Guarded) -> UeventWatch:
-        self.current.uevents = UeventWatch(self._outbox("uevents"), guarded.devices,
-                                           PciChanged(self.inventory, self.current.guard).changed)
-        return self.current.uevents
+        changed = PciChanged(self.inventory, self.current.guard)
+        watch = UeventWatch(self._outbox("uevents"), guarded.devices, changed.changed)
+        self.current.built(uevents=watch)
+        return watch
 
     async def reload(self) -> None:
         async with self._reload_lock:
@@ -275,7 +265,7 @@ class Daemon:
                 return
             await self.supervisor.stop()
             exporter_changed = new.exporter != self.config.exporter
-            self.config = new
+            self.settings.replace(new)
             self.health.configure(new.daemon)
             self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep)
             self.alerter.configure(new.alerts, targets)
@@ -308,6 +298,54 @@ class Daemon:
             log.error("cannot confirm the reload in %s: %s", state_dir, exc)
 
 
+class Settings:
+    """The configuration now, read by the parts that outlive a reload."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def replace(self, config: Config) -> None:
+        self.config = config
+
+
+class Status:
+    """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives, from
+    the parts snapshot.gather reads (the daemon holds the exporter, so this holds the parts and not the daemon)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings, started: float, metrics: SelfMetrics,
+                 summary: Summary, health: Health, store_health: StoreHealth, current: Current, hub: Hub,
+                 recorder: FlightRecorder, inventory: GpuInventory, actuator: Actuator) -> None:
+        self._loop, self.settings, self.started, self.metrics, self.summary = loop, settings, started, metrics, summary
+        self.health, self.store_health, self.current, self.hub = health, store_health, current, hub
+        self.recorder, self.inventory, self.actuator = recorder, inventory, actuator
+        self._last: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
+
+    @property
+    def config(self) -> Config:
+        return self.settings.config
+
+    @property
+    def engines(self) -> EngineWatch:
+        return self.actuator.engines  # a reload's new watch (Actuator.configure)
+
+    def __call__(self) -> dict:
+        at, snap = self._last
+        if time.monotonic() - at < _STATUS_FRESH:
+            return snap
+
+        async def gather() -> dict:
+            return snapshot.gather(self)
+        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
+        try:
+            snap = future.result(_STATUS_DEADLINE)
+            self._last = (time.monotonic(), snap)
+            return snap
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
+                               "gpuwarden_loop_lag_seconds on /metrics)") from None
+
+
 class Current:
     """The watches the supervisor built last (a restart builds a new one): for the summary and the status page."""
 
@@ -315,6 +353,10 @@ class Current:
         self.kernel: KernelWatch | None = None
         self.uevents: UeventWatch | None = None
         self.guard: GuardWatch | None = None
+
+    def built(self, **watches: KernelWatch | UeventWatch | GuardWatch | None) -> None:
+        for name, watch in watches.items():
+            setattr(self, name, watch)
 
 
 class Summary:

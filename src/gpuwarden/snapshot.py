@@ -1,5 +1,5 @@
 """The daemon's state as one plain, JSON-ready dict: what the status page, /status.json and `gpuwarden status`
-show. Built on the event loop, where that state lives (the exporter's threads ask for it through the daemon), from
+show. Built on the event loop, where that state lives (the exporter's threads ask for it through daemon.Status), from
 what the components already hold: nothing is read from disk or from a GPU here.
 
 Times are wall-clock seconds; an engine's monotonic times are turned into wall-clock ones once, here.
@@ -17,7 +17,7 @@ from gpuwarden.logsetup import redact
 
 
 def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
-    """`daemon`: a running daemon.Daemon (duck-typed: this module sits beside it, not above it)."""
+    """`daemon`: a running daemon's parts, daemon.Status (duck-typed: this module sits beside it, not above it)."""
     now = time.time() if now is None else now
     metrics = daemon.metrics.snapshot()
     return {

@@ -1,5 +1,5 @@
 """A real gpuwarden Daemon run in this process, on this test's event loop: for tests that look at its parts
-while it runs (its health loops, its object graph). The exporter is off (a port of its own is not needed)."""
+while it runs (its health loops, its object graph). The exporter is off unless a port is given for it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from gpuwarden.daemon import Daemon
 from gpuwarden.sdnotify import Notifier
 
 
-def daemon_in(tmp_path, extra: str = "") -> Daemon:
-    config = parse(f'[daemon]\nstate_dir = "{tmp_path}"\n{extra}\n[exporter]\nenabled = false\n')
+def daemon_in(tmp_path, extra: str = "", exporter_port: int | None = None) -> Daemon:
+    exporter = f'listen = "127.0.0.1"\nport = {exporter_port}' if exporter_port else "enabled = false"
+    config = parse(f'[daemon]\nstate_dir = "{tmp_path}"\n{extra}\n[exporter]\n{exporter}\n')
     return Daemon(config, None, Notifier({}))
 
 

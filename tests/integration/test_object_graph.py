@@ -15,6 +15,7 @@ import gc
 import threading
 import types
 
+from helpers import free_port, http_get
 from inprocess import daemon_in, running
 
 _CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque)
@@ -122,17 +123,25 @@ def test_the_walk_sees_a_cycle():
 
 
 def test_the_running_daemon_s_object_graph_has_no_cycle(tmp_path):
-    daemon = daemon_in(tmp_path)
+    port = free_port()
+    daemon = daemon_in(tmp_path, exporter_port=port)
     walked = {}
 
     async def scenario():
         async with running(daemon):
             await asyncio.sleep(0.2)  # the components built and polled once
+            # the status page served once (its snapshot is gathered on this loop, from a thread)
+            pages: list[str] = []
+            reader = threading.Thread(target=lambda: pages.append(http_get(f"http://127.0.0.1:{port}/status.json")))
+            reader.start()
+            while reader.is_alive():
+                await asyncio.sleep(0.05)
+            assert '"summary"' in pages[0]
             edges, nodes = graph_of(daemon)
             walked["nodes"] = {type(n).__name__ for n in nodes.values()}
             walked["cycles"] = described(cycles(edges), nodes)
 
     asyncio.run(scenario())
     assert {"Daemon", "Hub", "Actuator", "EngineWatch", "Alerter", "Outbox", "QueuedStore", "Supervisor",
-            "Health"} <= walked["nodes"]  # the walk reached the parts
+            "Health", "Exporter", "Status"} <= walked["nodes"]  # the walk reached the parts
     assert walked["cycles"] == []
