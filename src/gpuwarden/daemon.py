@@ -116,7 +116,7 @@ class Daemon:
                              self.store, self.summary)
         self.engines = EngineWatch(cfg.engines, cfg.engine, self._outbox("engines"), nvml=cfg.gpu.nvml)
         self.actuator = Actuator(self._outbox("actuator"), self.engines, cfg.cache)
-        evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname)
+        evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views())
         incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
                                      keep=cfg.daemon.incidents_keep)
         self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,

@@ -35,10 +35,11 @@ class Evidence:
     recorder's telemetry; and where an incident is saved."""
 
     def __init__(self, store: Store | QueuedStore, recorder: FlightRecorder, metrics: SelfMetrics,
-                 hostname: str) -> None:
+                 hostname: str, views: list[policy.EngineView] | None = None) -> None:
+        """`views`: the configured engines before the engine watch's first report (a fault may come first)."""
         self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
-        self.views: list[policy.EngineView] = []
+        self.views: list[policy.EngineView] = views or []
         self.samples: dict[str, dict] = {}
 
     def save(self, row: dict, open_incidents: Iterable[incidents.Incident]) -> None:

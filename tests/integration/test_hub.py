@@ -166,3 +166,20 @@ def test_a_stall_its_kill_and_the_engine_s_return_are_one_incident_and_stored_co
     assert row["id"] == incident and row["engines"] == ["vllm"] and row["conditions"] == []
     assert row["done"][0] == "vllm killed"  # what gpuwarden did (the return is one too, once it is an outcome)
     assert [d["action"] for d in row["decisions"]] == ["alert_only"]
+
+
+def test_a_storm_s_final_count_arrives_by_the_outbox_s_reference(tmp_path):
+    """The kernel watch never learns a row id: it reports a storm's final count by the reference its outbox gave
+    the first line's event, and the stored event takes the count."""
+    hub = hub_for(tmp_path, [])
+    out = Outbox("kernel", hub.reports, hub.metrics)
+    first = Event("page_fault", Severity.CRITICAL, "page fault", 1.0, gpu=GPU)
+
+    async def scenario():
+        [ref] = out.record([first], ("kmsg", "c1"))
+        out.set_count(ref, Event(first.kind, first.severity, first.message, first.time, first.gpu, count=48))
+        await consumed(hub, 0.05)
+
+    asyncio.run(scenario())
+    [stored] = hub.store.events()
+    assert (stored["kind"], stored["count"]) == ("page_fault", 48)
