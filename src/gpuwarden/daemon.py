@@ -65,7 +65,8 @@ class Daemon:
         self.reports: asyncio.Queue[Report] = asyncio.Queue()  # unbounded: a fault is never dropped (reports.py)
         self.recorder = FlightRecorder(config.gpu.recorder_window)
         self.inventory = GpuInventory(config.gpu.sysfs_root)
-        self.supervisor = Supervisor(*_supervised(Components(self._outbox("supervisor"), self.metrics)))
+        components = Components(self._outbox("supervisor"), self.metrics)  # the supervisor's reports
+        self.supervisor = Supervisor(components.crashed, components.component_state)
         self.store_health = StoreHealth(self._outbox("store"), self.metrics,
                                         config.daemon.state_dir / "gpuwarden.db")
         # built in run(), on the loop, in this order: store, health, engines, actuator, alerter, hub
@@ -113,7 +114,7 @@ class Daemon:
         cfg = self.config
         self.store = QueuedStore(cfg.daemon.state_dir / "gpuwarden.db", loop, self.store_health)
         self.health = Health(cfg.daemon, self._outbox("health"), self.metrics, self.notifier, self.supervisor,
-                             self.store, self.summary)
+                             self.store, self.store_health, self.summary)
         self.engines = EngineWatch(cfg.engines, cfg.engine, self._outbox("engines"), nvml=cfg.gpu.nvml)
         self.actuator = Actuator(self._outbox("actuator"), self.engines, cfg.cache)
         evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views())
@@ -417,10 +418,6 @@ class AlertContext:
         engines = {v.name: v.gpus for v in self.evidence.views}
         return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
                        engines)
-
-
-def _supervised(components: Components) -> tuple:
-    return components.crashed, components.component_state
 
 
 def _exit_now(why: str) -> None:

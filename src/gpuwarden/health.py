@@ -53,12 +53,13 @@ class Components:
 
 
 class StoreHealth:
-    """The store's reports (called on the loop): writing started failing, or works again. STATUS says it at the
-    next status line."""
+    """The store's reports (called on the loop): writing started failing, or works again. `changed` wakes the
+    STATUS line (Health), which says it at once."""
 
     def __init__(self, sink: Sink, metrics: SelfMetrics, path: Path) -> None:
         self.sink, self.metrics, self.path = sink, metrics, path
         self.error: str | None = None  # why the store cannot be written now; None while it can
+        self.changed = asyncio.Event()
 
     def __call__(self, error: str | None) -> None:
         was, self.error = self.error, error
@@ -71,14 +72,17 @@ class StoreHealth:
             log.info("the store is written again")
             self.sink.resolve(conditions.STORE, f"the store is written again ({self.path.parent})")
         self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
+        self.changed.set()
 
 
 class Health:
     def __init__(self, config: DaemonConfig, sink: Sink, metrics: SelfMetrics, notifier: Notifier,
-                 supervisor: Supervisor, store: QueuedStore, summary: Callable[[], str]) -> None:
+                 supervisor: Supervisor, store: QueuedStore, store_health: StoreHealth,
+                 summary: Callable[[], str]) -> None:
         """`summary`: the daemon's one-line state, for STATUS. `config` is replaced on a reload."""
         self.config, self.sink, self.metrics, self.notifier, self.summary = config, sink, metrics, notifier, summary
-        self.supervisor, self.store = supervisor, store  # the watchdog pings only while the supervisor is healthy
+        self.supervisor = supervisor  # the watchdog pings only while the supervisor is healthy
+        self.store, self.store_health = store, store_health
         self.lag = 0.0
 
     def configure(self, config: DaemonConfig) -> None:
@@ -125,7 +129,11 @@ class Health:
 
     async def report_status(self) -> None:
         while True:
-            await asyncio.sleep(self.config.status_interval)
+            try:  # every status_interval, and at once when the store's health changes
+                await asyncio.wait_for(self.store_health.changed.wait(), self.config.status_interval)
+            except TimeoutError:
+                pass
+            self.store_health.changed.clear()
             self.notifier.status(self.summary())
             self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
             self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)
