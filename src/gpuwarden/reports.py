@@ -9,7 +9,7 @@ Back-pressure: none, on purpose. The queue is unbounded and `put` never waits: a
 dropped, and a producer on the event loop must never block it. The producers bound themselves (a kernel storm is
 one burst, each watch reports once per poll), and the hub drains everything queued each time it runs without
 awaiting anything else (the store queues its own writes), so the queue holds at most what arrived during one
-pass of the loop; its depth is on the status page (`reports_queued`)."""
+pass of the loop."""
 
 from __future__ import annotations
 
