@@ -106,25 +106,25 @@ class Hub:
         while not self.reports.empty():
             self._handle_logged(self.reports.get_nowait(), act=False)
 
-    def _handle_logged(self, report: Report, act: bool) -> None:
+    def _handle_logged(self, told: Report, act: bool) -> None:
         try:
-            self.handle(report, time.monotonic(), act)
+            self.handle(told, time.monotonic(), act)
         except Exception:
-            log.exception("the hub could not handle a report of %s", report.source)
+            log.exception("the hub could not handle a report of %s", told.source)
 
-    def handle(self, report: Report, now: float, act: bool = True) -> None:
+    def handle(self, told: Report, now: float, act: bool = True) -> None:
         """One report, its parts in their order (reports.Report)."""
-        self.evidence.lines.extend(report.lines)
-        if report.engines is not None:
-            self.evidence.views, self.evidence.samples = report.engines, report.samples or {}
-        if report.events or report.cursor:
-            self._record(report.events, report.refs, report.cursor, now, act)
-        for ref, event in report.recounts:
+        self.evidence.lines.extend(told.lines)
+        if told.engines is not None:
+            self.evidence.views, self.evidence.samples = told.engines, told.samples or {}
+        if told.events or told.cursor:
+            self._record(told.events, told.refs, told.cursor, now, act)
+        for ref, event in told.recounts:
             if (row := self._rows.get(ref)) is not None:
                 self.store.set_count(row, event.count)
                 if self.alerter:
                     self.alerter.repeated(event)
-        for resolution in report.resolved:
+        for resolution in told.resolved:
             wall = time.time()
             self.conditions, changes = conditions.resolve(self.conditions, resolution.key, resolution.message,
                                                           wall, resolution.cures)
