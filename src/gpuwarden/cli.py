@@ -16,7 +16,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from gpuwarden import __version__, logsetup
+from gpuwarden import __version__, enginekinds, logsetup
 from gpuwarden import config as configuration
 from gpuwarden.config import ConfigError, parse_duration
 from gpuwarden.logsetup import redact
@@ -142,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     probe = command("probe", help="scrape an engine's /metrics once and say what it shows")
     probe.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
     probe.add_argument("--json", action="store_true", help="one JSON document")
-    probe.add_argument("--profile", default="auto", choices=("auto", "vllm", "sglang", "llamacpp", "tgi"))
+    probe.add_argument("--profile", default="auto", choices=("auto", *enginekinds.names()),
+                       help="the engine kind whose metrics to read (default: the one the body shows)")
     probe.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default 5)")
     probe.set_defaults(handler=cmd_probe)
 

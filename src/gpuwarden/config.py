@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuwarden import enginekinds
 from gpuwarden.alert.runbooks import RUNBOOKS
 from gpuwarden.kernel.rules import RULES
 from gpuwarden.kinds import KINDS
@@ -373,6 +374,18 @@ def check_metrics_url(url: str) -> str:
     return url
 
 
+def _engine_kind(name: str) -> str:
+    if name != "auto" and enginekinds.named(name) is None:
+        raise ValueError(f"unknown engine kind {name!r}: one of auto, {', '.join(enginekinds.names())}")
+    return name
+
+
+def _canary_api(name: str) -> str:
+    if name not in ("auto", "off") and name not in enginekinds.canary_apis():
+        raise ValueError(f"unknown canary API {name!r}: one of auto, {', '.join(enginekinds.canary_apis())}, off")
+    return name
+
+
 RESTARTABLE = ("unit", "docker")  # target kinds whose supervisor gpuwarden can ask to start the engine again
 
 
@@ -382,7 +395,7 @@ class EngineConfig(Section):
     # host and port are the API
     url: Annotated[str, AfterValidator(check_metrics_url)] | None = None
     metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
-    profile: Literal["auto", "vllm", "sglang", "llamacpp", "tgi", "ollama"] = "auto"
+    profile: Annotated[str, AfterValidator(_engine_kind)] = "auto"  # an engine kind (gpuwarden/enginekinds)
     # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
     # llama.cpp's /slots
     source: Literal["metrics", "log", "slots"] = "metrics"
@@ -391,7 +404,7 @@ class EngineConfig(Section):
     log_container: ContainerName | None = None  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
     # while the engine is idle; the API it speaks (auto: from the profile)
-    canary: Literal["auto", "openai", "llamacpp", "ollama", "sglang", "off"] = "auto"
+    canary: Annotated[str, AfterValidator(_canary_api)] = "auto"
     canary_interval: Duration = 0.0
     canary_timeout: Interval = 30.0
     gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
@@ -465,10 +478,10 @@ class EngineConfig(Section):
         if self.source == "log" and len(logs) != 1:
             raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
                              f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
-        if self.source == "log" and self.profile == "tgi":
-            raise ValueError("no log profile for tgi: use its /metrics (source = \"metrics\")")
-        if self.source == "slots" and self.profile not in ("auto", "llamacpp"):
-            raise ValueError("source \"slots\" is llama.cpp's /slots: profile must be llamacpp")
+        kind = enginekinds.named(self.profile)
+        if kind and self.source not in kind.sources:
+            raise ValueError(f"{kind.title} offers no source {self.source!r}: use " +
+                             " or ".join(f'source = "{s}"' for s in kind.sources))
         return self
 
 
@@ -578,7 +591,6 @@ def _toml_error(exc: tomllib.TOMLDecodeError, name: str) -> str:
 
 
 _THRESHOLDS = ("edge", "junction", "mem")
-_ENGINE_NAME = re.compile(r"(vllm|sglang|llamacpp|tgi|ollama)-\d{1,5}")  # a discovered engine's name
 
 
 def cross_checks(config: Config) -> Iterator[tuple[tuple[Any, ...], str]]:
@@ -609,7 +621,8 @@ def cross_checks(config: Config) -> Iterator[tuple[tuple[Any, ...], str]]:
 
 
 def _known_tag(tag: str, engines: list[str]) -> bool:
-    return tag in KINDS or tag in engines or tag == "host" or bool(_ENGINE_NAME.fullmatch(tag))
+    discovered = re.fullmatch(r"(\w+)-\d{1,5}", tag)  # a discovered engine's name: its kind, its port
+    return tag in KINDS or tag in engines or tag == "host" or bool(discovered and enginekinds.named(discovered[1]))
 
 
 def _pci_or_none(tag: str) -> str | None:

@@ -10,9 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpuwarden.engine import canary as canary_module
+from gpuwarden import enginekinds
 from gpuwarden.engine.canary import api_for, canary
-from gpuwarden.engine.discovery import COMMANDS, MORE, unit_of
+from gpuwarden.engine.discovery import unit_of
+from gpuwarden.enginekinds import sglang
 
 
 class Loopback:
@@ -81,27 +82,27 @@ def test_ollama_canary_generates_one_token_with_a_loaded_model(ollama):
 
 def test_ollama_canary_never_loads_a_model(ollama):
     fake = ollama(loaded=())
-    assert asyncio.run(canary(fake.url, "ollama", 5)).outcome == "skipped"
+    assert asyncio.run(canary(fake.url, api_for("ollama", "auto"), 5)).outcome == "skipped"
     assert fake.generated == []
 
 
 def test_a_completion_that_does_not_return_in_time_is_a_timeout(ollama):
     fake = ollama(delay=3)
     started = time.monotonic()
-    result = asyncio.run(canary(fake.url, "ollama", 1))
+    result = asyncio.run(canary(fake.url, api_for("ollama", "auto"), 1))
     assert result.outcome == "timeout" and result.detail == "a real completion did not return in 1 s"
     assert time.monotonic() - started < 2.5
 
 
 def test_a_refused_connection_is_tried_until_the_deadline_then_a_timeout():
-    result = asyncio.run(canary("http://127.0.0.1:9", "openai", 1))  # port 9 (discard): nothing listens
+    result = asyncio.run(canary("http://127.0.0.1:9", api_for("openai", "auto"), 1))  # port 9: nothing listens
     assert result.outcome == "timeout" and "ConnectError" in result.detail
 
 
 def test_the_api_follows_the_profile():
-    assert [api_for("auto", p) for p in ("vllm", "sglang", "tgi", "llamacpp", "ollama")] == [
+    assert [api_for("auto", p).name for p in ("vllm", "sglang", "tgi", "llamacpp", "ollama")] == [
         "openai", "sglang", "openai", "llamacpp", "ollama"]
-    assert api_for("openai", "llamacpp") == "openai"
+    assert api_for("openai", "llamacpp").name == "openai"
 
 
 def test_a_discovered_engines_unit_comes_from_its_cgroup(tmp_path):
@@ -111,7 +112,7 @@ def test_a_discovered_engines_unit_comes_from_its_cgroup(tmp_path):
     (tmp_path / "43" / "cgroup").write_text("0::/user.slice/user-1000.slice/session-2.scope\n")
     assert unit_of(42, tmp_path) == "ollama.service" and unit_of(43, tmp_path) is None
     assert unit_of(44, tmp_path) is None
-    assert set(MORE) == set(COMMANDS)  # every engine discovery finds says what to switch on
+    assert all(k.more and k.commands for k in enginekinds.all_kinds())  # each kind discovered says what to switch on
 
 
 class FakeSGLang(Loopback):
@@ -140,7 +141,7 @@ class FakeSGLang(Loopback):
     ("stuck", 5.0, "error"),  # a 503 sooner than SGLang's own deadline could be a slow start: no kill
 ])
 def test_sglang_canary_is_its_own_health_generation(monkeypatch, answer, waited, outcome):
-    monkeypatch.setattr(canary_module, "SGLANG_WAITED", waited)  # the fake's deadline is 1.2 s, not SGLang's 20 s
+    monkeypatch.setattr(sglang, "WAITED", waited)  # the fake's deadline is 1.2 s, not SGLang's 20 s
     fake = FakeSGLang(answer)
     try:
         result = asyncio.run(canary(fake.url, api_for("auto", "sglang"), 5))

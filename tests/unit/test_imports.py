@@ -7,7 +7,8 @@ down these layers, and never in a cycle. A package may import others of its own 
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
     decisions       policy: pure, events and plain views in, typed actions out; reports (the one queue)
-    foundation      model, kinds, config, store, report, timeline, exporter, and small helpers
+    foundation      model, kinds, enginekinds (one module per engine kind), config, store, report, timeline,
+                    exporter, and small helpers
 
 A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden". A
 package's pure data modules (the kernel rule catalog, the runbooks) count as their own node in the foundation, so
@@ -24,8 +25,9 @@ SRC = Path(gpuwarden.__file__).parent
 # a package's modules that are pure data, each a node of its own
 DATA = {"kernel.rules", "kernel.hints", "alert.runbooks"}
 LAYERS = [
-    {"gpuwarden", "model", "kinds", "families", "config", "store", "report", "timeline", "exporter", "logsetup",
-     "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage", *DATA},
+    {"gpuwarden", "model", "kinds", "enginekinds", "families", "config", "store", "report", "timeline", "exporter",
+     "logsetup", "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage",
+     *DATA},
     {"policy", "reports"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},

@@ -25,12 +25,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwarden import enginekinds
 from gpuwarden.config import CacheConfig
 from gpuwarden.model import Event, Severity
 
-# Where engines keep compiled artefacts, per user ({home}, {user}). Missing ones are skipped.
-CACHE_TEMPLATES = (
-    "{home}/.cache/vllm",  # vLLM's torch.compile cache (torch_compile_cache/)
+# Where the libraries engines share keep compiled artefacts, per user ({home}, {user}); each engine kind adds its
+# own (its `caches`). Missing ones are skipped.
+SHARED_CACHES = (
     "{home}/.triton/cache",  # Triton kernels
     "/tmp/torchinductor_{user}",  # TorchInductor's default cache
     "{home}/.cache/torch/kernels",
@@ -68,8 +69,12 @@ def default_dirs(owner: int | None = None) -> list[Path]:
     for user in pwd.getpwall():
         wanted = user.pw_uid == owner if owner is not None else user.pw_uid == 0 or user.pw_uid >= 1000
         if wanted and os.path.isdir(user.pw_dir):
-            dirs += [Path(t.format(home=user.pw_dir, user=user.pw_name)) for t in CACHE_TEMPLATES]
+            dirs += [Path(t.format(home=user.pw_dir, user=user.pw_name)) for t in cache_templates()]
     return list(dict.fromkeys(dirs))
+
+
+def cache_templates() -> tuple[str, ...]:
+    return (*(c for k in enginekinds.all_kinds() for c in k.caches), *SHARED_CACHES)
 
 
 @contextmanager

@@ -15,21 +15,11 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from gpuwarden import enginekinds
 from gpuwarden.config import EngineTarget
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
-from gpuwarden.engine.logprofiles import LOG_BY_NAME
-from gpuwarden.engine.profiles import PROFILES
 from gpuwarden.engine.scraper import client
 
-COMMANDS = {**{p.name: p.commands for p in PROFILES}, "ollama": ("ollama serve",)}
-# what to switch on for per-step progress, by engine
-MORE = {
-    "vllm": "/metrics is on by default; its log needs log stats on (no --disable-log-stats)",
-    "sglang": "start it with --enable-metrics (or watch its log: source = \"log\")",
-    "llamacpp": "start it with --metrics (without it: /slots, on unless --no-slots, or its log)",
-    "tgi": "/metrics is on by default",
-    "ollama": "Ollama has no /metrics: run it as a systemd unit (its journal) with a canary_interval",
-}
 _PROBE_TIMEOUT = 2.0
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 
@@ -56,7 +46,7 @@ class Found:
 
     @property
     def more(self) -> str:
-        return MORE[self.profile]
+        return enginekinds.named(self.profile).more
 
     @property
     def place(self) -> str:
@@ -108,9 +98,13 @@ def probe_order(new: list[Found], probed: dict[str, float]) -> list[Found]:
     return sorted(new, key=lambda f: (not f.installed, probed.get(f.name, float("-inf"))))
 
 
-# The program file of each engine (a native server, or the console script an interpreter runs)
-PROGRAMS = {name: {c.split()[0] for c in commands if "." not in c.split()[0] and "/" not in c.split()[0]}
-            for name, commands in COMMANDS.items()}
+def programs(name: str) -> set[str]:
+    """The program file of an engine (a native server, or the console script an interpreter runs): the first word
+    of its kind's commands that is a plain file name; none for a name no kind has."""
+    commands = kind.commands if (kind := enginekinds.named(name)) else ()
+    return {c.split()[0] for c in commands if "." not in c.split()[0] and "/" not in c.split()[0]}
+
+
 _INTERPRETER = re.compile(r"(python|pypy)[0-9.]*")
 
 
@@ -132,7 +126,7 @@ def installed(pid: int, profile: str, proc: Path = Path("/proc")) -> bool:
             return False  # `-m module`, `-c code`: nothing to prove it by
         script = os.fsdecode(argv[1])
         program = os.path.join(proc / str(pid) / ("root" if script.startswith("/") else "cwd"), script.lstrip("/"))
-    if os.path.basename(program) not in PROGRAMS.get(profile, ()):
+    if os.path.basename(program) not in programs(profile):
         return False
     try:
         return all(st.st_uid == 0 and not st.st_mode & 0o022
@@ -171,23 +165,23 @@ def _profile(pid: int) -> tuple[str, str] | None:
         command = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return None
-    profile = next((name for name, commands in COMMANDS.items() if any(c in command for c in commands)), None)
-    return (profile, command) if profile else None
+    kind = next((k for k in enginekinds.all_kinds() if any(c in command for c in k.commands)), None)
+    return (kind.name, command) if kind else None
 
 
 def with_source(found: Found) -> Found:
     """The best source this engine offers now: /metrics when it answers, else llama.cpp's /slots, else the
     journal of the systemd unit it runs in or the log of its Docker container (for an engine with a log
     profile), else none."""
-    base = f"http://127.0.0.1:{found.port}"
-    if found.profile != "ollama" and _answers(f"{base}/metrics"):
+    base, kind = f"http://127.0.0.1:{found.port}", enginekinds.named(found.profile)
+    if kind.metrics and _answers(f"{base}/metrics"):
         return found
-    if found.profile == "llamacpp" and _answers(f"{base}/slots"):
+    if kind.slots and _answers(f"{base}/slots"):
         return Found(**{**_fields(found), "source": "slots"})
     unit = unit_of(found.pid)
-    if unit and found.profile in LOG_BY_NAME:
+    if unit and kind.log:
         return Found(**{**_fields(found), "source": "log", "log_unit": unit})
-    if found.container and found.profile in LOG_BY_NAME:
+    if found.container and kind.log:
         return Found(**{**_fields(found), "source": "log", "log_container": found.container})
     return Found(**{**_fields(found), "source": "none"})
 
@@ -228,10 +222,10 @@ def hint(metrics_url: str) -> str | None:
     base = "/".join(parts[:3])
     box = published(DOCKER_SOCKET).get(urlsplit(metrics_url).port or 80)
     docker = f'its Docker container {box} has its log: source = "log", log_container = "{box}"' if box else None
-    if _answers(f"{base}/slots"):
-        return 'llama.cpp without --metrics: its /slots answers; watch it with source = "slots" (or start it ' \
-               'with --metrics)' + (f"; or {docker}" if docker else "")
-    if _answers(f"{base}/api/ps"):
-        return f'Ollama (no /metrics): {MORE["ollama"]}: source = "log", ' + \
-            (f'log_container = "{box}" (its Docker container)' if box else 'log_unit = "ollama.service"')
+    for kind in enginekinds.all_kinds():
+        if kind.answers_at and _answers(base + kind.answers_at):
+            return f"{kind.title} ({kind.answers_at} answers, /metrics does not): {kind.more}: " + \
+                " or ".join(f'source = "{s}"' + (f', log_container = "{box}" (its Docker container)'
+                                                 if s == "log" and box else "")
+                            for s in kind.sources if s != "metrics")
     return docker

@@ -16,10 +16,11 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuwarden import enginekinds
 from gpuwarden.engine.dockerlog import DockerLines
-from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES, LogProfile
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.scraper import ScrapeError
+from gpuwarden.enginekinds.base import EngineKind
 from gpuwarden.offloop import Busy, OffLoop
 
 _MAX_READ = 4 << 20  # bytes read per look: a log flood is skipped past, not slurped
@@ -35,7 +36,7 @@ _COLOUR = re.compile(r"\x1b\[[0-9;]{0,16}m")
 
 class LogReader:
     def __init__(self, profile: str = "auto") -> None:
-        self.profile: LogProfile | None = None if profile == "auto" else LOG_BY_NAME[profile]
+        self.profile: EngineKind | None = None if profile == "auto" else enginekinds.named(profile)
         self.progress = 0
         self.running: dict[str, int] = {}  # per engine index or slot
         self.lines = 0  # lines a rule matched
@@ -46,11 +47,11 @@ class LogReader:
         if len(line) > MAX_RULE_LINE:
             return
         line = _COLOUR.sub("", line) if "\x1b" in line else line
-        for profile in (self.profile,) if self.profile else LOG_PROFILES:
-            for rule in profile.rules:
-                match = rule.pattern.match(line)  # anchored: see logprofiles.py
+        for kind in (self.profile,) if self.profile else [k for k in enginekinds.all_kinds() if k.log]:
+            for rule in kind.log.rules:
+                match = rule.pattern.match(line)  # anchored: see enginekinds/base.py
                 if match:
-                    self.profile = profile  # auto: the first engine whose line is seen
+                    self.profile = kind  # auto: the first engine whose line is seen
                     self.lines += 1
                     self._apply(rule, match.groupdict())
                     return
@@ -82,13 +83,13 @@ class LogReader:
 
     def sample(self) -> EngineSample:
         profile = self.profile
-        knows = profile is not None and profile.knows_running and self.lines > 0
+        knows = profile is not None and profile.log.knows_running and self.lines > 0
         return EngineSample(
             profile=f"{profile.name if profile else 'unknown'} log",
             running=float(sum(self.running.values())) if knows else None,
             waiting=None, generated=None,
             progress=float(self.progress) if profile else None,
-            per_step=profile.per_step if profile else False,
+            per_step=profile.log.per_step if profile else False,
             timing=self._timing if self._timing[1] else None)
 
 

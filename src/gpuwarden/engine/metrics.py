@@ -1,4 +1,5 @@
-"""An engine's /metrics text turned into one sample, pure. Only the lines a profile needs are parsed."""
+"""An engine's /metrics text turned into one sample, pure. Only the lines its kind's metrics name are parsed
+(what each name means is the kind's: gpuwarden/enginekinds)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.engine.profiles import BY_NAME, PROFILES, Profile, Timing
+from gpuwarden import enginekinds
+from gpuwarden.enginekinds.base import EngineKind, Timing
 
 
 class UnparsableMetrics(ValueError):
@@ -26,7 +28,7 @@ class EngineSample:
     first_token: tuple[float, float] | None = None  # seconds to a first token (per_step only): (sum, count)
     spec_accepted: float | None = None
     spec_draft: float | None = None
-    activity: float | None = None  # a gauge that changes with every step of work (profiles.py): a change is progress
+    activity: float | None = None  # a gauge that changes with every step of work (base.Metrics): a change is progress
     families: tuple[str, ...] = ()  # the sample names this reading came from
 
     @property
@@ -36,44 +38,54 @@ class EngineSample:
         return self.spec_accepted / self.spec_draft
 
 
-def detect(text: str) -> Profile | None:
-    """The profile with the most sample lines in the body. A server that uses prometheus_client's default
-    registry prints python_gc_*, process_* and other families first, so the whole body counts."""
-    counts = dict.fromkeys(PROFILES, 0)
+def detect(text: str) -> EngineKind | None:
+    """The kind with the most sample lines of its /metrics in the body. A server that uses prometheus_client's
+    default registry prints python_gc_*, process_* and other families first, so the whole body counts."""
+    kinds = [k for k in enginekinds.all_kinds() if k.metrics]
+    counts = dict.fromkeys(kinds, 0)
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             line = line[7:]
         elif line.startswith("#"):
             continue
-        for profile in PROFILES:
-            if line.startswith(profile.prefix):
-                counts[profile] += 1
+        for kind in kinds:
+            if line.startswith(kind.metrics.prefix):
+                counts[kind] += 1
     best = max(counts, key=counts.get)
     return best if counts[best] else None
 
 
-def parse(text: str, profile: str = "auto") -> EngineSample:
-    chosen = detect(text) if profile == "auto" else BY_NAME[profile]
-    if chosen is None:
+def chosen(text: str, profile: str) -> EngineKind:
+    """The kind whose metrics the body is read as: the one named, or (auto) the one detected."""
+    kind = detect(text) if profile == "auto" else enginekinds.named(profile)
+    if kind is None:
         raise UnparsableMetrics("no known engine's metrics in the body")
-    values = _values(text, chosen.names())
-    if not values and f"# TYPE {chosen.prefix}" not in text:  # declared families with no sample yet are fine
-        raise UnparsableMetrics(f"none of {chosen.name}'s metrics in the body")
+    if kind.metrics is None:
+        raise UnparsableMetrics(f"{kind.title} serves no /metrics")
+    return kind
+
+
+def parse(text: str, profile: str = "auto") -> EngineSample:
+    kind = chosen(text, profile)
+    metrics = kind.metrics
+    values = _values(text, metrics.names())
+    if not values and f"# TYPE {metrics.prefix}" not in text:  # declared families with no sample yet are fine
+        raise UnparsableMetrics(f"none of {kind.name}'s metrics in the body")
     first = lambda names: next((values[n] for n in names if n in values), None)  # noqa: E731
-    progress = next((p for p in chosen.progress if any(n in values for n in p.names)), None)
+    progress = next((p for p in metrics.progress if any(n in values for n in p.names)), None)
     per_step = progress.per_step if progress else False
     return EngineSample(
-        profile=chosen.name,
-        running=first(chosen.running),
-        waiting=first(chosen.waiting),
-        generated=first(chosen.generated),
+        profile=kind.name,
+        running=first(metrics.running),
+        waiting=first(metrics.waiting),
+        generated=first(metrics.generated),
         progress=sum(values.get(n, 0.0) for n in progress.names) if progress else None,
         per_step=per_step,
-        timing=_timing(values, chosen.token_timing if per_step else chosen.request_timing),
-        first_token=_timing(values, chosen.first_token_timing) if per_step else None,
-        spec_accepted=first(chosen.spec_accepted),
-        spec_draft=first(chosen.spec_draft),
-        activity=first(chosen.activity),
+        timing=_timing(values, metrics.token_timing if per_step else metrics.request_timing),
+        first_token=_timing(values, metrics.first_token_timing) if per_step else None,
+        spec_accepted=first(metrics.spec_accepted),
+        spec_draft=first(metrics.spec_draft),
+        activity=first(metrics.activity),
         families=tuple(sorted(values)),
     )
 

@@ -27,14 +27,10 @@ from pathlib import Path
 
 import psutil
 
+from gpuwarden import enginekinds
 from gpuwarden.engine.dockerapi import container_pids
 from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
-
-# What an engine's own process runs: an interpreter or a known server binary (by /proc/<pid>/exe). A shell, a
-# tmux or screen server, pgrep or an editor that merely carries the pattern's text is never the engine.
-ENGINE_EXECUTABLES = re.compile(r"(python|pypy)[0-9.]*|llama-server|llama-cpp-server|ollama|trtllm-serve"
-                                r"|text-generation-(launcher|router|server)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +179,19 @@ def _writable_by_others(path: Path) -> str | None:
 
 
 def _matching(pattern: re.Pattern[str]) -> list[psutil.Process]:
-    """Processes whose own executable is an engine's and whose command line holds the pattern (outermost)."""
-    found = {}
+    """Processes whose own executable is an engine's and whose command line holds the pattern (outermost). What an
+    engine's own process runs is an interpreter or a known server binary (by /proc/<pid>/exe, each kind's
+    `executables`): a shell, a tmux or screen server, pgrep or an editor that merely carries the pattern's text is
+    never the engine."""
+    found, engines = {}, engine_executables()
     for proc in psutil.process_iter(["cmdline"]):
-        if pattern.search(" ".join(proc.info["cmdline"] or ())) and ENGINE_EXECUTABLES.fullmatch(_exe_name(proc)):
+        if pattern.search(" ".join(proc.info["cmdline"] or ())) and engines.fullmatch(_exe_name(proc)):
             found[proc.pid] = proc
     return [p for p in found.values() if _ppid(p) not in found]
+
+
+def engine_executables() -> re.Pattern[str]:
+    return re.compile("|".join(dict.fromkeys(e for k in enginekinds.all_kinds() for e in k.executables)))
 
 
 def _exe_name(proc: psutil.Process) -> str:

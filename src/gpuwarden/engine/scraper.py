@@ -11,8 +11,7 @@ import asyncio
 
 import httpx
 
-from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, detect, parse
-from gpuwarden.engine.profiles import BY_NAME
+from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
 from gpuwarden.offloop import Busy, OffLoop
 
 OFF_LOOP_BYTES = 256 << 10  # a body above this is parsed in a thread (a 7.7 MB body takes seconds)
@@ -79,14 +78,15 @@ async def fetch(http: httpx.AsyncClient, url: str, max_bytes: int, what: str = "
 def _parse(body: bytes, profile: str) -> EngineSample:
     """Only the profile's lines reach the parser, and at most MAX_SERIES of them."""
     text = body.decode("utf-8", "replace")
-    chosen = detect(text) if profile == "auto" else BY_NAME[profile]
-    if chosen is None:
-        raise ScrapeError("unparsable", "no known engine's metrics in the body")
-    starts = tuple(chosen.names())
+    try:
+        kind = chosen(text, profile)
+    except UnparsableMetrics as exc:
+        raise ScrapeError("unparsable", str(exc)) from None
+    starts = tuple(kind.metrics.names())
     lines = [line for line in text.splitlines() if line.startswith(starts)]
     if len(lines) > MAX_SERIES:
-        raise ScrapeError("too_large", f"{len(lines)} series of {chosen.name}'s metrics (at most {MAX_SERIES})")
+        raise ScrapeError("too_large", f"{len(lines)} series of {kind.name}'s metrics (at most {MAX_SERIES})")
     try:
-        return parse("\n".join(lines) + "\n", chosen.name)
+        return parse("\n".join(lines) + "\n", kind.name)
     except UnparsableMetrics as exc:
         raise ScrapeError("unparsable", str(exc)) from None

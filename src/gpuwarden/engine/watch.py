@@ -12,13 +12,12 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from gpuwarden import conditions, families
+from gpuwarden import conditions, enginekinds, families
 from gpuwarden.config import SCHEME_PORTS, EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
 from gpuwarden.engine.kfd import pasids_of
-from gpuwarden.engine.logprofiles import LOG_BY_NAME, LOG_PROFILES
 from gpuwarden.engine.logs import LogRefused, LogScraper
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
@@ -139,8 +138,9 @@ def stall_floor(config: EngineConfig) -> float:
     """A log says progress only every so often (vLLM: every 10 s): a stall is at least two such intervals."""
     if config.source != "log":
         return config.min_stall
-    profiles = [LOG_BY_NAME[config.profile]] if config.profile in LOG_BY_NAME else LOG_PROFILES
-    return max(config.min_stall, *(2 * p.interval for p in profiles))
+    kind = enginekinds.named(config.profile)
+    logs = [kind.log] if kind else [k.log for k in enginekinds.all_kinds() if k.log]
+    return max(config.min_stall, *(2 * p.interval for p in logs))
 
 
 def rules_of(config: EngineConfig) -> lc.Rules:
@@ -275,14 +275,15 @@ class EngineWatch:
                 # Alert-only: anyone can start a server that looks like an engine; kills need a configuration.
                 state = self.engines[f.name] = new_state(EngineConfig(
                     name=f.name, metrics_url=f.metrics_url, profile=f.profile, source=f.source, log_unit=f.log_unit,
-                    log_container=f.log_container, canary_interval=60.0 if f.profile == "ollama" else 0.0,
+                    log_container=f.log_container, canary_interval=enginekinds.named(f.profile).idle_canary,
                     on_stall="alert", on_gpu_fault="alert", on_unresponsive="alert", target=f.target))
                 state.lookalike = not f.installed
                 self._watching[f.name] = self._tasks.create_task(self._watch(state))
             skipped = [f for f in found if f.name not in self.engines] if len(self.engines) >= cap else []
             self._say_skipped(skipped, cap)
             if first and not found:
-                log.info("no engines configured and none found running (vLLM, SGLang, llama.cpp, TGI, Ollama)")
+                log.info("no engines configured and none found running (%s)",
+                         ", ".join(k.title for k in enginekinds.all_kinds()))
             first = False
             await asyncio.sleep(self.settings.discover_interval)
 
