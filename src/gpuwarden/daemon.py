@@ -162,6 +162,7 @@ class Daemon:
         if self.exporter:
             self.exporter.stop()
         self.store.close(timeout=min(5.0, _STOP_DEADLINE - _STOP_GRACE - 1))
+        deadline.cancel()  # stopped in time (a daemon run in a test's process must not end that process later)
         return 0
 
     def stop(self) -> None:
