@@ -37,13 +37,10 @@ NSPAWN_CACHE ?= $(or $(GPUWARDEN_NSPAWN),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/
 nspawn: test-deps
 	@GPUWARDEN_NSPAWN=$(NSPAWN_CACHE) bash tests/nspawn/install.sh
 
+# Each bench prints its figures as FIGURE lines; bench/report.py runs them and writes the table of figures into
+# docs/benchmarks.md and README.md. Under the heavy-work lock: the figures are only worth the machine's quiet.
 bench: $(VENV)/.installed
-	$(VENV)/bin/python bench/kernel_bench.py
-	$(VENV)/bin/python bench/engine_bench.py
-	$(VENV)/bin/python bench/telemetry_bench.py
-	$(VENV)/bin/python bench/target_bench.py
-	$(VENV)/bin/python bench/npd_bench.py
-	$(VENV)/bin/python bench/durability_bench.py
+	flock /tmp/gpuwarden-heavy.lock $(VENV)/bin/python bench/report.py
 
 system-deps:
 	@bash .ci/apt-needs $(BUILD_NEEDS)

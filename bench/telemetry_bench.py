@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fakesysfs import build  # noqa: E402
+from figure import figure, load  # noqa: E402
 from gpuwarden.config import GpuConfig  # noqa: E402
 from gpuwarden.gpu.discovery import discover  # noqa: E402
 from gpuwarden.gpu.recorder import FlightRecorder  # noqa: E402
@@ -127,6 +128,13 @@ def main() -> None:
         print("| process | CPU % of one core | RSS MB |\n|---|---:|---:|")
         for name, cpu, rss in rows:
             print(f"| {name} | {cpu:.2f} | {rss:.1f} |")
+        _, cpu, rss = rows[0]
+        node = rows[2][1:] if len(rows) > 2 else None
+        alternative = (f"node-exporter {node[0]:.2f} % of a core, {node[1]:.1f} MB ({load()})" if node
+                       else "node-exporter not installed: not compared")
+        figure("8 GPUs read every 1 s: CPU", cpu, "% of a core", alternative, "≤ 0.5× node-exporter's",
+               cpu <= 0.5 * node[0] if node else None)
+        figure("8 GPUs read every 1 s: RSS", rss, "MB", alternative, "≤ 35 MB", rss <= 35)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ reason; as root, a skipped root test fails the run.
 Tests marked `peers` need what `make test` builds (the real engines of tests/peers, the nspawn root of
 tests/nspawn): `make test` runs the others while those build, then these. A test that uses the `servers`,
 `containers` or `docker_engine` fixture is marked by itself; a module that needs them otherwise says so.
+
+`make test` runs each step on two workers (pytest-xdist, `--dist loadgroup`); the tests of one group (GROUPS, by
+module) run one after another on one worker, every other test on whichever worker is free. First step: most
+tests wait on a daemon child process, not the CPU; those that share something of the host are the group `host`.
+Second step: two lanes, the engines the tests start themselves beside the engines in containers.
 """
 
 from __future__ import annotations
@@ -13,24 +18,79 @@ from pathlib import Path
 
 import pytest
 
+import gpuwarden.alert.runbooks  # the domain fills the registry config validates names against, as cli.py does
+import gpuwarden.kernel.rules  # noqa: F401
 from paths import CORPUS
 
 IS_ROOT = os.geteuid() == 0
 
 
 PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
+# By path under tests/ (a folder ends with "/"). Step 1, `host`: what two tests at once would share: the host's
+# kernel log and journal (a test's lines read by another's daemon, or counted: write_kmsg, the journald fixture),
+# the user gwattacker (created once per worker, its home emptied after each test: the attacker fixtures).
+# Discovery sees every engine-like server of the host: a test daemon discovers only when its test asks
+# (helpers.Daemon), and those tests count only their own engines.
+# Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
+# themselves (vLLM, llama.cpp; the journald fixture, vLLM's compile cache) beside those in Docker containers and
+# in the nspawn systemd (about 5 minutes, then the first lane runs alone); their kernel lines name different
+# GPUs, and a discovering daemon counts only its own engine's events. test_restart.py's frozen llama.cpp runs
+# last in the first lane: beside the other it was once judged unresponsive (its /metrics hung) before stalled.
+GROUPS = {"security/": "host", "integration/test_kernel_handover.py": "host",
+          "integration/test_kernel_sources.py": "host", "integration/test_systemd.py": "host",
+          "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",
+          "integration/test_real_prefill.py": "engines", "integration/test_restart.py": "engines",
+          "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers"}
+HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
+TESTS = Path(__file__).parent
+
+
+def group(path: str) -> str | None:
+    """The group of a test module, by its path under tests/ (or under the rootdir: tests/...)."""
+    path = path.removeprefix("tests/")
+    return GROUPS.get(path) or GROUPS.get(path.split("/", 1)[0] + "/")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if PEERS_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if PEERS_FIXTURES & fixtures:
             item.add_marker(pytest.mark.peers)
+        where = group(item.path.relative_to(TESTS).as_posix())
+        if item.get_closest_marker("peers"):
+            grouped = where in ("engines", "containers")  # a lane of step 2
+        else:  # a module that writes the kernel log imports helpers.write_kmsg
+            shares = HOST_FIXTURES & fixtures or hasattr(getattr(item, "module", None), "write_kmsg")
+            grouped = where == "host" or not shares
+        if not grouped:
+            raise pytest.UsageError(f"{item.nodeid}: its module needs a group in GROUPS of tests/conftest.py")
     if IS_ROOT:
         return
     skip = pytest.mark.skip(reason="needs root (writes /dev/kmsg, starts journald, makes mount namespaces)")
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+class GroupsByModule:
+    """--dist loadgroup with the groups of GROUPS. (xdist 3.8 marks an `xdist_group` by a suffix to the test's
+    id, which pytest 9 no longer takes: its groups would be lost.)"""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadGroupScheduling
+
+        class ByModule(LoadGroupScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return group(nodeid.split("::", 1)[0]) or nodeid
+        return ByModule(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` runs everything in one process
+        config.pluginmanager.register(GroupsByModule(), "gpuwarden-groups")
 
 
 @pytest.hookimpl(hookwrapper=True)

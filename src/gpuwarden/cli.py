@@ -16,6 +16,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import gpuwarden.alert.runbooks  # fills the registry that config checks runbook names against
+import gpuwarden.kernel.rules  # noqa: F401  (and rule names)
 from gpuwarden import __version__, enginekinds, logsetup
 from gpuwarden import config as configuration
 from gpuwarden.config import ConfigError, parse_duration
@@ -383,7 +385,7 @@ def _replayed(event, source: str) -> dict:
 
 
 def cmd_test_alert(args: argparse.Namespace) -> int:
-    from gpuwarden.alert.alerter import send
+    from gpuwarden.alert.channel import Alert
     from gpuwarden.alert.targets import build
 
     config, _ = configuration.load(args.config)
@@ -395,8 +397,10 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
     body = "This is a test alert from `gpuwarden test-alert`. If you read this, alerts reach you."
     failed = 0
     for target in targets:
-        text = body if target.markdown else body.replace("`", "")  # as the alerts go: plain where it is plain
-        error = asyncio.run(send(target, title, text, "info", config.alerts.send_timeout, markdown=target.markdown))
+        # as the alerts go: plain where it is plain; to Alertmanager an info alert that its resolve_timeout ends
+        alert = Alert(title, body, body.replace("`", ""), "info", False, identities=[{"labels": {
+            "alertname": "test_alert", "severity": "info", "host": config.alerts.hostname}, "starts": time.time()}])
+        _, error = asyncio.run(target.channel.notify(alert, config.alerts.send_timeout))
         failed += error is not None
         print(f"{target.name}: {'ok' if error is None else error}")
     return EXIT_FAILURE if failed else EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import pwd
 import re
@@ -26,12 +27,11 @@ from pydantic import (
     model_validator,
 )
 
-from gpuwarden import enginekinds
-from gpuwarden.alert.runbooks import RUNBOOKS
-from gpuwarden.kernel.rules import RULES
+from gpuwarden import enginekinds, webconfig
 from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Severity, normalize_pci
+from gpuwarden.registry import rules, runbooks
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 # Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
@@ -145,6 +145,14 @@ class ExporterConfig(Section):
     enabled: bool = True
     listen: str = "127.0.0.1"  # an address; "host:port" and "[v6]:port" set the port too
     port: int = Field(default=DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+    web_config_file: AbsolutePath | None = None  # TLS and basic auth, node_exporter's --web.config.file form
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            webconfig.load(value)  # read whole now: `run` must not be the first to find a bad key or hash
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -193,8 +201,8 @@ class KernelRule(Section):
     @field_validator("runbook")
     @classmethod
     def _known_runbook(cls, value: str) -> str:
-        if value and value not in RUNBOOKS:  # else the alert would silently carry no runbook
-            hint = difflib.get_close_matches(value, RUNBOOKS, n=1)
+        if value and value not in runbooks():  # else the alert would silently carry no runbook
+            hint = difflib.get_close_matches(value, runbooks(), n=1)
             raise ValueError(f"unknown runbook {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         return value
 
@@ -219,17 +227,22 @@ def _check_kind(value: str) -> str:
     return value
 
 
-_RULES = {r.name: r for r in RULES}
-
-
 def _check_rule(name: str) -> str:
-    if name not in _RULES:
-        hint = difflib.get_close_matches(name, _RULES, n=1)
+    if name not in rules():
+        hint = difflib.get_close_matches(name, rules(), n=1)
         raise ValueError(f"unknown built-in rule {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     return name
 
 
-RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (kernel/rules.py)
+NEEDS_JOURNAL = "needs systemd-python, not installed: pip install 'gpuwarden[journal]'"
+
+
+def journal_readable() -> bool:
+    """Whether systemd-python, the optional extra `journal`, is there to read the journal with."""
+    return importlib.util.find_spec("systemd") is not None
+
+
+RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (registry.py)
 
 
 class KernelConfig(Section):
@@ -262,9 +275,9 @@ class KernelConfig(Section):
     @classmethod
     def _rule_takes_a_severity(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if _RULES[name].kind == "xid":
+            if rules()[name].kind == "xid":
                 raise ValueError(f"{name}: an Xid line's severity is its Xid's: set it in [kernel.xid]")
-            if _RULES[name].quiet:
+            if rules()[name].quiet:
                 raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
         return value
 
@@ -272,6 +285,8 @@ class KernelConfig(Section):
     def _file_for_file(self) -> KernelConfig:
         if self.source == "file" and self.file is None:  # else `run` would watch no kernel log at all
             raise ValueError('source = "file" needs file, the log file to follow')
+        if self.source == "journal" and not journal_readable():  # else `run` would watch no kernel log at all
+            raise ValueError(f'source = "journal" {NEEDS_JOURNAL}; or source = "auto" (/dev/kmsg)')
         return self
 
     @model_validator(mode="after")
@@ -478,6 +493,8 @@ class EngineConfig(Section):
         if self.source == "log" and len(logs) != 1:
             raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
                              f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
+        if self.source == "log" and self.log_unit is not None and not journal_readable():
+            raise ValueError(f"log_unit (the unit's journal) {NEEDS_JOURNAL}; or log_file")
         kind = enginekinds.named(self.profile)
         if kind and self.source not in kind.sources:
             raise ValueError(f"{kind.title} offers no source {self.source!r}: use " +

@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, reloads, report, snapshot
+from gpuwarden import families, logsetup, reloads, report, snapshot, webconfig
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
@@ -177,14 +177,16 @@ class Daemon:
             _exit_now("a second stop signal while stopping")
         self._stopping.set()
 
-    def _start_exporter(self, retry: bool = False) -> None:
+    def _start_exporter(self, retry: bool = False, web: webconfig.WebConfig | None = None) -> None:
         """The port is unprivileged: another user may hold it (a boot, a restart). Then the daemon runs on without
         its metrics, which matter less than its watch and its killer, and takes the port when it is free. Held
         by root or by us (another gpuwarden, a wrong `listen`) it is an error, as ever."""
         cfg = self.config.exporter
         if not cfg.enabled:
             return
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self.status, self.hub.incidents.folder)
+        if web is None and cfg.web_config_file:  # checked when the config was loaded; read now
+            web = webconfig.load(cfg.web_config_file)
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self.status, self.hub.incidents.folder, web)
         try:
             exporter.start()
         except OSError as exc:
@@ -252,10 +254,11 @@ class Daemon:
             self.notifier.reloading()
             def load():  # off the loop: `listen` may need a name look-up, a config_file is read
                 new, path = configuration.load(self.config_arg)
-                return new, path, build_targets(new.alerts)
+                web = webconfig.load(new.exporter.web_config_file) if new.exporter.web_config_file else None
+                return new, path, build_targets(new.alerts), web
             try:
                 async with asyncio.timeout(_STOP_DEADLINE):
-                    new, path, targets = await _CONFIG.run("reload", _STOP_DEADLINE, load)
+                    new, path, targets, web = await _CONFIG.run("reload", _STOP_DEADLINE, load)
             except Exception as exc:  # ConfigError, or anything a target's library raises: READY=1 must follow
                 if not isinstance(exc, ConfigError):
                     log.exception("reload failed")
@@ -266,7 +269,8 @@ class Daemon:
                 await self._confirm_reload(began, why, None)
                 return
             await self.supervisor.stop()
-            exporter_changed = new.exporter != self.config.exporter
+            # a web config is read again at each reload: a renewed certificate or password takes effect
+            exporter_changed = new.exporter != self.config.exporter or web is not None
             self.settings.replace(new)
             self.health.configure(new.daemon)
             self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep)
@@ -280,7 +284,7 @@ class Daemon:
                     self.exporter.stop()
                     self.exporter = None
                 try:
-                    self._start_exporter()
+                    self._start_exporter(web=web)
                 except OSError as exc:  # the components must come back all the same
                     log.error("the exporter cannot serve on the new address: %s", exc)
             logsetup.setup(self.log_level or new.daemon.log_level)

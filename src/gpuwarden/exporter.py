@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import socket
+import ssl
 import stat
 import sys
 import threading
@@ -29,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from gpuwarden import __version__, report, statuspage
 from gpuwarden import families as f
 from gpuwarden.families import FAMILIES, Family
+from gpuwarden.webconfig import WebConfig
 
 
 class SelfMetrics:
@@ -104,15 +106,16 @@ class _Collector:
 class Exporter:
     """/metrics; the status page at / and /status, its snapshot at /status.json, the incidents' pictures under
     /incidents/; 404 elsewhere. `status` gives the daemon's snapshot (from this server's threads: it may raise
-    TimeoutError when the loop does not answer); `incidents` is the folder of the incident bundles."""
+    TimeoutError when the loop does not answer); `incidents` is the folder of the incident bundles; `web` its
+    TLS and basic auth (webconfig.py), on every path."""
 
-    def __init__(self, metrics: SelfMetrics, listen: str, port: int,
-                 status: Callable[[], dict] | None = None, incidents: Path | None = None) -> None:
+    def __init__(self, metrics: SelfMetrics, listen: str, port: int, status: Callable[[], dict] | None = None,
+                 incidents: Path | None = None, web: WebConfig | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(metrics))
         ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
-        self._pages = _Pages(make_wsgi_app(self.registry), status, incidents)
-        self._listen, self._port = listen, port
+        self._listen, self._port, self._web = listen, port, web or WebConfig()
+        self._pages = _Pages(make_wsgi_app(self.registry), status, incidents, self._web)
         self._server = None
         self._thread: threading.Thread | None = None
 
@@ -123,7 +126,7 @@ class Exporter:
     def start(self) -> None:
         family = socket.getaddrinfo(self._listen or None, self._port, type=socket.SOCK_STREAM,
                                     flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("Server", (_Server,), {"address_family": family})
+        server_class = type("Server", (_Server,), {"address_family": family, "tls": self._web.tls})
         try:
             self._server = make_server(self._listen, self._port, self._pages, server_class, _Handler)
         except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
@@ -144,11 +147,15 @@ class Exporter:
 class _Pages:
     """The server's WSGI application (its own object: the server holds it, and it holds nothing of the server)."""
 
-    def __init__(self, metrics_app: Callable, status: Callable[[], dict] | None, incidents: Path | None) -> None:
-        self._metrics_app, self._status, self._incidents = metrics_app, status, incidents
+    def __init__(self, metrics_app: Callable, status: Callable[[], dict] | None, incidents: Path | None,
+                 web: WebConfig) -> None:
+        self._metrics_app, self._status, self._incidents, self._web = metrics_app, status, incidents, web
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO") or "/"
+        if not self._web.allows(environ.get("HTTP_AUTHORIZATION")):
+            return _answer(start_response, "401 Unauthorized", "text/plain", b"unauthorized\n",
+                           (("WWW-Authenticate", 'Basic realm="gpuwarden"'),))
         if path == "/metrics":
             return self._metrics_app(environ, start_response)
         if self._incidents and (picture := _PICTURE.fullmatch(path)):
@@ -195,10 +202,11 @@ _PICTURE_READS = threading.BoundedSemaphore(2)
 _MAX_PICTURE = 8 << 20
 
 
-def _answer(start_response: Callable, status: str, content_type: str, body: bytes) -> list[bytes]:
+def _answer(start_response: Callable, status: str, content_type: str, body: bytes,
+            extra: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
                             ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
-                            ("Content-Security-Policy", _CSP)])
+                            ("Content-Security-Policy", _CSP), *extra])
     return [body]
 
 
@@ -212,6 +220,7 @@ CONNECTION_TIMEOUT = 5.0
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    tls: ssl.SSLContext | None = None  # set: each connection's TLS handshake runs in its own thread, bounded
 
     def __init__(self, *args, **kw) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -229,6 +238,13 @@ class _Server(ThreadingMixIn, WSGIServer):
 
     def process_request_thread(self, request, client_address) -> None:
         try:
+            if self.tls:
+                request.settimeout(CONNECTION_TIMEOUT)  # a client that never finishes its hello holds no thread
+                try:
+                    request = self.tls.wrap_socket(request, server_side=True)
+                except OSError:  # a failed handshake (plain HTTP on the TLS port, a bad client) is the client's
+                    self.shutdown_request(request)
+                    return
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -41,6 +43,33 @@ def need(tool: str, package: str = "prometheus") -> str:
     if not (path := shutil.which(tool)):
         pytest.fail(f"{tool} is not installed (make test-deps installs Debian's {package} package)")
     return path
+
+
+HEAVY_LOCK = "/tmp/gpuwarden-heavy.lock"
+
+
+@contextlib.contextmanager
+def heavy_lock():
+    """One heavy thing at a time on a shared box (Chromium, an engine): flock on HEAVY_LOCK, unless a process this
+    one runs under holds it already (`flock /tmp/gpuwarden-heavy.lock make test`), which waiting would deadlock."""
+    with open(HEAVY_LOCK, "a") as lock:
+        if not _held_above(os.fstat(lock.fileno())):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _held_above(st: os.stat_result) -> bool:
+    """An ancestor of this process holds the flock on the file `st` is of (/proc/locks: "1: FLOCK ADVISORY WRITE
+    <pid> <major>:<minor>:<inode> ...", a waiter's line has "->" in second place)."""
+    file = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = {int(f[4]) for f in (line.split() for line in Path("/proc/locks").read_text().splitlines())
+               if len(f) > 5 and f[1] == "FLOCK" and f[5] == file}
+    pid = os.getppid()
+    while pid > 1:
+        if pid in holders:
+            return True
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return False
 
 
 def http_get(url: str, timeout: float = 2.0) -> str:
@@ -99,10 +128,13 @@ class Daemon:
     def write_config(self, extra: str = "", kernel: str | None = None) -> None:
         if kernel is not None:
             self._kernel = kernel
+        # Discovery sees every engine-like server on the host, other tests' too (they run side by side): a daemon
+        # discovers only where its test asks for it ([engines]); one with an [[engine]] never does.
+        quiet = "" if "[engines]" in extra or "[[engine]]" in extra else "[engines]\ndiscover = false\n"
         self.config_path.write_text(
             f'[daemon]\nstate_dir = "{self.state}"\nstatus_interval = "1s"\n'
             f'[exporter]\nport = {self.port}\n[cache]\ndirs = ["{self.caches}"]\n'  # never the machine's own caches
-            f'[kernel]\n{self._kernel}\n{extra}')
+            f'[kernel]\n{self._kernel}\n{extra}\n{quiet}')
 
     def start(self, *prefix: str) -> Daemon:
         """Start it; `prefix` runs it under another command that execs it (e.g. `unshare -m`)."""

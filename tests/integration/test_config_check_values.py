@@ -27,8 +27,12 @@ def check(tmp_path, text: str) -> subprocess.CompletedProcess:
      ":5: engine[0].scrape_timeout: scrape_timeout (10s) is above scrape_interval (2s)"),
     ('[daemon]\nstate_dir = "{file}"\n', ":2: daemon.state_dir: {file} is not a folder"),
     ('[daemon]\nlog_level = "info"\nstatus_interval = \n', ":3: not valid TOML: Invalid value"),
+    ('[alerts]\n\n[[alerts.target]]\nname = "am"\nurl = "alertmanager://am.example.org:http"\n',
+     ":5: alerts.target[0].url: port 'http' is not a port number (am)"),
+    ('[alerts]\nurls = ["alertmanager:///api"]\n',
+     ":2: alerts.urls[0]: an Alertmanager URL needs a host: alertmanager://host:9093 (1:alertmanager)"),
 ], ids=["route-tag-misspelt", "scrape_timeout-5000", "min_stall-100ms", "warn-above-critical",
-        "timeout-above-interval", "state_dir-a-file", "toml-syntax"])
+        "timeout-above-interval", "state_dir-a-file", "toml-syntax", "alertmanager-port", "alertmanager-host"])
 def test_check_refuses_naming_key_and_line(tmp_path, config, names):
     file = tmp_path / "a-file"
     file.write_text("")

@@ -70,7 +70,7 @@ def test_an_engine_in_a_container_is_discovered_with_its_container_and_its_docke
     assert with_source(found[0]).source == "log" and with_source(found[0]).log_container == box.name
     out = subprocess.run([*GPUWARDEN, "probe", "--json", box.metrics_url], capture_output=True, text=True, timeout=30)
     assert f'log_container = "{box.name}"' in json.loads(out.stdout)["hint"]
-    d = daemon_factory("").start()
+    d = daemon_factory("[engines]\ndiscover = true\n").start()  # its defaults
     d.wait_log(f"serving on port {box.port} (pid {box.engine_pid()} in container {box.name}): watching it through "
                f"the Docker log of container {box.name}", timeout=30)
 

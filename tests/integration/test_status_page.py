@@ -2,7 +2,6 @@
 fake sysfs (no Radeon here: its sysfs is the one thing mocked), read by the real `gpuwarden status` and shown
 in a real headless browser (Debian's chromium), whose screenshot goes to docs/status.png."""
 
-import fcntl
 import json
 import mimetypes
 import os
@@ -13,13 +12,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import GPUWARDEN, TEST_GPU, free_port, http_get, need, wait_for
+from helpers import GPUWARDEN, TEST_GPU, free_port, heavy_lock, http_get, need, wait_for
 
 from fakesysfs import build
 from gpuwarden.report import PICTURE
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-LOCK = "/tmp/gpuwarden-heavy.lock"
 
 
 @pytest.fixture
@@ -115,8 +113,7 @@ def test_a_headless_browser_shows_the_stalled_engine_the_gpu_and_the_incident(st
             "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
             f"--user-data-dir={tmp_path / 'chromium'}"]
     shot, phone = tmp_path / "status.png", tmp_path / "phone.png"
-    with open(LOCK, "a") as lock:  # chromium is heavy on a shared 2-core box: one heavy thing at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with heavy_lock():  # chromium is heavy on a shared 2-core box
         dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=60)
         shots = [subprocess.run([*base, f"--screenshot={path}", f"--window-size={size}", url], capture_output=True,
                                 text=True, timeout=60) for path, size in ((shot, "1000,1400"), (phone, "390,2000"))]

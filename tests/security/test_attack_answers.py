@@ -87,7 +87,7 @@ def test_a_dripping_server_holds_up_neither_discovery_nor_probe(attacker, daemon
     drip, engine = sorted([free_port(), free_port()])
     serve(attacker, drip, "drip", "vllm", "serve")
     serve(attacker, engine, "engine", "vllm", "serve", dump=corpus / "metrics" / "vllm-01.prom")
-    d = daemon_factory()
+    d = daemon_factory("[engines]\ndiscover = true\n")  # its defaults
     d.start()
     d.wait_serving()
     d.wait_log(f"discovered vllm serving on port {engine}", timeout=30)

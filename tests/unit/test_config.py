@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from gpuwarden import config
@@ -226,3 +228,15 @@ def test_restart_needs_a_supervisor_and_the_canary():
     assert unit.on_stall == "restart" and unit.restart_timeout == 900.0
     docker = parse(engine + 'on_stall = "restart"\n[engine.target]\nkind = "docker"\ncontainer = "vllm"\n')
     assert docker.engine[0].restart_timeout == 600.0
+
+
+@pytest.mark.parametrize("text, key", [
+    ('[kernel]\nsource = "journal"\n', "kernel"),
+    ('[[engine]]\nname = "a"\nurl = "http://127.0.0.1:8000"\nsource = "log"\nlog_unit = "a.service"\n', "engine")])
+def test_reading_the_journal_without_systemd_python_is_refused(monkeypatch, text, key):
+    """systemd-python is the optional extra `journal`: made unimportable here (it is installed with [test])."""
+    parse(text)  # with it: accepted
+    monkeypatch.setitem(sys.modules, "systemd", None)
+    with pytest.raises(ConfigError, match=r"systemd-python.*gpuwarden\[journal\]") as info:
+        parse(text)
+    assert key in str(info.value)

@@ -1,5 +1,6 @@
 import apprise
 
+from gpuwarden.alert.apprise_channel import AppriseChannel
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import Outgoing
@@ -82,7 +83,7 @@ def test_markdown_only_where_apprise_says_the_service_renders_it():
     def target(url):
         obj = apprise.Apprise()
         assert obj.add(url)
-        return Target("t", obj, Severity.INFO, frozenset())
+        return AppriseChannel("t", obj)
     assert not target("ntfy://127.0.0.1/topic").markdown  # ntfy's plugin takes text only
     assert target("tgram://123456:ABCDEF/987").markdown  # Telegram renders it (as HTML, converted by apprise)
     assert not target("json://127.0.0.1/hook?format=text").markdown

@@ -1,5 +1,5 @@
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.stall import StallDetector
+from gpuwarden.engine.stall import StallDetector, next_look
 
 
 def sample(running, progress, lat_sum=None, lat_count=None, per_step=False, first_token=None):
@@ -181,3 +181,33 @@ def test_a_stall_that_ended_is_not_learnt_as_a_step():
     assert det.floor == 5
     run(det, [busy(2, 0.1)] * 3 + [busy(3, 0.1)], start=103.0)  # a 4 s step, quiet looks between: learnt
     assert det.floor == 16
+
+
+def test_due_is_when_the_threshold_runs_out_from_the_last_progress_seen():
+    """The clock starts at the scrape that saw the last progress (never before it: a healthy engine is judged
+    only on time it really went without progress); `due` says when a look would find the stall."""
+    det = StallDetector(stall_multiple=4, min_stall=5, max_stall=60)
+    run(det, [sample(1, 100), sample(1, 101)])  # progress seen at t=1
+    assert det.due == 6.0
+    assert det.observe(sample(1, 101), 3.0).stalled is False and det.due == 6.0  # nothing moved: still due at 6
+    assert det.observe(sample(1, 101), 6.01).stalled  # a look just after `due` finds the stall
+    assert det.due is None  # stalled: nothing more is due
+
+
+def test_nothing_is_due_while_idle_or_moving_on():
+    det = StallDetector(min_stall=5)
+    det.observe(sample(0, 100), 0.0)
+    assert det.due is None  # idle: no stall is coming
+    det.observe(sample(1, 100), 1.0)
+    det.observe(sample(1, 102), 2.0)
+    assert det.due == 7.0  # it moved at 2: the clock starts again
+    det.observe(sample(0, 102), 3.0)
+    assert det.due is None
+
+
+def test_the_next_look_comes_at_the_tick_or_just_after_the_threshold_runs_out():
+    assert next_look(10.0, None, 8.0) == 10.0  # nothing due: the regular tick
+    assert next_look(10.0, 12.0, 8.0) == 10.0  # due after the tick: the tick
+    assert 9.0 < next_look(10.0, 9.0, 8.0) < 9.1  # due before the tick: just after it runs out
+    assert next_look(10.0, 7.0, 8.0) == 10.0  # already past (that look's scrape failed): no look again and again
+    assert 8.2 < next_look(10.0, 8.05, 8.0) < 8.5  # not right after the last look: its CPU reading needs a window

@@ -1,1 +1,2 @@
-"""Alerts: storm control, message text and runbooks, the durable outbox and apprise delivery."""
+"""Alerts: storm control, message text and runbooks, the durable outbox, delivery through channels (apprise,
+Alertmanager)."""

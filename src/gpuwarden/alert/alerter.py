@@ -1,7 +1,9 @@
-"""The alerts component: events in, messages into the durable outbox, delivery through apprise.
+"""The alerts component: events in, messages into the durable outbox, delivery through each target's channel
+(alert/channel.py: apprise, Alertmanager).
 
-An outbox row is handed to the store before it is attempted and deleted only after apprise reports success
-for its target; a failure retries with exponential backoff and jitter until `give_up_after`. Each target gets
+An outbox row is handed to the store before it is attempted and deleted only after the channel reports success
+for its target; a failure the channel calls worth a retry retries with exponential backoff and jitter until
+`give_up_after`, one it calls final (a refusal) is dropped as undeliverable at once. Each target gets
 its rows strictly in order. The outbox lives in memory while the daemon runs (loaded from the store at start),
 so alerts go out even while the store cannot be written. Events that the daemon stored but never handed to
 the alerter (it died first) are picked up again at start.
@@ -18,9 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-import apprise
-
 from gpuwarden import families
+from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
@@ -28,18 +29,14 @@ from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity
-from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.report import picture
 from gpuwarden.store import OutboxRow, QueuedStore, Store
 
 log = logging.getLogger(__name__)
 
-NOTIFY_TYPES = {Severity.INFO: apprise.NotifyType.INFO, Severity.WARNING: apprise.NotifyType.WARNING,
-                Severity.CRITICAL: apprise.NotifyType.FAILURE}
-_FORMATS = {True: apprise.NotifyFormat.MARKDOWN, False: apprise.NotifyFormat.TEXT}
+TONES = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.CRITICAL: "failure"}  # apprise's names
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
-_SENDS = OffLoop("apprise", limit=16)  # one send in flight per target; a hung one holds one thread, not more
 
 
 class Alerter:
@@ -151,13 +148,15 @@ class Alerter:
         message = compose(out, self.context(), f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
         # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
-        tone = apprise.NotifyType.SUCCESS if message.resolved else NOTIFY_TYPES[
+        tone = "success" if message.resolved else TONES[
             max((e.severity for e in out.events), default=message.severity)]
         # the first page of an incident this process is writing waits for its picture; a follow-up, or an alert
         # of an incident from before a restart (whose picture may never come), takes the one there, if any
         fresh = drawn is not None and not out.follow_up
+        about = [*out.earlier, *out.events] + ([out.about] if out.about else [])  # the alerts it fires or ends
         payload = {"title": message.title, "body": message.body, "text": message.text, "resolved": message.resolved,
-                   "notify": tone.value, "incident": incident and str(incident), "picture_wait": fresh}
+                   "notify": tone, "incident": incident and str(incident), "picture_wait": fresh,
+                   "identities": identities(about, self.config.hostname, out.incident)}
         ids = self.store.enqueue_alert(message.alert_id, str(message.severity), payload, wanted, out.event_ids, now)
         for name, row_id in zip(wanted, ids, strict=True):
             self._outbox.setdefault(name, deque()).append(
@@ -190,10 +189,14 @@ class Alerter:
                 self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
                 continue
-            error = await self._send(target, row)
+            retry, error = await self._send(target, row)
             if error is None:
                 self._done(rows, row)
                 self.metrics.inc(families.ALERTS_SENT, target.name, row.severity)
+            elif not retry:
+                log.error("alert %s to %s refused (%s): undeliverable", row.alert_id, target.name, error)
+                self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
+                self._done(rows, row)
             else:
                 delay = min(self.config.retry_max, self.config.retry_initial * 2 ** row.attempts)
                 delay *= random.uniform(0.8, 1.2)
@@ -210,18 +213,17 @@ class Alerter:
             rows.popleft()
         self.store.delivered(row.id)
 
-    async def _send(self, target: Target, row: OutboxRow) -> str | None:
-        """None on success, else what went wrong (without the URL: it holds secrets)."""
-        folder = row.payload.get("incident")
+    async def _send(self, target: Target, row: OutboxRow) -> tuple[bool, str | None]:
+        """The channel's (retry, error); the error never holds the URL (it holds secrets)."""
+        folder, payload = row.payload.get("incident"), row.payload
         attach = None
-        if folder and target.takes_attachments:
-            wait = _PICTURE_WAIT if row.payload.get("picture_wait", True) else 0.0
+        if folder and target.channel.takes_pictures:
+            wait = _PICTURE_WAIT if payload.get("picture_wait", True) else 0.0
             attach = await self._picture(Path(folder), row.created, wait)
-        markdown = target.markdown or "text" not in row.payload  # a row queued before plain text was kept
-        return await send(target, row.payload["title"], row.payload["body" if markdown else "text"],
-                          row.payload.get("notify") or (apprise.NotifyType.SUCCESS if row.payload["resolved"]
-                                                        else NOTIFY_TYPES[Severity.parse(row.severity)]),
-                          self.config.send_timeout, attach, markdown)
+        tone = payload.get("notify") or ("success" if payload["resolved"] else TONES[Severity.parse(row.severity)])
+        alert = Alert(payload["title"], payload["body"], payload.get("text", payload["body"]), tone,
+                      payload["resolved"], attach, payload.get("identities", []))
+        return await target.channel.notify(alert, self.config.send_timeout)
 
     @staticmethod
     async def _picture(folder: Path, created: float, wait: float) -> str | None:
@@ -239,26 +241,3 @@ async def _woken(event: asyncio.Event, timeout: float) -> None:
             await event.wait()
     except TimeoutError:
         pass
-
-
-async def send(target: Target, title: str, body: str, notify_type: str, timeout: float,
-               attach: str | None = None, markdown: bool = True) -> str | None:
-    """None on success, else what apprise said went wrong. The whole send (every retry and attachment of
-    apprise's) ends within `timeout` + 5 s; while an abandoned send of the target still runs, no other starts."""
-    said: list[str] = []
-
-    def notify():
-        return target.apprise.notify(body=body, title=title, notify_type=notify_type,
-                                     body_format=_FORMATS[markdown], timeout=timeout, attach=attach,
-                                     log_level=logging.WARNING, log_callback=lambda entry, _: said.append(
-                                         str(entry.message)))
-    try:
-        result = await _SENDS.run(target.name, timeout + 5, notify)
-    except TimeoutError:
-        return f"no answer within {timeout + 5:.0f} s"
-    except Busy as exc:
-        return str(exc)
-    if result:
-        return None
-    status = getattr(getattr(result, "status", None), "name", "FAILURE").lower()
-    return "; ".join(dict.fromkeys(said)) or f"apprise reported {status} without saying why"

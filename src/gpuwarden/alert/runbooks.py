@@ -7,6 +7,7 @@ about an engine follows from what gpuwarden decided about it (`evidence["decisio
 the reader to do what the daemon already did, nor hedges about what it did."""
 
 from gpuwarden.kinds import runbook
+from gpuwarden.registry import register_runbooks
 
 RUNBOOKS: dict[str, str] = {
     "device_lost": (
@@ -73,6 +74,7 @@ RUNBOOKS: dict[str, str] = {
         "the engine's user can plant to freeze or fool root. Point the setting at a regular file owned by the "
         "engine's user or root; until then the engine's progress is not read from it."),
 }
+register_runbooks(RUNBOOKS)  # config checks runbook names against these (registry.py)
 
 # The order in which runbooks apply when several do: the worst state of the hardware first.
 _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "xid", "reset", "restart_failed",

@@ -42,6 +42,7 @@ class Outgoing:
     incident: str | None = None
     earlier: list[Event] = field(default_factory=list)  # what this incident's earlier messages reported
     quiet: int = 0  # events of the incident since its last message that were not news
+    about: Event | None = None  # of a resolution: the event whose alert it ends
 
     @property
     def follow_up(self) -> bool:
@@ -62,6 +63,7 @@ class _Key:
     since: float | None = None
     open: bool = True  # sent and not resolved since
     incident: str | None = None
+    event: Event | None = None  # the last one sent under this key: what a resolution ends
 
 
 @dataclass
@@ -97,7 +99,8 @@ class StormControl:
                 return False
             self._adopt(subject_of(event), incident)
             self._join(f"incident {incident}", event, event_id, now)
-            self._keys[event.dedupe_key] = _Key(now, event.severity, f"incident {incident}", incident=incident)
+            self._keys[event.dedupe_key] = _Key(now, event.severity, f"incident {incident}", incident=incident,
+                                                event=event)
             return True
         key = self._keys.get(event.dedupe_key)
         if key and key.incident is None and now - key.last_sent < self.cooldown:
@@ -107,7 +110,7 @@ class StormControl:
         self._join(subject, event, event_id, now)
         # Claim the key now, so that its repeats inside the window are counted, not grouped again.
         self._keys[event.dedupe_key] = _Key(now, event.severity, subject, *(
-            (key.suppressed, key.since) if key and key.incident is None else (0, None)))
+            (key.suppressed, key.since) if key and key.incident is None else (0, None)), event=event)
         return True
 
     def repeated(self, dedupe_key: str, count: int, now: float) -> None:
@@ -131,7 +134,7 @@ class StormControl:
                 return None
             return Outgoing(key.subject, resolved=message, severity=state.severity, incident=key.incident,
                             earlier=list(state.sent))
-        return Outgoing(key.subject, resolved=message, severity=key.severity)
+        return Outgoing(key.subject, resolved=message, severity=key.severity, about=key.event)
 
     def due(self, now: float) -> list[Outgoing]:
         """Messages whose time has come: closed groups, then follow-ups for storms whose cooldown ended."""

@@ -1,4 +1,5 @@
-"""Alert targets from the config: one apprise object each, a name safe to log, a severity floor, tags."""
+"""Alert targets from the config: one channel each (Alertmanager for `alertmanager://` URLs, apprise for the
+rest), a name safe to log, a severity floor, tags."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-import apprise
-
+from gpuwarden.alert.alertmanager import SCHEMES, AlertmanagerChannel
+from gpuwarden.alert.channel import Channel
 from gpuwarden.config import AlertsConfig, ConfigError
 from gpuwarden.model import Severity
 
@@ -15,20 +16,9 @@ from gpuwarden.model import Severity
 @dataclass(frozen=True)
 class Target:
     name: str  # never holds a secret: it goes into logs and metric labels
-    apprise: apprise.Apprise
+    channel: Channel
     min_severity: Severity
     tags: frozenset[str]
-
-    @property
-    def takes_attachments(self) -> bool:
-        return all(getattr(server, "attachment_support", False) for server in self.apprise)
-
-    @property
-    def markdown(self) -> bool:
-        """Whether every service of the target renders Markdown (or HTML, which apprise makes from it): apprise
-        converts no Markdown to plain text, so a plain-text service gets the message's plain text instead."""
-        return all(server.resolve_format(apprise.NotifyFormat.MARKDOWN) != apprise.NotifyFormat.TEXT
-                   for server in self.apprise)
 
     def wants(self, severity: Severity, tags: frozenset[str]) -> bool:
         return severity >= self.min_severity and (not self.tags or bool(self.tags & tags))
@@ -60,21 +50,39 @@ def build(config: AlertsConfig) -> list[Target]:
               for i, t in enumerate(config.target)]
     targets = []
     for index, (url, name, severity, tags, loc) in enumerate(specs, 1):
-        obj = apprise.Apprise()
         name = name or safe_name(index, url)
-        if not obj.add(url):
-            key = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[")
-            raise ConfigError(f"{key}: apprise does not accept this URL ({name})", loc)
-        targets.append(Target(name, obj, Severity.parse(severity), frozenset(tags)))
+        targets.append(Target(name, _channel(url, name, loc), Severity.parse(severity), frozenset(tags)))
     if config.config_file:
         targets += _from_apprise_config(config.config_file, Severity.parse(config.config_file_min_severity),
                                         start=len(targets) + 1)
     return targets
 
 
+def _channel(url: str, name: str, loc: tuple) -> Channel:
+    """The channel a URL names: its scheme picks it, as apprise's own schemes do."""
+    key = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[")
+    if urllib.parse.urlsplit(url).scheme in SCHEMES:
+        try:
+            return AlertmanagerChannel(url)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc} ({name})", loc) from None
+    import apprise  # here, not at the top: 130 ms and 10 MB that a box without apprise targets never needs
+
+    from gpuwarden.alert.apprise_channel import AppriseChannel
+
+    obj = apprise.Apprise()
+    if not obj.add(url):
+        raise ConfigError(f"{key}: apprise does not accept this URL ({name})", loc)
+    return AppriseChannel(name, obj)
+
+
 def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Target]:
     if not path.is_file():
         raise ConfigError(f"alerts.config_file: {path}: no such file", ("alerts", "config_file"))
+    import apprise
+
+    from gpuwarden.alert.apprise_channel import AppriseChannel
+
     cfg = apprise.AppriseConfig()
     if not cfg.add(str(path)):
         raise ConfigError(f"alerts.config_file: {path}: apprise cannot read it", ("alerts", "config_file"))
@@ -82,8 +90,8 @@ def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Tar
     for index, service in enumerate(cfg.services(), start):  # apprise 2 (1.x called it servers())
         obj = apprise.Apprise()
         obj.add(service)
-        targets.append(Target(safe_name(index, service.url()), obj, severity,
-                              frozenset(str(tag) for tag in service.tags)))
+        name = safe_name(index, service.url())
+        targets.append(Target(name, AppriseChannel(name, obj), severity, frozenset(str(tag) for tag in service.tags)))
     if not targets:
         raise ConfigError(f"alerts.config_file: {path}: no usable URL in it", ("alerts", "config_file"))
     return targets

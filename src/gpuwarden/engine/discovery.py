@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import psutil
 
 from gpuwarden import enginekinds
@@ -202,6 +201,8 @@ def unit_of(pid: int, proc: Path = Path("/proc")) -> str | None:
 def _answers(url: str) -> bool:
     """A 200 status within _PROBE_TIMEOUT for the whole exchange: anyone can serve what discovery asks, one byte
     at a time (a timeout per read would wait on it for ever, and on every engine after it)."""
+    import httpx  # on first use: 90 ms of import that a start without engines never needs
+
     async def status() -> int:
         async with client(_PROBE_TIMEOUT) as http, asyncio.timeout(_PROBE_TIMEOUT), http.stream("GET", url) as r:
             return r.status_code

@@ -8,14 +8,16 @@ profile's metrics are parsed, at most MAX_SERIES of them.
 from __future__ import annotations
 
 import asyncio
-
-import httpx
+from typing import TYPE_CHECKING
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
 from gpuwarden.offloop import Busy, OffLoop
 
 OFF_LOOP_BYTES = 256 << 10  # a body above this is parsed in a thread (a 7.7 MB body takes seconds)
 MAX_SERIES = 10_000  # lines of the profile's metrics; an engine reports a few hundred
+if TYPE_CHECKING:
+    import httpx
+
 _PARSES = OffLoop("metrics parse", limit=32)  # one parse in flight per engine
 
 
@@ -50,6 +52,8 @@ class Scraper:
 
 def client(timeout: float) -> httpx.AsyncClient:
     """One kept-alive connection per engine, no proxy from the environment."""
+    import httpx  # on first use: 90 ms of import that a start without engines never needs
+
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)),
                              limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
 
@@ -57,6 +61,8 @@ def client(timeout: float) -> httpx.AsyncClient:
 async def fetch(http: httpx.AsyncClient, url: str, max_bytes: int, what: str = "") -> bytearray:
     """The body of a GET, at most `max_bytes`; every failure is a ScrapeError whose reason says which.
     `what` names the endpoint in the message."""
+    import httpx
+
     try:
         async with http.stream("GET", url) as response:
             if response.status_code != 200:

@@ -19,6 +19,11 @@ step; a per-request counter proves nothing within a request's time, and the cana
 
 Idle (nothing running) is never a stall. A counter that goes down (the engine restarted, or a broken
 counter) is not progress: the count starts again from the lower value, and the time without progress runs on.
+
+When to look: the clock starts at the scrape that last saw progress, never earlier (the last movement may have
+come just before it; an earlier guess would judge a healthy engine, a long prefill included, on time it did not
+take). So a regular scrape would see the stall up to a whole scrape after the threshold ran out; `due` says when
+it runs out, and `next_look` puts a look there: a stall is seen within threshold + one scrape of its onset.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from gpuwarden.engine.metrics import EngineSample
 
 _RECENT = 20  # timing increments that make "recent"
 _STEPS = 8  # step gaps that make "recent"
+_PAST = 0.01  # a look this long after the threshold runs out: the judgement is "longer than", not "as long as"
+_GAP = 0.25  # nor sooner after the last look: its CPU reading (spinning or not) needs a window to mean anything
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +86,14 @@ class StallDetector:
         self._steps: deque[float] = deque(maxlen=_STEPS)  # recent gaps between movements, quiet looks between
         self._timing, self._first_token = RecentMean(), RecentMean()
         self._per_step = False
+        self._due: float | None = None
         self.stalled = False
+
+    @property
+    def due(self) -> float | None:
+        """Monotonic time at which the last look's threshold runs out if nothing moves meanwhile; None where no
+        stall is coming (idle, no judgement, or already stalled)."""
+        return self._due
 
     @property
     def typical(self) -> float | None:
@@ -111,9 +125,9 @@ class StallDetector:
         if running <= 0 or self._progress is None or moved:  # idle, first look, progress
             self._learn_step(now, moved and running > 0)
             self._progress, self._since = progress, now
-            return self._verdict(False, now, spinning, suspect)
+            return self._verdict(False, now, spinning, suspect, running > 0)
         self._progress, self._quiet = progress, True  # unchanged, or went down: not progress
-        return self._verdict(now - self._since > self.threshold(spinning, suspect), now, spinning, suspect)
+        return self._verdict(now - self._since > self.threshold(spinning, suspect), now, spinning, suspect, True)
 
     def _learn_step(self, now: float, moved: bool) -> None:
         """A movement after a quiet look ends one step the engine took (how long its steps take now); one that
@@ -128,8 +142,17 @@ class StallDetector:
         self._timing.learn(sample.timing)
         self._first_token.learn(sample.first_token)
 
-    def _verdict(self, stalled: bool, now: float, spinning: bool, suspect: bool) -> Verdict:
+    def _verdict(self, stalled: bool, now: float, spinning: bool, suspect: bool, running: bool = False) -> Verdict:
         new = stalled != self.stalled
         self.stalled = stalled
         stalled_for = now - self._since if self._since is not None and stalled else 0.0
-        return Verdict(stalled, new, stalled_for, self.threshold(spinning, suspect), self.typical, self._per_step)
+        threshold = self.threshold(spinning, suspect)
+        self._due = self._since + threshold if running and not stalled and self._since is not None else None
+        return Verdict(stalled, new, stalled_for, threshold, self.typical, self._per_step)
+
+
+def next_look(tick: float, due: float | None, now: float) -> float:
+    """When the watch scrapes next: at its regular tick, or just after a stall threshold runs out if that comes
+    first (`now`: the last look). At most one early look per threshold (one already past, e.g. its scrape
+    failed, waits for the tick), and only while requests run and nothing moves."""
+    return tick if due is None or due + _PAST <= now else min(tick, max(due + _PAST, now + _GAP))

@@ -23,7 +23,7 @@ from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, cpu_percents, gpus_in_use, resolve
 from gpuwarden.engine.scraper import ScrapeError, Scraper
 from gpuwarden.engine.slots import SlotsScraper
-from gpuwarden.engine.stall import StallDetector, Verdict
+from gpuwarden.engine.stall import StallDetector, Verdict, next_look
 from gpuwarden.gpu import nvidia
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
@@ -324,14 +324,15 @@ class EngineWatch:
     # --- one engine ---------------------------------------------------------------------------------
 
     async def _watch(self, state: EngineState) -> None:
-        loop = asyncio.get_running_loop()
         interval = state.config.scrape_interval
-        tick = loop.time()
+        tick = time.monotonic()  # the stall detector's clock
         try:
             while True:
                 await self._poll(state)
-                tick += interval
-                await asyncio.sleep(max(0.0, tick - loop.time()))
+                now = time.monotonic()
+                if now >= tick:  # the regular look (an early one, at a stall's threshold, leaves it due)
+                    tick += interval
+                await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, now) - now))
         finally:
             await state.scraper.close()
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.model import Severity
+from gpuwarden.registry import register_rules
 
 I, W, C = Severity.INFO, Severity.WARNING, Severity.CRITICAL
 A = "amdgpu ffff:fe:1f.7: amdgpu: "  # the prefix of amdgpu lines made from a format string
@@ -755,3 +756,4 @@ CORRELATIONS: tuple[Correlation, ...] = (
                 "PCIe error recovery failed and the GPU's driver cannot recover: the GPU is lost",
                 emit="device_lost", either_order=True, runbook="device_lost", needs_gpu=True),
 )
+register_rules(RULES)  # config checks rule names against these (registry.py)

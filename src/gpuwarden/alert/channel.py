@@ -1,0 +1,44 @@
+"""The alert-channel interface: one alert in, whether to try again out (the shape of Alertmanager's
+`notify.Notifier`: `Notify(ctx, alerts) (retry bool, err)`). The alerter's outbox keeps order, backoff and
+give-up; a channel only delivers. apprise is one channel, Alertmanager another; a new one implements this."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpuwarden.model import Event
+
+
+@dataclass(frozen=True)
+class Alert:
+    """What the outbox hands a channel: the message in both renderings, its tone, and the alert identities
+    (label sets) it reports, for a channel that keeps alerts by identity rather than by message."""
+
+    title: str
+    body: str  # Markdown
+    text: str  # the same, plain
+    tone: str  # info, warning, failure or success
+    resolved: bool  # the alert's end: an all-clear
+    picture: str | None = None  # the incident's timeline picture, when the channel takes one
+    identities: list[dict[str, Any]] = field(default_factory=list)  # {"labels": {...}, "starts": epoch seconds}
+
+
+def identities(events: list[Event], host: str, incident: str | None) -> list[dict[str, Any]]:
+    """One alert identity per distinct label set of `events`, with when its first event happened: what a channel
+    that keeps alerts by identity (Alertmanager) fires and ends."""
+    found: dict[tuple, dict[str, Any]] = {}
+    for e in events:
+        labels = {"alertname": e.kind, "severity": str(e.severity), "host": host, "gpu": e.gpu or "",
+                  "engine": e.engine or "", "incident": incident or ""}
+        labels = {k: v for k, v in labels.items() if v}  # Alertmanager treats an empty label as absent
+        found.setdefault(tuple(sorted(labels.items())), {"labels": labels, "starts": e.time})
+    return list(found.values())
+
+
+class Channel(Protocol):
+    takes_pictures: bool  # the outbox waits for an incident's picture only for a channel that sends it
+
+    async def notify(self, alert: Alert, timeout: float) -> tuple[bool, str | None]:
+        """(retry, error): error None on success; retry False when sending again cannot help (refused)."""
+        ...

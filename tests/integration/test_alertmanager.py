@@ -1,0 +1,138 @@
+"""The Alertmanager channel against the real `prometheus-alertmanager` on loopback: a kill incident becomes
+active alerts labelled by kind, severity, host, GPU, engine and incident; the engine back ends them (endsAt),
+and Alertmanager's own webhook says "resolved". Its answers decide the outbox's retry: a body it refuses is
+not sent again, an Alertmanager that is down is."""
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+from helpers import GPUWARDEN, free_port, wait_for
+
+from gpuwarden.alert.alerter import Alerter
+from gpuwarden.alert.alertmanager import AlertmanagerChannel
+from gpuwarden.alert.channel import Alert
+from gpuwarden.alert.context import Context
+from gpuwarden.alert.targets import build
+from gpuwarden.config import AlertsConfig
+from gpuwarden.exporter import SelfMetrics
+from gpuwarden.model import Event, Severity
+from gpuwarden.store import Store
+
+pytestmark = pytest.mark.skipif(not shutil.which("prometheus-alertmanager"), reason="needs prometheus-alertmanager")
+
+GPU = "ffff:fe:1f.7"
+INCIDENT = "20261204-031207-engine_stall"
+
+
+@pytest.fixture
+def alertmanager(tmp_path, receiver):
+    """A real Alertmanager whose one route is a webhook to the test's receiver, resolutions included."""
+    port = free_port()
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(
+        "route:\n  receiver: hook\n  group_by: [incident]\n  group_wait: 100ms\n  group_interval: 1s\n"
+        "  repeat_interval: 1h\nreceivers:\n  - name: hook\n    webhook_configs:\n"
+        f"      - url: http://127.0.0.1:{receiver.port}/am\n        send_resolved: true\n")
+    process = subprocess.Popen(
+        ["prometheus-alertmanager", f"--config.file={config}", f"--storage.path={tmp_path / 'am-data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert process.poll() is None, process.stderr.read().decode()
+        try:
+            return httpx.get(f"{url}/-/ready", timeout=1).is_success
+        except httpx.HTTPError:
+            return False
+    wait_for(ready, timeout=30, what="alertmanager ready")
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def event(kind, severity, message, **evidence):
+    return Event(kind, severity, message, time.time(), gpu=GPU, engine="qwen-72b",
+                 evidence={"incident": INCIDENT, **evidence})
+
+
+def active(port):
+    """Alertmanager's active alerts, as amtool (its own client) lists them: labels of each."""
+    out = subprocess.run(["amtool", "alert", "query", "-o", "json", f"--alertmanager.url=http://127.0.0.1:{port}",
+                          f"incident={INCIDENT}"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return [a["labels"] for a in json.loads(out)]
+
+
+def test_a_kill_incident_fires_in_alertmanager_and_resolves_when_the_engine_is_back(tmp_path, alertmanager,
+                                                                                      receiver):
+    config = AlertsConfig.model_validate({
+        "hostname": "vm", "group_window": 0.3, "retry_initial": 0.2, "retry_max": 0.5,
+        "target": [{"url": f"alertmanager://127.0.0.1:{alertmanager}", "name": "am"}]})
+    store = Store(tmp_path / "gpuwarden.db")
+    context = Context("vm", {GPU: (0, "Radeon AI PRO R9700")}, {"qwen-72b": frozenset({GPU})})
+    fired = [event("engine_stall", Severity.CRITICAL, "qwen-72b: 4 request(s) running and no token for 120 s",
+                   decision=[{"action": "restart", "engine": "qwen-72b", "reason": "stalled", "by_hand": False,
+                              "dry_run": False}]),
+             event("engine_killed", Severity.CRITICAL, "killed qwen-72b: 3 processes (stalled)")]
+    back = [event("engine_back", Severity.INFO, "qwen-72b back: first completion 41 s after the kill")]
+    seen = {}
+
+    async def until(predicate, what):
+        for _ in range(300):
+            if value := await asyncio.to_thread(predicate):  # amtool blocks: off the test loop
+                return value
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"not within 30 s: {what}")
+
+    async def main():
+        alerter = Alerter(config, build(config), store, SelfMetrics(), incidents_dir=tmp_path / "incidents",
+                          context=lambda: context)
+        task = asyncio.create_task(alerter.run())
+        alerter.submit(fired, store.add_events(fired))
+        seen["firing"] = await until(lambda: len(active(alertmanager)) == 2 and active(alertmanager), "2 active")
+        alerter.submit(back, store.add_events(back))
+        await until(lambda: not active(alertmanager), "no active alert of the incident")
+        await until(lambda: any(b["status"] == "resolved" for b in receiver.json_bodies("/am")), "a resolved hook")
+        task.cancel()
+
+    asyncio.run(main())
+    common = {"severity": "critical", "host": "vm", "gpu": GPU, "engine": "qwen-72b", "incident": INCIDENT}
+    assert sorted(seen["firing"], key=lambda labels: labels["alertname"]) == [
+        {"alertname": "engine_killed", **common}, {"alertname": "engine_stall", **common}]
+    hooks = receiver.json_bodies("/am")
+    assert hooks[0]["status"] == "firing"
+    resolved = [a for b in hooks if b["status"] == "resolved" for a in b["alerts"]]
+    assert {a["labels"]["alertname"] for a in resolved} >= {"engine_killed", "engine_stall"}
+    assert all(a["endsAt"] > a["startsAt"] for a in resolved)
+    assert resolved[0]["annotations"]["summary"].startswith("vm: engine qwen-72b back")
+    assert store.outbox() == []  # delivered: nothing left to retry
+    store.close()
+
+
+def test_the_channels_answer_decides_the_retry(alertmanager):
+    bad = Alert("t", "b", "b", "info", False, identities=[{"labels": {"alertname": "x", "bad-name": "y"},
+                                                           "starts": time.time()}])
+    retry, error = asyncio.run(AlertmanagerChannel(f"alertmanager://127.0.0.1:{alertmanager}").notify(bad, 5))
+    assert (retry, error.split(":")[0]) == (False, "Alertmanager answered 400")  # refused: sending again cannot help
+    good = Alert("t", "b", "b", "info", False, identities=[{"labels": {"alertname": "x"}, "starts": time.time()}])
+    assert asyncio.run(AlertmanagerChannel(f"alertmanager://127.0.0.1:{alertmanager}").notify(good, 5)) == (False,
+                                                                                                          None)
+    retry, error = asyncio.run(AlertmanagerChannel(f"alertmanager://127.0.0.1:{free_port()}").notify(good, 5))
+    assert retry and "ConnectError" in error  # down: the outbox tries again later
+
+
+def test_test_alert_reaches_alertmanager(tmp_path, alertmanager):
+    config = tmp_path / "gw.toml"
+    config.write_text(f'[alerts]\nhostname = "vm"\n\n[[alerts.target]]\nname = "am"\n'
+                      f'url = "alertmanager://127.0.0.1:{alertmanager}"\n')
+    result = subprocess.run([*GPUWARDEN, "test-alert", "--config", str(config)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "am: ok", result.stdout + result.stderr
+    out = subprocess.run(["amtool", "alert", "query", "-o", "json", f"--alertmanager.url=http://127.0.0.1:{alertmanager}",
+                          "alertname=test_alert"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert [a["labels"] for a in json.loads(out)] == [{"alertname": "test_alert", "severity": "info", "host": "vm"}]
