@@ -9,16 +9,17 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, policy, reloads, snapshot, webconfig
+from gpuwarden import families, logsetup, reloads, report, snapshot, webconfig
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build as build_targets
-from gpuwarden.config import Config, ConfigError
+from gpuwarden.config import Config, ConfigError, GuardConfig
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.inventory import GpuInventory
@@ -26,11 +27,12 @@ from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
-from gpuwarden.health import Health, Loop
-from gpuwarden.hub import Hub
+from gpuwarden.health import Components, Health, Loop, StoreHealth
+from gpuwarden.hub import Evidence, Hub
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.recovery import Recovery, losses_in_events
+from gpuwarden.reports import Outbox, Report
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.sockets import holder
 from gpuwarden.store import QueuedStore, private_folder
@@ -47,65 +49,83 @@ _STATUS_FRESH = 1.0  # a snapshot this young is served again: a client asking in
 
 
 class Daemon:
+    """Builds the object graph one way: each part gets what it uses at construction, and nothing is set on a
+    part afterwards (a reload passes new settings through the parts' own `configure`). Components report
+    through their own outbox onto one queue (reports.py); the hub is its only consumer and owns the actuator,
+    whose outcomes come back as reports. tests/integration/test_object_graph.py holds the graph acyclic."""
+
     def __init__(self, config: Config, config_arg: Path | None, notifier: Notifier | None = None,
                  log_level: str | None = None) -> None:
-        self.config = config
+        self.settings = Settings(config)  # the configuration now: a reload replaces it here, for every reader
         self.config_arg = config_arg  # what --config said; None: the default path or built-in defaults
         self.log_level = log_level  # what --log-level said: it outlives reloads; None: [daemon] log_level
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_status: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
         self.notifier = notifier or Notifier()
         self.metrics = SelfMetrics()
+        self.reports: asyncio.Queue[Report] = asyncio.Queue()  # unbounded: a fault is never dropped (reports.py)
         self.recorder = FlightRecorder(config.gpu.recorder_window)
         self.inventory = GpuInventory(config.gpu.sysfs_root)
-        self.engines: EngineWatch | None = None
-        act = lambda action, event: self.actuator.execute(action, event)  # noqa: E731 (the actuator comes next)
-        self.hub = Hub(self.metrics, self.recorder, self._situation, act, config.daemon.state_dir / "incidents",
-                       config.alerts.hostname, config.daemon.incidents_keep)
-        self.actuator = Actuator(self.hub, None, config.cache)
-        self.health = Health(config.daemon, self.hub, self.metrics, self.notifier, self.summary)
-        self.supervisor = Supervisor(self.health.crashed, self.health.component_state)
-        self.health.supervisor = self.supervisor
+        components = Components(self._outbox("supervisor"), self.metrics)  # the supervisor's reports
+        self.supervisor = Supervisor(components.crashed, components.component_state)
+        self.store_health = StoreHealth(self._outbox("store"), self.metrics,
+                                        config.daemon.state_dir / "gpuwarden.db")
+        # built in run(), on the loop, in this order: store, health, engines, actuator, alerter, hub
         self.store: QueuedStore | None = None
+        self.health: Health | None = None
+        self.engines: EngineWatch | None = None
+        self.actuator: Actuator | None = None
         self.alerter: Alerter | None = None
-        self.guard: GuardWatch | None = None
+        self.hub: Hub | None = None
         self.exporter: Exporter | None = None
-        self.kernel: KernelWatch | None = None
-        self.uevents: UeventWatch | None = None
+        self.status: Status | None = None
+        self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
+        self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()  # kernel lines logged before this are history
         self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
-        self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
         self._recovery: asyncio.Task | None = None
+        self._reloading: asyncio.Future | None = None
 
-    def _alert_context(self) -> Context:
-        """What an alert names besides its events: each GPU's index and model, the engines on each GPU."""
-        self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
-        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
-        engines = {v.name: v.gpus for v in (self.engines.views() if self.engines else [])}
-        return Context(self.config.alerts.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
-                       engines)
+    @property
+    def config(self) -> Config:
+        return self.settings.config
+
+    def _outbox(self, source: str) -> Outbox:
+        """A component's own sink: its reports go on the one queue, its metrics to its own handles."""
+        return Outbox(source, self.reports, self.metrics)
 
     async def _confirm_recovery(self) -> None:
         """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
-        store = self.store
         check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root,
-                         lambda since, until: losses_in_events(lambda t: store.events(t, 100_000), since, until),
-                         self.hub.record)
+                         partial(losses_in_events, partial(self.store.events, limit=100_000)),
+                         self._outbox("recovery").record)
         try:
             await check.run()
         except Exception:  # the daemon runs on without the confirmation; the log says why
             log.exception("the GPU check after the reboot failed")
 
-    def _situation(self) -> policy.Situation:
+    def _dry_run(self) -> bool:
         cache = self.config.cache
-        return policy.Situation(self.engines.views() if self.engines else [], frozenset(self.inventory.seen),
-                                time.monotonic(), cache.dry_run or cache.on_crash_loop == "alert")
+        return cache.dry_run or cache.on_crash_loop == "alert"
 
-    def _set_engines(self, engines: EngineWatch) -> None:
-        self.engines = self.actuator.engines = engines
-        self.hub.engine_samples = engines.samples
+    def _build(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The parts that need the running loop, each given what it uses."""
+        cfg = self.config
+        self.store = QueuedStore(cfg.daemon.state_dir / "gpuwarden.db", loop, self.store_health)
+        self.health = Health(cfg.daemon, self._outbox("health"), self.metrics, self.notifier, self.supervisor,
+                             self.store, self.store_health, self.summary)
+        self.engines = EngineWatch(cfg.engines, cfg.engine, self._outbox("engines"), nvml=cfg.gpu.nvml)
+        self.actuator = Actuator(self._outbox("actuator"), self.engines, cfg.cache)
+        evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views())
+        incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
+                                     keep=cfg.daemon.incidents_keep)
+        self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
+                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence))
+        self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
+                       self.metrics, self._dry_run())
+        self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
+                             self.store_health, self.current, self.hub, self.recorder, self.inventory, self.actuator)
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -114,19 +134,13 @@ class Daemon:
         state_dir = self.config.daemon.state_dir
         if warning := private_folder(state_dir, ours=state_dir == configuration.default_state_dir()):
             log.warning("%s", warning)
-        self.store = self.hub.store = self.health.store = QueuedStore(
-            self.config.daemon.state_dir / "gpuwarden.db", loop, self.health.store_health)
+        self._build(loop)
         self.metrics.set(families.STORE_WRITABLE, 1)
         self.hub.load(time.time())  # a GPU lost before this start is still lost
-        self.alerter = self.hub.alerter = Alerter(self.config.alerts, build_targets(self.config.alerts), self.store,
-                                                  self.metrics, self.hub.incidents.folder_for,
-                                                  self.hub.incidents.folder, self._alert_context)
-        self._set_engines(EngineWatch(self.config.engines, self.config.engine, self.hub,
-                                      nvml=self.config.gpu.nvml))
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        loop.add_signal_handler(signal.SIGHUP, self._reload_signal)
         await self._start_components()
         self._recovery = loop.create_task(self._confirm_recovery())
         await asyncio.sleep(0)  # let each component's task build its component before we say READY
@@ -143,14 +157,19 @@ class Daemon:
             self._recovery.cancel()
         if stuck := await self.supervisor.stop(_STOP_GRACE):
             log.error("stopping without waiting for %s", ", ".join(stuck))
+        self.hub.drain()  # what the components said last is stored before the store closes
         self.hub.incidents.stop()
         if self.exporter:
             self.exporter.stop()
         self.store.close(timeout=min(5.0, _STOP_DEADLINE - _STOP_GRACE - 1))
+        deadline.cancel()  # stopped in time (a daemon run in a test's process must not end that process later)
         return 0
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def _reload_signal(self) -> None:
+        self._reloading = asyncio.ensure_future(self.reload())  # held: a task only the loop holds may vanish
 
     def _stop_signal(self) -> None:
         """The first SIGTERM/SIGINT stops in order; a second one while stopping ends the process at once."""
@@ -167,7 +186,7 @@ class Daemon:
             return
         if web is None and cfg.web_config_file:  # checked when the config was loaded; read now
             web = webconfig.load(cfg.web_config_file)
-        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self._status, self.hub.incidents.folder, web)
+        exporter = Exporter(self.metrics, cfg.listen, cfg.port, self.status, self.hub.incidents.folder, web)
         try:
             exporter.start()
         except OSError as exc:
@@ -187,23 +206,25 @@ class Daemon:
         gpus = await self.inventory.refresh()
         log.info("found %s", ", ".join(f"{g.vendor} GPU {g.pci} ({g.driver or 'no driver'})" for g in gpus)
                  if gpus else "no GPUs")
-        self.guard = None
+        self.current.built(guard=None)
+        self.supervisor.start("hub", self.hub)  # the one consumer of the reports; the queue outlives restarts
         self.supervisor.start("kernel", self._kernel_watch)
-        self.supervisor.start("alerts", lambda: self.alerter)  # one alerter: its storm state outlives restarts
-        self.supervisor.start("engines", lambda: self.engines)  # kill budgets outlive restarts too
-        self.supervisor.start("gpus", lambda: GpuWatch(self.config.gpu, self.inventory.current, self.hub,
-                                                       self.recorder, xid_overrides=self.config.kernel.xid_overrides(),
-                                                       xid_merge=self.xids))
-        self.supervisor.start("uevents", self._uevent_watch)
+        self.supervisor.start("alerts", self.alerter)  # one alerter: its storm state outlives restarts
+        self.supervisor.start("engines", self.engines)  # kill budgets outlive restarts too
+        self.supervisor.start("gpus", partial(GpuWatch, self.config.gpu, self.inventory.current, self._outbox("gpus"),
+                                              self.recorder, xid_overrides=self.config.kernel.xid_overrides(),
+                                              xid_merge=self.xids))
+        guarded = Guarded(self.config.guard, self.inventory)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
-            self.guard = GuardWatch(guard, self.config.gpu.sysfs_root, lambda: list(self._guarded_devices()),
-                                    self.hub)
-            self.supervisor.start("guard", lambda: self.guard)
+            self.current.built(guard=GuardWatch(guard, self.config.gpu.sysfs_root, guarded.listed,
+                                                self._outbox("guard")))
+            self.supervisor.start("guard", self.current.guard)
+        self.supervisor.start("uevents", partial(self._uevent_watch, guarded))
         for loop in self.health.loops():
-            self.supervisor.start(loop.name, lambda loop=loop: loop)
+            self.supervisor.start(loop.name, loop)
         if self.exporter is None and self.config.exporter.enabled:
-            self.supervisor.start("exporter", lambda: Loop("exporter", self._take_exporter_port))
+            self.supervisor.start("exporter", Loop("exporter", self._take_exporter_port))
 
     async def _take_exporter_port(self) -> None:
         """Another user held the exporter's port at the start: take it once it is free."""
@@ -214,50 +235,18 @@ class Daemon:
                     # `listen` may need a name look-up
                     await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
-    def _status(self) -> dict:
-        """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives."""
-        at, snap = self._last_status
-        if time.monotonic() - at < _STATUS_FRESH:
-            return snap
-
-        async def gather() -> dict:
-            return snapshot.gather(self)
-        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
-        try:
-            snap = future.result(_STATUS_DEADLINE)
-            self._last_status = (time.monotonic(), snap)
-            return snap
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
-                               "gpuwarden_loop_lag_seconds on /metrics)") from None
-
-    def _guarded_devices(self) -> set[str]:
-        return set(self.config.guard.devices or (g.pci for g in self.inventory.gpus))
-
-    def _pci_changed(self) -> None:
-        """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
-        self.inventory.start_refresh().add_done_callback(lambda _: self.guard and self.guard.recheck.set())
-
     def _kernel_watch(self) -> KernelWatch:
-        watch = KernelWatch(self.config.kernel, self.xids.tap(self.hub, time.monotonic), self.store.cursor("journal"),
+        watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic),
+                            self.store.cursor("journal"),
                             live_since=self.started, gpus_behind=self.inventory.behind)
-        self.kernel = watch
+        self.current.built(kernel=watch)
         return watch
 
-    def _uevent_watch(self) -> UeventWatch:
-        self.uevents = UeventWatch(self.hub, self._guarded_devices, self._pci_changed)
-        return self.uevents
-
-    def summary(self) -> str:
-        gpus = len(self.inventory.gpus)
-        error = self.health.store_error
-        store = f"; STORE UNWRITABLE ({error})" if error else ""
-        uevents = f"; uevents unavailable ({self.uevents.unavailable})" if self.uevents and self.uevents.unavailable \
-            else ""
-        kernel = self.kernel.status if self.kernel else "none"
-        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}{store}{uevents}")
+    def _uevent_watch(self, guarded: Guarded) -> UeventWatch:
+        changed = PciChanged(self.inventory, self.current.guard)
+        watch = UeventWatch(self._outbox("uevents"), guarded.devices, changed.changed)
+        self.current.built(uevents=watch)
+        return watch
 
     async def reload(self) -> None:
         async with self._reload_lock:
@@ -282,12 +271,13 @@ class Daemon:
             await self.supervisor.stop()
             # a web config is read again at each reload: a renewed certificate or password takes effect
             exporter_changed = new.exporter != self.config.exporter or web is not None
-            self.config = new
-            self.health.config, self.actuator.cache, self.hub.hostname = new.daemon, new.cache, new.alerts.hostname
-            self.hub.incidents.keep = new.daemon.incidents_keep
+            self.settings.replace(new)
+            self.health.configure(new.daemon)
+            self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep)
             self.alerter.configure(new.alerts, targets)
             gone = set(self.engines.engines)
-            self._set_engines(self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml))
+            self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
+            self.actuator.configure(self.engines, new.cache)
             self.hub.unwatched(gone - set(self.engines.engines))
             if exporter_changed:
                 if self.exporter:
@@ -312,6 +302,127 @@ class Daemon:
             await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
         except (OSError, TimeoutError, Busy) as exc:
             log.error("cannot confirm the reload in %s: %s", state_dir, exc)
+
+
+class Settings:
+    """The configuration now, read by the parts that outlive a reload."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def replace(self, config: Config) -> None:
+        self.config = config
+
+
+class Status:
+    """The status page's snapshot, for the exporter's threads: gathered on the loop, where the state lives, from
+    the parts snapshot.gather reads (the daemon holds the exporter, so this holds the parts and not the daemon)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings, started: float, metrics: SelfMetrics,
+                 summary: Summary, health: Health, store_health: StoreHealth, current: Current, hub: Hub,
+                 recorder: FlightRecorder, inventory: GpuInventory, actuator: Actuator) -> None:
+        self._loop, self.settings, self.started, self.metrics, self.summary = loop, settings, started, metrics, summary
+        self.health, self.store_health, self.current, self.hub = health, store_health, current, hub
+        self.recorder, self.inventory, self.actuator = recorder, inventory, actuator
+        self._last: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
+
+    @property
+    def config(self) -> Config:
+        return self.settings.config
+
+    @property
+    def engines(self) -> EngineWatch:
+        return self.actuator.engines  # a reload's new watch (Actuator.configure)
+
+    def __call__(self) -> dict:
+        at, snap = self._last
+        if time.monotonic() - at < _STATUS_FRESH:
+            return snap
+
+        async def gather() -> dict:
+            return snapshot.gather(self)
+        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
+        try:
+            snap = future.result(_STATUS_DEADLINE)
+            self._last = (time.monotonic(), snap)
+            return snap
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
+                               "gpuwarden_loop_lag_seconds on /metrics)") from None
+
+
+class Current:
+    """The watches the supervisor built last (a restart builds a new one): for the summary and the status page."""
+
+    def __init__(self) -> None:
+        self.kernel: KernelWatch | None = None
+        self.uevents: UeventWatch | None = None
+        self.guard: GuardWatch | None = None
+
+    def built(self, **watches: KernelWatch | UeventWatch | GuardWatch | None) -> None:
+        for name, watch in watches.items():
+            setattr(self, name, watch)
+
+
+class Summary:
+    """The daemon's one-line state, for STATUS and the log."""
+
+    def __init__(self, inventory: GpuInventory, store_health: StoreHealth, supervisor: Supervisor,
+                 current: Current) -> None:
+        self.inventory, self.store_health, self.supervisor, self.current = inventory, store_health, supervisor, current
+
+    def __call__(self) -> str:
+        gpus = len(self.inventory.gpus)
+        error = self.store_health.error
+        store = f"; STORE UNWRITABLE ({error})" if error else ""
+        uevents = self.current.uevents
+        unavailable = f"; uevents unavailable ({uevents.unavailable})" if uevents and uevents.unavailable else ""
+        kernel = self.current.kernel.status if self.current.kernel else "none"
+        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
+                f"{self.supervisor.summary()}{store}{unavailable}")
+
+
+class Guarded:
+    """The GPUs the recovery guard keeps: the configured ones, else every GPU found."""
+
+    def __init__(self, config: GuardConfig, inventory: GpuInventory) -> None:
+        self.config, self.inventory = config, inventory
+
+    def devices(self) -> set[str]:
+        return set(self.config.devices or (g.pci for g in self.inventory.gpus))
+
+    def listed(self) -> list[str]:
+        return list(self.devices())
+
+
+class PciChanged:
+    """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
+
+    def __init__(self, inventory: GpuInventory, guard: GuardWatch | None) -> None:
+        self.inventory, self.guard = inventory, guard
+
+    def changed(self) -> None:
+        self.inventory.start_refresh().add_done_callback(self._recheck)
+
+    def _recheck(self, _) -> None:
+        if self.guard:
+            self.guard.recheck.set()
+
+
+class AlertContext:
+    """What an alert names besides its events: each GPU's index and model, the engines on each GPU."""
+
+    def __init__(self, recorder: FlightRecorder, inventory: GpuInventory, evidence: Evidence) -> None:
+        self.recorder, self.inventory, self.evidence = recorder, inventory, evidence
+        self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
+
+    def __call__(self) -> Context:
+        self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
+        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
+        engines = {v.name: v.gpus for v in self.evidence.views}
+        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
+                       engines)
 
 
 def _exit_now(why: str) -> None:

@@ -114,9 +114,8 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(metrics))
         ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
-        self._metrics_app = make_wsgi_app(self.registry)
-        self._status, self._incidents = status, incidents
         self._listen, self._port, self._web = listen, port, web or WebConfig()
+        self._pages = _Pages(make_wsgi_app(self.registry), status, incidents, self._web)
         self._server = None
         self._thread: threading.Thread | None = None
 
@@ -129,7 +128,7 @@ class Exporter:
                                     flags=socket.AI_PASSIVE)[0][0]
         server_class = type("Server", (_Server,), {"address_family": family, "tls": self._web.tls})
         try:
-            self._server = make_server(self._listen, self._port, self._app, server_class, _Handler)
+            self._server = make_server(self._listen, self._port, self._pages, server_class, _Handler)
         except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
             host = f"[{self._listen}]" if ":" in self._listen else self._listen
             raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
@@ -137,7 +136,22 @@ class Exporter:
         self._thread = threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True)
         self._thread.start()
 
-    def _app(self, environ: dict, start_response: Callable) -> list[bytes]:
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None
+
+
+class _Pages:
+    """The server's WSGI application (its own object: the server holds it, and it holds nothing of the server)."""
+
+    def __init__(self, metrics_app: Callable, status: Callable[[], dict] | None, incidents: Path | None,
+                 web: WebConfig) -> None:
+        self._metrics_app, self._status, self._incidents, self._web = metrics_app, status, incidents, web
+
+    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if not self._web.allows(environ.get("HTTP_AUTHORIZATION")):
             return _answer(start_response, "401 Unauthorized", "text/plain", b"unauthorized\n",
@@ -179,13 +193,6 @@ class Exporter:
         if data is None or len(data) > _MAX_PICTURE:
             return _answer(start_response, "404 Not Found", "text/plain", b"no picture (yet)\n")
         return _answer(start_response, "200 OK", _PICTURE_TYPE, data)
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = None
 
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'"  # its own style sheet and pictures only

@@ -9,13 +9,14 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from gpuwarden import conditions, families
 from gpuwarden.config import DaemonConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.sdnotify import Notifier
-from gpuwarden.store import QueuedStore, Store
+from gpuwarden.store import QueuedStore
 from gpuwarden.supervise import Supervisor
 
 log = logging.getLogger("gpuwarden")
@@ -33,26 +34,13 @@ class Loop:
         await self._body()
 
 
-class Health:
-    def __init__(self, config: DaemonConfig, sink: Sink, metrics: SelfMetrics, notifier: Notifier,
-                 summary: Callable[[], str]) -> None:
-        """`summary`: the daemon's one-line state, for STATUS. `config` is replaced on a reload."""
-        self.config, self.sink, self.metrics, self.notifier, self.summary = config, sink, metrics, notifier, summary
-        self.supervisor: Supervisor | None = None  # set by the daemon: the watchdog pings only while it is healthy
-        self.store: Store | QueuedStore | None = None
-        self.store_error: str | None = None  # why the store cannot be written now; None while it can
-        self.lag = 0.0
+class Components:
+    """The supervisor's reports: a component that failed is an event, each one's state two gauges."""
 
-    def loops(self) -> list[Loop]:
-        loops = [Loop("loop_lag", self.watch_loop_lag), Loop("status", self.report_status)]
-        if self.notifier.watchdog_seconds:
-            loops.append(Loop("watchdog", self.ping_watchdog))
-        return loops
-
-    # --- reported to -------------------------------------------------------------------------------
+    def __init__(self, sink: Sink, metrics: SelfMetrics) -> None:
+        self.sink, self.metrics = sink, metrics
 
     def crashed(self, name: str, exc: BaseException) -> None:
-        """The supervisor's report of a component that failed."""
         try:
             self.sink.record([Event("watchdog_error", Severity.WARNING, f"component {name} failed: {exc}",
                                     time.time(), evidence={"component": name, "error": repr(exc)})])
@@ -63,19 +51,49 @@ class Health:
         self.metrics.set(families.COMPONENT_UP, 1 if up else 0, name)
         self.metrics.set(families.COMPONENT_RESTARTS, restarts, name)
 
-    def store_health(self, error: str | None) -> None:
-        """Writing to the store started failing (`error`) or works again (None): one alert, one STATUS line."""
-        was, self.store_error = self.store_error, error
+
+class StoreHealth:
+    """The store's reports (called on the loop): writing started failing, or works again. `changed` wakes the
+    STATUS line (Health), which says it at once."""
+
+    def __init__(self, sink: Sink, metrics: SelfMetrics, path: Path) -> None:
+        self.sink, self.metrics, self.path = sink, metrics, path
+        self.error: str | None = None  # why the store cannot be written now; None while it can
+        self.changed = asyncio.Event()
+
+    def __call__(self, error: str | None) -> None:
+        was, self.error = self.error, error
         if error and not was:
             self.sink.record([Event("store_unwritable", Severity.WARNING,
                                     f"events cannot be stored: {error}. They are logged, alerted and acted on, kept "
                                     "in memory and written when the store works again", time.time(),
-                                    evidence={"error": error, "store": str(self.store.path)})])
+                                    evidence={"error": error, "store": str(self.path)})])
         elif was and not error:
             log.info("the store is written again")
-            self.sink.resolve(conditions.STORE, f"the store is written again ({self.config.state_dir})")
+            self.sink.resolve(conditions.STORE, f"the store is written again ({self.path.parent})")
         self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
-        self.notifier.status(self.summary())
+        self.changed.set()
+
+
+class Health:
+    def __init__(self, config: DaemonConfig, sink: Sink, metrics: SelfMetrics, notifier: Notifier,
+                 supervisor: Supervisor, store: QueuedStore, store_health: StoreHealth,
+                 summary: Callable[[], str]) -> None:
+        """`summary`: the daemon's one-line state, for STATUS. `config` is replaced on a reload."""
+        self.config, self.sink, self.metrics, self.notifier, self.summary = config, sink, metrics, notifier, summary
+        self.supervisor = supervisor  # the watchdog pings only while the supervisor is healthy
+        self.store, self.store_health = store, store_health
+        self.lag = 0.0
+
+    def configure(self, config: DaemonConfig) -> None:
+        """A reload's [daemon] settings."""
+        self.config = config
+
+    def loops(self) -> list[Loop]:
+        loops = [Loop("loop_lag", self.watch_loop_lag), Loop("status", self.report_status)]
+        if self.notifier.watchdog_seconds:
+            loops.append(Loop("watchdog", self.ping_watchdog))
+        return loops
 
     # --- the loops ---------------------------------------------------------------------------------
 
@@ -111,11 +129,14 @@ class Health:
 
     async def report_status(self) -> None:
         while True:
-            await asyncio.sleep(self.config.status_interval)
+            try:  # every status_interval, and at once when the store's health changes
+                await asyncio.wait_for(self.store_health.changed.wait(), self.config.status_interval)
+            except TimeoutError:
+                pass
+            self.store_health.changed.clear()
             self.notifier.status(self.summary())
-            if isinstance(self.store, QueuedStore):
-                self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
-                self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)
+            self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
+            self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)
 
     async def ping_watchdog(self) -> None:
         """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""

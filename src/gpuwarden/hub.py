@@ -1,44 +1,83 @@
-"""The hub: where every component's events go (it is the `model.Sink`). For each event the pure policy decides
-first, and the decision with its reasons goes into the event; the pure conditions and incidents say what it
-raised, resolved and which incident it belongs to; then it is stored, alerted, counted, logged, and the
-actuator carries out what the policy decided. The hub decides nothing itself and never waits: the store keeps
-what it cannot write yet."""
+"""The hub: the one consumer of the one queue every component reports on (reports.py). For each event the pure
+policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
+say what it raised, resolved and which incident it belongs to; then it is stored, alerted, counted, logged, and
+the actuator carries out what the policy decided (its outcomes come back on the queue). The hub decides nothing
+itself and never waits: the store keeps what it cannot write yet."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import replace
-from pathlib import Path
 
 from gpuwarden import conditions, families, incidents, logsetup, policy, report
+from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
+from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.model import Event, Severity
+from gpuwarden.reports import Report
 from gpuwarden.store import QueuedStore, Store
 
 log = logging.getLogger("gpuwarden")
 
+_ROWS_KEPT = 10_000  # reported events whose row a later storm count may name
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
 
 
+class Evidence:
+    """What the hub was told of the host, for the policy, incident bundles and alerts (read on the loop): the
+    recent kernel lines, the engines as the engine watch last reported them (views, last scrapes), with the
+    recorder's telemetry; and where an incident is saved."""
+
+    def __init__(self, store: Store | QueuedStore, recorder: FlightRecorder, metrics: SelfMetrics,
+                 hostname: str, views: list[policy.EngineView] | None = None) -> None:
+        """`views`: the configured engines before the engine watch's first report (a fault may come first)."""
+        self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
+        self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
+        self.views: list[policy.EngineView] = views or []
+        self.samples: dict[str, dict] = {}
+
+    def save(self, row: dict, open_incidents: Iterable[incidents.Incident]) -> None:
+        """An incident opened, changed or closed: stored, and the gauge of the open ones (one alert each)."""
+        self.store.save_incident(row)
+        self.metrics.replace(families.INCIDENT, {
+            (i.id, i.kind, ",".join(sorted(i.gpus)), ",".join(sorted(i.engines))): 1.0 for i in open_incidents})
+
+    def gather(self, trigger: Event, trigger_id: int, opened: float) -> dict:
+        """An incident bundle's content, gathered now (on the loop: the recorder and the lines live here)."""
+        since = opened - report.BEFORE
+        events = self.store.events(since=since)
+        telemetry = {gpu: self.recorder.history(gpu) for gpu in self.recorder.latest()}
+        lines = [line for line in self.lines if line[0] >= since]
+        content = report.bundle(report.row(trigger, trigger_id), events, lines, telemetry, self.samples,
+                                self.hostname)
+        content["conditions"] = self.store.condition_changes(since)  # what was wrong, and when it ended
+        return content
+
+
 class Hub:
-    def __init__(self, metrics: SelfMetrics, recorder: FlightRecorder, situation: Callable[[], policy.Situation],
-                 act: Callable[[policy.Action, Event], None], incidents_dir: Path, hostname: str,
-                 incidents_keep: int = report.KEEP) -> None:
-        """`situation`: what the policy needs besides the event (engine views, GPUs seen, now), read afresh
-        for each batch; `act`: the actuator, which carries out each action the policy returns."""
-        self.metrics, self.recorder, self.situation, self.act = metrics, recorder, situation, act
-        self.hostname = hostname
-        self.store: Store | QueuedStore | None = None  # set by the daemon once the loop runs
-        self.alerter: Alerter | None = None
-        self.engine_samples: Callable[[], dict[str, dict]] = dict
-        self.recent_lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
-        self.incidents = report.Incidents(incidents_dir, self._incident, self._save_incident, keep=incidents_keep)
+    def __init__(self, reports: asyncio.Queue[Report], store: Store | QueuedStore, alerter: Alerter | None,
+                 actuator: Actuator, inventory: GpuInventory, incidents: report.Incidents, evidence: Evidence,
+                 metrics: SelfMetrics, dry_run: bool) -> None:
+        """`reports`: the one queue every component's outbox puts on; the hub is its only consumer. The
+        situation the policy decides in is the hub's own: the engines as the engine watch last reported them,
+        the GPUs seen (the inventory), `now` as each report is handled, and `dry_run` ([cache] dry_run, or
+        on_crash_loop = "alert"; a reload passes the new one through `configure`); `evidence`: what incident
+        bundles hold, fed here (kernel lines, engine scrapes)."""
+        self.reports, self.store, self.alerter, self.actuator = reports, store, alerter, actuator
+        self.inventory, self.incidents, self.evidence, self.metrics = inventory, incidents, evidence, metrics
+        self.dry_run = dry_run
+        self._rows: OrderedDict[tuple[str, int], int] = OrderedDict()  # an outbox's reference -> its stored row
         self.conditions: conditions.State = {}
+
+    def configure(self, hostname: str, dry_run: bool, incidents_keep: int) -> None:
+        """A reload's new settings."""
+        self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
 
     def load(self, now: float) -> None:
         """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart)."""
@@ -54,13 +93,49 @@ class Hub:
         self.conditions, changes = conditions.unwatched(self.conditions, engines, now)
         self._changed(changes, now)
 
-    # --- model.Sink -------------------------------------------------------------------------------
+    # --- the one consumer of the queue -------------------------------------------------------------
 
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
+    async def run(self) -> None:
+        """Drain the queue for ever. Handling a report awaits nothing: one that fails is logged and the next
+        goes on (a bug in one event must not stop every later fault)."""
+        while True:
+            self._handle_logged(await self.reports.get(), act=True)
+
+    def drain(self) -> None:
+        """At stop: what is still queued is stored, counted and logged, and not acted on (the loop ends)."""
+        while not self.reports.empty():
+            self._handle_logged(self.reports.get_nowait(), act=False)
+
+    def _handle_logged(self, told: Report, act: bool) -> None:
+        try:
+            self.handle(told, time.monotonic(), act)
+        except Exception:
+            log.exception("the hub could not handle a report of %s", told.source)
+
+    def handle(self, told: Report, now: float, act: bool = True) -> None:
+        """One report, its parts in their order (reports.Report)."""
+        self.evidence.lines.extend(told.lines)
+        if told.engines is not None:
+            self.evidence.views, self.evidence.samples = told.engines, told.samples or {}
+        if told.events or told.cursor:
+            self._record(told.events, told.refs, told.cursor, now, act)
+        for ref, event in told.recounts:
+            if (row := self._rows.get(ref)) is not None:
+                self.store.set_count(row, event.count)
+                if self.alerter:
+                    self.alerter.repeated(event)
+        for resolution in told.resolved:
+            wall = time.time()
+            self.conditions, changes = conditions.resolve(self.conditions, resolution.key, resolution.message,
+                                                          wall, resolution.cures)
+            self._changed(changes, wall)
+
+    def _record(self, events: list[Event], refs: list[tuple[str, int]], cursor: tuple[str, str] | None,
+                now: float, act: bool) -> None:
         """Decide first (the decision and its reason go into the stored event), then change the conditions,
         join the incidents, store (with the source's cursor), alert, export, log, and act. The store never
         refuses and never waits: what it cannot write yet it keeps and retries."""
-        situation = self.situation()
+        situation = policy.Situation(self.evidence.views, frozenset(self.inventory.seen), now, self.dry_run)
         engine_gpus = {view.name: view.gpus for view in situation.engines}
         decided, changes = [], []
         for event in events:
@@ -77,6 +152,7 @@ class Hub:
             changes += changed
         events = [e for e, *_ in decided]
         ids = self.store.add_events(events, cursor)
+        self._remember(refs, ids)
         for (_, _, changed, incident), event_id in zip(decided, ids, strict=True):
             if incident:
                 self.incidents.stored(event_id, incident)
@@ -90,36 +166,15 @@ class Hub:
             self.metrics.inc(counter, event.kind, str(event.severity), by=event.count)
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
-            for action in actions:
-                self.act(action, event)
-        return ids
+            for action in actions if act else ():
+                self.actuator.execute(action, event)
 
-    def set_count(self, row_id: int, event: Event) -> None:
-        """A stored event's storm closed at `event.count` lines."""
-        self.store.set_count(row_id, event.count)
-        if self.alerter:
-            self.alerter.repeated(event)
-
-    def resolve(self, key: conditions.Key, message: str, cures: frozenset[str] | None = None) -> None:
-        now = time.time()
-        self.conditions, changes = conditions.resolve(self.conditions, key, message, now, cures)
-        self._changed(changes, now)
-
-    def count(self, family: families.Family, *labels: str, by: float = 1) -> None:
-        if by:
-            self.metrics.inc(family, *labels, by=by)
-
-    def metric(self, family: families.Family, value: float, *labels: str) -> None:
-        self.metrics.set(family, value, *labels)
-
-    def replace_series(self, family: families.Family, series: dict[tuple[str, ...], float]) -> None:
-        self.metrics.replace(family, series)
-
-    def polled(self, source: str) -> None:
-        self.metrics.set(families.SOURCE_LAST_SUCCESS, time.time(), source)
-
-    def kernel_lines(self, now: float, texts: list[str]) -> None:
-        self.recent_lines.extend((now, text) for text in texts)
+    def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
+        """Which row each reported event became, for a storm's final count reported later by its reference;
+        the oldest are forgotten (a burst ends within its max_burst, long before)."""
+        self._rows.update(zip(refs, ids, strict=False))
+        while len(self._rows) > _ROWS_KEPT:
+            self._rows.popitem(last=False)
 
     # --- conditions -------------------------------------------------------------------------------
 
@@ -149,23 +204,3 @@ class Hub:
 
     def _export_conditions(self) -> None:
         self.metrics.replace(families.CONDITION, conditions.series(self.conditions))
-
-    # --- incident bundles -------------------------------------------------------------------------
-
-    def _save_incident(self, row: dict) -> None:
-        """An incident opened, changed or closed: stored, and the gauge of the open ones (one alert each)."""
-        self.store.save_incident(row)
-        self.metrics.replace(families.INCIDENT, {
-            (i.id, i.kind, ",".join(sorted(i.gpus)), ",".join(sorted(i.engines))): 1.0
-            for i in self.incidents.open.values()})
-
-    def _incident(self, trigger: Event, trigger_id: int, opened: float) -> dict:
-        """An incident bundle's content, gathered now (on the loop: the recorder and the lines live here)."""
-        since = opened - report.BEFORE
-        events = self.store.events(since=since)
-        telemetry = {gpu: self.recorder.history(gpu) for gpu in self.recorder.latest()}
-        lines = [line for line in self.recent_lines if line[0] >= since]
-        content = report.bundle(report.row(trigger, trigger_id), events, lines, telemetry, self.engine_samples(),
-                                self.hostname)
-        content["conditions"] = self.store.condition_changes(since)  # what was wrong, and when it ended
-        return content

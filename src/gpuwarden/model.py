@@ -139,29 +139,32 @@ class GpuSample:
 
 
 class Sink(Protocol):
-    """The one interface every component reports through; the hub implements it. Components only emit: batches
-    of events (with the cursor of the source that read them), a storm's final count, a condition that ended,
-    counts and gauges. A condition a component sees end without an event (an engine answers again) is resolved
-    by its key (conditions.py); `cures`: the event kinds that observation cures (None: any). What is stored,
-    alerted and done about them is the hub's and the policy's business."""
+    """The one interface every component reports through: its own `reports.Outbox`, which puts what it said in one
+    step on the one queue the hub drains, and writes its metrics to its own handles. Components only emit, and
+    never wait for an answer: batches of events (with the cursor of the source that read them; `record` returns
+    the outbox's own references for them), a storm's final count (by that reference), a condition that ended,
+    the engines watched, counts and gauges. A condition a component sees end without an event (an engine answers
+    again) is resolved by its key (conditions.py); `cures`: the event kinds that observation cures (None: any).
+    What is stored, alerted and done about them is the hub's and the policy's business."""
 
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]: ...
-    def set_count(self, row_id: int, event: Event) -> None: ...
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[tuple[str, int]]: ...
+    def set_count(self, ref: tuple[str, int], event: Event) -> None: ...
     def resolve(self, key: ConditionKey, message: str, cures: frozenset[str] | None = None) -> None: ...
     def count(self, family: Family, *labels: str, by: float = 1) -> None: ...
     def metric(self, family: Family, value: float, *labels: str) -> None: ...
     def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None: ...
     def polled(self, source: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
+    def engines(self, views: list, samples: dict[str, dict]) -> None: ...
 
 
 class NullSink:
     """For one-off readings (`gpuwarden status`, benchmarks): events and metrics go nowhere."""
 
-    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[int]:
-        return [0] * len(events)
+    def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[tuple[str, int]]:
+        return [("null", 0)] * len(events)
 
-    def set_count(self, row_id: int, event: Event) -> None:
+    def set_count(self, ref: tuple[str, int], event: Event) -> None:
         pass
 
     def resolve(self, key: ConditionKey, message: str, cures: frozenset[str] | None = None) -> None:
@@ -180,4 +183,7 @@ class NullSink:
         pass
 
     def kernel_lines(self, now: float, texts: list[str]) -> None:
+        pass
+
+    def engines(self, views: list, samples: dict[str, dict]) -> None:
         pass

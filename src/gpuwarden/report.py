@@ -77,14 +77,14 @@ def _point(s: GpuSample) -> dict[str, Any]:
 
 class Incidents:
     """The incidents' edge: groups live events into incidents (incidents.py decides), names each member event's
-    incident, saves each incident as it changes (`save`, called once `open` holds the change), and writes its
+    incident, saves each incident as it changes (`save(row, open incidents)`), and writes its
     bundle after SETTLE, once more when WINDOW has passed, and a last time when it closes, each time followed by
     a fresh picture. Incidents loaded at a start close on the condition changes (or the events) that come; their
     bundles are not written again."""
 
     def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
-                 save: Callable[[dict[str, Any]], None], settle: float = SETTLE, window: float = WINDOW,
-                 keep: int = KEEP) -> None:
+                 save: Callable[[dict[str, Any], Iterable[incidents.Incident]], None], settle: float = SETTLE,
+                 window: float = WINDOW, keep: int = KEEP) -> None:
         self.folder, self.gather, self.save = folder, gather, save
         self.settle, self.window, self.keep = settle, window, keep
         self.open: dict[str, incidents.Incident] = {}
@@ -100,7 +100,7 @@ class Incidents:
             incident = incidents.settle(incidents.from_row(row, open_keys), [], now, self.window)
             if incident.closed is None:
                 self.open[incident.id] = incident
-            self.save(incident.row())
+            self.save(incident.row(), self.open.values())
 
     def offer(self, event: Event, raised: list[Key], decisions: list[dict[str, Any]],
               engine_gpus: dict[str, frozenset[str] | None]) -> str | None:
@@ -121,7 +121,7 @@ class Incidents:
             task.add_done_callback(self._tasks.discard)
         self.open[incident.id] = self._latest[incident.id] = incident
         if incidents.grew(before, incident):  # not for each line of a storm
-            self.save(incident.row())
+            self.save(incident.row(), self.open.values())
         return incident.id
 
     def stored(self, event_id: int, incident_id: str) -> None:
@@ -146,7 +146,7 @@ class Incidents:
                 self._by_event = {i: p for i, p in self._by_event.items() if p != incident_id}
                 if closed := self._closed.get(incident_id):
                     closed.set()
-            self.save(settled.row())
+            self.save(settled.row(), self.open.values())
 
     def folder_for(self, event_ids: list[int]) -> Path | None:
         """The incident that these events belong to (an alert names it or attaches its picture)."""

@@ -1,5 +1,5 @@
 """The daemon's state as one plain, JSON-ready dict: what the status page, /status.json and `gpuwarden status`
-show. Built on the event loop, where that state lives (the exporter's threads ask for it through the daemon), from
+show. Built on the event loop, where that state lives (the exporter's threads ask for it through daemon.Status), from
 what the components already hold: nothing is read from disk or from a GPU here.
 
 Times are wall-clock seconds; an engine's monotonic times are turned into wall-clock ones once, here.
@@ -17,7 +17,7 @@ from gpuwarden.logsetup import redact
 
 
 def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
-    """`daemon`: a running daemon.Daemon (duck-typed: this module sits beside it, not above it)."""
+    """`daemon`: a running daemon's parts, daemon.Status (duck-typed: this module sits beside it, not above it)."""
     now = time.time() if now is None else now
     metrics = daemon.metrics.snapshot()
     return {
@@ -28,7 +28,7 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
         "started": now - (time.monotonic() - daemon.started),
         "summary": daemon.summary(),
         "loop_lag_seconds": round(daemon.health.lag, 3),
-        "store_error": daemon.health.store_error,
+        "store_error": daemon.store_health.error,
         "sources": _sources(daemon, metrics),
         "components": _components(metrics),
         "gpus": _gpus(daemon),
@@ -46,9 +46,9 @@ def _sources(daemon: Any, metrics: dict) -> list[dict[str, Any]]:
     """Each source that says whether it is up; its last success is polled under its own name or, for the kernel
     log, under each reader it used (kernel_kmsg, kernel_journal, kernel_file): the latest of those."""
     up, last = metrics.get(f.SOURCE_UP.name, {}), metrics.get(f.SOURCE_LAST_SUCCESS.name, {})
-    kernel = daemon.kernel
+    kernel, uevents = daemon.current.kernel, daemon.current.uevents
     details = {"kernel": kernel.status if kernel else "not started",
-               "uevents": (daemon.uevents.unavailable or "netlink") if daemon.uevents else "not started"}
+               "uevents": (uevents.unavailable or "netlink") if uevents else "not started"}
     rows = []
     for name in sorted({labels[0] for labels in up} | {"kernel"}):
         ok = up.get((name,))

@@ -47,18 +47,20 @@ class Supervisor:
         self._states: dict[str, _State] = {}
         self._stopping = False
 
-    def start(self, name: str, factory: Callable[[], Component]) -> None:
-        """`factory` builds a fresh component for every (re)start, so a restart never reuses broken state."""
+    def start(self, name: str, factory: Callable[[], Component] | Component) -> None:
+        """`factory` builds a fresh component for every (re)start, so a restart never reuses broken state; a
+        component itself (it has `run`) is run again as it is: one whose state must outlive a restart."""
         self._stopping = False
         self._states[name] = _State()
         self._tasks[name] = asyncio.create_task(self._keep_running(name, factory), name=name)
 
-    async def _keep_running(self, name: str, factory: Callable[[], Component]) -> None:
+    async def _keep_running(self, name: str, factory: Callable[[], Component] | Component) -> None:
         state, delay = self._states[name], self.backoff
         while True:
             started = time.monotonic()
             try:
-                component = factory()
+                built = isinstance(factory, type) or not hasattr(factory, "run")  # a class is a factory too
+                component = factory() if built else factory
                 self._set(name, state, True)
                 await component.run()
                 log.info("component %s finished", name)

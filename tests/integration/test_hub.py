@@ -1,17 +1,18 @@
 """The hub and the actuator in this process, with a real store and a running loop: an event is stored before
-the policy sees it, and what the actuator does (or may not do) comes back as an event of its own."""
+the policy sees it, and what the actuator does (or may not do) comes back on the queue as an event of its own."""
 
 import asyncio
 import os
 import time
 
-from gpuwarden import policy
+from gpuwarden import policy, report
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.config import CacheConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.hub import Hub
+from gpuwarden.hub import Evidence, Hub
 from gpuwarden.model import Event, Severity
+from gpuwarden.reports import Outbox, Report
 from gpuwarden.store import Store
 
 GPU = "ffff:fe:1f.7"
@@ -25,12 +26,32 @@ class OwnUser:
         return os.getuid()
 
 
+class Seen:
+    """The inventory's GPUs seen since start: a made-up ffff domain GPU, which no sysfs here has."""
+
+    seen = frozenset({GPU})
+
+
 def hub_for(tmp_path, engines: list[policy.EngineView]) -> Hub:
-    hub = Hub(SelfMetrics(), FlightRecorder(), lambda: policy.Situation(engines, frozenset({GPU}), 1000.0),
-              lambda action, event: actuator.execute(action, event), tmp_path / "incidents", "test")
-    actuator = Actuator(hub, OwnUser(), CacheConfig(dirs=[tmp_path / "cache"]))
-    hub.store = Store(tmp_path / "gpuwarden.db")
+    reports, metrics, store = asyncio.Queue(), SelfMetrics(), Store(tmp_path / "gpuwarden.db")
+    actuator = Actuator(Outbox("actuator", reports, metrics), OwnUser(), CacheConfig(dirs=[tmp_path / "cache"]))
+    evidence = Evidence(store, FlightRecorder(), metrics, "test")
+    incidents = report.Incidents(tmp_path / "incidents", evidence.gather, evidence.save)
+    hub = Hub(reports, store, None, actuator, Seen(), incidents, evidence, metrics, dry_run=False)
+    hub.handle(Report("engines", engines=engines), 1000.0)  # the engine watch's report, as it comes
     return hub
+
+
+def record(hub: Hub, events: list[Event]) -> None:
+    """A component's report of these events, handled at the policy's time 1000.0 (the kill budgets' clock)."""
+    hub.handle(Report("test", events=events, refs=[("test", i) for i in range(len(events))]), 1000.0)
+
+
+async def consumed(hub: Hub, seconds: float) -> None:
+    """Let the actuator's outcomes come back through the queue for a while."""
+    consumer = asyncio.create_task(hub.run())
+    await asyncio.sleep(seconds)
+    consumer.cancel()
 
 
 def stall(engine: str) -> Event:
@@ -41,9 +62,9 @@ def test_a_kill_past_the_budget_is_stored_then_refused_for_a_person(tmp_path):
     hub = hub_for(tmp_path, [policy.EngineView("e", None, "kill", "kill", kill_budget=2, kills=(990.0, 995.0))])
 
     async def scenario():
-        [event_id] = hub.record([stall("e")])
-        assert [e["id"] for e in hub.store.events()] == [event_id]  # stored before anything is done
-        await asyncio.sleep(0.1)
+        record(hub, [stall("e")])
+        assert [e["kind"] for e in hub.store.events()] == ["engine_stall"]  # stored before anything is done
+        await consumed(hub, 0.1)
 
     asyncio.run(scenario())
     first, refused = hub.store.events()
@@ -61,8 +82,8 @@ def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path)
                              policy.EngineView("quiet", None, "alert", "alert")])
 
     async def scenario():
-        hub.record([stall("e").as_history(), stall("quiet")])
-        await asyncio.sleep(0.1)
+        record(hub, [stall("e").as_history(), stall("quiet")])
+        await consumed(hub, 0.1)
 
     asyncio.run(scenario())
     assert [e["kind"] for e in hub.store.events()] == ["engine_stall", "engine_stall"]
@@ -77,9 +98,9 @@ def test_a_crash_loop_moves_the_poisoned_cache_aside_and_says_so(tmp_path):
     hub = hub_for(tmp_path, [policy.EngineView("e", None, "kill", "kill")])  # an engine root may act for
 
     async def scenario():
-        hub.record([Event("engine_crash_loop", Severity.WARNING, "e exited 3 times", 1.0, engine="e")])
+        record(hub, [Event("engine_crash_loop", Severity.WARNING, "e exited 3 times", 1.0, engine="e")])
         for _ in range(100):
-            await asyncio.sleep(0.05)
+            await consumed(hub, 0.05)
             if len(hub.store.events()) > 1:
                 break
 
@@ -98,8 +119,8 @@ def test_a_stranger_s_fault_is_stored_with_the_reason_it_was_not_acted_on(tmp_pa
     stranger = Event("ring_timeout", Severity.CRITICAL, "ring timeout", 1.0, gpu="ffff:fe:00.0")
 
     async def scenario():
-        hub.record([fault, stranger])
-        await asyncio.sleep(0.05)
+        record(hub, [fault, stranger])
+        await consumed(hub, 0.05)
 
     asyncio.run(scenario())
     stored = {e["kind"]: e["evidence"] for e in hub.store.events()}
@@ -121,16 +142,16 @@ def test_a_stall_its_kill_and_the_engine_s_return_are_one_incident_and_stored_co
     gauge = "gpuwarden_condition"
 
     async def scenario():
-        hub.record([stall])
+        record(hub, [stall])
         assert hub.metrics.snapshot()[gauge] == {("engine_stalled", "vllm", GPU, "vllm"): 1}
         hub.metrics.set("gpuwarden_engine_stalled", 1, "vllm")  # as the engine watch says it
         hub.metrics.set("gpuwarden_engine_requests_running", 4, "vllm")
-        hub.record([killed])
+        record(hub, [killed])
         snapshot = hub.metrics.snapshot()
         assert snapshot[gauge] == {("engine_down", "vllm", GPU, "vllm"): 1}
         assert snapshot["gpuwarden_engine_stalled"] == {("vllm",): 0}  # at once, not at the next scrape
         assert snapshot["gpuwarden_engine_requests_running"] == {}  # a dead engine runs nothing
-        hub.record([back])
+        record(hub, [back])
         assert hub.metrics.snapshot()[gauge] == {}
         await asyncio.sleep(0.05)
 
@@ -145,3 +166,20 @@ def test_a_stall_its_kill_and_the_engine_s_return_are_one_incident_and_stored_co
     assert row["id"] == incident and row["engines"] == ["vllm"] and row["conditions"] == []
     assert row["done"][0] == "vllm killed"  # what gpuwarden did (the return is one too, once it is an outcome)
     assert [d["action"] for d in row["decisions"]] == ["alert_only"]
+
+
+def test_a_storm_s_final_count_arrives_by_the_outbox_s_reference(tmp_path):
+    """The kernel watch never learns a row id: it reports a storm's final count by the reference its outbox gave
+    the first line's event, and the stored event takes the count."""
+    hub = hub_for(tmp_path, [])
+    out = Outbox("kernel", hub.reports, hub.metrics)
+    first = Event("page_fault", Severity.CRITICAL, "page fault", 1.0, gpu=GPU)
+
+    async def scenario():
+        [ref] = out.record([first], ("kmsg", "c1"))
+        out.set_count(ref, Event(first.kind, first.severity, first.message, first.time, first.gpu, count=48))
+        await consumed(hub, 0.05)
+
+    asyncio.run(scenario())
+    [stored] = hub.store.events()
+    assert (stored["kind"], stored["count"]) == ("page_fault", 48)

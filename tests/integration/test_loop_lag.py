@@ -4,15 +4,11 @@ import asyncio
 import threading
 import time
 
-from gpuwarden.config import parse
-from gpuwarden.daemon import Daemon
-from gpuwarden.sdnotify import Notifier
-from gpuwarden.store import Store
+from inprocess import daemon_in, running
 
 
 def test_the_lag_gauge_grows_during_a_block(tmp_path):
-    daemon = Daemon(parse(f'[daemon]\nstate_dir = "{tmp_path}"\n'), None, Notifier({}))
-    daemon.hub.store = Store(tmp_path / "gpuwarden.db")
+    daemon = daemon_in(tmp_path)
     during: list[float] = []
     blocking = threading.Event()
 
@@ -22,14 +18,13 @@ def test_the_lag_gauge_grows_during_a_block(tmp_path):
         during.append(daemon.metrics.snapshot()["gpuwarden_loop_lag_seconds"][()])
 
     async def scenario():
-        watcher = asyncio.create_task(daemon.health.watch_loop_lag())
-        await asyncio.sleep(1.2)
-        reader = threading.Thread(target=sample)
-        reader.start()
-        blocking.set()
-        time.sleep(3.0)  # a blocking call on the loop, as a hung read would be
-        reader.join()
-        watcher.cancel()
+        async with running(daemon):
+            await asyncio.sleep(1.2)
+            reader = threading.Thread(target=sample)
+            reader.start()
+            blocking.set()
+            time.sleep(3.0)  # a blocking call on the loop, as a hung read would be
+            reader.join()
 
     asyncio.run(scenario())
     assert during[0] >= 1.0  # 2 s into a 3 s block, less the probe interval

@@ -52,10 +52,10 @@ def test_a_burst_closed_by_the_next_line_is_reported_grown_too():
 
     def stored(bursts, flushed):
         for burst in bursts + flushed.new:
-            burst.row_id = len(rows)
-            rows[burst.row_id] = burst.event.count  # stored as it was recorded: one line
+            burst.ref = len(rows)
+            rows[burst.ref] = burst.event.count  # stored as it was recorded: one line
         for burst in flushed.grown:
-            rows[burst.row_id] = burst.final.count
+            rows[burst.ref] = burst.final.count
 
     for batch in range(50):  # 2,000 lines a batch, 2 log seconds of them, 0.04 s apart on the reader's clock
         bursts = [b for i in range(batch * 2000, (batch + 1) * 2000)

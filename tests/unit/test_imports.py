@@ -6,7 +6,7 @@ down these layers, and never in a cycle. A package may import others of its own 
     the event path  hub (stores, alerts, asks the policy), health
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
-    decisions       policy: pure, events and plain views in, typed actions out
+    decisions       policy: pure, events and plain views in, typed actions out; reports (the one queue)
     foundation      model, kinds, enginekinds (one module per engine kind), config, store, report, timeline,
                     exporter, and small helpers
 
@@ -25,7 +25,7 @@ LAYERS = [
     {"gpuwarden", "model", "kinds", "enginekinds", "families", "config", "store", "report", "timeline", "exporter",
      "logsetup", "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage",
      "registry", "webconfig"},
-    {"policy"},
+    {"policy", "reports"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
     {"hub", "health"},
@@ -132,3 +132,16 @@ def test_only_model_defines_a_sink_and_the_daemon_handles_no_event():
     assert methods.isdisjoint({"record", "resolve", "set_count", "count", "metric", "_act", "kernel_lines"})
     made = {node.func.id for node in ast.walk(daemon) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert "Event" not in made  # the daemon makes no event of its own
+
+
+def test_the_daemon_wires_without_lambdas_or_later_assignments():
+    """daemon.py builds each part with what it uses: no lambda stands between two parts, and nothing is assigned
+    into a part afterwards (`self.part.attr = ...`); a part that changes on a reload has its own `configure`.
+    The running graph itself is walked for cycles in tests/integration/test_object_graph.py."""
+    daemon = ast.parse((SRC / "daemon.py").read_text())
+    assert [node.lineno for node in ast.walk(daemon) if isinstance(node, ast.Lambda)] == []
+    targets = [t for node in ast.walk(daemon) if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign)
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    into_parts = [ast.unparse(t) for target in targets for t in ast.walk(target)
+                  if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute)]
+    assert into_parts == []

@@ -59,6 +59,10 @@ class Actuator:
         self._tasks: set[asyncio.Task] = set()
         self._acting: set[str] = set()  # engines being killed (and restarted) now: one at a time each
 
+    def configure(self, engines: Engines, cache: CacheConfig) -> None:
+        """A reload's engine watch and settings."""
+        self.engines, self.cache = engines, cache
+
     def execute(self, action: policy.Action, event: Event) -> None:
         if isinstance(action, policy.Kill):
             self._background(self._kill(action))

@@ -172,6 +172,7 @@ class EngineWatch:
                                                       for n, s in self.engines.items()})
 
     async def run(self) -> None:
+        self.sink.engines(self.views(), self.samples())
         async with asyncio.TaskGroup() as tasks:
             self._tasks = tasks
             for state in self.engines.values():
@@ -201,6 +202,7 @@ class EngineWatch:
         look = lc.Look(time.monotonic(), sample, state.instance if looked else None, is_spinning(state.cpus))
         changes = state.lifecycle.observe(look)
         self._export(state, sample)
+        self.sink.engines(self.views(), self.samples())  # the hub's situation for the events that follow
         await self._carry_out(state, changes, error)
 
     async def _scrape(self, state: EngineState) -> tuple[EngineSample | None, str]:

@@ -95,14 +95,15 @@ PROCESS_WAIT = 0.002
 
 @dataclass
 class Burst:
-    """One event standing for a burst of lines; `row_id` is set by whoever stores the event."""
+    """One event standing for a burst of lines; `ref` is what the sink called the event when
+    it was reported (its final count is reported by it)."""
 
     event: Event
     first: float  # log time
     last: float  # log time
     arrived: float  # caller's time of the latest line
     count: int = 1
-    row_id: int | None = None
+    ref: tuple[str, int] | None = None
     boot: str | None = None  # the boot its line was logged in, where the source says (a journal's catch-up)
 
     @property

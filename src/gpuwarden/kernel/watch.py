@@ -145,12 +145,12 @@ class KernelWatch:
                     cursor = None  # a position alone is saved at most every CURSOR_EVERY; with events, always
                 if events or cursor:
                     saved_at = now if cursor else saved_at
-                    ids = sink.record(events, (source.name, cursor) if cursor else None)
-                    for burst, row_id in zip(bursts, ids, strict=True):
-                        burst.row_id = row_id
+                    refs = sink.record(events, (source.name, cursor) if cursor else None)
+                    for burst, ref in zip(bursts, refs, strict=True):
+                        burst.ref = ref
                 for burst in flushed.grown:
-                    if burst.row_id is not None:
-                        sink.set_count(burst.row_id, burst.final)
+                    if burst.ref is not None:
+                        sink.set_count(burst.ref, burst.final)
                 sink.count(families.KERNEL_LINES, source.name, by=source.lines - seen_lines)
                 sink.count(families.KERNEL_LINES_MALFORMED, source.name,
                            by=source.malformed - seen_malformed)

@@ -1,0 +1,58 @@
+"""Reports on one queue: what a component says in one step of the loop is one report, in the order it said it;
+the queue never drops one and never makes a component wait."""
+
+import asyncio
+
+from gpuwarden import conditions
+from gpuwarden.exporter import SelfMetrics
+from gpuwarden.model import Event, Severity
+from gpuwarden.reports import Outbox
+
+
+def fault(n: int) -> Event:
+    return Event("page_fault", Severity.CRITICAL, f"fault {n}", float(n), gpu="ffff:fe:1f.7")
+
+
+def test_one_step_of_the_loop_is_one_report_in_the_order_said():
+    queue: asyncio.Queue = asyncio.Queue()
+    out = Outbox("kernel", queue, SelfMetrics())
+
+    async def scenario():
+        out.kernel_lines(1.0, ["a line"])
+        refs = out.record([fault(1), fault(2)], ("kmsg", "c1"))
+        out.set_count(refs[0], fault(1))
+        out.resolve(conditions.STORE, "written again")
+        assert queue.empty()  # put at the loop's next turn, not while the component runs
+        out.record([fault(3)])  # events after a resolution: the first report goes, this one starts a second
+        assert queue.qsize() == 1
+        await asyncio.sleep(0)
+        return refs
+
+    refs = asyncio.run(scenario())
+    first, second = queue.get_nowait(), queue.get_nowait()
+    assert queue.empty()
+    assert refs == [("kernel", 1), ("kernel", 2)]  # the outbox's own numbers: no answer from the hub
+    assert (first.lines, [e.message for e in first.events], first.cursor) == ([(1.0, "a line")],
+                                                                            ["fault 1", "fault 2"], ("kmsg", "c1"))
+    assert [ref for ref, _ in first.recounts] == [("kernel", 1)] and first.resolved[0].key == conditions.STORE
+    assert [e.message for e in second.events] == ["fault 3"] and second.refs == [("kernel", 3)]
+
+
+def test_nothing_is_dropped_when_no_one_consumes():
+    queue: asyncio.Queue = asyncio.Queue()
+    out = Outbox("kernel", queue, SelfMetrics())
+    for n in range(20_000):
+        out.record([fault(n)])
+        out.flush()
+    assert queue.qsize() == 20_000
+
+
+def test_metrics_go_to_the_component_s_own_handles_not_the_queue():
+    queue: asyncio.Queue = asyncio.Queue()
+    metrics = SelfMetrics()
+    out = Outbox("kernel", queue, metrics)
+    out.count("gpuwarden_kmsg_overruns_total", by=2)
+    out.metric("gpuwarden_source_up", 1, "kernel")
+    out.flush()
+    assert queue.empty()
+    assert metrics.snapshot()["gpuwarden_kmsg_overruns_total"] == {(): 2}
