@@ -240,6 +240,15 @@ CANARIES = {
          ("answer", OK)],
         [[], ["IdleCanaryDue"], ["CanaryUnanswered"], [], ["IdleCanaryDue"], [], [], ["IdleCanaryDue"],
          ["CompletesAgain"]]),
+    "an idle canary runs beside the scrapes: while one is out no second is asked": (
+        {"idle_canary_every": 10.0},
+        [("look", 0, sample(0, 7)), ("look", 10, sample(0, 7)), ("look", 20, sample(0, 7)),
+         ("look", 30, sample(0, 7)), ("answer", TIMEOUT), ("look", 40, sample(0, 7)), ("look", 50, sample(0, 7))],
+        [[], ["IdleCanaryDue"], [], [], ["CanaryUnanswered"], [], ["IdleCanaryDue"]]),
+    "our kill while an idle canary is out: its answer judges nothing": (
+        {"idle_canary_every": 10.0},
+        [("look", 0, sample(0, 7)), ("look", 10, sample(0, 7)), ("kill", 11), ("answer", TIMEOUT)],
+        [[], ["IdleCanaryDue"], [], []]),
     "an engine that progresses is never asked": (
         {"idle_canary_every": 10.0}, [("look", t, sample(1, t)) for t in range(0, 60, 10)], [[]] * 6),
     "a suspicion asks once at the next answer; a timeout with no work shown is unresponsive": (

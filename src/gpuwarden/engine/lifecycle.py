@@ -107,9 +107,11 @@ class SuspicionEased:
 
 @dataclass(frozen=True, slots=True)
 class IdleCanaryDue:
-    """No progress since the last look `idle_canary_every` ago (answer: `idle_canaried`)."""
+    """No progress since the last look `idle_canary_every` ago (answer: `idle_canaried`). It runs beside the
+    scrapes: a canary waiting out its timeout must not hold back the judgement of a stall."""
 
     sample: EngineSample
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +217,7 @@ class Lifecycle:
         self._suspect_due = False  # the suspicion's canary is due at the next answer
         self._asked = -1e18  # the last canary of any kind
         self._idle_progress: float | None = None  # the progress counter at the idle canary's last look
+        self._idle_out = False  # an idle canary is out: one at a time
         self.canary_failed = False  # a canary timed out and none completed since
 
     # --- told --------------------------------------------------------------------------------------
@@ -292,7 +295,7 @@ class Lifecycle:
             out.append(SuspectCanaryDue(look.sample, self.epoch))
             return
         every = self.rules.idle_canary_every
-        if not every or look.now - self._asked < every:
+        if not every or self._idle_out or look.now - self._asked < every:
             return
         first, progressed = self._idle_progress is None, look.sample.progress != self._idle_progress
         self._idle_progress = look.sample.progress
@@ -300,7 +303,8 @@ class Lifecycle:
             self._asked = look.now
             return
         self._idle_progress, self._asked = None, look.now  # the canary's own request moves the counter
-        out.append(IdleCanaryDue(look.sample))
+        self._idle_out = True
+        out.append(IdleCanaryDue(look.sample, self.epoch))
 
     def stall_canaried(self, confirm: ConfirmStall, result: CanaryResult) -> list[Transition]:
         """The answer to a ConfirmStall: a completion denies the log's word; anything else confirms it."""
@@ -309,6 +313,9 @@ class Lifecycle:
         return [Stalled(confirm.verdict, confirm.spinning, result)]
 
     def idle_canaried(self, due: IdleCanaryDue, result: CanaryResult) -> list[Transition]:
+        self._idle_out = False
+        if due.epoch != self.epoch or self.phase != "watching":
+            return []  # killed or gone meanwhile: an answer of the instance before judges nothing
         if result.outcome == "timeout" and not self.canary_failed:
             self.canary_failed = True
             return [CanaryUnanswered(result, due.sample)]

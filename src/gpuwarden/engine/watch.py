@@ -304,8 +304,13 @@ class EngineWatch:
             log.info("%s under suspicion: canary %s (%s)", state.name, change.canary.outcome, change.canary.detail)
 
     async def _idle_canary_due(self, state: EngineState, change: lc.IdleCanaryDue, error: str) -> None:
+        """Beside the scrapes, as the suspicion's: a stall while it waits out its timeout is judged meanwhile."""
+        spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
+        spawn(self._idle_canary(state, change))
+
+    async def _idle_canary(self, state: EngineState, due: lc.IdleCanaryDue) -> None:
         result = await self._canary(state)
-        await self._carry_out(state, state.lifecycle.idle_canaried(change, result), error)
+        await self._carry_out(state, state.lifecycle.idle_canaried(due, result), "")
 
     async def _canary_unanswered(self, state: EngineState, change: lc.CanaryUnanswered, error: str) -> None:
         self._record(self._canary_event(state, change.last, change.canary))
