@@ -40,7 +40,8 @@ GROUPS = {"security/": "host", "integration/test_kernel_handover.py": "host",
           "integration/test_kernel_sources.py": "host", "integration/test_systemd.py": "host",
           "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",
           "integration/test_real_prefill.py": "engines", "integration/test_restart.py": "engines",
-          "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers"}
+          "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers",
+          "integration/test_image.py": "containers"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
 TESTS = Path(__file__).parent
 
