@@ -69,7 +69,7 @@ DATAPREFIX ?= /usr/local
 install: system-deps
 	$(SUDO) $(PYTHON) -m venv $(DESTDIR)$(PREFIX)
 	$(SUDO) $(DESTDIR)$(PREFIX)/bin/pip install -q --upgrade pip
-	$(SUDO) $(DESTDIR)$(PREFIX)/bin/pip install -q .
+	$(SUDO) $(DESTDIR)$(PREFIX)/bin/pip install -q '.[journal]'  # the service reads the journal's catch-up (system-deps has its build needs)
 	$(SUDO) $(DESTDIR)$(PREFIX)/bin/gpuwarden install --root "$(or $(DESTDIR),/)" --prefix $(DATAPREFIX) \
 		--exec $(PREFIX)/bin/gpuwarden
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; fi
