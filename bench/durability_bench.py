@@ -71,10 +71,10 @@ def locked_store(hold: float) -> None:
             f.write(RING.format(bus=f"{0x40 + i:02x}"))
 
     def arrivals() -> None:
-        for body in receiver.json_bodies():
-            gpu = body["title"].rsplit(": ", 1)[-1]
-            if gpu in written:
-                alerted.setdefault(gpu, time.monotonic())
+        for body in receiver.json_bodies():  # a page's title names the GPU ("host: GPU 0000:40:00.0 ring ...")
+            for gpu in written:
+                if f"{gpu} " in body["title"] + " ":
+                    alerted.setdefault(gpu, time.monotonic())
 
     worst = watch(d, hold, fault, arrivals)
     wait_for(lambda: arrivals() or len(alerted) == len(written), 30)

@@ -110,7 +110,7 @@ def closure(name: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
             if key not in seen:
                 seen[key] = canonical(dist_name)
                 todo.append((req.name, tuple(req.extras)))
-    return list(seen)
+    return seen
 
 
 def canonical(name: str) -> str:
