@@ -31,13 +31,19 @@ def web_config(tmp_path, cert="server.crt", key="server.key", hashed=None):
     return path
 
 
-def test_tls_and_basic_auth_guard_metrics_and_the_status_page(daemon_factory, tmp_path, tls):
-    cert, _ = tls
+def guarded_daemon(daemon_factory, tmp_path):
+    """A running daemon whose exporter takes the web config of web_config()."""
     d = daemon_factory("[guard]\nenabled = false\n[gpu]\nnvml = false\n")
     d.config_path.write_text(d.config_path.read_text().replace(
         f"[exporter]\nport = {d.port}\n", f'[exporter]\nport = {d.port}\nweb_config_file = "{web_config(tmp_path)}"\n'))
     d.start()
     d.wait_log("gpuwarden running", 30)
+    return d
+
+
+def test_tls_and_basic_auth_guard_metrics_and_the_status_page(daemon_factory, tmp_path, tls):
+    cert, _ = tls
+    d = guarded_daemon(daemon_factory, tmp_path)
     url = f"https://127.0.0.1:{d.port}"
     trust = ssl.create_default_context(cafile=str(cert))  # checks the chain and the name: real TLS
     with httpx.Client(verify=trust, timeout=10) as client:
@@ -86,11 +92,7 @@ def test_check_refuses_a_web_config_run_could_not_serve_with(tmp_path, tls, make
 def test_prometheus_scrapes_it_over_tls_with_basic_auth(daemon_factory, tmp_path, tls):
     """The real Prometheus, configured as docs/metrics.md says, scrapes the guarded exporter."""
     cert, _ = tls
-    d = daemon_factory("[guard]\nenabled = false\n[gpu]\nnvml = false\n")
-    d.config_path.write_text(d.config_path.read_text().replace(
-        f"[exporter]\nport = {d.port}\n", f'[exporter]\nport = {d.port}\nweb_config_file = "{web_config(tmp_path)}"\n'))
-    d.start()
-    d.wait_log("gpuwarden running", 30)
+    d = guarded_daemon(daemon_factory, tmp_path)
     port = free_port()
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: gpuwarden\n    scheme: https\n"
