@@ -70,7 +70,7 @@ def active(port):
 
 def test_a_kill_incident_fires_in_alertmanager_and_resolves_when_the_engine_is_back(tmp_path, alertmanager,
                                                                                       receiver):
-    config = AlertsConfig.model_validate({
+    config = AlertsConfig.validate({
         "hostname": "vm", "group_window": 0.3, "retry_initial": 0.2, "retry_max": 0.5,
         "target": [{"url": f"alertmanager://127.0.0.1:{alertmanager}", "name": "am"}]})
     store = Store(tmp_path / "gpuwarden.db")
