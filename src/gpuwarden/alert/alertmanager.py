@@ -16,8 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-import httpx
-
 from gpuwarden.alert.channel import Alert
 
 SCHEMES = {"alertmanager": "http", "alertmanagers": "https"}
@@ -67,11 +65,15 @@ class AlertmanagerChannel:
     takes_pictures = False  # the API carries labels and annotations, no file
 
     def __init__(self, url: str) -> None:
+        import httpx  # noqa: F401  (loaded as the target is built, at start: `run` without one never loads it)
+
         self.url, self.auth = endpoint(url)
 
     async def notify(self, alert: Alert, timeout: float) -> tuple[bool, str | None]:
         """Alertmanager's answer decides: 2xx done; 4xx (a body it refuses) would be refused again, so no
         retry, except 408 and 429; 5xx, no connection or no answer: retry."""
+        import httpx  # loaded by __init__: no import on the event loop
+
         body = postable(alert, time.time())
         if not body:
             return False, None  # a message about no event (a count of repeats): nothing to fire or end
