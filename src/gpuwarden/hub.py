@@ -198,9 +198,10 @@ class Hub:
             if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:
                 self.metrics.set(families.ENGINE_STALLED, 0, key.subject)
             elif key.kind == conditions.Kind.ENGINE_DOWN and change.raised:
-                # a dead engine runs nothing: its last figures must not stand for it
+                # a dead engine runs nothing: 0, as the engine watch says while it restarts (not absent: one
+                # would drop the series the other sets, and a query could not tell "none" from "not known")
                 for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING):
-                    self.metrics.forget(family, key.subject)
+                    self.metrics.set(family, 0, key.subject)
 
     def _export_conditions(self) -> None:
         self.metrics.replace(families.CONDITION, conditions.series(self.conditions))
