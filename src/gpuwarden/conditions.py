@@ -131,7 +131,9 @@ def resolved_by(event: Event, state: State) -> list[Key]:
     kinds = RESOLVES[event.kind]
     if Kind.GPU_LOST in kinds:
         present = event.evidence.get(GPUS_PRESENT)
-        return [k for k in state if k.kind == Kind.GPU_LOST and (present is None or k.subject in present)]
+        # a loss whose line named no GPU ("host") ends when none is missing
+        return [k for k in state if k.kind == Kind.GPU_LOST and (
+            present is None or k.subject in present or (k.subject == "host" and not event.evidence.get("missing")))]
     return [k for kind in kinds if _subject(kind, event) and (k := _key(kind, event)) in state]
 
 

@@ -31,7 +31,7 @@ from gpuwarden.health import Components, Health, Loop, StoreHealth
 from gpuwarden.hub import Evidence, Hub
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.recovery import Recovery, losses_in_events
+from gpuwarden.recovery import Recovery
 from gpuwarden.reports import Outbox, Report
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.sockets import holder
@@ -97,8 +97,7 @@ class Daemon:
 
     async def _confirm_recovery(self) -> None:
         """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
-        check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root,
-                         partial(losses_in_events, partial(self.store.events, limit=100_000)),
+        check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root, self.hub.still_lost,
                          self._outbox("recovery").record)
         try:
             await check.run()

@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import replace
 
-from gpuwarden import conditions, families, incidents, logsetup, policy, report
+from gpuwarden import conditions, families, incidents, logsetup, policy, recovery, report
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
@@ -86,6 +86,10 @@ class Hub:
         self.incidents.load(self.store.incidents(open_only=True), list(self.conditions), now)
         self._changed(ended, now)
         self._export_conditions()
+
+    def still_lost(self, until: float) -> list[recovery.Loss]:
+        """The GPUs lost before `until` and not back: what the confirmation after a reboot checks."""
+        return recovery.still_lost(self.conditions, self.incidents.open.values(), until)
 
     def unwatched(self, engines: set[str]) -> None:
         """A reload stopped watching these engines: their conditions end."""
