@@ -182,12 +182,17 @@ def resolve(state: State, key: Key, message: str, now: float,
 
 
 SURVIVES_RESTART = frozenset({Kind.GPU_LOST})  # only a reboot (or the GPU back) ends it; the rest is seen afresh
+# a watched engine that is down stays down until its watch sees it back (told by `EngineWatch.resume`)
+DOWN = frozenset({Kind.ENGINE_DOWN, Kind.ENGINE_RESTARTING})
 
 
-def restarted(state: State, now: float) -> tuple[State, list[Change]]:
-    """A daemon's start with the conditions its store held open: a lost GPU stays lost; what the components
-    judge afresh (an engine's stall, a telemetry reading) is resolved, or it would stay open for good."""
-    kept = {k: c for k, c in state.items() if k.kind in SURVIVES_RESTART}
+def restarted(state: State, now: float, engines: Iterable[str] = ()) -> tuple[State, list[Change]]:
+    """A daemon's start with the conditions its store held open: a lost GPU stays lost, and so does a watched
+    engine that is down (`engines`: those watched), until it is back; what the components judge afresh (an
+    engine's stall, a telemetry reading) is resolved, or it would stay open for good."""
+    watched = set(engines)
+    kept = {k: c for k, c in state.items()
+            if k.kind in SURVIVES_RESTART or (k.kind in DOWN and k.subject in watched)}
     return kept, [Change(c, False, now, "gpuwarden restarted: judged afresh", by_event=False)
                   for k, c in state.items() if k not in kept]
 

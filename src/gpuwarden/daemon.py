@@ -135,7 +135,8 @@ class Daemon:
             log.warning("%s", warning)
         self._build(loop)
         self.metrics.set(families.STORE_WRITABLE, 1)
-        self.hub.load(time.time())  # a GPU lost before this start is still lost
+        self.hub.load(time.time(), self.engines.engines)  # a GPU lost before this start is still lost
+        self.engines.resume(self.hub.conditions, time.time())  # an engine down before it is down until back
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)

@@ -79,10 +79,11 @@ class Hub:
         """A reload's new settings."""
         self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
 
-    def load(self, now: float) -> None:
-        """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart)."""
+    def load(self, now: float, engines: Iterable[str] = ()) -> None:
+        """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart,
+        and so does a watched engine that is down: `engines`, those watched)."""
         stored = {c.key: c for c in self.store.open_conditions()}
-        self.conditions, ended = conditions.restarted(stored, now)
+        self.conditions, ended = conditions.restarted(stored, now, engines)
         self.incidents.load(self.store.incidents(open_only=True), list(self.conditions), now)
         self._changed(ended, now)
         self._export_conditions()

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 TONES = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.CRITICAL: "failure"}  # apprise's names
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
+_SKEW = 60.0  # an event's own time may precede the incident's opening (when gpuwarden saw it) by this much
 
 
 class Alerter:
@@ -101,6 +102,7 @@ class Alerter:
 
     def _recover(self) -> None:
         self._recovered = True
+        self._resume_storms()
         waiting: dict[str, deque[OutboxRow]] = {}
         for row in self.store.outbox():
             waiting.setdefault(row.target, deque()).append(row)
@@ -117,6 +119,14 @@ class Alerter:
         for event_id, event in backlog:
             if not self.storm.offer(event, event_id, now):
                 self.store.mark_alerted([event_id])
+
+    def _resume_storms(self) -> None:
+        """The storm state of the last run, derived from what it stored (no file of its own): the incidents
+        still open with what was alerted of them, and the keys alerted within their cooldown."""
+        now = time.time()
+        for row in self.store.incidents(open_only=True):
+            self.storm.resume(row["id"], self.store.alerted_events(row["opened"] - _SKEW, row["id"]))
+        self.storm.resume(None, self.store.alerted_events(now - self.storm.cooldown, None))
 
     def _drop_orphans(self) -> None:
         configured = {t.name for t in self.targets}

@@ -229,6 +229,16 @@ class Lifecycle:
         self._deadline = now + self.rules.restart_timeout if restart else None
         self._down()
 
+    def resumed(self, since: float, killed: bool, restarting: bool, refused: bool) -> None:
+        """gpuwarden restarted while this engine was down (since `since`, killed by gpuwarden or not, a restart of
+        gpuwarden's awaited, one that failed): down, as if this process had seen it go; back, or failed, as ever."""
+        if killed:
+            self.killing(since, restarting)
+        else:
+            self._down()
+        if refused:
+            self.phase, self._deadline, self.restart_refused = "failed", None, True
+
     def suspect(self, now: float, reason: str) -> bool:
         """A fault with no owner on its GPU: judged on the floor, and one canary, for `suspicion` seconds. False
         when already under suspicion (a storm of faults extends it and is said once)."""
