@@ -120,7 +120,8 @@ class Daemon:
         incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
                                      keep=cfg.daemon.incidents_keep)
         self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
-                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence))
+                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence),
+                               incidents.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run())
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
