@@ -280,6 +280,7 @@ class Daemon:
             self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
             self.actuator.configure(self.engines, new.cache)
             self.hub.unwatched(gone - set(self.engines.engines))
+            self.engines.resume(self.hub.conditions, time.time())  # the new watch's lifecycles start afresh
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()

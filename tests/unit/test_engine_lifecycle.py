@@ -190,7 +190,7 @@ def test_a_fresh_lifecycle_resumed_down_sees_the_engines_return_as_back():
     for first in (frozenset(), NEW):
         lc = life()
         lc.resumed(20.0, killed=True, restarting=True, refused=False)
-        assert lc.kills == (20.0,) and lc.in_grace
+        assert lc.in_grace
         out = lc.observe(Look(40, None, first)) + lc.observe(Look(41, None, NEW))
         assert kinds(out) == [Starting]
         assert kinds(lc.observe(Look(50, sample(0, 0), NEW))) == [CanaryDue]
@@ -203,7 +203,9 @@ def test_a_fresh_lifecycle_resumed_down_sees_the_engines_return_as_back():
     assert failed.restart_refused and kinds(looks(failed, 21, 200, None, processes=frozenset())) == [Silent]
     exited = life()
     exited.resumed(20.0, killed=False, restarting=False, refused=False)  # it died by itself: its supervisor's
-    assert kinds(exited.observe(Look(30, None, NEW))) == [Starting] and exited.kills == ()
+    assert kinds(exited.observe(Look(30, None, NEW))) == [Starting]
+    [back] = exited.canaried(OK, 31)
+    assert back.since_kill is None  # "back 1 s after it started again", not after a kill
 
 
 def test_a_reload_keeps_kills_and_a_failed_restart():

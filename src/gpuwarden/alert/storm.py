@@ -121,12 +121,14 @@ class StormControl:
         if not sent:
             return
         if incident is not None:
-            self._incidents[incident] = _Incident(max(_impact(e) for e in sent), list(sent))
-        for event in sent:
+            self._incidents.setdefault(incident, _Incident(max(_impact(e) for e in sent), list(sent)))
+        # newest first: a key's last sending is its newest event; what this run was told already stays as it is
+        for event in reversed(sent):
             if incident is not None and event.gpu and event.kind in GPU_LOST_KINDS:
                 self._lost.setdefault(event.gpu, incident)
             subject = subject_of(event) if incident is None else f"incident {incident}"
-            self._keys[event.dedupe_key] = _Key(event.time, event.severity, subject, incident=incident, event=event)
+            self._keys.setdefault(event.dedupe_key, _Key(event.time, event.severity, subject, incident=incident,
+                                                         event=event))
 
     def repeated(self, dedupe_key: str, count: int, now: float) -> None:
         """`count` more occurrences of an event already sent (a storm that grew)."""

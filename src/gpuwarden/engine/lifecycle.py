@@ -230,12 +230,13 @@ class Lifecycle:
         self._down()
 
     def resumed(self, since: float, killed: bool, restarting: bool, refused: bool) -> None:
-        """gpuwarden restarted while this engine was down (since `since`, killed by gpuwarden or not, a restart of
-        gpuwarden's awaited, one that failed): down, as if this process had seen it go; back, or failed, as ever."""
+        """gpuwarden restarted (or reloaded) while this engine was down (since `since`, killed by gpuwarden or not,
+        a restart of gpuwarden's awaited, one that failed): down, as if this lifecycle had seen it go; back, or
+        failed, as ever. The kill budget is not touched: a reload keeps it (`kept`), a restart never had it."""
+        self._down()
         if killed:
-            self.killing(since, restarting)
-        else:
-            self._down()
+            self._killed_at, self._restarting = since, restarting
+            self._deadline = since + self.rules.restart_timeout if restarting else None
         if refused:
             self.phase, self._deadline, self.restart_refused = "failed", None, True
 

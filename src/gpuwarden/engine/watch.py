@@ -132,8 +132,9 @@ class EngineWatch:
             state.lifecycle.restart_failed()
 
     def resume(self, state: conditions.State, now: float) -> None:
-        """At a start: the engines the last run left down (their open engine_down conditions) are down until back,
-        so that their return is an engine_back that ends the incident, not a silent new instance."""
+        """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
+        engine_down conditions) are down until back, so that their return is an engine_back that ends the
+        incident, not a silent new instance."""
         to_monotonic = time.monotonic() - now  # the condition's time is wall-clock, the lifecycle's monotonic
         for key, down in state.items():
             if key.kind == conditions.Kind.ENGINE_DOWN and (engine := self.engines.get(key.subject)):
