@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -197,3 +198,31 @@ def test_test_alert_reaches_alertmanager(tmp_path, alertmanager):
     out = subprocess.run(["amtool", "alert", "query", "-o", "json", f"--alertmanager.url=http://127.0.0.1:{alertmanager}",
                           "alertname=test_alert"], capture_output=True, text=True, timeout=30, check=True).stdout
     assert [a["labels"] for a in json.loads(out)] == [{"alertname": "test_alert", "severity": "info", "host": "vm"}]
+
+
+def test_a_restarted_daemon_keeps_its_open_incident_alive_in_alertmanager(daemon_factory, fake_engine,
+                                                                          forgetful_alertmanager):
+    """The real daemon kills a stalled fake engine (an open incident: the engine stays down) and is restarted.
+    The new process holds the incident's alerts firing again from the store, so Alertmanager (resolve_timeout
+    2 s) still has them active, last updated well past 2 s after the restart: sent by the new process."""
+    port = forgetful_alertmanager
+    engine = fake_engine("progress")
+    d = daemon_factory(f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+                       'min_stall = "2s"\nkill_grace = "1s"\n[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n'
+                       f'alertmanager_resend = "500ms"\n[[alerts.target]]\nname = "am"\n'
+                       f'url = "alertmanager://127.0.0.1:{port}"\n').start()
+    d.wait_serving()
+    engine.set_mode("stall")
+    wait_for(lambda: active(port, "alertname=engine_killed"), 30, interval=0.2, what="the kill in Alertmanager")
+    assert d.stop() == 0
+    restarted = time.time()
+    d.start()
+    d.wait_serving()
+
+    def updated_since_restart():
+        alerts = httpx.get(f"http://127.0.0.1:{port}/api/v2/alerts", params={"filter": "engine=fake"}, timeout=5)
+        return [a for a in alerts.json() if a["status"]["state"] == "active"
+                and datetime.fromisoformat(a["updatedAt"]).timestamp() > restarted + 3]
+    found = wait_for(updated_since_restart, 30, interval=0.3, what="the incident's alerts sent by the new process")
+    assert {a["labels"]["alertname"] for a in found} >= {"engine_killed"}
+    assert d.stop() == 0
