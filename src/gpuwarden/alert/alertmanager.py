@@ -7,8 +7,8 @@ auth; a path is a prefix (an Alertmanager behind `--web.route-prefix`).
 
 Alertmanager resolves an alert by itself `resolve_timeout` (5 m by default) after it was last sent, so, as its own
 clients do at each evaluation, the channel sends again every `[alerts] alertmanager_resend` (1 m) what is still
-firing: the alerts held open by an incident or a condition (`Firing`, pure), until their all-clear, or until
-their incident closes without one (then they end with `endsAt` too). A one-off event is sent once and expires.
+firing: the alerts of the incidents still open (`Firing`, pure), until their all-clear, or until their incident
+closes without one (then they end with `endsAt` too). An alert outside an incident is sent once and expires.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuwarden.conditions import raised_by
 from gpuwarden.model import Event
 
 
@@ -25,21 +24,22 @@ class Alert:
     tone: str  # info, warning, failure or success
     resolved: bool  # the alert's end: an all-clear
     picture: str | None = None  # the incident's timeline picture, when the channel takes one
-    # {"labels": {...}, "starts": epoch seconds, "held": open while its incident or condition is}
+    # {"labels": {...}, "starts": epoch seconds, "held": firing while its incident is open}
     identities: list[dict[str, Any]] = field(default_factory=list)
 
 
 def identities(events: list[Event], host: str, incident: str | None) -> list[dict[str, Any]]:
     """One alert identity per distinct label set of `events`, with when its first event happened: what a channel
-    that keeps alerts by identity (Alertmanager) fires and ends. `held`: something open holds it (its incident,
-    or a condition it raised) and an all-clear or the incident's end will end it; a one-off event is not held."""
+    that keeps alerts by identity (Alertmanager) fires and ends. `held`: its incident holds it firing until the
+    incident's all-clear or end, which the model always tells; an event outside an incident is not held (what
+    ends its condition may be an event whose alert ends nothing), so it is sent once, and expires there."""
     found: dict[tuple, dict[str, Any]] = {}
     for e in events:
         labels = {"alertname": e.kind, "severity": str(e.severity), "host": host, "gpu": e.gpu or "",
                   "engine": e.engine or "", "incident": incident or ""}
         labels = {k: v for k, v in labels.items() if v}  # Alertmanager treats an empty label as absent
         found.setdefault(tuple(sorted(labels.items())), {"labels": labels, "starts": e.time,
-                                                         "held": bool(incident or raised_by(e))})
+                                                         "held": bool(incident)})
     return list(found.values())
 
 
