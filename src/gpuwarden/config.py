@@ -112,6 +112,13 @@ SeverityName = one_of("info", "warning", "critical")
 Number = number()
 
 
+def _below_resolve_timeout(seconds: float) -> float:
+    if seconds >= 300.0:
+        raise ValueError(f"{_show(seconds)} is not below Alertmanager's default resolve_timeout (5m): an open alert "
+                         "would resolve there between two sends")
+    return seconds
+
+
 def _container_name(value: str) -> str:
     if not CONTAINER_NAME.fullmatch(value):
         raise ValueError(f"{value!r} is not a Docker container name or id ([a-zA-Z0-9][a-zA-Z0-9_.-]+)")
@@ -301,6 +308,9 @@ class AlertsConfig(Section):
     retry_max: float = field(Interval, 600.0)
     give_up_after: float = field(Period, 86400.0)
     send_timeout: float = field(Period, 30.0)
+    # firing alerts sent again to an Alertmanager this often; at or above its resolve_timeout (5m by default)
+    # an open incident would resolve there between two sends
+    alertmanager_resend: float = field(then(Interval, _below_resolve_timeout), 60.0)
 
     def verify(self) -> None:
         if self.retry_max < self.retry_initial:
