@@ -73,7 +73,6 @@ _START = re.compile(
     r"CPU |WARNING|INFO: task)|(?:\S++ )?(?:BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|"
     r"Unable to handle))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
-_TRACE_LINE = re.compile(TRACE_LINE)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
 # amdgpu's gmc_v9 "(src_id:%u ring:%u vmid:%u pasid:%u, ...)", gmc_v8 "(0x%02x, vmid %d, pasid %d)"
@@ -82,8 +81,9 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _GHES = re.compile(GHES_RECORD)
 _GHES_SEVERITY = re.compile(GHES_SEVERITY)
 _GHES_PCIE = re.compile(GHES_PCIE)
-# one match for every header: group h<i> names which (a report line is mostly a frame, matching none)
-_OOPS_HEADER = re.compile("|".join(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)))  # all at ^: match
+# one match for every header and a stack frame: group h<i> names the header (tried first), `frame` a frame
+_REPORT_LINE = re.compile("|".join([*(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)),
+                                    f"(?P<frame>{TRACE_LINE})"]))  # all at ^: match
 _HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
@@ -126,7 +126,7 @@ class Flushed(NamedTuple):
     grown: list[Burst]  # closed bursts that counted more than one line: update their stored count
 
 
-@dataclass
+@dataclass(slots=True)
 class _Oops:
     severity: Severity | None  # None: a call trace seen without its header
     lines: list[str] = field(default_factory=list)
@@ -184,12 +184,18 @@ class Classifier:
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
         text = record.text
-        if self._held is None and self._fast and "+0x" not in text and (
-                not _START.match(text) or next(self._gate.iter(text), None) is None):
-            # The common case: a line that no driver and no oops report starts, or a driver's line without any
-            # rule's literal (within an open report such a line is not part of it either). An open report past
-            # its window is closed by the next line that is, or by flush().
-            return []
+        if self._held is None:
+            if "+0x" not in text:
+                if self._fast and (not _START.match(text) or next(self._gate.iter(text), None) is None):
+                    # The common case: a line that no driver and no oops report starts, or a driver's line without
+                    # any rule's literal (within an open report such a line is not part of it either). An open
+                    # report past its window is closed by the next line that is, or by flush().
+                    return []
+            elif (oops := self._oops) is not None and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
+                # the next frame of an open report, the bulk of a report's lines: straight to it
+                stamp = record.timestamp if record.timestamp is not None else now
+                if stamp - oops.last <= self.storm_window:
+                    return self._report_line(oops, text, record, stamp, now)
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
         if held := self._held:
@@ -204,13 +210,12 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        if self._oops is not None and "+0x" in text and _TRACE_LINE.match(text):  # the next frame of a report
-            out += self._oops_line(text, record, stamp, now)
-            return out
+        if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
+            return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
         gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        if gated and (self._oops or _TRACE_LINE.match(text) or _OOPS_HEADER.match(text)) \
+        if gated and (self._oops or _REPORT_LINE.match(text)) \
                 and not _USER_TEXT.match(text):  # a task named `BUG: x` that segfaults opens no report
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
@@ -410,25 +415,32 @@ class Classifier:
 
     def _oops_line(self, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst] | None:
         """Feed a line to the open oops report; None when the line is not part of one."""
-        header = _HEADER_SEVERITY[h.lastgroup] if (h := _OOPS_HEADER.match(text)) else None
-        frame_line = header is None and _TRACE_LINE.match(text) is not None
+        kind = m.lastgroup if (m := _REPORT_LINE.match(text)) else None
+        header = _HEADER_SEVERITY.get(kind)
         if self._oops is None:
-            if header is None and not frame_line:
+            if kind is None:
                 return None
             self._oops = _Oops(severity=header)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
+        if oops.gpu is None and kind != "frame":  # a frame names no device
+            oops.gpu = self._attribute(record, "kernel", stamp)[0]
+        return self._report_line(oops, text, record, stamp, now)
+
+    def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
+        """Add a line to the open report `oops`; a report closes at its end line or its length limit."""
         oops.lines.append(text)
         if " [" in text and "+0x" in text:
             oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
-        oops.dumped = oops.dumped or ("dump_stack" in text and bool(_DUMP_STACK.search(text)))
-        oops.gsp = oops.gsp or ("kgsp" in text and bool(_GSP_FRAME.search(text)))
-        if oops.gpu is None and not frame_line:  # a frame names no device
-            oops.gpu = self._attribute(record, "kernel", stamp)[0]
-        oops.verified = oops.verified and unverified(record, None) is None
+        if not oops.dumped and "dump_stack" in text:
+            oops.dumped = _DUMP_STACK.search(text) is not None
+        if not oops.gsp and "kgsp" in text:
+            oops.gsp = _GSP_FRAME.search(text) is not None
+        if oops.verified and unverified(record, None) is not None:
+            oops.verified = False
         oops.last, oops.arrived = stamp, now
-        if _OOPS_END.search(text) or len(oops.lines) >= _OOPS_LINES:
+        if len(oops.lines) >= _OOPS_LINES or _OOPS_END.search(text):
             return self._close_oops(now)
         return []
 
