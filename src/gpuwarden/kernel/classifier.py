@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -86,6 +87,8 @@ _REPORT_LINE = re.compile("|".join([*(f"(?P<h{i}>{p})" for i, (p, _) in enumerat
                                     f"(?P<frame>{TRACE_LINE})"]))  # all at ^: match
 _HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
+_END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by character: "---[ end ", in every end line)
+_TRACE_LINE = re.compile(TRACE_LINE)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -184,14 +187,15 @@ class Classifier:
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
         text = record.text
+        gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
         if self._held is None:
             if "+0x" not in text:
-                if self._fast and (not _START.match(text) or next(self._gate.iter(text), None) is None):
+                if self._fast and (not _START.match(text) or not (gated := next(self._gate.iter(text), None))):
                     # The common case: a line that no driver and no oops report starts, or a driver's line without
                     # any rule's literal (within an open report such a line is not part of it either). An open
                     # report past its window is closed by the next line that is, or by flush().
                     return []
-            elif (oops := self._oops) is not None and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
+            elif (oops := self._oops) is not None and _TRACE_LINE.match(text) and not _may_be_header(text):
                 # the next frame of an open report, the bulk of a report's lines: straight to it
                 stamp = record.timestamp if record.timestamp is not None else now
                 if stamp - oops.last <= self.storm_window:
@@ -212,7 +216,8 @@ class Classifier:
             out += self._close_oops(now)
         if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
             return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
-        gated = next(self._gate.iter(text), None) is not None
+        if gated is None:
+            gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
         if gated and (self._oops or _REPORT_LINE.match(text)) \
@@ -440,7 +445,7 @@ class Classifier:
         if oops.verified and unverified(record, None) is not None:
             oops.verified = False
         oops.last, oops.arrived = stamp, now
-        if len(oops.lines) >= _OOPS_LINES or _OOPS_END.search(text):
+        if len(oops.lines) >= _OOPS_LINES or (_END_MARK in text and _OOPS_END.search(text)):
             return self._close_oops(now)
         return []
 
@@ -483,6 +488,14 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
+
+
+def _may_be_header(text: str) -> bool:
+    """Whether a line that reads as a stack frame may be a report's header too (the header wins). A header may
+    start with a word that ends in a colon (`watchdog: BUG: soft lockup`); a frame's first word ends in one only in
+    a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS, TRACE_LINE)."""
+    space = text.find(" ")
+    return space > 0 and text[space - 1] == ":"
 
 
 def process_named(text: str) -> dict | None:
