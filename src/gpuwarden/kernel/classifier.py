@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -186,20 +187,37 @@ class Classifier:
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
-        text = record.text
-        gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
-        if self._held is None:
-            if "+0x" not in text:
-                if self._fast and (not _START.match(text) or not (gated := next(self._gate.iter(text), None))):
-                    # The common case: a line that no driver and no oops report starts, or a driver's line without
-                    # any rule's literal (within an open report such a line is not part of it either). An open
-                    # report past its window is closed by the next line that is, or by flush().
-                    return []
-            elif (oops := self._oops) is not None and _TRACE_LINE.match(text) and not _may_be_header(text):
-                # the next frame of an open report, the bulk of a report's lines: straight to it
-                stamp = record.timestamp if record.timestamp is not None else now
-                if stamp - oops.last <= self.storm_window:
-                    return self._report_line(oops, text, record, stamp, now)
+        started = self.feed_all((record,), now)
+        return started[0][1] if started else []
+
+    def feed_all(self, records: Iterable[KernelRecord], now: float) -> list[tuple[KernelRecord, list[Burst]]]:
+        """Classify a batch of records in order: the records that started bursts, each with them. The common lines
+        are refused in this loop, without a call each."""
+        out = []
+        fast, start, gate, trace = self._fast, _START.match, self._gate.iter, _TRACE_LINE.match
+        for record in records:
+            text = record.text
+            gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
+            if self._held is None:
+                if "+0x" not in text:
+                    if fast and (not start(text) or not (gated := next(gate(text), None))):
+                        # The common case: a line that no driver and no oops report starts, or a driver's line
+                        # without any rule's literal (within an open report such a line is not part of it either).
+                        # An open report past its window is closed by the next line that is, or by flush().
+                        continue
+                elif (oops := self._oops) is not None and trace(text) and not _may_be_header(text):
+                    # the next frame of an open report, the bulk of a report's lines: straight to it
+                    stamp = record.timestamp if record.timestamp is not None else now
+                    if stamp - oops.last <= self.storm_window:
+                        if started := self._report_line(oops, text, record, stamp, now):
+                            out.append((record, started))
+                        continue
+            if started := self._classify(record, text, now, gated):
+                out.append((record, started))
+        return out
+
+    def _classify(self, record: KernelRecord, text: str, now: float, gated: str | bool | None) -> list[Burst]:
+        """One record past the common case (`gated`: the literal the gate found in it, None when not asked yet)."""
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
         if held := self._held:
