@@ -208,6 +208,18 @@ def test_oops_in_a_gpu_driver_is_critical():
     assert (event.kind, event.severity, event.evidence["modules"]) == ("kernel_oops", C, ["amdgpu"])
 
 
+def test_a_line_that_reads_as_a_frame_and_a_header_is_the_header_in_an_open_report():
+    """An open report's frames take a short way in (classifier._may_be_header): a line that is a frame and also a
+    `word: BUG: ` header still raises the report to critical, and a report that ends at its end line is closed."""
+    warn = ["[10.0] ------------[ cut here ]------------", "[10.0]  amdgpu_job_run+0x1/0x2 [amdgpu]"]
+    header = "[10.0] amdgpu_fence+0x1/0x2: BUG: unable to handle page fault"
+    end = "[10.0] ---[ end trace 0000000000000000 ]---"
+    assert [(e.kind, e.severity) for e in classify_text("\n".join([*warn, end]))] == [("kernel_oops", W)]
+    event = one("\n".join([*warn, header, "[10.0]  drm_ioctl+0x1/0x2 [drm]", end]))
+    assert (event.kind, event.severity, event.evidence["modules"]) == ("kernel_oops", C, ["amdgpu"])
+    assert event.evidence["lines"][-1] == end[len("[10.0] "):]  # closed by its end line, not by a flush
+
+
 def test_reset_after_wave_errors_on_the_same_gpu_is_escalated():
     text = ("[1.0] amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x0\n"
             "[30.0] amdgpu 0000:03:00.0: amdgpu: GPU reset begin!\n"
