@@ -239,7 +239,8 @@ class Classifier:
         if not gated and not self._unhinted:
             return out
         if gated and (self._oops or _REPORT_LINE.match(text)) \
-                and not _USER_TEXT.match(text):  # a task named `BUG: x` that segfaults opens no report
+                and not _USER_TEXT.match(text) \
+                and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
