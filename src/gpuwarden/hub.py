@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import replace
 
-from gpuwarden import conditions, families, incidents, logsetup, policy, report
+from gpuwarden import conditions, families, incidents, logsetup, policy, recovery, report
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
@@ -86,13 +86,18 @@ class Hub:
         """A reload's new settings."""
         self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
 
-    def load(self, now: float) -> None:
-        """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart)."""
+    def load(self, now: float, engines: Iterable[str] = ()) -> None:
+        """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart,
+        and so does a watched engine that is down: `engines`, those watched)."""
         stored = {c.key: c for c in self.store.open_conditions()}
-        self.conditions, ended = conditions.restarted(stored, now)
+        self.conditions, ended = conditions.restarted(stored, now, engines)
         self.incidents.load(self.store.incidents(open_only=True), list(self.conditions), now)
         self._changed(ended, now)
         self._export_conditions()
+
+    def still_lost(self, until: float) -> list[recovery.Loss]:
+        """The GPUs lost before `until` and not back: what the confirmation after a reboot checks."""
+        return recovery.still_lost(self.conditions, self.incidents.open.values(), until)
 
     def unwatched(self, engines: set[str]) -> None:
         """A reload stopped watching these engines: their conditions end."""
@@ -206,9 +211,10 @@ class Hub:
             if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:
                 self.metrics.set(families.ENGINE_STALLED, 0, key.subject)
             elif key.kind == conditions.Kind.ENGINE_DOWN and change.raised:
-                # a dead engine runs nothing: its last figures must not stand for it
+                # a dead engine runs nothing: 0, as the engine watch says while it restarts (not absent: one
+                # would drop the series the other sets, and a query could not tell "none" from "not known")
                 for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING):
-                    self.metrics.forget(family, key.subject)
+                    self.metrics.set(family, 0, key.subject)
 
     def _export_conditions(self) -> None:
         self.metrics.replace(families.CONDITION, conditions.series(self.conditions))

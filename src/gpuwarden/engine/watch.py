@@ -135,6 +135,17 @@ class EngineWatch:
         if state := self.engines.get(name):
             state.lifecycle.restart_failed()
 
+    def resume(self, state: conditions.State, now: float) -> None:
+        """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
+        engine_down conditions) are down until back, so that their return is an engine_back that ends the
+        incident, not a silent new instance."""
+        to_monotonic = time.monotonic() - now  # the condition's time is wall-clock, the lifecycle's monotonic
+        for key, down in state.items():
+            if key.kind == conditions.Kind.ENGINE_DOWN and (engine := self.engines.get(key.subject)):
+                engine.lifecycle.resumed(down.since + to_monotonic, "engine_killed" in down.causes,
+                                         conditions.restarting(key.subject) in state,
+                                         "engine_restart_failed" in down.causes)
+
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
         """The policy's `Suspect`, learnt by the engine's lifecycle: its stall threshold at the floor, a canary at
         the next look, for its rules' `suspicion` seconds. Returns the engine_suspect event to record; None for an
