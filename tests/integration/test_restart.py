@@ -85,9 +85,7 @@ def check_back(d, loading: float, engine: str) -> dict:
     wait_event(d, "engine_killed", 60)
     wait_for(lambda: gauge(d, "gpuwarden_engine_stalled", engine) == 0.0, 10, interval=0.2,
              what="the stalled gauge to read 0 once it is killed")
-    # 0 from the watch while it is down, or none: the hub forgets it when the engine_down condition is raised,
-    # until the watch's next look (a race the test lost once); the dead instance's figure would fail
-    assert gauge(d, "gpuwarden_engine_requests_running", engine) in (None, 0.0)
+    assert gauge(d, "gpuwarden_engine_requests_running", engine) == 0.0
     back = wait_event(d, "engine_back", loading + 60)
     assert back["severity"] == "info" and back["message"].startswith(f"{engine} back: first completion "), back
     assert back["evidence"]["seconds_since_kill"] >= loading, back
