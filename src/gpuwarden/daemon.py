@@ -422,7 +422,7 @@ class AlertContext:
     def __call__(self) -> Context:
         self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
         gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
-        engines = {v.name: v.gpus for v in self.evidence.views}
+        engines = {v.name: v.gpus for v in self.evidence.views.values()}
         return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
                        engines)
 

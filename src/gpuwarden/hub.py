@@ -39,8 +39,15 @@ class Evidence:
         """`views`: the configured engines before the engine watch's first report (a fault may come first)."""
         self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
-        self.views: list[policy.EngineView] = views or []
+        self.views: dict[str, policy.EngineView] = {v.name: v for v in views or []}
         self.samples: dict[str, dict] = {}
+
+    def engines(self, views: list[policy.EngineView], samples: dict[str, dict], whole: bool) -> None:
+        """The engines the watch looked at (each poll reports its own); a whole set replaces every one."""
+        if whole:
+            self.views, self.samples = {}, {}
+        self.views.update((v.name, v) for v in views)
+        self.samples.update(samples)
 
     def save(self, row: dict, open_incidents: Iterable[incidents.Incident]) -> None:
         """An incident opened, changed or closed: stored, and the gauge of the open ones (one alert each)."""
@@ -121,7 +128,7 @@ class Hub:
         """One report, its parts in their order (reports.Report)."""
         self.evidence.lines.extend(told.lines)
         if told.engines is not None:
-            self.evidence.views, self.evidence.samples = told.engines, told.samples or {}
+            self.evidence.engines(told.engines, told.samples or {}, told.whole)
         if told.events or told.cursor:
             self._record(told.events, told.refs, told.cursor, now, act)
         for ref, event in told.recounts:
@@ -140,7 +147,8 @@ class Hub:
         """Decide first (the decision and its reason go into the stored event), then change the conditions,
         join the incidents, store (with the source's cursor), alert, export, log, and act. The store never
         refuses and never waits: what it cannot write yet it keeps and retries."""
-        situation = policy.Situation(self.evidence.views, frozenset(self.inventory.seen), now, self.dry_run)
+        situation = policy.Situation(list(self.evidence.views.values()), frozenset(self.inventory.seen), now,
+                                     self.dry_run)
         engine_gpus = {view.name: view.gpus for view in situation.engines}
         decided, changes = [], []
         for event in events:

@@ -70,16 +70,6 @@ class Looker:
         return found or None
 
 
-@dataclass(frozen=True, slots=True)
-class KillTarget:
-    """What the actuator needs to kill (and restart) an engine: a fresh look, and its configuration."""
-
-    procs: list[psutil.Process]
-    refused: list[str]
-    gpu: str | None
-    config: EngineConfig
-
-
 def instance_of(procs: list[psutil.Process]) -> Instance:
     """Its processes by pid and start time: a new pid, or the same pid started anew, is a new instance."""
     keys = set()
