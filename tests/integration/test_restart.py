@@ -82,7 +82,7 @@ def status_of(url: str) -> tuple[int, str]:
 def check_back(d, loading: float, engine: str) -> dict:
     """While the new instance loads: nothing held against it, its gauges its own (nothing running, nothing
     stalled); then back, with the time since the kill."""
-    wait_event(d, "engine_killed", 60)
+    killed = wait_event(d, "engine_killed", 60)
     wait_for(lambda: gauge(d, "gpuwarden_engine_stalled", engine) == 0.0, 10, interval=0.2,
              what="the stalled gauge to read 0 once it is killed")
     assert gauge(d, "gpuwarden_engine_requests_running", engine) == 0.0
@@ -90,7 +90,8 @@ def check_back(d, loading: float, engine: str) -> dict:
     assert back["severity"] == "info" and back["message"].startswith(f"{engine} back: first completion "), back
     assert back["evidence"]["seconds_since_kill"] >= loading, back
     assert back["evidence"]["canary"]["outcome"] == "ok"
-    assert not events(d, BAD), [e["message"] for e in events(d, BAD)]
+    after = [e for e in events(d, BAD) if e["id"] > killed["id"]]  # the kill's own cause may be either (below)
+    assert not after, [e["message"] for e in after]
     assert len(events(d, {"engine_killed"})) == 1  # the loading instance was never killed
     return back
 
@@ -146,9 +147,12 @@ def test_a_real_llamacpp_loading_for_60_s_after_a_kill_answers_503_is_never_kill
                      what="requests running")
             freezer = Freezer(first).__enter__()
             try:
-                wait_event(d, "engine_killed", 60)
+                killed = wait_event(d, "engine_killed", 60)
             finally:
                 freezer.thaw()
+        # Frozen in a decode, llama-server's /metrics answers (a stall: no token for 5 s) or, when the frozen
+        # thread holds a lock the answer needs, not at all (unresponsive with requests running): both kill.
+        assert killed["evidence"]["reason"] in ("stalled", "unresponsive with requests running"), killed
         _, body = wait_for(lambda: (answer := status_of(f"{url}/health"))[0] == 503 and answer, 30,
                                 interval=0.2, what="the new llama-server to answer 503 while it loads")
         assert "Loading model" in body, body
