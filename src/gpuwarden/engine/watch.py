@@ -187,24 +187,26 @@ class EngineWatch:
         tick = time.monotonic()  # the stall detector's clock
         try:
             while True:
-                await self._poll(state)
+                looked = await self._poll(state)
                 now = time.monotonic()
                 if now >= tick:  # the regular look (an early one, at a stall's threshold, leaves it due)
                     tick += interval
-                await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, now) - now))
+                await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, looked, now) - now))
         finally:
             await state.scraper.close()
 
-    async def _poll(self, state: EngineState) -> None:
+    async def _poll(self, state: EngineState) -> float:
         """One look: scrape and look at the processes side by side, feed the lifecycle, carry out what it returns.
         The look is dated when the scrape answered (what it shows was so by then): dated once the process look
-        was done too, each stall's clock started that much late and its kill came that much later."""
+        was done too, each stall's clock started that much late and its kill came that much later. Returns the
+        look's date."""
         (sample, error, answered), looked = await asyncio.gather(self._scrape(state), self.inspect(state))
         look = lc.Look(answered, sample, state.instance if looked else None, is_spinning(state.cpus))
         changes = state.lifecycle.observe(look)
         self._export(state, sample)
         self.sink.engines(self.views(), self.samples())  # the hub's situation for the events that follow
         await self._carry_out(state, changes, error)
+        return answered
 
     async def _scrape(self, state: EngineState) -> tuple[EngineSample | None, str, float]:
         """Its figures, or None and why not (a refused log file said once, again when the reason changes), and
