@@ -35,7 +35,7 @@ from peers.freezer import Freezer, freeze_inside_a_decode  # noqa: E402
 from peers.load import Load  # noqa: E402
 
 INTERVAL, MIN_STALL, GRACE = 2.0, 10.0, 10.0
-RESULTS = ROOT / "bench" / "results" / "real_engines.json"  # what `make bench` shows (bench/report.py)
+RESULTS = ROOT / "bench" / "recorded" / "real_engines.json"  # what `make bench` shows (bench/report.py)
 
 
 def stop(pid):

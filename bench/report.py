@@ -32,7 +32,7 @@ BENCHES = [
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # Figures of benches too slow for `make bench` (real engines started and stalled: minutes each), as their last run
 # wrote them with --write; shown with that run's date, never as this run's.
-RECORDED = [("real_engines_bench.py", ROOT / "bench" / "results" / "real_engines.json")]
+RECORDED = [("real_engines_bench.py", ROOT / "bench" / "recorded" / "real_engines.json")]
 
 
 def run(script: str, args: list[str], limit: float) -> tuple[list[dict], str | None]:
