@@ -3,8 +3,9 @@ alternative measured in the same run.
 
     make bench          # or: .venv/bin/python bench/kernel_bench.py [--lines N] [--writes N]
 
-Throughput: lines per second of `Classifier.feed` on one core for (a) benign lines only and (b) a realistic
-mix (99 % benign, 1 % GPU faults arriving in storms), and of `parse_lines` + `feed` from raw `dmesg` text;
+Throughput: lines per second of `Classifier.feed_all` on one core (the best of three runs) for (a) benign lines
+only and (b) a realistic mix (99 % benign, 1 % GPU faults arriving in storms), and of `parse_lines` + `feed_all`
+from raw `dmesg` text;
 beside `grep -E -c` with a hand-written fault pattern over the same text and, with `--against REV`, the
 classifier of an earlier commit (its `src/` taken with `git archive`) on the same lines, in the same run.
 Latency (root, needs journald): a fault line is written to /dev/kmsg and the clock stops when its event row is
@@ -48,6 +49,7 @@ LATENCY_LINES = {  # kind -> a line of it (ffff: no real machine has that PCI do
     "sq_intr": "amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error, detail 0x00000000, type 1, sh 1, wave_id {i}",
     "xid": "NVRM: Xid (PCI:ffff:fe:1f): 13, pid={i}, name=python3, Graphics SM Warp Exception",
 }
+BATCH = 1000  # records per feed_all: what the sources read at once in a busy log is of this order
 LINE_GAP = 0.001  # seconds between lines: a busy kernel log; storms 5000 lines apart are separate events
 
 NOISE = [
@@ -88,22 +90,30 @@ def mix_lines(n: int, rng: random.Random) -> list[str]:
     return lines
 
 
-def classify_rate(lines: list[str]) -> tuple[float, int]:
+def classify_rate(lines: list[str], runs: int = 3) -> tuple[float, int]:
+    """(lines/s, events) of a fresh classifier on `lines`: the best of `runs`, as grep's is (on a shared machine a
+    single run reads whatever else ran then, and the first pays for collecting the garbage of building the lines)."""
     records = [KernelRecord(text, i * LINE_GAP) for i, text in enumerate(lines)]
-    classifier = Classifier()
-    events = 0
-    start = time.process_time()
-    for record in records:
-        events += len(classifier.feed(record, 0.0))
-    return len(records) / (time.process_time() - start), events
+    best, events = 0.0, 0
+    for _ in range(runs):
+        classifier = Classifier()
+        events = 0
+        start = time.process_time()
+        if hasattr(classifier, "feed_all"):  # in batches, as the kernel watch feeds what its source read
+            for i in range(0, len(records), BATCH):
+                events += sum(len(started) for _, started in classifier.feed_all(records[i:i + BATCH], 0.0))
+        else:  # the classifier of an older commit (--against)
+            for record in records:
+                events += len(classifier.feed(record, 0.0))
+        best = max(best, len(records) / (time.process_time() - start))
+    return best, events
 
 
 def parse_and_classify_rate(lines: list[str]) -> float:
     text = [f"[{i * LINE_GAP:12.6f}] {line}" for i, line in enumerate(lines)]
     classifier = Classifier()
     start = time.process_time()
-    for record in parse_lines(text).records:
-        classifier.feed(record, 0.0)
+    classifier.feed_all(parse_lines(text).records, 0.0)
     return len(text) / (time.process_time() - start)
 
 

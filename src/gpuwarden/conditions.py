@@ -131,7 +131,9 @@ def resolved_by(event: Event, state: State) -> list[Key]:
     kinds = RESOLVES[event.kind]
     if Kind.GPU_LOST in kinds:
         present = event.evidence.get(GPUS_PRESENT)
-        return [k for k in state if k.kind == Kind.GPU_LOST and (present is None or k.subject in present)]
+        # a loss whose line named no GPU ("host") ends when none is missing
+        return [k for k in state if k.kind == Kind.GPU_LOST and (
+            present is None or k.subject in present or (k.subject == "host" and not event.evidence.get("missing")))]
     return [k for kind in kinds if _subject(kind, event) and (k := _key(kind, event)) in state]
 
 
@@ -180,12 +182,17 @@ def resolve(state: State, key: Key, message: str, now: float,
 
 
 SURVIVES_RESTART = frozenset({Kind.GPU_LOST})  # only a reboot (or the GPU back) ends it; the rest is seen afresh
+# a watched engine that is down stays down until its watch sees it back (told by `EngineWatch.resume`)
+DOWN = frozenset({Kind.ENGINE_DOWN, Kind.ENGINE_RESTARTING})
 
 
-def restarted(state: State, now: float) -> tuple[State, list[Change]]:
-    """A daemon's start with the conditions its store held open: a lost GPU stays lost; what the components
-    judge afresh (an engine's stall, a telemetry reading) is resolved, or it would stay open for good."""
-    kept = {k: c for k, c in state.items() if k.kind in SURVIVES_RESTART}
+def restarted(state: State, now: float, engines: Iterable[str] = ()) -> tuple[State, list[Change]]:
+    """A daemon's start with the conditions its store held open: a lost GPU stays lost, and so does a watched
+    engine that is down (`engines`: those watched), until it is back; what the components judge afresh (an
+    engine's stall, a telemetry reading) is resolved, or it would stay open for good."""
+    watched = set(engines)
+    kept = {k: c for k, c in state.items()
+            if k.kind in SURVIVES_RESTART or (k.kind in DOWN and k.subject in watched)}
     return kept, [Change(c, False, now, "gpuwarden restarted: judged afresh", by_event=False)
                   for k, c in state.items() if k not in kept]
 

@@ -102,6 +102,13 @@ def _at_most(maximum: float) -> AfterValidator:
 # How often something runs, or how long it may take: zero would spin a core, flood a receiver or time out at once.
 Interval = Annotated[float, BeforeValidator(parse_duration), _at_least(0.1)]
 Period = Annotated[float, BeforeValidator(parse_duration), _at_least(1.0)]
+
+
+def _below_resolve_timeout(seconds: float) -> float:
+    if seconds >= 300.0:
+        raise ValueError(f"{_show(seconds)} is not below Alertmanager's default resolve_timeout (5m): an open alert "
+                         "would resolve there between two sends")
+    return seconds
 PciAddress = Annotated[str, AfterValidator(normalize_pci)]  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
 SeverityName = Literal["info", "warning", "critical"]
 
@@ -324,6 +331,9 @@ class AlertsConfig(Section):
     retry_max: Interval = 600.0
     give_up_after: Period = 86400.0
     send_timeout: Period = 30.0
+    # firing alerts sent again to an Alertmanager this often; at or above its resolve_timeout (5m by default)
+    # an open incident would resolve there between two sends
+    alertmanager_resend: Annotated[Interval, AfterValidator(_below_resolve_timeout)] = 60.0
 
     @model_validator(mode="after")
     def _retries(self) -> AlertsConfig:

@@ -31,7 +31,7 @@ from gpuwarden.health import Components, Health, Loop, StoreHealth
 from gpuwarden.hub import Evidence, Hub
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.recovery import Recovery, losses_in_events
+from gpuwarden.recovery import Recovery
 from gpuwarden.reports import Outbox, Report
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.sockets import holder
@@ -97,8 +97,7 @@ class Daemon:
 
     async def _confirm_recovery(self) -> None:
         """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
-        check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root,
-                         partial(losses_in_events, partial(self.store.events, limit=100_000)),
+        check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root, self.hub.still_lost,
                          self._outbox("recovery").record)
         try:
             await check.run()
@@ -121,7 +120,8 @@ class Daemon:
         incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
                                      keep=cfg.daemon.incidents_keep)
         self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
-                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence))
+                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence),
+                               incidents.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run())
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
@@ -136,7 +136,8 @@ class Daemon:
             log.warning("%s", warning)
         self._build(loop)
         self.metrics.set(families.STORE_WRITABLE, 1)
-        self.hub.load(time.time())  # a GPU lost before this start is still lost
+        self.hub.load(time.time(), self.engines.engines)  # a GPU lost before this start is still lost
+        self.engines.resume(self.hub.conditions, time.time())  # an engine down before it is down until back
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)
@@ -279,6 +280,7 @@ class Daemon:
             self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
             self.actuator.configure(self.engines, new.cache)
             self.hub.unwatched(gone - set(self.engines.engines))
+            self.engines.resume(self.hub.conditions, time.time())  # the new watch's lifecycles start afresh
             if exporter_changed:
                 if self.exporter:
                     self.exporter.stop()
@@ -420,7 +422,7 @@ class AlertContext:
     def __call__(self) -> Context:
         self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
         gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
-        engines = {v.name: v.gpus for v in self.evidence.views}
+        engines = {v.name: v.gpus for v in self.evidence.views.values()}
         return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
                        engines)
 

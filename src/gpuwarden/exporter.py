@@ -62,12 +62,6 @@ class SelfMetrics:
         with self._lock:
             self._values[name] = {labels: v for labels, v in series.items() if math.isfinite(v)}
 
-    def forget(self, family: Family | str, *labels: str) -> None:
-        """One series goes away (an engine that is down runs no requests: its last figure must not stay)."""
-        name = _declared(family, labels)
-        with self._lock:
-            self._values[name].pop(labels, None)
-
     def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
         with self._lock:
             return {name: dict(series) for name, series in self._values.items()}

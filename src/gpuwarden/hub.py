@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import replace
 
-from gpuwarden import conditions, families, incidents, logsetup, policy, report
+from gpuwarden import conditions, families, incidents, logsetup, policy, recovery, report
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
@@ -39,8 +39,15 @@ class Evidence:
         """`views`: the configured engines before the engine watch's first report (a fault may come first)."""
         self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
-        self.views: list[policy.EngineView] = views or []
+        self.views: dict[str, policy.EngineView] = {v.name: v for v in views or []}
         self.samples: dict[str, dict] = {}
+
+    def engines(self, views: list[policy.EngineView], samples: dict[str, dict], whole: bool) -> None:
+        """The engines the watch looked at (each poll reports its own); a whole set replaces every one."""
+        if whole:
+            self.views, self.samples = {}, {}
+        self.views.update((v.name, v) for v in views)
+        self.samples.update(samples)
 
     def save(self, row: dict, open_incidents: Iterable[incidents.Incident]) -> None:
         """An incident opened, changed or closed: stored, and the gauge of the open ones (one alert each)."""
@@ -79,13 +86,18 @@ class Hub:
         """A reload's new settings."""
         self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
 
-    def load(self, now: float) -> None:
-        """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart)."""
+    def load(self, now: float, engines: Iterable[str] = ()) -> None:
+        """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart,
+        and so does a watched engine that is down: `engines`, those watched)."""
         stored = {c.key: c for c in self.store.open_conditions()}
-        self.conditions, ended = conditions.restarted(stored, now)
+        self.conditions, ended = conditions.restarted(stored, now, engines)
         self.incidents.load(self.store.incidents(open_only=True), list(self.conditions), now)
         self._changed(ended, now)
         self._export_conditions()
+
+    def still_lost(self, until: float) -> list[recovery.Loss]:
+        """The GPUs lost before `until` and not back: what the confirmation after a reboot checks."""
+        return recovery.still_lost(self.conditions, self.incidents.open.values(), until)
 
     def unwatched(self, engines: set[str]) -> None:
         """A reload stopped watching these engines: their conditions end."""
@@ -116,7 +128,7 @@ class Hub:
         """One report, its parts in their order (reports.Report)."""
         self.evidence.lines.extend(told.lines)
         if told.engines is not None:
-            self.evidence.views, self.evidence.samples = told.engines, told.samples or {}
+            self.evidence.engines(told.engines, told.samples or {}, told.whole)
         if told.events or told.cursor:
             self._record(told.events, told.refs, told.cursor, now, act)
         for ref, event in told.recounts:
@@ -135,7 +147,8 @@ class Hub:
         """Decide first (the decision and its reason go into the stored event), then change the conditions,
         join the incidents, store (with the source's cursor), alert, export, log, and act. The store never
         refuses and never waits: what it cannot write yet it keeps and retries."""
-        situation = policy.Situation(self.evidence.views, frozenset(self.inventory.seen), now, self.dry_run)
+        situation = policy.Situation(list(self.evidence.views.values()), frozenset(self.inventory.seen), now,
+                                     self.dry_run)
         engine_gpus = {view.name: view.gpus for view in situation.engines}
         decided, changes = [], []
         for event in events:
@@ -198,9 +211,10 @@ class Hub:
             if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:
                 self.metrics.set(families.ENGINE_STALLED, 0, key.subject)
             elif key.kind == conditions.Kind.ENGINE_DOWN and change.raised:
-                # a dead engine runs nothing: its last figures must not stand for it
+                # a dead engine runs nothing: 0, as the engine watch says while it restarts (not absent: one
+                # would drop the series the other sets, and a query could not tell "none" from "not known")
                 for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING):
-                    self.metrics.forget(family, key.subject)
+                    self.metrics.set(family, 0, key.subject)
 
     def _export_conditions(self) -> None:
         self.metrics.replace(families.CONDITION, conditions.series(self.conditions))

@@ -143,8 +143,9 @@ class Sink(Protocol):
     step on the one queue the hub drains, and writes its metrics to its own handles. Components only emit, and
     never wait for an answer: batches of events (with the cursor of the source that read them; `record` returns
     the outbox's own references for them), a storm's final count (by that reference), a condition that ended,
-    the engines watched, counts and gauges. A condition a component sees end without an event (an engine answers
-    again) is resolved by its key (conditions.py); `cures`: the event kinds that observation cures (None: any).
+    the engines watched (each poll its own engine; `whole`: these are all of them, the others are gone),
+    counts and gauges. A condition a component sees end without an event (an engine answers again) is resolved
+    by its key (conditions.py); `cures`: the event kinds that observation cures (None: any).
     What is stored, alerted and done about them is the hub's and the policy's business."""
 
     def record(self, events: list[Event], cursor: tuple[str, str] | None = None) -> list[tuple[str, int]]: ...
@@ -155,7 +156,7 @@ class Sink(Protocol):
     def replace_series(self, family: Family, series: dict[tuple[str, ...], float]) -> None: ...
     def polled(self, source: str) -> None: ...
     def kernel_lines(self, now: float, texts: list[str]) -> None: ...
-    def engines(self, views: list, samples: dict[str, dict]) -> None: ...
+    def engines(self, views: list, samples: dict[str, dict], whole: bool) -> None: ...
 
 
 class NullSink:
@@ -185,5 +186,5 @@ class NullSink:
     def kernel_lines(self, now: float, texts: list[str]) -> None:
         pass
 
-    def engines(self, views: list, samples: dict[str, dict]) -> None:
+    def engines(self, views: list, samples: dict[str, dict], whole: bool) -> None:
         pass

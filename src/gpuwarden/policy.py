@@ -23,8 +23,6 @@ actions out.
   once a restart did not bring it back it is only killed: no restart loop.
 - At most `kill_budget` kills per engine per `kill_budget_window`: beyond it a kill is refused and a person must
   act (a `Refuse` with `by_hand`, alerted as kill_refused). A dry run is never refused for its budget.
-- A kill goes ahead only for a target that resolved to its own processes, and not too many (`target_refusal`,
-  asked by the actuator right before it signals, on a fresh look).
 - An engine whose processes are gone, not by our kill, has exited; enough exits within a window are a crash
   loop (`exited`).
 
@@ -152,15 +150,6 @@ def _within_budget(kill: Kill, situation: Situation) -> Kill | Refuse:
         return kill
     return Refuse(kill, f"its kill budget ({view.kill_budget} per {view.kill_budget_window:.0f} s) is spent",
                   by_hand=True)
-
-
-def target_refusal(processes: int, refused: list[str], max_processes: int) -> str | None:
-    """Why a kill may not go ahead on what the engine's target resolved to now (None: it may)."""
-    if not processes and refused:
-        return f"its target was refused ({'; '.join(refused)})"
-    if processes > max_processes:
-        return f"its target resolves to {processes} processes, more than max_kill_processes ({max_processes})"
-    return None
 
 
 def exited(exits: tuple[float, ...], now: float, last_kill: float | None, grace: float,

@@ -2,8 +2,9 @@
 
 On the first start of each boot gpuwarden records a baseline of its GPUs (PCI address, model, driver, BAR sizes,
 each link's speed and width up to the root port, AtomicOps at the root port) in the state dir. When it starts on
-a new boot and the last boot lost a GPU, it compares the GPUs with that baseline by itself, waiting as long as a
-person is told to wait for a card to come back, and emits `gpus_back` ("GPUs back 2/2, as before") or
+a new boot and a GPU lost before it is still lost (an open gpu_lost condition: a loss that ended before the
+reboot asks for no confirmation), it compares the GPUs with that baseline by itself, waiting as long as a person
+is told to wait for a card to come back, and emits `gpus_back` ("GPUs back 2/2, as before") or
 `gpus_changed` (what differs: "ffff:03:00.0 link x16 → x4", "ffff:04:00.0 missing"). The baseline stays the one
 from before the fault until the GPUs are back as before: a card that came back degraded is not the new normal.
 
@@ -17,14 +18,15 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuwarden import conditions
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import discover
-from gpuwarden.kinds import GPU_LOST_KINDS
+from gpuwarden.incidents import Incident
 from gpuwarden.model import Event, Severity
 from gpuwarden.offloop import OffLoop
 
@@ -34,7 +36,7 @@ BASELINE = "gpu-baseline.json"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 WAIT = 600.0  # a card can take 7 minutes to come back: the runbook says wait 10, and so does gpuwarden
 EVERY = 15.0  # seconds between looks while waiting
-_READS = OffLoop("recovery", limit=1)  # sysfs, the baseline file, the store: a hung read holds one thread
+_READS = OffLoop("recovery", limit=1)  # sysfs, the baseline file: a hung read holds one thread
 _READ_DEADLINE = 60.0
 
 
@@ -191,12 +193,13 @@ class Loss:
     incident: str | None  # the incident that told it
 
 
-def losses_in_events(events: Callable[[float], list[dict]], since: float, until: float) -> list[Loss]:
-    """The GPUs lost between `since` and `until` (the last boot), read from the stored events: live critical
-    events of the GPU-lost kinds. Where open GPU-lost conditions are stored, they answer here instead."""
-    return [Loss(row["gpu"], (row.get("evidence") or {}).get("incident")) for row in events(since)
-            if since <= row["time"] < until and row["kind"] in GPU_LOST_KINDS and row["severity"] == "critical"
-            and "history" not in (row.get("evidence") or {})]
+def still_lost(state: conditions.State, open_incidents: Iterable[Incident], until: float) -> list[Loss]:
+    """The GPUs lost before `until` (this boot's start) and not back since: the open gpu_lost conditions, the
+    model's truth, each with the open incident that holds it. A loss that ended before the reboot (the GPU came
+    back on the bus) is no loss to confirm."""
+    held = {key: i.id for i in open_incidents for key in i.conditions}
+    return [Loss(c.gpu, held.get(c.key)) for c in state.values()
+            if c.key.kind == conditions.Kind.GPU_LOST and c.since < until]
 
 
 def _text(path: Path) -> str | None:
@@ -212,11 +215,12 @@ class Recovery:
     """Run once at the start: record the baseline on a new boot, or, when the last boot lost a GPU, wait for the
     GPUs and report whether they are back as before."""
 
-    def __init__(self, state_dir: Path, sysfs_root: Path, losses: Callable[[float, float], list[Loss]],
+    def __init__(self, state_dir: Path, sysfs_root: Path, losses: Callable[[float], list[Loss]],
                  record: Callable[[list[Event]], Any], boot_path: Path = BOOT_ID, wait: float = WAIT,
                  every: float = EVERY, booted: Callable[[], float] | None = None) -> None:
-        """`losses(since, until)`: the GPUs lost then (blocking: called off the loop); `record`: where the verdict
-        goes (the hub); `booted`: when this boot began, epoch seconds (tests give their own)."""
+        """`losses(until)`: the GPUs lost before then and still lost (the hub's open conditions, read on the
+        loop); `record`: where the verdict goes (the hub, which ends those conditions and their incident with
+        it); `booted`: when this boot began, epoch seconds (tests give their own)."""
         self.path, self.sysfs_root, self.losses, self.record = state_dir / BASELINE, sysfs_root, losses, record
         self.boot_path, self.wait, self.every = boot_path, wait, every
         self.booted = booted or (lambda: time.time() - time.clock_gettime(time.CLOCK_BOOTTIME))
@@ -229,7 +233,7 @@ class Recovery:
         if baseline is None:
             await self._save(boot, now)
             return None
-        losses = await self._off(self.losses, baseline[1], self.booted())
+        losses = self.losses(self.booted())
         if not losses:
             await self._save(boot, now)
             return None

@@ -148,6 +148,9 @@ class Incidents:
                     closed.set()
             self.save(settled.row(), self.open.values())
 
+    def is_open(self, incident_id: str) -> bool:
+        return incident_id in self.open
+
     def folder_for(self, event_ids: list[int]) -> Path | None:
         """The incident that these events belong to (an alert names it or attaches its picture)."""
         return next((self.folder / self._by_event[i] for i in event_ids if i in self._by_event), None)

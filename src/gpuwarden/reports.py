@@ -35,7 +35,8 @@ class Resolution:
 class Report:
     """One step of one component, handled by the hub in this order: lines, events (with `refs`, the outbox's
     own numbers for them, and the cursor), recounts (a stored event's storm grew: its ref and its final
-    event), resolutions. `engines`/`samples`: the engine watch's views and last scrapes, when they changed."""
+    event), resolutions. `engines`/`samples`: the views and last scrapes of the engines the engine watch
+    looked at (each poll its own engine); `whole`: they are all the engines watched, the others are gone."""
 
     source: str
     lines: list[tuple[float, str]] = field(default_factory=list)
@@ -46,6 +47,7 @@ class Report:
     resolved: list[Resolution] = field(default_factory=list)
     engines: list[EngineView] | None = None
     samples: dict[str, dict] | None = None
+    whole: bool = False
 
 
 # the hub's order of a report's parts: a component's later call of an earlier part starts a new report
@@ -100,9 +102,15 @@ class Outbox:
     def kernel_lines(self, now: float, texts: list[str]) -> None:
         self._report(_LINES).lines += [(now, text) for text in texts]
 
-    def engines(self, views: list[EngineView], samples: dict[str, dict]) -> None:
+    def engines(self, views: list[EngineView], samples: dict[str, dict], whole: bool) -> None:
+        """Several engines' polls in one loop step make one report; a whole set replaces what came before."""
         report = self._report(_LINES)
-        report.engines, report.samples = views, samples
+        if whole or report.engines is None:
+            report.engines, report.samples, report.whole = list(views), dict(samples), whole or report.whole
+        else:
+            named = {v.name for v in views}
+            report.engines = [v for v in report.engines if v.name not in named] + list(views)
+            report.samples |= samples
 
     # its own metric handles: not through the hub
 

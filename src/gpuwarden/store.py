@@ -243,6 +243,16 @@ class Store:
         return [(r[0], Event(r[2], Severity.parse(r[3]), r[6], r[1], r[4], r[5], json.loads(r[7]), r[8]))
                 for r in rows]
 
+    def alerted_events(self, since: float, incident: str | None, limit: int = 10_000) -> list[Event]:
+        """Events at or after `since` that the alerter handled, of `incident` (None: of no incident), oldest
+        first: what a restarted alerter's storm control resumes from. The newest `limit` of them."""
+        rows = self._db.execute(
+            "SELECT time, kind, severity, gpu, engine, message, evidence, count FROM events"
+            " WHERE time >= ? AND alerted = 1 AND json_extract(evidence, '$.incident') IS ?"
+            " ORDER BY id DESC LIMIT ?", (since, incident, limit)).fetchall()
+        return [Event(r[1], Severity.parse(r[2]), r[5], r[0], r[3], r[4], json.loads(r[6]), r[7])
+                for r in reversed(rows)]
+
     def mark_alerted(self, event_ids: Iterable[int]) -> None:
         with self._transaction() as db:
             db.executemany("UPDATE events SET alerted = 1 WHERE id = ?", [(i,) for i in event_ids])
@@ -497,6 +507,15 @@ class QueuedStore:
 
     def outbox(self) -> list[OutboxRow]:
         return self._reader.outbox()
+
+    def alerted_events(self, since: float, incident: str | None) -> list[Event]:
+        """Read at the alerter's first run, of what the last process stored (a store another process holds:
+        none, said; the storm control then starts afresh)."""
+        try:
+            return self._reader.alerted_events(since, incident)
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read the alerted events: %s", exc)
+            return []
 
     def open_conditions(self) -> list[conditions.Condition]:
         """Read at start, before this process wrote any. A store another process holds now starts with none

@@ -58,14 +58,16 @@ def journald():
 
 def _host_journald() -> bool:
     """A journald of this host: one of a container (the nspawn systemd of the lane beside, make test's step 2) is
-    seen by pgrep too, but reads neither this host's kmsg nor its journal socket."""
+    seen by pgrep too, but reads neither this host's kmsg nor its journal socket. Its /proc/PID/root reads "/" as
+    well (its pivoted root is out of our reach), so the mount namespace tells them apart."""
     pids = subprocess.run(["pgrep", "-x", "systemd-journal"], capture_output=True, text=True).stdout.split()
-    return any(_root_of(pid) == "/" for pid in pids)
+    ours = _mount_namespace("self")
+    return any(_mount_namespace(pid) == ours for pid in pids)
 
 
-def _root_of(pid: str) -> str | None:
+def _mount_namespace(pid: str) -> str | None:
     try:
-        return os.readlink(f"/proc/{pid}/root")
+        return os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
         return None
 

@@ -93,6 +93,7 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
     d.write_config(engine_config(second, kill_budget="1"))
     d.proc.send_signal(1)  # SIGHUP: the reload keeps the budget that was spent
     d.wait_log("reloaded")
+    wait_event(d, "engine_back")  # the new instance is judged once it is back (a start's stall waits its deadline)
     second.set_mode("stall")
     refused = wait_event(d, "kill_refused")
     assert "kill budget (1 per 3600 s) is spent" in refused["message"]

@@ -150,7 +150,7 @@ def test_a_stall_its_kill_and_the_engine_s_return_are_one_incident_and_stored_co
         snapshot = hub.metrics.snapshot()
         assert snapshot[gauge] == {("engine_down", "vllm", GPU, "vllm"): 1}
         assert snapshot["gpuwarden_engine_stalled"] == {("vllm",): 0}  # at once, not at the next scrape
-        assert snapshot["gpuwarden_engine_requests_running"] == {}  # a dead engine runs nothing
+        assert snapshot["gpuwarden_engine_requests_running"] == {("vllm",): 0}  # a dead engine runs nothing
         record(hub, [back])
         assert hub.metrics.snapshot()[gauge] == {}
         await asyncio.sleep(0.05)

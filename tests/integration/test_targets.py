@@ -1,5 +1,6 @@
 """Target resolution and the killer's safety rules, on real processes."""
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -7,9 +8,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import wait_for
 
 from gpuwarden.act.killer import kill
+from gpuwarden.config import parse
 from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, resolve
+from gpuwarden.engine.targets import KillTarget, Refused, refusal
+from gpuwarden.engine.watch import EngineWatch
+from gpuwarden.model import NullSink
 
 ME = os.getuid()
 
@@ -90,3 +96,48 @@ def test_gpus_from_the_device_files_a_process_holds(tmp_path):
     os.symlink("/dev/kfd", only_kfd / "3")
     P.pid = 77
     assert gpus_in_use([P()], proc, sys_root) is None  # /dev/kfd alone does not say which GPU: all of them
+
+
+def _watch(tmp_path, pid: int, **settings) -> EngineWatch:
+    (tmp_path / "engine.pid").write_text(f"{pid}\n")
+    opts = "".join(f"{k} = {v}\n" for k, v in settings.items())
+    cfg = parse(f'[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:9/metrics"\n{opts}'
+                f'[engine.target]\nkind = "pidfile"\npidfile = "{tmp_path / "engine.pid"}"\nuser = "{ME}"\n')
+    return EngineWatch(cfg.engines, cfg.engine, NullSink(), nvml=False)
+
+
+def test_take_tells_the_lifecycle_of_a_kill_only_when_it_goes_ahead(tmp_path, sleeper):
+    """The actuator's one call before a kill: a fresh look, judged, and the lifecycle told before any signal
+    (else the processes going would be an exit) — but not for a refused target nor a dry run."""
+    watch = _watch(tmp_path, sleeper.pid)
+    life = watch.engines["e"].lifecycle
+    dry = asyncio.run(watch.take("e", restart=True, dry_run=True))
+    assert isinstance(dry, KillTarget) and [p.pid for p in dry.procs] == [sleeper.pid] and life.kills == ()
+    real = asyncio.run(watch.take("e", restart=True, dry_run=False))
+    assert [p.pid for p in real.procs] == [sleeper.pid] and len(life.kills) == 1 and life.phase == "down"
+    assert sleeper.poll() is None  # the watch only hands the target over: the actuator kills
+    assert asyncio.run(watch.take("nobody", restart=False, dry_run=False)) is None
+
+    tree = subprocess.Popen([*SLEEPER[:2], "import subprocess, time; subprocess.Popen(['sleep', '600']); "
+                             "time.sleep(600)"], start_new_session=True)
+    try:  # a parent and its child: two processes, one allowed
+        wait_for(lambda: len(psutil.Process(tree.pid).children()) == 1, 10, what="the child")
+        too_many = _watch(tmp_path, tree.pid, max_kill_processes=1)
+        refused = asyncio.run(too_many.take("e", restart=False, dry_run=False))
+        assert isinstance(refused, Refused) and "2 processes, more than max_kill_processes (1)" in refused.reason
+        assert too_many.engines["e"].lifecycle.kills == () and too_many.engines["e"].lifecycle.phase == "watching"
+    finally:
+        os.killpg(tree.pid, 9)
+        tree.wait()
+
+    not_its_own = _watch(tmp_path, 1)  # pid 1 is never the engine's
+    refused = asyncio.run(not_its_own.take("e", restart=False, dry_run=False))
+    assert isinstance(refused, Refused) and refused.reason.startswith("its target was refused")
+    assert not_its_own.engines["e"].lifecycle.kills == ()
+
+
+def test_the_target_judgement():
+    assert refusal(2, [], 512) is None
+    assert refusal(0, ["pid 1: not the engine's"], 512) == "its target was refused (pid 1: not the engine's)"
+    assert refusal(1, ["pid 1: not the engine's"], 512) is None  # the ones it may kill, it kills
+    assert refusal(600, [], 512) == "its target resolves to 600 processes, more than max_kill_processes (512)"

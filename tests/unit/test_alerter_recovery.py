@@ -34,3 +34,35 @@ def test_an_event_submitted_before_the_first_run_is_not_recovered_as_its_own_rep
     assert keys[event("watchdog_error").dedupe_key].suppressed == 0  # not counted as a repeat of itself
     assert keys[event("ring_timeout").dedupe_key].suppressed == 0
     store.close()
+
+
+def test_a_restarted_alerter_resumes_an_open_incidents_page_and_its_firing_alerts(tmp_path):
+    """The last run paged an incident that is still open (its row, its alerted events): this run's storm control
+    takes its "back" for a follow-up of that page, and the Alertmanager target holds its alerts firing again,
+    due at once (they may have expired while gpuwarden was away). A closed incident is not resumed."""
+    from gpuwarden.alert.targets import build
+
+    store = Store(tmp_path / "gpuwarden.db")
+    now = time.time()
+    for name, closed in (("20261204-031207-engine_stall", None), ("20261204-021207-engine_stall", now - 5)):
+        stall = Event("engine_stall", Severity.CRITICAL, "vllm stalled", now - 30, engine="vllm",
+                      evidence={"incident": name})
+        store.mark_alerted(store.add_events([stall]))
+        store.save_incident({"id": name, "opened": now - 30, "closed": closed, "kind": "engine_stall",
+                             "engines": ["vllm"]})
+    config = AlertsConfig.model_validate({"hostname": "vm", "target": [{"url": "alertmanager://127.0.0.1:9",
+                                                                         "name": "am"}]})
+
+    async def main():
+        alerter = Alerter(config, build(config), store, SelfMetrics())
+        alerter._recover()
+        return alerter
+
+    alerter = asyncio.run(main())
+    firing = alerter.targets[0].channel.firing
+    [item] = firing.items.values()
+    assert item["labels"] == {"alertname": "engine_stall", "severity": "critical", "host": "vm", "engine": "vllm",
+                              "incident": "20261204-031207-engine_stall"}
+    assert item["annotations"]["summary"].startswith("vm: engine vllm stalled") and firing.next <= time.time()
+    assert set(alerter.storm._incidents) == {"20261204-031207-engine_stall"}
+    store.close()

@@ -2,7 +2,8 @@
 the counts it states are the walks' own. An arrow `a → b name` is a call into a module one of them imports from
 the other: `name` is defined in one and called (or handed to a pool) in the other. `a ⇢ b name` is a call through
 a port handed at construction: `name` is defined in b and called in a, or handed over by the daemon (`.name`).
-`a ⇒ b` is the one queue: a puts on it, b awaits it."""
+`a ⇒ b` is the one queue: a puts on it, b awaits it. Each walk enters each module once, unless its counts say
+which it enters twice (the fault's walk may enter none twice)."""
 
 import re
 from pathlib import Path
@@ -12,10 +13,12 @@ from test_imports import SRC
 
 DOC = SRC.parent.parent / "docs" / "architecture.md"
 ARROW = re.compile(r"^(\S+\.py)\s+([→⇢⇒])\s+(\S+\.py)\s+(\w+)")
-COUNTED = re.compile(r"Counted: (\d+) modules entered, (\d+) hops\.")
+COUNTED = re.compile(r"Counted: (\d+) modules entered, (\d+) hops; entered twice: (none|`[^`]+`(?:, `[^`]+`)*)\.")
+
+Arrow = tuple[str, str, str, str]
 
 
-def walks() -> list[tuple[list[tuple[str, str, str, str]], tuple[int, int]]]:
+def walks() -> list[tuple[list[Arrow], tuple[int, int, list[str]]]]:
     text = DOC.read_text()
     found = []
     for block, rest in re.findall(r"```walk\n(.*?)```(.*?)(?=```walk|\Z)", text, re.S):
@@ -23,7 +26,8 @@ def walks() -> list[tuple[list[tuple[str, str, str, str]], tuple[int, int]]]:
         assert len(arrows) == len(block.strip().splitlines()), "a line of a walk that is not an arrow"
         counted = COUNTED.search(rest)
         assert counted, "a walk without its counts"
-        found.append((arrows, (int(counted[1]), int(counted[2]))))
+        twice = [] if counted[3] == "none" else re.findall(r"`([^`]+)`", counted[3])
+        found.append((arrows, (int(counted[1]), int(counted[2]), twice)))
     return found
 
 
@@ -50,8 +54,23 @@ def calls(module: str, name: str) -> bool:
     return re.search(rf"(?<!def )\b{name}(\(|, )", source(module)) is not None
 
 
-def test_the_document_has_both_walks():
-    assert len(walks()) == 2
+def entered_twice(arrows: list[Arrow]) -> list[str]:
+    """Walk the hops as calls: a callee is entered; a call returns to its caller (what the caller called before
+    is left); across the queue everything is left (the consumer runs on its own). The modules entered a second
+    time, in order; a module that calls on after it was left fails."""
+    stack, entered, twice = [arrows[0][0]], {arrows[0][0]}, []
+    for a, kind, b, name in arrows:
+        assert a in stack, f"{a} calls {b}.{name} after it was left"
+        stack = [] if kind == "⇒" else stack[:stack.index(a) + 1]
+        if b in entered:
+            twice.append(b)
+        entered.add(b)
+        stack.append(b)
+    return twice
+
+
+def test_the_document_has_its_three_walks():
+    assert len(walks()) == 3  # a fault, a stall, an action's outcome
 
 
 @pytest.mark.parametrize("arrow", [a for arrows, _ in walks() for a in arrows], ids=" ".join)
@@ -68,8 +87,27 @@ def test_each_arrow_is_in_the_code(arrow):
 
 
 def test_the_stated_counts_are_the_walks_own():
-    for arrows, (modules, hops) in walks():
+    for arrows, (modules, hops, twice) in walks():
         assert (len({m for a, _, b, _ in arrows for m in (a, b)}), len(arrows)) == (modules, hops)
+        assert entered_twice(arrows) == twice, "a module entered twice that the counts do not state (or not)"
+
+
+def test_the_fault_walk_and_the_outcome_walk_enter_each_module_once():
+    (fault, _), _, (outcome, _) = walks()
+    assert entered_twice(fault) == [] and entered_twice(outcome) == []
+
+
+def test_a_doubled_entry_is_caught():
+    once = [("hub.py", "→", "policy.py", "decide"), ("hub.py", "→", "act/actuator.py", "execute"),
+            ("act/actuator.py", "→", "act/killer.py", "kill")]
+    assert entered_twice(once) == []
+    # the actuator asks the policy again: entered twice (the walk as it was before `take`)
+    assert entered_twice([*once, ("act/actuator.py", "→", "policy.py", "target_refusal")]) == ["policy.py"]
+    # an outcome handed back across the queue enters the hub again
+    again = [*once, ("act/actuator.py", "⇢", "reports.py", "record"), ("reports.py", "⇒", "hub.py", "run")]
+    assert entered_twice(again) == ["hub.py"]
+    with pytest.raises(AssertionError, match="after it was left"):  # the policy left, then calling on
+        entered_twice([*once, ("policy.py", "→", "conditions.py", "apply")])
 
 
 def test_a_false_arrow_is_caught():

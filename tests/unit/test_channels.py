@@ -1,12 +1,13 @@
 """The pure parts of the alert channels and the exporter's web config: Alertmanager URLs, labels and bodies;
-a resolution carries the event whose alert it ends; basic-auth headers."""
+what an Alertmanager target holds firing and sends again; a resolution carries the event whose alert it ends;
+basic-auth headers."""
 
 import base64
 
 import bcrypt
 import pytest
 
-from gpuwarden.alert.alertmanager import endpoint, postable
+from gpuwarden.alert.alertmanager import Firing, endpoint, postable
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.storm import StormControl
 from gpuwarden.model import Event, Severity
@@ -39,6 +40,31 @@ def test_labels_one_identity_per_distinct_set_and_ends_only_on_resolution():
     assert firing[0]["annotations"] == {"summary": "t", "description": "x"}
     ended = postable(Alert("t", "b", "x", "success", True, identities=found), 200.0)
     assert [a["endsAt"] for a in ended] == ["1970-01-01T00:03:20.000Z"] * 2
+
+
+def test_firing_alerts_are_sent_again_until_their_all_clear_or_their_incident_closes():
+    """Alertmanager forgets an alert not sent again within its resolve_timeout: the alerts of an open incident
+    are sent again every interval, as last posted; one outside an incident is not (it expires there)."""
+    stall = Event("engine_stall", Severity.CRITICAL, "m", 100.0, engine="e", evidence={"incident": "i"})
+    other = Event("engine_stall", Severity.CRITICAL, "m", 100.0, engine="f", evidence={"incident": "j"})
+    hot = Event("thermal", Severity.WARNING, "hot", 100.0, gpu="ffff:fe:1f.7", evidence={"condition": "thermal:x"})
+    firing, is_open = Firing(60.0), {"i": True, "j": True}
+    for alert in [Alert("stalled", "b", "x", "failure", False, identities=identities([stall], "box", "i")),
+                  Alert("f stalled", "b", "x", "failure", False, identities=identities([other], "box", "j")),
+                  Alert("hot", "b", "x", "warning", False, identities=identities([hot], "box", None))]:
+        firing.posted(alert, postable(alert, 100.0), 100.0)
+    assert firing.due(159.0, is_open.get) == []  # not yet
+    again = firing.due(160.0, is_open.get)
+    assert [a["labels"]["engine"] for a in again] == ["e", "f"]
+    assert all("endsAt" not in a for a in again) and again[0]["annotations"]["summary"] == "stalled"
+    firing.sent(again, 160.0)
+    back = Alert("back", "b", "x", "success", True, identities=identities([stall], "box", "i"))
+    firing.posted(back, postable(back, 170.0), 170.0)  # the all-clear of incident i
+    is_open["j"] = False  # incident j closed without one (its engine no longer watched)
+    [ended] = firing.due(220.0, is_open.get)
+    assert (ended["labels"]["engine"], ended["endsAt"]) == ("f", "1970-01-01T00:03:40.000Z")
+    firing.sent([ended], 220.0)
+    assert firing.items == {} and firing.next is None and firing.due(1e9, is_open.get) == []
 
 
 def test_a_resolution_without_incident_names_the_event_whose_alert_it_ends():

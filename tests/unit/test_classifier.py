@@ -208,6 +208,30 @@ def test_oops_in_a_gpu_driver_is_critical():
     assert (event.kind, event.severity, event.evidence["modules"]) == ("kernel_oops", C, ["amdgpu"])
 
 
+def test_a_line_that_reads_as_a_frame_and_a_header_is_the_header_in_an_open_report():
+    """An open report's frames take a short way in (classifier._may_be_header): a line that is a frame and also a
+    `word: BUG: ` header still raises the report to critical, and a report that ends at its end line is closed."""
+    warn = ["[10.0] ------------[ cut here ]------------", "[10.0]  amdgpu_job_run+0x1/0x2 [amdgpu]"]
+    header = "[10.0] amdgpu_fence+0x1/0x2: BUG: unable to handle page fault"
+    end = "[10.0] ---[ end trace 0000000000000000 ]---"
+    assert [(e.kind, e.severity) for e in classify_text("\n".join([*warn, end]))] == [("kernel_oops", W)]
+    event = one("\n".join([*warn, header, "[10.0]  drm_ioctl+0x1/0x2 [drm]", end]))
+    assert (event.kind, event.severity, event.evidence["modules"]) == ("kernel_oops", C, ["amdgpu"])
+    assert event.evidence["lines"][-1] == end[len("[10.0] "):]  # closed by its end line, not by a flush
+
+
+def test_a_gpu_fault_printed_while_another_drivers_warning_report_is_open_is_not_lost_in_it():
+    """A benign WARNING's report stays open for its frames (up to 120 lines, 2 s); a fault line of a GPU printed
+    meanwhile (another CPU) is a fault of its own, not a line of that report: it once vanished with it."""
+    warn = ["[10.0] WARNING: CPU: 3 PID: 1 at fs/ext4/inode.c:1 ext4_x+0x1/0x2", "[10.0]  ext4_x+0x1/0x2 [ext4]"]
+    fault = "[10.0] amdgpu 0000:03:00.0: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=2"
+    rest = ["[10.0]  vfs_write+0x2a5/0x480", "[10.0] ---[ end trace 0000000000000000 ]---"]
+    events = classify_text("\n".join([*warn, fault, *rest]))
+    assert [(e.kind, e.gpu) for e in events] == [("ring_timeout", "0000:03:00.0")]
+    xid = "[10.0] NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    assert kinds(classify_text("\n".join([*warn, xid, *rest]))) == {"xid:79", "device_lost"}
+
+
 def test_reset_after_wave_errors_on_the_same_gpu_is_escalated():
     text = ("[1.0] amdgpu 0000:03:00.0: amdgpu: sq_intr: error, detail 0x0\n"
             "[30.0] amdgpu 0000:03:00.0: amdgpu: GPU reset begin!\n"

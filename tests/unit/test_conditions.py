@@ -209,3 +209,11 @@ def test_a_version_2_store_gains_the_conditions_and_incidents_and_keeps_its_even
     assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     assert [e["message"] for e in store.events()] == ["old"]
     assert store.open_conditions() == [] and store.incidents() == []  # an old loss is not made a condition
+
+
+def test_a_restart_keeps_a_watched_engine_down_until_it_is_back():
+    state, _ = run(ev("engine_killed", engine="vllm"), ev("engine_restarting", W, engine="vllm"),
+                   ev("engine_exited", engine="gone"))
+    kept, ended = conditions.restarted(state, 300.0, engines={"vllm"})
+    assert set(kept) == {conditions.down("vllm"), conditions.restarting("vllm")}
+    assert [c.key for c in ended] == [conditions.down("gone")]  # no longer watched: nothing would end it

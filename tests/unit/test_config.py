@@ -54,6 +54,14 @@ def test_bad_duration_names_key_and_line():
     assert msg.startswith("gw.toml:3: kernel.lookback: bad duration '10 mins'")
 
 
+def test_an_alertmanager_resend_at_its_resolve_timeout_is_refused():
+    """At or above Alertmanager's default resolve_timeout an open incident would resolve there between sends."""
+    msg = error_of("[alerts]\nhostname = \"x\"\nalertmanager_resend = \"5m\"\n")
+    assert msg.startswith("gw.toml:3: alerts.alertmanager_resend: 300s is not below Alertmanager's default "
+                          "resolve_timeout (5m)"), msg
+    assert parse("[alerts]\nalertmanager_resend = \"4m\"\n").alerts.alertmanager_resend == 240.0
+
+
 def test_errors_inside_arrays_of_tables_point_at_the_right_entry():
     msg = error_of('[[kernel.rule]]\npattern = "a"\nkind = "xid"\n\n[[kernel.rule]]\npattern = "("\nkind = "sq_int"\n')
     lines = msg.splitlines()

@@ -183,6 +183,31 @@ def test_a_kill_without_restart_then_a_supervisor_start_is_back_or_fails_by_its_
     assert not failed.by_us and failed.started and not lc.restart_refused
 
 
+def test_a_fresh_lifecycle_resumed_down_sees_the_engines_return_as_back():
+    """gpuwarden restarted between the kill (t=20, its stored engine_down) and the engine's return: a fresh
+    lifecycle told so finds the new instance starting (at its first look, or later), and back after a real
+    completion, timed from the kill; a fresh one not told would take it for an engine that was always there."""
+    for first in (frozenset(), NEW):
+        lc = life()
+        lc.resumed(20.0, killed=True, restarting=True, refused=False)
+        assert lc.in_grace
+        out = lc.observe(Look(40, None, first)) + lc.observe(Look(41, None, NEW))
+        assert kinds(out) == [Starting]
+        assert kinds(lc.observe(Look(50, sample(0, 0), NEW))) == [CanaryDue]
+        [back] = lc.canaried(OK, 51)
+        assert back.since_kill == 31
+    untold = life()
+    assert kinds([*untold.observe(Look(40, None, NEW)), *untold.observe(Look(50, sample(0, 0), NEW))]) == []
+    failed = life()
+    failed.resumed(20.0, killed=True, restarting=True, refused=True)  # its restart had failed: never again
+    assert failed.restart_refused and kinds(looks(failed, 21, 200, None, processes=frozenset())) == [Silent]
+    exited = life()
+    exited.resumed(20.0, killed=False, restarting=False, refused=False)  # it died by itself: its supervisor's
+    assert kinds(exited.observe(Look(30, None, NEW))) == [Starting]
+    [back] = exited.canaried(OK, 31)
+    assert back.since_kill is None  # "back 1 s after it started again", not after a kill
+
+
 def test_a_reload_keeps_kills_and_a_failed_restart():
     lc = life()
     lc.killing(1.0, restart=True)

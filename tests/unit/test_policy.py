@@ -11,7 +11,6 @@ from gpuwarden.policy import (
     Suspect,
     decide,
     exited,
-    target_refusal,
 )
 
 GPU_A, GPU_B = "ffff:03:00.0", "ffff:83:00.0"
@@ -197,13 +196,6 @@ def test_history_is_refused_before_the_budget_is_asked():
     spent = EngineView("a", None, "kill", "kill", kill_budget=0)
     [refused] = acts(ev("engine_stall", engine="a").as_history(), [spent])
     assert refused.reason.startswith("history") and not refused.by_hand
-
-
-def test_a_kill_goes_ahead_only_on_a_target_that_resolved_to_not_too_many_processes():
-    assert target_refusal(2, [], 512) is None
-    assert target_refusal(0, ["pid 1: not the engine's"], 512) == "its target was refused (pid 1: not the engine's)"
-    assert target_refusal(1, ["pid 1: not the engine's"], 512) is None  # the ones it may kill, it kills
-    assert target_refusal(600, [], 512) == "its target resolves to 600 processes, more than max_kill_processes (512)"
 
 
 def test_exits_within_the_window_count_and_our_own_kill_is_no_exit():

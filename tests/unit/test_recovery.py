@@ -5,9 +5,8 @@ import asyncio
 import time
 
 import fakesysfs
-from gpuwarden import recovery
+from gpuwarden import conditions, incidents, recovery
 from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
 
 GPU0, GPU1 = "ffff:03:00.0", "ffff:04:00.0"
 
@@ -72,10 +71,32 @@ class Boots:
         self.began = time.time()
 
 
-def run(state, root, store, boots, recorded):
-    losses = lambda since, until: recovery.losses_in_events(  # noqa: E731
-        lambda t: store.events(t, 100_000), since, until)
-    check = recovery.Recovery(state, root, losses, recorded.extend,
+class Model:
+    """The hub's part, as the daemon keeps it across its restarts (the store): the open conditions and
+    incidents, changed by each event, the recovery's verdicts included."""
+
+    def __init__(self):
+        self.state, self.incidents, self.recorded = {}, {}, []
+
+    def record(self, events):
+        for event in events:
+            self.state, changes = conditions.apply(self.state, event)
+            raised = [c.key for c in changes if c.raised]
+            if (name := event.evidence.get("incident")) and (raised or name in self.incidents):
+                joined = incidents.offer(self.incidents.get(name), event, raised, [], name, event.time)
+                self.incidents[name] = incidents.settle(joined, changes, event.time + incidents.WINDOW)
+            self.recorded.append(event)
+
+    def lose(self, gpu, incident="20261204-031207-reset_failed"):
+        self.record([Event("reset_failed", Severity.CRITICAL, "the GPU reset failed", time.time(), gpu=gpu,
+                           evidence={"incident": incident})])
+
+    def losses(self, until):
+        return recovery.still_lost(self.state, [i for i in self.incidents.values() if i.closed is None], until)
+
+
+def run(state, root, model, boots):
+    check = recovery.Recovery(state, root, model.losses, model.record,
                               boot_path=boots.path, wait=0, every=0, booted=lambda: boots.began)
     return asyncio.run(check.run())
 
@@ -83,26 +104,54 @@ def run(state, root, store, boots, recorded):
 def test_after_a_lost_gpu_each_new_boot_says_what_came_back(tmp_path):
     state, root = tmp_path / "state", tree(tmp_path / "sys")
     state.mkdir()
-    store, boots, recorded = Store(state / "gpuwarden.db"), Boots(tmp_path), []
+    model, boots = Model(), Boots(tmp_path)
     boots.next("boot-a")
-    assert run(state, root, store, boots, recorded) is None  # the first start records the baseline
-    assert run(state, root, store, boots, recorded) is None  # a restart within the boot changes nothing
-    store.add_events([Event("reset_failed", Severity.CRITICAL, "the GPU reset failed", time.time(), gpu=GPU1,
-                            evidence={"incident": "20261204-031207-reset_failed"})])
+    assert run(state, root, model, boots) is None  # the first start records the baseline
+    assert run(state, root, model, boots) is None  # a restart within the boot changes nothing
+    model.lose(GPU1)
     time.sleep(0.01)
     degrade(root)
     boots.next("boot-b")
-    event = run(state, root, store, boots, recorded)
+    event = run(state, root, model, boots)
     assert event.kind == "gpus_changed" and event.evidence["missing"] == [GPU1]
     assert event.evidence["incident"] == "20261204-031207-reset_failed" and event.evidence["lost"] == [GPU1]
-    assert run(state, root, store, boots, recorded) is None  # told once per boot
+    assert run(state, root, model, boots) is None  # told once per boot
+    assert [c.key for c in model.state.values()] == [conditions.lost(GPU1)]  # still missing: still lost
 
     # the owner power-cycles and reseats: the next boot is compared with the baseline from before the fault
     fresh = tree(tmp_path / "sys2")
     boots.next("boot-c")
-    event = run(state, fresh, store, boots, recorded)
+    event = run(state, fresh, model, boots)
     assert event.message == "GPUs back 2/2, as before"
-    assert [e.kind for e in recorded] == ["gpus_changed", "gpus_back"]
+    assert [e.kind for e in model.recorded] == ["reset_failed", "gpus_changed", "gpus_back"]
+    assert model.state == {}  # the confirmation ended the loss, and its incident with it
+    assert model.incidents["20261204-031207-reset_failed"].ended == "GPUs back 2/2, as before"
     boots.next("boot-d")
-    assert run(state, fresh, store, boots, recorded) is None  # the loss is behind the new baseline
-    store.close()
+    assert run(state, fresh, model, boots) is None  # the loss is behind the new baseline
+
+
+def test_a_loss_that_ended_before_the_reboot_is_not_confirmed(tmp_path):
+    """The GPU came back on the bus before the reboot (its gpu_lost condition resolved): the stored event of the
+    loss is still there, but nothing is lost, so no "GPUs back" message; the new boot's baseline is recorded."""
+    state, root = tmp_path / "state", tree(tmp_path / "sys")
+    state.mkdir()
+    model, boots = Model(), Boots(tmp_path)
+    boots.next("boot-a")
+    assert run(state, root, model, boots) is None
+    model.lose(GPU1)
+    model.state, _ = conditions.resolve(model.state, conditions.lost(GPU1), "back on the bus", time.time())
+    time.sleep(0.01)
+    boots.next("boot-b")
+    assert run(state, root, model, boots) is None
+    assert [e.kind for e in model.recorded] == ["reset_failed"]
+    assert recovery.load_baseline(state / recovery.BASELINE)[0] == "boot-b"
+
+
+def test_a_loss_in_this_boot_is_not_the_last_boots():
+    """Only what was lost before the boot began is confirmed; a loss that named no GPU is one of the host."""
+    now = time.time()
+    state, _ = conditions.apply({}, Event("reset_failed", Severity.CRITICAL, "lost", now - 10))
+    state, _ = conditions.apply(state, Event("reset_failed", Severity.CRITICAL, "lost", now, gpu=GPU0))
+    assert recovery.still_lost(state, [], now - 1) == [recovery.Loss(None, None)]
+    back = recovery.verdict_event(recovery.Verdict([GPU0], [], [], [], 1), None, [], now)
+    assert conditions.apply(state, back)[0] == {}  # none missing: the unnamed one is back too

@@ -2,10 +2,13 @@
 the queue never drops one and never makes a component wait."""
 
 import asyncio
+from dataclasses import replace
 
 from gpuwarden import conditions
 from gpuwarden.exporter import SelfMetrics
+from gpuwarden.hub import Evidence
 from gpuwarden.model import Event, Severity
+from gpuwarden.policy import EngineView
 from gpuwarden.reports import Outbox
 
 
@@ -56,3 +59,28 @@ def test_metrics_go_to_the_component_s_own_handles_not_the_queue():
     out.flush()
     assert queue.empty()
     assert metrics.snapshot()["gpuwarden_kmsg_overruns_total"] == {(): 2}
+
+
+def test_each_engine_poll_reports_its_own_view_and_the_hub_keeps_the_others():
+    """A poll says one engine's view, not all of them (engines² per interval); polls of one loop step make one
+    report; the whole set (the watch's start, an engine dropped) replaces what the hub knew."""
+    queue: asyncio.Queue = asyncio.Queue()
+    out = Outbox("engines", queue, SelfMetrics())
+    a, b, c = (EngineView(n, None, "kill", "kill") for n in "abc")
+    evidence = Evidence(None, None, None, "box", [a, b])
+
+    out.engines([a, b], {"a": None, "b": None}, whole=True)
+    out.flush()
+    out.engines([replace(a, pids=frozenset({7}))], {"a": {"running": 1}}, whole=False)
+    out.engines([c], {"c": None}, whole=False)
+    out.flush()
+    out.engines([c], {"c": None}, whole=True)  # a and b dropped
+    out.flush()
+    start, polls, dropped = (queue.get_nowait() for _ in range(3))
+    assert [v.name for v in polls.engines] == ["a", "c"] and not polls.whole and polls.samples["a"] == {"running": 1}
+
+    for told in (start, polls):
+        evidence.engines(told.engines, told.samples, told.whole)
+    assert evidence.views["a"].pids == {7} and sorted(evidence.views) == ["a", "b", "c"]
+    evidence.engines(dropped.engines, dropped.samples, dropped.whole)
+    assert sorted(evidence.views) == ["c"] and evidence.samples == {"c": None}

@@ -125,3 +125,27 @@ def test_a_warning_just_before_the_fault_it_led_to_goes_out_in_the_incident_s_pa
     [page] = storm.due(5.0)
     assert [e.kind for e in page.events] == ["sq_intr", "device_lost"] and page.event_ids == [1, 2]
     assert page.incident == "lost"
+
+
+def test_a_restarted_storm_control_resumes_an_open_incident_and_a_cooling_key():
+    """What the last run alerted (read from the store at the alerter's first run): the engine's return after a
+    restart of gpuwarden is a follow-up on the incident's page, routed where the page went, not a new info
+    message; and a storm still in its cooldown is counted, not sent again."""
+    incident = {"incident": "20261204-031207-engine_stall"}
+    stall = Event("engine_stall", Severity.CRITICAL, "stalled", 0.0, engine="vllm", evidence=incident)
+    killed = Event("engine_killed", Severity.CRITICAL, "killed vllm", 1.0, engine="vllm", evidence=incident)
+    back = Event("engine_back", Severity.INFO, "vllm back", 50.0, engine="vllm", evidence=incident)
+    afresh = StormControl(group_window=5)
+    afresh.offer(back, 3, 50.0)
+    [told] = afresh.due(56.0)
+    assert (told.severity, told.follow_up) == (Severity.INFO, False)  # the restart's gap: a pager never hears it
+
+    storm = StormControl(group_window=5)
+    storm.resume(incident["incident"], [stall, killed])
+    storm.resume(None, [ev(40.0)])
+    storm.offer(back, 3, 50.0)
+    assert not storm.offer(ev(45.0), 4, 45.0)  # the storm before the restart, still cooling down
+    [told] = storm.due(56.0)
+    assert (told.severity, told.follow_up, told.ends) == (Severity.CRITICAL, True, True)
+    assert told.earlier == [stall, killed] and told.events == [back]
+    assert storm.due(1000.0)[0].repeats == {"sq_intr:0000:03:00.0": (1, 45.0)}

@@ -1,9 +1,9 @@
 """The actuator: the one place that carries out the policy's actions. Each runs once, in the background (a kill
 waits for a fresh look at the engine's processes and its grace period; a cache scan can take a while), and its
 outcome goes back to the hub as an event (engine_killed, engine_restarting, engine_restart_failed, kill_refused,
-cache_poisoned). It sees the engines through a narrow port (`Engines`): a fresh look before a kill (a copy), and
-what the engine's lifecycle learns (a kill begins, a restart could not be asked for, a suspicion); it keeps and
-writes nothing of theirs: the lifecycle applies what it is told."""
+cache_poisoned). It sees the engines through a narrow port (`Engines`): one call before a kill (`take`: a fresh
+look, judged by the engine side, its lifecycle told when the kill goes ahead), and what the engine's lifecycle
+learns later (a restart could not be asked for, a suspicion); it keeps and writes nothing of theirs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
 from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig
-from gpuwarden.engine.looks import KillTarget
+from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 
@@ -33,9 +33,7 @@ _CACHE_DEADLINE = 600.0
 class Engines(Protocol):
     """What the actuator may ask of the engines component (engine/watch.py's EngineWatch)."""
 
-    async def target(self, name: str) -> KillTarget | None: ...
-
-    def killing(self, name: str, restart: bool) -> None: ...
+    async def take(self, name: str, restart: bool, dry_run: bool) -> KillTarget | Refused | None: ...
 
     def restart_failed(self, name: str) -> None: ...
 
@@ -99,11 +97,11 @@ class Actuator:
             return
         self._acting.add(name)
         try:
-            target = await engines.target(name)
+            target = await engines.take(name, action.restart, action.dry_run)
             if target is None:
                 return
-            if refusal := policy.target_refusal(len(target.procs), target.refused, target.config.max_kill_processes):
-                await self._refused(action, refusal, refused=target.refused, processes=len(target.procs))
+            if isinstance(target, Refused):
+                await self._refused(action, target.reason, refused=target.refused, processes=target.processes)
             elif not target.procs:
                 log.warning("%s should be killed (%s) but none of its processes was found", name, action.reason)
             elif await self._killed(action, target) and action.restart and not action.dry_run:
@@ -112,11 +110,9 @@ class Actuator:
             self._acting.discard(name)
 
     async def _killed(self, action: policy.Kill, target: KillTarget) -> bool:
-        """The kill itself, told to the engine's lifecycle first (its processes going is then ours); False when
-        the wait for the signals never ended."""
+        """The kill itself (the engine's lifecycle already knows: its processes going is ours); False when the
+        wait for the signals never ended."""
         name, cfg = action.engine, target.config
-        if not action.dry_run:
-            self.engines.killing(name, action.restart)
         try:
             report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, target.procs, cfg.kill_grace,
                                       action.dry_run)

@@ -24,7 +24,7 @@ from gpuwarden import families
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
-from gpuwarden.alert.storm import StormControl
+from gpuwarden.alert.storm import Outgoing, StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 TONES = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.CRITICAL: "failure"}  # apprise's names
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
+_SKEW = 60.0  # an event's own time may precede the incident's opening (when gpuwarden saw it) by this much
 
 
 class Alerter:
@@ -44,21 +45,30 @@ class Alerter:
 
     def __init__(self, config: AlertsConfig, targets: list[Target], store: Store | QueuedStore,
                  metrics: SelfMetrics, incident_for: Callable[[list[int]], Path | None] = lambda ids: None,
-                 incidents_dir: Path | None = None, context: Callable[[], Context] | None = None) -> None:
+                 incidents_dir: Path | None = None, context: Callable[[], Context] | None = None,
+                 incident_open: Callable[[str], bool] = lambda incident: True) -> None:
         """`incident_for`: the folder of the incident these events belong to while this process writes it (its
         picture is coming); `incidents_dir`: where the folder of an incident named in the events
-        (`evidence["incident"]`) is; `context`: the host's GPUs and engines now."""
+        (`evidence["incident"]`) is; `context`: the host's GPUs and engines now; `incident_open`: whether an
+        incident is still open (a channel that re-sends its alerts ends them once it is not)."""
         self.store, self.metrics, self.incident_for = store, metrics, incident_for
         self.incidents_dir, self.context = incidents_dir, context or (lambda: Context(self.config.hostname))
+        self.incident_open = incident_open
         self.storm = StormControl()
         self._outbox: dict[str, deque[OutboxRow]] = {}  # target -> its rows, oldest first
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
         self._early: set[int] = set()  # ids submitted before the first run: this run's, not left by the last
+        self.targets: list[Target] = []
         self.configure(config, targets)
 
     def configure(self, config: AlertsConfig, targets: list[Target]) -> None:
-        """New settings and targets (a reload), keeping the storm state and what waits in the outbox."""
+        """New settings and targets (a reload), keeping the storm state, what waits in the outbox and what a
+        target's channel holds firing."""
+        earlier = {t.name: t.channel for t in self.targets}
+        for target in targets:
+            if target.name in earlier:
+                target.channel.carry(earlier[target.name])
         self.config, self.targets = config, targets
         self.storm.cooldown, self.storm.group_window = config.cooldown, config.group_window
         self._wake = {t.name: asyncio.Event() for t in targets}
@@ -101,6 +111,7 @@ class Alerter:
 
     def _recover(self) -> None:
         self._recovered = True
+        self._resume_storms()
         waiting: dict[str, deque[OutboxRow]] = {}
         for row in self.store.outbox():
             waiting.setdefault(row.target, deque()).append(row)
@@ -117,6 +128,27 @@ class Alerter:
         for event_id, event in backlog:
             if not self.storm.offer(event, event_id, now):
                 self.store.mark_alerted([event_id])
+
+    def _resume_storms(self) -> None:
+        """The storm state of the last run, derived from what it stored (no file of its own): the incidents
+        still open with what was alerted of them, and the keys alerted within their cooldown. A channel that
+        re-sends what is firing (Alertmanager) holds each open incident's alerts again, as its page said them."""
+        now = time.time()
+        for row in self.store.incidents(open_only=True):
+            sent = self.store.alerted_events(row["opened"] - _SKEW, row["id"])
+            self.storm.resume(row["id"], sent)
+            if sent:
+                self._resume_firing(row["id"], sent)
+        self.storm.resume(None, self.store.alerted_events(now - self.storm.cooldown, None))
+
+    def _resume_firing(self, incident: str, sent: list[Event]) -> None:
+        out = Outgoing(f"incident {incident}", sent, severity=max(e.severity for e in sent), incident=incident)
+        message = compose(out, self.context(), "gw-resumed", self.incidents_dir and str(self.incidents_dir / incident))
+        alert = Alert(message.title, message.body, message.text, TONES[message.severity], False,
+                      identities=identities(sent, self.config.hostname, incident))
+        for target in self.targets:
+            if target.wants(message.severity, message.tags):
+                target.channel.resume(alert)
 
     def _drop_orphans(self) -> None:
         configured = {t.name for t in self.targets}
@@ -179,6 +211,7 @@ class Alerter:
             row = rows[0] if rows else None
             now = time.time()
             if row is None or row.next_attempt > now:
+                await self._refresh(target)  # between two rows: never ahead of an all-clear still queued
                 wake.clear()
                 timeout = 1.0 if row is None else min(row.next_attempt - now, 1.0)
                 await _woken(wake, timeout)
@@ -207,6 +240,13 @@ class Alerter:
                 self.metrics.inc(families.ALERTS_FAILED, target.name, row.severity)
                 log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
                             delay)
+
+    async def _refresh(self, target: Target) -> None:
+        """What the target's channel holds firing, sent again when due (Alertmanager forgets it otherwise)."""
+        _, error = await target.channel.refresh(self.config.send_timeout, self.incident_open)
+        if error is not None:  # tried again at the next interval, as a whole
+            log.warning("re-sending the firing alerts to %s failed (%s); trying again in %.0f s", target.name,
+                        error, self.config.alertmanager_resend)
 
     def _done(self, rows: deque[OutboxRow], row: OutboxRow) -> None:
         if rows and rows[0].id == row.id:

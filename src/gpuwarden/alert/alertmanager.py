@@ -3,15 +3,19 @@ labelled alertname (the event kind), severity, host, gpu, engine and incident; a
 the alert resolves there. Alertmanager groups, silences, inhibits and routes from these labels.
 
 `alertmanager://host:port` speaks HTTP, `alertmanagers://host:port` HTTPS; `user:password@` is sent as basic
-auth; a path is a prefix (an Alertmanager behind `--web.route-prefix`). gpuwarden sends an alert when it
-fires and when it ends, not again in between: Alertmanager resolves one by itself after its `resolve_timeout`
-(5 m by default), so a long incident wants a longer one there (docs/alerts.md).
+auth; a path is a prefix (an Alertmanager behind `--web.route-prefix`).
+
+Alertmanager resolves an alert by itself `resolve_timeout` (5 m by default) after it was last sent, so, as its own
+clients do at each evaluation, the channel sends again every `[alerts] alertmanager_resend` (1 m) what is still
+firing: the alerts of the incidents still open (`Firing`, pure), until their all-clear, or until their incident
+closes without one (then they end with `endsAt` too). An alert outside an incident is sent once and expires.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -21,6 +25,7 @@ import httpx
 from gpuwarden.alert.channel import Alert
 
 SCHEMES = {"alertmanager": "http", "alertmanagers": "https"}
+RESEND = 60.0  # Prometheus' default evaluation interval; well below Alertmanager's default resolve_timeout (5 m)
 
 
 def endpoint(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -59,6 +64,52 @@ def postable(alert: Alert, now: float) -> list[dict[str, Any]]:
     return out
 
 
+class Firing:
+    """The alerts a target holds firing, pure: each one posted as firing and held open (`identity["held"]`),
+    until an all-clear ends it. `due` is the body to send again every `every` seconds: the firing alerts as last
+    posted, and, with `endsAt`, those whose incident closed without an all-clear (gone once sent)."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.items: dict[tuple, dict[str, Any]] = {}  # label set -> the alert as last posted
+        self.next: float | None = None  # when to send again; None: nothing held
+
+    def posted(self, alert: Alert, body: list[dict[str, Any]], now: float) -> None:
+        for identity, item in zip(alert.identities, body, strict=True):
+            key = tuple(sorted(item["labels"].items()))
+            if alert.resolved:
+                self.items.pop(key, None)
+            elif identity.get("held"):
+                self.items[key] = item
+        if self.items and self.next is None:
+            self.next = now + self.every
+        elif not self.items:
+            self.next = None
+
+    def due(self, now: float, still_open: Callable[[str], bool]) -> list[dict[str, Any]]:
+        if self.next is None or now < self.next:
+            return []
+        body = []
+        for item in self.items.values():
+            incident = item["labels"].get("incident")
+            closed = incident is not None and not still_open(incident)
+            body.append({**item, "endsAt": _rfc3339(now)} if closed else item)
+        return body
+
+    def adopt(self, items: dict[tuple, dict[str, Any]], due: float) -> None:
+        """Alerts held elsewhere (a reload's earlier channel), sent again by `due` at the latest."""
+        self.items.update(items)
+        if self.items:
+            self.next = min(self.next if self.next is not None else due, due)
+
+    def sent(self, body: list[dict[str, Any]], now: float) -> None:
+        """`body` went out (or failed: then it is tried again at the next interval, as a whole)."""
+        for item in body:
+            if "endsAt" in item:
+                self.items.pop(tuple(sorted(item["labels"].items())), None)
+        self.next = now + self.every if self.items else None
+
+
 def _rfc3339(stamp: float) -> str:
     return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -66,15 +117,41 @@ def _rfc3339(stamp: float) -> str:
 class AlertmanagerChannel:
     takes_pictures = False  # the API carries labels and annotations, no file
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, resend: float = RESEND) -> None:
         self.url, self.auth = endpoint(url)
+        self.firing = Firing(resend)
 
     async def notify(self, alert: Alert, timeout: float) -> tuple[bool, str | None]:
         """Alertmanager's answer decides: 2xx done; 4xx (a body it refuses) would be refused again, so no
         retry, except 408 and 429; 5xx, no connection or no answer: retry."""
-        body = postable(alert, time.time())
+        now = time.time()
+        body = postable(alert, now)
         if not body:
             return False, None  # a message about no event (a count of repeats): nothing to fire or end
+        retry, error = await self._post(body, timeout)
+        if error is None:
+            self.firing.posted(alert, body, now)
+        return retry, error
+
+    async def refresh(self, timeout: float, still_open: Callable[[str], bool]) -> tuple[bool, str | None]:
+        now = time.time()
+        body = self.firing.due(now, still_open)
+        if not body:
+            return False, None
+        retry, error = await self._post(body, timeout)
+        self.firing.sent(body if error is None else [], now)
+        return retry, error
+
+    def resume(self, alert: Alert) -> None:
+        now = time.time()
+        self.firing.posted(alert, postable(alert, now), now)
+        self.firing.adopt({}, now)  # said again at once: it may have expired while gpuwarden was away
+
+    def carry(self, earlier: object) -> None:
+        if isinstance(earlier, AlertmanagerChannel) and earlier.url == self.url:
+            self.firing.adopt(earlier.firing.items, earlier.firing.next or time.time())
+
+    async def _post(self, body: list[dict[str, Any]], timeout: float) -> tuple[bool, str | None]:
         try:
             async with asyncio.timeout(timeout + 5), httpx.AsyncClient(timeout=timeout, auth=self.auth) as client:
                 response = await client.post(self.url, json=body)

@@ -1,8 +1,10 @@
-"""The apprise channel: one apprise object (one URL or one service of an apprise config file) per target."""
+"""The apprise channel: one apprise object (one URL or one service of an apprise config file) per target. A
+message is sent once: nothing to re-send, resume or carry over."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import apprise
 
@@ -50,3 +52,12 @@ class AppriseChannel:
             return False, None
         status = getattr(getattr(result, "status", None), "name", "FAILURE").lower()
         return True, "; ".join(dict.fromkeys(said)) or f"apprise reported {status} without saying why"
+
+    async def refresh(self, timeout: float, still_open: Callable[[str], bool]) -> tuple[bool, str | None]:
+        return False, None
+
+    def resume(self, alert: Alert) -> None:
+        pass
+
+    def carry(self, earlier: object) -> None:
+        pass

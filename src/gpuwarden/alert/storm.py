@@ -113,6 +113,23 @@ class StormControl:
             (key.suppressed, key.since) if key and key.incident is None else (0, None)), event=event)
         return True
 
+    def resume(self, incident: str | None, sent: list[Event]) -> None:
+        """What the last run of gpuwarden alerted (`sent`, oldest first), so that a restart neither pages again
+        nor loses a page: of an incident still open, its page was sent, so what comes now is a follow-up routed
+        where that page went (the pager that heard "killed" hears "back"), and a GPU it lost stays its; with no
+        incident, recent events whose keys are still in their cooldown."""
+        if not sent:
+            return
+        if incident is not None:
+            self._incidents.setdefault(incident, _Incident(max(_impact(e) for e in sent), list(sent)))
+        # newest first: a key's last sending is its newest event; what this run was told already stays as it is
+        for event in reversed(sent):
+            if incident is not None and event.gpu and event.kind in GPU_LOST_KINDS:
+                self._lost.setdefault(event.gpu, incident)
+            subject = subject_of(event) if incident is None else f"incident {incident}"
+            self._keys.setdefault(event.dedupe_key, _Key(event.time, event.severity, subject, incident=incident,
+                                                         event=event))
+
     def repeated(self, dedupe_key: str, count: int, now: float) -> None:
         """`count` more occurrences of an event already sent (a storm that grew)."""
         key = self._keys.get(dedupe_key)

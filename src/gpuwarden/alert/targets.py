@@ -51,19 +51,20 @@ def build(config: AlertsConfig) -> list[Target]:
     targets = []
     for index, (url, name, severity, tags, loc) in enumerate(specs, 1):
         name = name or safe_name(index, url)
-        targets.append(Target(name, _channel(url, name, loc), Severity.parse(severity), frozenset(tags)))
+        targets.append(Target(name, _channel(url, name, loc, config.alertmanager_resend), Severity.parse(severity),
+                              frozenset(tags)))
     if config.config_file:
         targets += _from_apprise_config(config.config_file, Severity.parse(config.config_file_min_severity),
                                         start=len(targets) + 1)
     return targets
 
 
-def _channel(url: str, name: str, loc: tuple) -> Channel:
+def _channel(url: str, name: str, loc: tuple, resend: float) -> Channel:
     """The channel a URL names: its scheme picks it, as apprise's own schemes do."""
     key = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[")
     if urllib.parse.urlsplit(url).scheme in SCHEMES:
         try:
-            return AlertmanagerChannel(url)
+            return AlertmanagerChannel(url, resend)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc} ({name})", loc) from None
     import apprise  # here, not at the top: 130 ms and 10 MB that a box without apprise targets never needs

@@ -13,7 +13,7 @@ from gpuwarden.config import EngineConfig
 from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.lifecycle import Instance
 from gpuwarden.engine.parts import target_spec
-from gpuwarden.engine.processes import Tracker, cpu_percents, gpus_in_use, resolve
+from gpuwarden.engine.processes import Tracker, gpus_in_use, resolve
 from gpuwarden.gpu import nvidia
 from gpuwarden.offloop import Busy, OffLoop
 
@@ -53,7 +53,7 @@ class Looker:
         found = resolve(target_spec(config))
         procs = tracker.refresh(found)
         gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
-        return Processes(procs, instance_of(procs), found.refused, cpu_percents(procs),
+        return Processes(procs, instance_of(procs), found.refused, tracker.cpu_percents(procs),
                          frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]))
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
@@ -68,16 +68,6 @@ class Looker:
                 _NVML_CALL.release()
             found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
         return found or None
-
-
-@dataclass(frozen=True, slots=True)
-class KillTarget:
-    """What the actuator needs to kill (and restart) an engine: a fresh look, and its configuration."""
-
-    procs: list[psutil.Process]
-    refused: list[str]
-    gpu: str | None
-    config: EngineConfig
 
 
 def instance_of(procs: list[psutil.Process]) -> Instance:

@@ -22,6 +22,8 @@ import re
 import socket
 import stat
 import subprocess
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,12 +254,16 @@ def _ppid(proc: psutil.Process) -> int | None:
         return None
 
 
+CPU_WINDOW = 1.0
+
+
 @dataclass
 class Tracker:
     """Every process seen as part of one engine, kept across scrapes."""
 
     seen: dict[tuple[int, float], psutil.Process] = field(default_factory=dict)
     uid: int | None = None  # the engine's user as last known: orphans outlive the socket that told it
+    cpu_seen: dict[tuple[int, float], deque[tuple[float, float]]] = field(default_factory=dict)  # (when, CPU s)
 
     def refresh(self, found: Resolved) -> list[psutil.Process]:
         """The engine's live processes now: the accepted roots, their descendants, the roots' own process
@@ -280,6 +286,29 @@ class Tracker:
                 current[key] = proc  # an orphan: its parent exited, it did not
         self.seen = current
         return [p for p in current.values() if is_running(p) and ours(p)]
+
+    def cpu_percents(self, procs: list[psutil.Process], now: float | None = None) -> list[float]:
+        """Each process's share of a core over the last CPU_WINDOW seconds at least (0 at the first look). Looks
+        come as close as a quarter second apart, and over so short a window the 10 ms ticks and one scheduler slice
+        on a busy box swing a spinning process's share by a tenth, to either side of "spinning"."""
+        now = time.monotonic() if now is None else now
+        seen, values = {}, []
+        for proc in procs:
+            key = _key(proc)
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            if key is None:
+                continue
+            history = seen[key] = self.cpu_seen.get(key) or deque()
+            history.append((now, times.user + times.system))
+            while len(history) > 1 and now - history[1][0] >= CPU_WINDOW:
+                history.popleft()  # keep the newest look at least a window old, and every one after it
+            (then, used), (_, total) = history[0], history[-1]
+            values.append(100.0 * (total - used) / (now - then) if now > then else 0.0)
+        self.cpu_seen = seen
+        return values
 
 
 def _descendants(proc: psutil.Process, children: dict[int, list[psutil.Process]], ours) -> list[psutil.Process]:
@@ -367,17 +396,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
-
-
-def cpu_percents(procs: list[psutil.Process]) -> list[float]:
-    """Each process's share of a core since the last call (psutil needs two looks: the first says 0)."""
-    values = []
-    for proc in procs:
-        try:
-            values.append(proc.cpu_percent(None))
-        except psutil.Error:
-            continue
-    return values
 
 
 _RENDER = re.compile(r"^/dev/dri/(renderD\d+|card\d+)$")

@@ -1,9 +1,9 @@
 """The engines component, thin I/O: scrape each engine, look at its processes, feed its lifecycle
 (engine/lifecycle.py, pure: it decides stalls, unresponsiveness, exits, crash loops, start-up, back, every
 canary), run the canaries it asks for and report what it returns. It never kills: the policy decides and the
-actuator kills, through a narrow port (`target` for a fresh look at the processes; `killing`, `restart_failed`,
-`suspect`: what the lifecycle learns). Discovery (engine/finder.py) is a component of its own that hands it
-the engines it found."""
+actuator kills, through a narrow port (`take`: a fresh look at the processes, judged, and the lifecycle told of
+the kill when it goes ahead; `restart_failed`, `suspect`: what the lifecycle learns). Discovery (engine/finder.py)
+is a component of its own that hands it the engines it found."""
 
 from __future__ import annotations
 
@@ -18,15 +18,17 @@ import psutil
 from gpuwarden import conditions, families
 from gpuwarden.config import EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
+from gpuwarden.engine import targets
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.finder import Discovery
 from gpuwarden.engine.logs import LogRefused
-from gpuwarden.engine.looks import KillTarget, Looker
+from gpuwarden.engine.looks import Looker
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of
 from gpuwarden.engine.processes import Tracker
 from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.engine.stall import next_look
+from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.policy import EngineView
@@ -113,23 +115,36 @@ class EngineWatch:
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]
 
-    # --- the actuator's port: a fresh look before a kill, and being told of it ---------------------------
+    # --- the actuator's port: one call before a kill, then what the lifecycle learns ---------------------
 
-    async def target(self, name: str) -> KillTarget | None:
+    async def take(self, name: str, restart: bool, dry_run: bool) -> KillTarget | Refused | None:
+        """A kill of it is asked for: a fresh look at its processes, judged (engine/targets.py); a target it may
+        kill is handed over, and unless this is a dry run its lifecycle learns now, before any signal, that its
+        processes going is our doing (else it would report an exit). A refused target, or none found, leaves
+        the lifecycle as it was. None: an engine this watch does not have."""
         state = self.engines.get(name)
         if state is None:
             return None
         await self.inspect(state)
-        return KillTarget(list(state.procs), list(state.refused), state.gpu, state.config)
-
-    def killing(self, name: str, restart: bool) -> None:
-        """A real kill of it begins: its processes going now is our doing, and it is down until back."""
-        if state := self.engines.get(name):
+        judged = targets.judged(KillTarget(list(state.procs), list(state.refused), state.gpu, state.config))
+        if isinstance(judged, KillTarget) and judged.procs and not dry_run:
             state.lifecycle.killing(time.monotonic(), restart)
+        return judged
 
     def restart_failed(self, name: str) -> None:
         if state := self.engines.get(name):
             state.lifecycle.restart_failed()
+
+    def resume(self, state: conditions.State, now: float) -> None:
+        """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
+        engine_down conditions) are down until back, so that their return is an engine_back that ends the
+        incident, not a silent new instance."""
+        to_monotonic = time.monotonic() - now  # the condition's time is wall-clock, the lifecycle's monotonic
+        for key, down in state.items():
+            if key.kind == conditions.Kind.ENGINE_DOWN and (engine := self.engines.get(key.subject)):
+                engine.lifecycle.resumed(down.since + to_monotonic, "engine_killed" in down.causes,
+                                         conditions.restarting(key.subject) in state,
+                                         "engine_restart_failed" in down.causes)
 
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
         """The policy's `Suspect`, learnt by the engine's lifecycle: its stall threshold at the floor, a canary at
@@ -167,12 +182,13 @@ class EngineWatch:
     def drop(self, name: str) -> None:
         self._watching.pop(name).cancel()
         del self.engines[name]
+        self.sink.engines(self.views(), self.samples(), whole=True)  # the hub forgets it too
         # its series go with it (each engine left says its own again at its next scrape)
         self.sink.replace_series(families.ENGINE_UP, {(n,): float(s.sample is not None)
                                                       for n, s in self.engines.items()})
 
     async def run(self) -> None:
-        self.sink.engines(self.views(), self.samples())
+        self.sink.engines(self.views(), self.samples(), whole=True)
         async with asyncio.TaskGroup() as tasks:
             self._tasks = tasks
             for state in self.engines.values():
@@ -204,7 +220,9 @@ class EngineWatch:
         look = lc.Look(answered, sample, state.instance if looked else None, is_spinning(state.cpus))
         changes = state.lifecycle.observe(look)
         self._export(state, sample)
-        self.sink.engines(self.views(), self.samples())  # the hub's situation for the events that follow
+        # the hub's situation for the events that follow: this engine's view only (all of them from each
+        # engine's poll would cost engines² per interval)
+        self.sink.engines([state.view()], {state.name: asdict(state.sample) if state.sample else None}, whole=False)
         await self._carry_out(state, changes, error)
         return answered
 

@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.gpu.pci import link_speed, link_width
@@ -107,9 +108,18 @@ class AmdReader:
         self.texts = {name: str(self.device / name) for name in _TEXTS if (self.device / name).exists()}
         product = self.device / "product_name"
         self.model = product.read_text().strip() if product.exists() else None
+        # what a round reads: the readings every round, the settings (_SLOW) every SLOW_EVERY-th
+        self.fast_numbers = [(f, spec) for f, spec in self.numbers.items() if f not in _SLOW]
+        self.slow_numbers = [(f, spec) for f, spec in self.numbers.items() if f in _SLOW]
+        self.fast_texts = [(name, path) for name, path in self.texts.items() if name not in _SLOW]
+        self.slow_texts = [(name, path) for name, path in self.texts.items() if name in _SLOW]
+        self._labelled_paths = [(prefix, label, path) for prefix, paths in self.labelled.items()
+                                for label, path in paths.items()]
+        self._texts: dict[str, tuple[str | None, object]] = {}  # file -> (its last text, that text parsed)
         self._planned_at = now
         self._rounds = 0
-        self._slow: dict[str, object] = {}
+        self._slow_n: dict[str, float | None] = {}  # the settings' last values
+        self._slow_t: dict[str, str | None] = {}
 
     @staticmethod
     def _labels(hw: Path, prefix: str) -> dict[str, str]:
@@ -140,19 +150,22 @@ class AmdReader:
         if self._planned_at is None or now - self._planned_at > self.replan_seconds:
             self._plan(now)
         problems: dict[str, str] = {}
-        fresh = self._rounds % SLOW_EVERY == 0
+        read = self._read
+        if self._rounds % SLOW_EVERY == 0:
+            self._slow_n = {field: _number(read(path, problems), scale) for field, (path, scale) in self.slow_numbers}
+            self._slow_t = {name: read(path, problems) for name, path in self.slow_texts}
+            od = self._slow_t.get("pp_od_clk_voltage")
+            self._overdrive = self._parsed("pp_od_clk_voltage", od, parse_overdrive) if od else {}
         self._rounds += 1
-        n = {field: _number(self._read(path, problems), scale) if fresh or field not in _SLOW else self._slow[field]
-             for field, (path, scale) in self.numbers.items()}
-        t = {name: self._read(path, problems) if fresh or name not in _SLOW else self._slow[name]
-             for name, path in self.texts.items()}
-        if fresh:
-            self._slow = {k: v for k, v in (*n.items(), *t.items()) if k in _SLOW}
-            self._overdrive = parse_overdrive(t["pp_od_clk_voltage"]) if t.get("pp_od_clk_voltage") else {}
-        labelled = {prefix: {label: v for label, path in paths.items()
-                             if (v := _number(self._read(path, problems))) is not None}
-                    for prefix, paths in self.labelled.items()}
-        if any(v is None for v in n.values()) and not problems:
+        n = {field: _number(read(path, problems), scale) for field, (path, scale) in self.fast_numbers}
+        n.update(self._slow_n)
+        t = {name: read(path, problems) for name, path in self.fast_texts}
+        t.update(self._slow_t)
+        labelled: dict[str, dict[str, float]] = {prefix: {} for prefix in self.labelled}
+        for prefix, label, path in self._labelled_paths:
+            if (v := _number(read(path, problems))) is not None:
+                labelled[prefix][label] = v
+        if any(n[field] is None for field in self.numbers) and not problems:
             self._planned_at = None  # a file vanished: look again next round
         values: dict = {"temperatures": {k: v / 1000 for k, v in labelled.get("temp", {}).items()},
                         "temperature_limits": self.limits}
@@ -168,13 +181,14 @@ class AmdReader:
         values["fan_pwm_ratio"] = n["pwm"] / 255 if n.get("pwm") is not None else None
         values["busy_ratio"] = n["busy"] / 100 if n.get("busy") is not None else None
         clocks, volts = labelled.get("freq", {}), labelled.get("in", {})
-        current, highest = _dpm(t.get("pp_dpm_sclk"))
+        # the texts change seldom (a DPM level, a link retrained): parsed again only when they did
+        current, highest = self._parsed("pp_dpm_sclk", t.get("pp_dpm_sclk"), _dpm)
         values["sclk_hz"] = clocks.get("sclk") or current
         values["sclk_max_hz"] = highest
-        values["mclk_hz"] = clocks.get("mclk") or _dpm(t.get("pp_dpm_mclk"))[0]
+        values["mclk_hz"] = clocks.get("mclk") or self._parsed("pp_dpm_mclk", t.get("pp_dpm_mclk"), _dpm)[0]
         values["voltage_mv"] = volts.get("vddgfx", next(iter(volts.values()), None))
-        values["pcie_speed_gts"] = link_speed(t.get("current_link_speed"))
-        values["pcie_max_speed_gts"] = link_speed(t.get("max_link_speed"))
+        values["pcie_speed_gts"] = self._parsed("current_link_speed", t.get("current_link_speed"), link_speed)
+        values["pcie_max_speed_gts"] = self._parsed("max_link_speed", t.get("max_link_speed"), link_speed)
         values["pcie_width"] = link_width(t.get("current_link_width"))
         values["pcie_max_width"] = link_width(t.get("max_link_width"))
         values["perf_level"] = t.get("power_dpm_force_performance_level")
@@ -182,6 +196,15 @@ class AmdReader:
         state = "gone" if "gone" in problems.values() else "not_readable" if "busy" in problems.values() else "ok"
         return GpuSample(gpu=self.pci, vendor="amd", model=self.model, time=now, state=state, problems=problems,
                          **{k: v for k, v in values.items() if v is not None})
+
+    def _parsed(self, name: str, text: str | None, parse: Callable):
+        """parse(text), from the last round's result when the file's text is the same."""
+        last = self._texts.get(name)
+        if last is not None and last[0] == text:
+            return last[1]
+        value = parse(text)
+        self._texts[name] = (text, value)
+        return value
 
 
 def _celsius(path: Path) -> float | None:

@@ -27,6 +27,11 @@ class Change:
 class TelemetryRules:
     def __init__(self, config: GpuConfig) -> None:
         self.c = config
+        # sensor -> the configured (warning, critical) °C (the GPU's own limits override them per sample)
+        self._limits = {"edge": (config.edge_warn_celsius, config.edge_critical_celsius),
+                        "junction": (config.junction_warn_celsius, config.junction_critical_celsius),
+                        "mem": (config.mem_warn_celsius, config.mem_critical_celsius),
+                        "gpu": (config.edge_warn_celsius, config.edge_critical_celsius)}
         self._active: dict[str, tuple[Severity, str]] = {}  # condition key -> (severity, dedupe key)
         self._previous_power: dict[str, tuple[float, bool]] = {}  # GPU -> (peak watts, busy) at the last sample
 
@@ -42,11 +47,7 @@ class TelemetryRules:
         return self._diff(found)
 
     def _per_gpu(self, s: GpuSample, now: float):
-        c = self.c
-        limits = {"edge": (c.edge_warn_celsius, c.edge_critical_celsius),
-                  "junction": (c.junction_warn_celsius, c.junction_critical_celsius),
-                  "mem": (c.mem_warn_celsius, c.mem_critical_celsius),
-                  "gpu": (c.edge_warn_celsius, c.edge_critical_celsius)}
+        c, limits = self.c, self._limits
         for sensor, value in s.temperatures.items():
             warn, crit = device_limits(limits.get(sensor, (None, None)), s.temperature_limits.get(sensor))
             if warn is not None and value >= warn:

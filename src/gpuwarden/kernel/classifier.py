@@ -23,7 +23,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -73,7 +75,6 @@ _START = re.compile(
     r"CPU |WARNING|INFO: task)|(?:\S++ )?(?:BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|"
     r"Unable to handle))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
-_TRACE_LINE = re.compile(TRACE_LINE)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
 # amdgpu's gmc_v9 "(src_id:%u ring:%u vmid:%u pasid:%u, ...)", gmc_v8 "(0x%02x, vmid %d, pasid %d)"
@@ -82,10 +83,13 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _GHES = re.compile(GHES_RECORD)
 _GHES_SEVERITY = re.compile(GHES_SEVERITY)
 _GHES_PCIE = re.compile(GHES_PCIE)
-# one match for every header: group h<i> names which (a report line is mostly a frame, matching none)
-_OOPS_HEADER = re.compile("|".join(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)))  # all at ^: match
+# one match for every header and a stack frame: group h<i> names the header (tried first), `frame` a frame
+_REPORT_LINE = re.compile("|".join([*(f"(?P<h{i}>{p})" for i, (p, _) in enumerate(OOPS_HEADERS)),
+                                    f"(?P<frame>{TRACE_LINE})"]))  # all at ^: match
 _HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
+_END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by character: "---[ end ", in every end line)
+_TRACE_LINE = re.compile(TRACE_LINE)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -126,7 +130,7 @@ class Flushed(NamedTuple):
     grown: list[Burst]  # closed bursts that counted more than one line: update their stored count
 
 
-@dataclass
+@dataclass(slots=True)
 class _Oops:
     severity: Severity | None  # None: a call trace seen without its header
     lines: list[str] = field(default_factory=list)
@@ -183,13 +187,37 @@ class Classifier:
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
-        text = record.text
-        if self._held is None and self._fast and "+0x" not in text and (
-                not _START.match(text) or next(self._gate.iter(text), None) is None):
-            # The common case: a line that no driver and no oops report starts, or a driver's line without any
-            # rule's literal (within an open report such a line is not part of it either). An open report past
-            # its window is closed by the next line that is, or by flush().
-            return []
+        started = self.feed_all((record,), now)
+        return started[0][1] if started else []
+
+    def feed_all(self, records: Iterable[KernelRecord], now: float) -> list[tuple[KernelRecord, list[Burst]]]:
+        """Classify a batch of records in order: the records that started bursts, each with them. The common lines
+        are refused in this loop, without a call each."""
+        out = []
+        fast, start, gate, trace = self._fast, _START.match, self._gate.iter, _TRACE_LINE.match
+        for record in records:
+            text = record.text
+            gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
+            if self._held is None:
+                if "+0x" not in text:
+                    if fast and (not start(text) or not (gated := next(gate(text), None))):
+                        # The common case: a line that no driver and no oops report starts, or a driver's line
+                        # without any rule's literal (within an open report such a line is not part of it either).
+                        # An open report past its window is closed by the next line that is, or by flush().
+                        continue
+                elif (oops := self._oops) is not None and trace(text) and not _may_be_header(text):
+                    # the next frame of an open report, the bulk of a report's lines: straight to it
+                    stamp = record.timestamp if record.timestamp is not None else now
+                    if stamp - oops.last <= self.storm_window:
+                        if started := self._report_line(oops, text, record, stamp, now):
+                            out.append((record, started))
+                        continue
+            if started := self._classify(record, text, now, gated):
+                out.append((record, started))
+        return out
+
+    def _classify(self, record: KernelRecord, text: str, now: float, gated: str | bool | None) -> list[Burst]:
+        """One record past the common case (`gated`: the literal the gate found in it, None when not asked yet)."""
         stamp = record.timestamp if record.timestamp is not None else now
         out: list[Burst] = []
         if held := self._held:
@@ -204,14 +232,15 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        if self._oops is not None and "+0x" in text and _TRACE_LINE.match(text):  # the next frame of a report
-            out += self._oops_line(text, record, stamp, now)
-            return out
-        gated = next(self._gate.iter(text), None) is not None
+        if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
+            return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
+        if gated is None:
+            gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        if gated and (self._oops or _TRACE_LINE.match(text) or _OOPS_HEADER.match(text)) \
-                and not _USER_TEXT.match(text):  # a task named `BUG: x` that segfaults opens no report
+        if gated and (self._oops or _REPORT_LINE.match(text)) \
+                and not _USER_TEXT.match(text) \
+                and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
                 out += oops_done
@@ -410,25 +439,32 @@ class Classifier:
 
     def _oops_line(self, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst] | None:
         """Feed a line to the open oops report; None when the line is not part of one."""
-        header = _HEADER_SEVERITY[h.lastgroup] if (h := _OOPS_HEADER.match(text)) else None
-        frame_line = header is None and _TRACE_LINE.match(text) is not None
+        kind = m.lastgroup if (m := _REPORT_LINE.match(text)) else None
+        header = _HEADER_SEVERITY.get(kind)
         if self._oops is None:
-            if header is None and not frame_line:
+            if kind is None:
                 return None
             self._oops = _Oops(severity=header)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
+        if oops.gpu is None and kind != "frame":  # a frame names no device
+            oops.gpu = self._attribute(record, "kernel", stamp)[0]
+        return self._report_line(oops, text, record, stamp, now)
+
+    def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
+        """Add a line to the open report `oops`; a report closes at its end line or its length limit."""
         oops.lines.append(text)
         if " [" in text and "+0x" in text:
             oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
-        oops.dumped = oops.dumped or ("dump_stack" in text and bool(_DUMP_STACK.search(text)))
-        oops.gsp = oops.gsp or ("kgsp" in text and bool(_GSP_FRAME.search(text)))
-        if oops.gpu is None and not frame_line:  # a frame names no device
-            oops.gpu = self._attribute(record, "kernel", stamp)[0]
-        oops.verified = oops.verified and unverified(record, None) is None
+        if not oops.dumped and "dump_stack" in text:
+            oops.dumped = _DUMP_STACK.search(text) is not None
+        if not oops.gsp and "kgsp" in text:
+            oops.gsp = _GSP_FRAME.search(text) is not None
+        if oops.verified and unverified(record, None) is not None:
+            oops.verified = False
         oops.last, oops.arrived = stamp, now
-        if _OOPS_END.search(text) or len(oops.lines) >= _OOPS_LINES:
+        if len(oops.lines) >= _OOPS_LINES or (_END_MARK in text and _OOPS_END.search(text)):
             return self._close_oops(now)
         return []
 
@@ -471,6 +507,14 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
+
+
+def _may_be_header(text: str) -> bool:
+    """Whether a line that reads as a stack frame may be a report's header too (the header wins). A header may
+    start with a word that ends in a colon (`watchdog: BUG: soft lockup`); a frame's first word ends in one only in
+    a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS, TRACE_LINE)."""
+    space = text.find(" ")
+    return space > 0 and text[space - 1] == ":"
 
 
 def process_named(text: str) -> dict | None:

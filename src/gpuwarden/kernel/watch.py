@@ -120,8 +120,7 @@ class KernelWatch:
             async for batch, ended in _then_end(source.batches()):
                 now = time.time()
                 bursts: list[Burst] = []
-                for record in batch:
-                    started = self.classifier.feed(record, now)
+                for record, started in self.classifier.feed_all(batch, now):
                     if record.boot and record.boot != self.boot:  # caught up from an earlier boot's journal
                         for burst in started:
                             burst.event = burst.event.as_history()

@@ -1,0 +1,59 @@
+"""gpuwarden itself restarted between a kill and the engine's return (an upgrade, a crash, a reload that
+failed): the real daemon kills a stalled fake engine and pages a critical-only pager; it is stopped and started
+again on the same store; only then does the engine come back. The second daemon knows the engine was down (its
+engine_down condition, kept open in the store), so the return is an engine_back that ends the incident, and its
+alert is a follow-up on the first page that reaches the same pager, said once. A reload (SIGHUP), whose new
+engine watch starts afresh, is the same gap."""
+
+import signal
+
+import pytest
+from helpers import wait_for
+
+from gpuwarden.store import Store
+
+
+def kinds(d):
+    return [e["kind"] for e in d.events()]
+
+
+@pytest.mark.parametrize("gap", ["restart", "reload"])
+def test_the_engine_back_after_a_restart_of_gpuwarden_closes_the_page_it_opened(daemon_factory, fake_engine,
+                                                                                 receiver, gap):
+    engine = fake_engine("progress")
+    config = (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+              'min_stall = "2s"\nkill_grace = "1s"\ncanary_timeout = "3s"\n'
+              f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
+              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+    d = daemon_factory(config).start()
+    d.wait_serving()
+    engine.set_mode("stall")
+    wait_for(lambda: "engine_killed" in kinds(d), 30, interval=0.2, what="the kill")
+    wait_for(lambda: any("killed" in b["title"] for b in receiver.json_bodies("/pager")), 20, what="the page")
+    pages = len(receiver.json_bodies("/pager"))
+    if gap == "restart":
+        assert d.stop() == 0
+        d.start()  # the same state folder: the same store
+        d.wait_serving()
+    else:
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_log("reloaded")
+    back = fake_engine("progress", port=engine.port)  # its supervisor starts it again, on the same port
+    found = wait_for(lambda: [e for e in d.events() if e["kind"] == "engine_back"], 60, interval=0.5,
+                     what="the engine back")
+    wait_for(lambda: len(receiver.json_bodies("/pager")) > pages, 20, what="the follow-up on the pager")
+    assert d.stop() == 0
+    back.kill()
+
+    [event] = found
+    killed = next(e for e in d.events() if e["kind"] == "engine_killed")
+    assert event["evidence"]["incident"] == killed["evidence"]["incident"]  # the same incident, not a new one
+    assert event["evidence"]["seconds_since_kill"] > 0  # timed from the kill the first daemon made
+    *_, last = receiver.json_bodies("/pager")
+    assert last["title"] == f"vm: engine fake back — first completion {event['evidence']['seconds_since_kill']:.0f}" \
+                            " s after the kill", last["title"]
+    assert last["type"] == "success" and "**Update on**: engine fake killed" in last["message"], last["message"]
+    assert len(receiver.json_bodies("/pager")) == pages + 1  # said once: nothing of the first page again
+    store = Store(d.state / "gpuwarden.db")
+    assert store.open_conditions() == []  # the engine is up: nothing left open
+    store.close()
