@@ -300,10 +300,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             processes, refused = _resolution(target_spec(engine))
             engines[engine.name] = {"processes": processes, "refused": refused}
         print(json.dumps({"file": str(path) if path else None, "valid": True,
-                          "config": json.loads(config.model_dump_json()), "kill_would_take": engines}))
+                          "config": config.dump(), "kill_would_take": engines}))
         return EXIT_OK
     print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
-    print(config.model_dump_json(indent=2))  # secrets print as '**********', metrics_url masked
+    print(json.dumps(config.dump(), indent=2, ensure_ascii=False))  # secrets print as '**********', URLs masked
     if config.kernel.source == "file":
         print(f"# note: kernel source \"file\" ({config.kernel.file}) cannot tell a kernel line from one any user "
               "writes with `logger -t kernel` (syslog puts both there alike): a GPU fault read from it may be "

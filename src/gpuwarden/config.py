@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
+import math
 import os
 import pwd
 import re
@@ -11,27 +11,31 @@ import socket
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any
 from urllib.parse import urlsplit
-
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_serializer,
-    field_validator,
-    model_validator,
-)
 
 from gpuwarden import enginekinds, webconfig
 from gpuwarden.kinds import KINDS
 from gpuwarden.logsetup import redact
 from gpuwarden.model import Severity, normalize_pci
 from gpuwarden.registry import rules, runbooks
+from gpuwarden.schema import (
+    DictOf,
+    Invalid,
+    ListOf,
+    Secret,
+    Section,
+    boolean,
+    field,
+    filepath,
+    hint,
+    integer,
+    number,
+    one_of,
+    secret,
+    text,
+    then,
+)
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 # Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the
@@ -70,38 +74,42 @@ def parse_duration(value: Any) -> float:
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
     else:
         raise ValueError("a duration is a number of seconds or text such as \"90s\" or \"5m\"")
+    if not math.isfinite(seconds):  # TOML has inf and nan: no timer means either, and nan passes every bound
+        raise ValueError(f"a duration is a finite number of seconds, not {seconds}")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
     return seconds
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-def _at_least(minimum: float, why: str = "0 or less would spin, flood or never finish") -> AfterValidator:
+def _at_least(minimum: float, why: str = "0 or less would spin, flood or never finish"):
     def check(seconds: float) -> float:
         if seconds < minimum:
             raise ValueError(f"must be at least {_show(minimum)} ({why})")
         return seconds
-    return AfterValidator(check)
+    return check
 
 
 def _show(seconds: float) -> str:
     return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
 
 
-def _at_most(maximum: float) -> AfterValidator:
+def _at_most(maximum: float):
     def check(seconds: float) -> float:
         if seconds > maximum:
             raise ValueError(f"must be at most {_show(maximum)} (durations are seconds: write \"{seconds:g}ms\" "
                              "for milliseconds)")
         return seconds
-    return AfterValidator(check)
+    return check
 
 
+# The kinds of value a key takes (schema.py): functions from the TOML value to the value kept.
+Duration = parse_duration
 # How often something runs, or how long it may take: zero would spin a core, flood a receiver or time out at once.
-Interval = Annotated[float, BeforeValidator(parse_duration), _at_least(0.1)]
-Period = Annotated[float, BeforeValidator(parse_duration), _at_least(1.0)]
+Interval = then(parse_duration, _at_least(0.1))
+Period = then(parse_duration, _at_least(1.0))
+PciAddress = then(text, normalize_pci)  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
+SeverityName = one_of("info", "warning", "critical")
+Number = number()
 
 
 def _below_resolve_timeout(seconds: float) -> float:
@@ -109,8 +117,6 @@ def _below_resolve_timeout(seconds: float) -> float:
         raise ValueError(f"{_show(seconds)} is not below Alertmanager's default resolve_timeout (5m): an open alert "
                          "would resolve there between two sends")
     return seconds
-PciAddress = Annotated[str, AfterValidator(normalize_pci)]  # "3b:00.0" and "00000000:3B:00.0" -> "0000:3b:00.0"
-SeverityName = Literal["info", "warning", "critical"]
 
 
 def _container_name(value: str) -> str:
@@ -125,12 +131,8 @@ def _absolute(path: Path) -> Path:
     return path
 
 
-ContainerName = Annotated[str, AfterValidator(_container_name)]
-AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+ContainerName = then(text, _container_name)
+AbsolutePath = then(filepath, _absolute)
 
 
 def default_state_dir() -> Path:
@@ -141,30 +143,39 @@ def default_state_dir() -> Path:
 
 
 class DaemonConfig(Section):
-    state_dir: AbsolutePath = Field(default_factory=default_state_dir)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    loop_lag_warn: Interval = 1.0
-    status_interval: Period = 30.0
-    incidents_keep: int = Field(default=100, ge=1, le=100_000)  # newest incident bundles kept; older deleted
+    state_dir: Path = field(AbsolutePath, factory=default_state_dir)
+    log_level: str = field(one_of("debug", "info", "warning", "error"), "info")
+    loop_lag_warn: float = field(Interval, 1.0)
+    status_interval: float = field(Period, 30.0)
+    incidents_keep: int = field(integer(ge=1, le=100_000), 100)  # newest incident bundles kept; older deleted
+
+
+def _web_config(value: Path) -> Path:
+    webconfig.load(value)  # read whole now: `run` must not be the first to find a bad key or hash
+    return value
+
+
+def _resolvable(value: str) -> str:
+    if (split := _host_and_port(value)) and split[1] > 65535:
+        raise ValueError(f"{value!r}: port {split[1]} is above 65535")
+    try:
+        socket.getaddrinfo(value, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"{value!r} is not an address to listen on ({exc}); use an address such as "
+                         "\"127.0.0.1\", or \"host:port\"") from None
+    return value
 
 
 class ExporterConfig(Section):
-    enabled: bool = True
-    listen: str = "127.0.0.1"  # an address; "host:port" and "[v6]:port" set the port too
-    port: int = Field(default=DEFAULT_EXPORTER_PORT, ge=0, le=65535)
-    web_config_file: AbsolutePath | None = None  # TLS and basic auth, node_exporter's --web.config.file form
+    enabled: bool = field(boolean, True)
+    listen: str = field(text, "127.0.0.1", check=_resolvable)  # an address; "host:port" and "[v6]:port" set the port
+    port: int = field(integer(ge=0, le=65535), DEFAULT_EXPORTER_PORT)
+    # TLS and basic auth, node_exporter's --web.config.file form
+    web_config_file: Path | None = field(AbsolutePath, None, check=_web_config)
 
-    @field_validator("web_config_file")
     @classmethod
-    def _web_config(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            webconfig.load(value)  # read whole now: `run` must not be the first to find a bad key or hash
-        return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _host_port(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(listen := data.get("listen"), str):
+    def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(listen := data.get("listen"), str):
             return data
         if not (split := _host_and_port(listen)) or split[1] > 65535:  # no port, or one `listen` itself refuses
             return data
@@ -173,50 +184,11 @@ class ExporterConfig(Section):
             raise ValueError(f"listen {listen!r} names port {port} but port = {data['port']!r}: say it once")
         return {**data, "listen": host, "port": port}
 
-    @field_validator("listen")
-    @classmethod
-    def _resolvable(cls, value: str) -> str:
-        if (split := _host_and_port(value)) and split[1] > 65535:
-            raise ValueError(f"{value!r}: port {split[1]} is above 65535")
-        try:
-            socket.getaddrinfo(value, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise ValueError(f"{value!r} is not an address to listen on ({exc}); use an address such as "
-                             "\"127.0.0.1\", or \"host:port\"") from None
-        return value
-
 
 def _host_and_port(listen: str) -> tuple[str, int] | None:
     """`host:port` or `[v6]:port` split; None for a bare address."""
     m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
     return (m.group(1) or m.group(3), int(m.group(2) or m.group(4))) if m else None
-
-
-class KernelRule(Section):
-    pattern: str
-    kind: str
-    severity: SeverityName = "warning"
-    vendor: str = "any"
-    meaning: str = ""
-    runbook: str = ""
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        return _regex(value)
-
-    @field_validator("runbook")
-    @classmethod
-    def _known_runbook(cls, value: str) -> str:
-        if value and value not in runbooks():  # else the alert would silently carry no runbook
-            hint = difflib.get_close_matches(value, runbooks(), n=1)
-            raise ValueError(f"unknown runbook {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-        return value
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, value: str) -> str:
-        return _check_kind(value)
 
 
 def _regex(value: str) -> str:
@@ -229,16 +201,29 @@ def _regex(value: str) -> str:
 
 def _check_kind(value: str) -> str:
     if value not in KINDS:
-        hint = difflib.get_close_matches(value, KINDS, n=1)
-        raise ValueError(f"unknown event kind {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        raise ValueError(f"unknown event kind {value!r}" + hint(value, KINDS))
     return value
 
 
 def _check_rule(name: str) -> str:
     if name not in rules():
-        hint = difflib.get_close_matches(name, rules(), n=1)
-        raise ValueError(f"unknown built-in rule {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        raise ValueError(f"unknown built-in rule {name!r}" + hint(name, rules()))
     return name
+
+
+def _known_runbook(value: str) -> str:
+    if value and value not in runbooks():  # else the alert would silently carry no runbook
+        raise ValueError(f"unknown runbook {value!r}" + hint(value, runbooks()))
+    return value
+
+
+class KernelRule(Section):
+    pattern: str = field(then(text, _regex))
+    kind: str = field(then(text, _check_kind))
+    severity: str = field(SeverityName, "warning")
+    vendor: str = field(text, "any")
+    meaning: str = field(text, "")
+    runbook: str = field(then(text, _known_runbook), "")
 
 
 NEEDS_JOURNAL = "needs systemd-python, not installed: pip install 'gpuwarden[journal]'"
@@ -249,58 +234,49 @@ def journal_readable() -> bool:
     return importlib.util.find_spec("systemd") is not None
 
 
-RuleName = Annotated[str, AfterValidator(_check_rule)]  # a built-in kernel rule's name (registry.py)
+RuleName = then(text, _check_rule)  # a built-in kernel rule's name (registry.py)
+
+
+def _kinds(value: dict[str, str]) -> dict[str, str]:
+    for kind in value:
+        _check_kind(kind)
+    return value
+
+
+def _xids(value: dict[str, str]) -> dict[str, str]:
+    for code in value:
+        if not code.isdigit():
+            raise ValueError(f"Xid keys are numbers, not {code!r}")
+    return value
+
+
+def _rule_takes_a_severity(value: dict[str, str]) -> dict[str, str]:
+    for name in value:
+        if rules()[name].kind == "xid":
+            raise ValueError(f"{name}: an Xid line's severity is its Xid's: set it in [kernel.xid]")
+        if rules()[name].quiet:
+            raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
+    return value
 
 
 class KernelConfig(Section):
-    source: Literal["auto", "journal", "kmsg", "file"] = "auto"
-    file: AbsolutePath | None = None
-    lookback: Duration = 600.0
-    storm_window: Duration = 2.0  # 0: every line is its own event
-    rule: list[KernelRule] = []
-    disable_rules: list[RuleName] = []
-    rule_severity: dict[RuleName, SeverityName] = {}
-    severity: dict[str, SeverityName] = {}
-    xid: dict[str, SeverityName] = {}
+    source: str = field(one_of("auto", "journal", "kmsg", "file"), "auto")
+    file: Path | None = field(AbsolutePath, None)
+    lookback: float = field(Duration, 600.0)
+    storm_window: float = field(Duration, 2.0)  # 0: every line is its own event
+    rule: list[KernelRule] = field(ListOf(KernelRule), [])
+    disable_rules: list[str] = field(ListOf(RuleName), [])
+    rule_severity: dict[str, str] = field(DictOf(RuleName, SeverityName), {}, check=_rule_takes_a_severity)
+    severity: dict[str, str] = field(DictOf(text, SeverityName), {}, check=_kinds)
+    xid: dict[str, str] = field(DictOf(text, SeverityName), {}, check=_xids)
 
-    @field_validator("severity")
-    @classmethod
-    def _kinds(cls, value: dict[str, str]) -> dict[str, str]:
-        for kind in value:
-            _check_kind(kind)
-        return value
-
-    @field_validator("xid")
-    @classmethod
-    def _xids(cls, value: dict[str, str]) -> dict[str, str]:
-        for code in value:
-            if not code.isdigit():
-                raise ValueError(f"Xid keys are numbers, not {code!r}")
-        return value
-
-    @field_validator("rule_severity")
-    @classmethod
-    def _rule_takes_a_severity(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if rules()[name].kind == "xid":
-                raise ValueError(f"{name}: an Xid line's severity is its Xid's: set it in [kernel.xid]")
-            if rules()[name].quiet:
-                raise ValueError(f"{name} makes no event of its own (it only feeds a correlation): nothing to set")
-        return value
-
-    @model_validator(mode="after")
-    def _file_for_file(self) -> KernelConfig:
+    def verify(self) -> None:
         if self.source == "file" and self.file is None:  # else `run` would watch no kernel log at all
             raise ValueError('source = "file" needs file, the log file to follow')
         if self.source == "journal" and not journal_readable():  # else `run` would watch no kernel log at all
             raise ValueError(f'source = "journal" {NEEDS_JOURNAL}; or source = "auto" (/dev/kmsg)')
-        return self
-
-    @model_validator(mode="after")
-    def _disabled_not_overridden(self) -> KernelConfig:
         if both := sorted(set(self.disable_rules) & set(self.rule_severity)):
             raise ValueError(f"rule {both[0]!r} is in disable_rules and in [kernel.rule_severity]: say which")
-        return self
 
     def rule_severities(self) -> dict[str, Severity]:
         return {name: Severity.parse(s) for name, s in self.rule_severity.items()}
@@ -313,69 +289,58 @@ class KernelConfig(Section):
 
 
 class AlertTarget(Section):
-    url: SecretStr  # apprise URLs carry tokens: printed as '**********'
-    name: str | None = None  # how logs and metrics call it; default "<n>:<scheme>://<host>"
-    min_severity: SeverityName = "warning"
-    tags: list[str] = []  # when set, only alerts about these kinds, GPUs or engines go here
+    url: Secret = field(secret)  # apprise URLs carry tokens: printed as '**********'
+    name: str | None = field(text, None)  # how logs and metrics call it; default "<n>:<scheme>://<host>"
+    min_severity: str = field(SeverityName, "warning")
+    tags: list[str] = field(ListOf(text), [])  # when set, only alerts about these kinds, GPUs or engines go here
 
 
 class AlertsConfig(Section):
-    urls: list[SecretStr] = []  # shorthand for targets at min_severity "warning"
-    target: list[AlertTarget] = []
-    config_file: AbsolutePath | None = None  # an apprise config file (TEXT or YAML); its tags work as `tags` above
-    config_file_min_severity: SeverityName = "warning"
-    hostname: str = Field(default_factory=socket.gethostname)
-    cooldown: Duration = 600.0
-    group_window: Duration = 5.0
-    retry_initial: Interval = 5.0
-    retry_max: Interval = 600.0
-    give_up_after: Period = 86400.0
-    send_timeout: Period = 30.0
+    urls: list[Secret] = field(ListOf(secret), [])  # shorthand for targets at min_severity "warning"
+    target: list[AlertTarget] = field(ListOf(AlertTarget), [])
+    # an apprise config file (TEXT or YAML); its tags work as `tags` above
+    config_file: Path | None = field(AbsolutePath, None)
+    config_file_min_severity: str = field(SeverityName, "warning")
+    hostname: str = field(text, factory=socket.gethostname)
+    cooldown: float = field(Duration, 600.0)
+    group_window: float = field(Duration, 5.0)
+    retry_initial: float = field(Interval, 5.0)
+    retry_max: float = field(Interval, 600.0)
+    give_up_after: float = field(Period, 86400.0)
+    send_timeout: float = field(Period, 30.0)
     # firing alerts sent again to an Alertmanager this often; at or above its resolve_timeout (5m by default)
     # an open incident would resolve there between two sends
-    alertmanager_resend: Annotated[Interval, AfterValidator(_below_resolve_timeout)] = 60.0
+    alertmanager_resend: float = field(then(Interval, _below_resolve_timeout), 60.0)
 
-    @model_validator(mode="after")
-    def _retries(self) -> AlertsConfig:
+    def verify(self) -> None:
         if self.retry_max < self.retry_initial:
             raise ValueError(f"retry_max ({_show(self.retry_max)}) is below retry_initial "
                              f"({_show(self.retry_initial)})")
-        return self
+
+
+def _user_exists(value: str) -> str:
+    user_id(value)
+    return value
 
 
 class EngineTarget(Section):
     """Which processes are the engine: what a kill kills."""
 
-    kind: Literal["port", "pidfile", "cmdline", "unit", "cgroup", "docker"] = "port"
-    pidfile: AbsolutePath | None = None
-    pattern: str | None = None  # cmdline: a regular expression searched in the command line
-    unit: str | None = None  # unit: a systemd unit, killed as its whole cgroup
-    cgroup: AbsolutePath | None = None  # cgroup: a cgroup v2 directory
-    container: ContainerName | None = None  # docker: a container name or id
-    docker_socket: AbsolutePath = Path("/var/run/docker.sock")  # root's dockerd (also for log_container)
-    user: str | None = None  # the engine's user (name or uid); default: the owner of the socket serving metrics_url
+    kind: str = field(one_of("port", "pidfile", "cmdline", "unit", "cgroup", "docker"), "port")
+    pidfile: Path | None = field(AbsolutePath, None)
+    pattern: str | None = field(then(text, _regex), None)  # cmdline: a regular expression searched in the command line
+    unit: str | None = field(text, None)  # unit: a systemd unit, killed as its whole cgroup
+    cgroup: Path | None = field(AbsolutePath, None)  # cgroup: a cgroup v2 directory
+    container: str | None = field(ContainerName, None)  # docker: a container name or id
+    docker_socket: Path = field(AbsolutePath, Path("/var/run/docker.sock"))  # root's dockerd (also for log_container)
+    # the engine's user (name or uid); default: the owner of the socket serving metrics_url
+    user: str | None = field(then(text, _user_exists), None)
 
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        return value if value is None else _regex(value)
-
-    @field_validator("user")
-    @classmethod
-    def _user_exists(cls, value: str | None) -> str | None:
-        if value is not None:
-            user_id(value)
-        return value
-
-    @model_validator(mode="after")
-    def _needs(self) -> EngineTarget:
+    def verify(self) -> None:
         needed = {"pidfile": "pidfile", "cmdline": "pattern", "unit": "unit", "cgroup": "cgroup",
                   "docker": "container"}.get(self.kind)
         if needed and getattr(self, needed) is None:
             raise ValueError(f"target kind {self.kind!r} needs {needed!r}")
-        return self
-
-
 def user_id(user: str) -> int:
     """The uid of a user name or number that exists in the password database."""
     try:
@@ -414,61 +379,63 @@ def _canary_api(name: str) -> str:
 RESTARTABLE = ("unit", "docker")  # target kinds whose supervisor gpuwarden can ask to start the engine again
 
 
+def _masked(url: str | None) -> str | None:
+    return url and redact(url)  # `check` prints the configuration: never the credentials in it
+
+
+MetricsUrl = then(text, check_metrics_url)
+
+
 class EngineConfig(Section):
-    name: str
+    name: str = field(text)
     # the engine's API (canary, /slots); metrics_url defaults to its /metrics. Without it, metrics_url's scheme,
     # host and port are the API
-    url: Annotated[str, AfterValidator(check_metrics_url)] | None = None
-    metrics_url: Annotated[str, AfterValidator(check_metrics_url)]
-    profile: Annotated[str, AfterValidator(_engine_kind)] = "auto"  # an engine kind (gpuwarden/enginekinds)
+    url: str | None = field(MetricsUrl, None, shown=_masked)
+    metrics_url: str = field(MetricsUrl, shown=_masked)
+    profile: str = field(then(text, _engine_kind), "auto")  # an engine kind (gpuwarden/enginekinds)
     # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
     # llama.cpp's /slots
-    source: Literal["metrics", "log", "slots"] = "metrics"
-    log_file: AbsolutePath | None = None
-    log_unit: str | None = None  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
-    log_container: ContainerName | None = None  # a Docker container: its log through the Engine API
+    source: str = field(one_of("metrics", "log", "slots"), "metrics")
+    log_file: Path | None = field(AbsolutePath, None)
+    log_unit: str | None = field(text, None)  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
+    log_container: str | None = field(ContainerName, None)  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
     # while the engine is idle; the API it speaks (auto: from the profile)
-    canary: Annotated[str, AfterValidator(_canary_api)] = "auto"
-    canary_interval: Duration = 0.0
-    canary_timeout: Interval = 30.0
-    gpus: list[PciAddress] = []  # PCI addresses; empty: learned from the device files its processes hold
-    scrape_interval: Interval = 5.0
+    canary: str = field(then(text, _canary_api), "auto")
+    canary_interval: float = field(Duration, 0.0)
+    canary_timeout: float = field(Interval, 30.0)
+    gpus: list[str] = field(ListOf(PciAddress), [])  # PCI addresses; empty: learned from the device files it holds
+    scrape_interval: float = field(Interval, 5.0)
     # the whole scrape: connect, every byte of the body, and the parse; never above scrape_interval
-    scrape_timeout: Annotated[Interval, _at_most(300.0)] = 5.0
-    max_body_bytes: int = Field(default=8 << 20, ge=1024)
-    stall_multiple: float = Field(default=4.0, gt=0)
-    min_stall: Annotated[float, BeforeValidator(parse_duration),
-                         _at_least(1.0, "shorter, one slow scrape would be a stall and a kill")] = 30.0
-    max_stall: Interval = 1800.0
-    unresponsive_after: int = Field(default=3, ge=1)  # failed scrapes in a row, process alive
-    crash_loop_exits: int = Field(default=3, ge=2)
-    crash_loop_window: Period = 600.0
+    scrape_timeout: float = field(then(Interval, _at_most(300.0)), 5.0)
+    max_body_bytes: int = field(integer(ge=1024), 8 << 20)
+    stall_multiple: float = field(number(gt=0), 4.0)
+    min_stall: float = field(then(parse_duration, _at_least(1.0, "shorter, one slow scrape would be a stall and a "
+                                                                 "kill")), 30.0)
+    max_stall: float = field(Interval, 1800.0)
+    unresponsive_after: int = field(integer(ge=1), 3)  # failed scrapes in a row, process alive
+    crash_loop_exits: int = field(integer(ge=2), 3)
+    crash_loop_window: float = field(Period, 600.0)
     # restart: kill, then start it again through what supervises it (target kind "unit" or "docker")
-    on_stall: Literal["kill", "restart", "alert"] = "kill"
-    on_gpu_fault: Literal["kill", "restart", "alert"] = "kill"
+    on_stall: str = field(one_of("kill", "restart", "alert"), "kill")
+    on_gpu_fault: str = field(one_of("kill", "restart", "alert"), "kill")
     # /metrics hanging for the stall threshold while the processes live: kill when requests were running at its
     # last answer (as stuck as a stall), alert when it was idle
-    on_unresponsive: Literal["kill", "restart", "alert"] = "kill"
+    on_unresponsive: str = field(one_of("kill", "restart", "alert"), "kill")
     # a restarted (or re-started) engine not back, a real completion returned, by then: engine_restart_failed.
     # Big models load for minutes
-    restart_timeout: Interval = 600.0
-    kill_grace: Duration = 10.0
-    kill_budget: int = Field(default=3, ge=0)
-    kill_budget_window: Period = 3600.0
-    max_kill_processes: int = Field(default=512, ge=1)  # a target that resolves to more: kill_refused
-    dry_run: bool = False
-    target: EngineTarget = EngineTarget()
+    restart_timeout: float = field(Interval, 600.0)
+    kill_grace: float = field(Duration, 10.0)
+    kill_budget: int = field(integer(ge=0), 3)
+    kill_budget_window: float = field(Period, 3600.0)
+    max_kill_processes: int = field(integer(ge=1), 512)  # a target that resolves to more: kill_refused
+    dry_run: bool = field(boolean, False)
+    target: EngineTarget = field(EngineTarget, factory=EngineTarget)
 
-    @field_serializer("metrics_url", "url", when_used="json")
-    def _masked(self, url: str | None) -> str | None:
-        return url and redact(url)  # `check` prints the configuration: never the credentials in it
-
-    @model_validator(mode="before")
     @classmethod
-    def _metrics_url_from_url(cls, data: Any) -> Any:
+    def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
         """An engine without /metrics (source "log" or "slots") is named by its API alone."""
-        if not isinstance(data, dict) or "metrics_url" in data:
+        if "metrics_url" in data:
             return data
         if "url" not in data:
             raise ValueError("an engine needs metrics_url, or url (its API) when it serves no /metrics")
@@ -476,14 +443,22 @@ class EngineConfig(Section):
             return {**data, "metrics_url": data["url"].rstrip("/") + "/metrics"}
         return data
 
-    @model_validator(mode="after")
-    def _stall_bounds(self) -> EngineConfig:
+    def verify(self) -> None:
         if self.min_stall > self.max_stall:
             raise ValueError(f"min_stall ({_show(self.min_stall)}) is above max_stall ({_show(self.max_stall)})")
-        return self
+        self._restartable()
+        logs = [key for key in ("log_file", "log_unit", "log_container") if getattr(self, key) is not None]
+        if self.source == "log" and len(logs) != 1:
+            raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
+                             f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
+        if self.source == "log" and self.log_unit is not None and not journal_readable():
+            raise ValueError(f"log_unit (the unit's journal) {NEEDS_JOURNAL}; or log_file")
+        kind = enginekinds.named(self.profile)
+        if kind and self.source not in kind.sources:
+            raise ValueError(f"{kind.title} offers no source {self.source!r}: use " +
+                             " or ".join(f'source = "{s}"' for s in kind.sources))
 
-    @model_validator(mode="after")
-    def _restartable(self) -> EngineConfig:
+    def _restartable(self) -> None:
         """A restart goes through what supervises the engine: gpuwarden starts nothing itself."""
         for key in ("on_stall", "on_gpu_fault", "on_unresponsive"):
             if getattr(self, key) != "restart":
@@ -495,83 +470,67 @@ class EngineConfig(Section):
             if self.canary == "off":
                 raise ValueError(f'{key} = "restart" needs the canary: an engine is back only when a real '
                                  'completion returns (canary = "off" cannot tell)')
-        return self
-
-    @model_validator(mode="after")
-    def _source(self) -> EngineConfig:
-        logs = [key for key in ("log_file", "log_unit", "log_container") if getattr(self, key) is not None]
-        if self.source == "log" and len(logs) != 1:
-            raise ValueError(f"source \"log\" needs exactly one of log_file, log_unit and log_container"
-                             f"{' (not ' + ' and '.join(logs) + ')' if logs else ''}")
-        if self.source == "log" and self.log_unit is not None and not journal_readable():
-            raise ValueError(f"log_unit (the unit's journal) {NEEDS_JOURNAL}; or log_file")
-        kind = enginekinds.named(self.profile)
-        if kind and self.source not in kind.sources:
-            raise ValueError(f"{kind.title} offers no source {self.source!r}: use " +
-                             " or ".join(f'source = "{s}"' for s in kind.sources))
-        return self
 
 
 class EnginesConfig(Section):
-    discover: bool = True  # with no [[engine]]: find running engine servers and watch them with defaults
-    discover_interval: Period = 30.0
-    max_discovered: int = Field(default=16, ge=1, le=1024)  # discovered engines watched (and probed a round)
+    discover: bool = field(boolean, True)  # with no [[engine]]: find running engine servers and watch them
+    discover_interval: float = field(Period, 30.0)
+    max_discovered: int = field(integer(ge=1, le=1024), 16)  # discovered engines watched (and probed a round)
 
 
 class GpuConfig(Section):
-    sysfs_root: AbsolutePath = Path("/sys")  # where GPUs are found, read and guarded
-    interval: Interval = 1.0
-    read_deadline: Interval = 3.0  # a read that takes longer: gpu_unresponsive, and it is abandoned
-    recorder_window: Duration = 900.0  # telemetry kept in memory for incident reports
-    nvml: bool = True  # read NVIDIA GPUs through NVML when its library is there
-    edge_warn_celsius: float = 90.0
-    edge_critical_celsius: float = 100.0
-    junction_warn_celsius: float = 100.0
-    junction_critical_celsius: float = 110.0
-    mem_warn_celsius: float = 95.0
-    mem_critical_celsius: float = 105.0
-    power_over_cap_ratio: float = 1.05  # power above cap x this
-    power_spike_watts: float = 200.0  # a jump this big between two samples
-    psu_guard_watts: float | None = None  # all GPUs together above this
-    fan_hot_celsius: float = 70.0  # fan at 0 while the hottest sensor is above this
-    clock_low_ratio: float = 0.5  # sclk below this share of its maximum while busy
-    busy_ratio: float = 0.8  # "under load"
-    asymmetry_power_cap_watts: float = 5.0
-    asymmetry_clock_ratio: float = 0.15
+    sysfs_root: Path = field(AbsolutePath, Path("/sys"))  # where GPUs are found, read and guarded
+    interval: float = field(Interval, 1.0)
+    read_deadline: float = field(Interval, 3.0)  # a read that takes longer: gpu_unresponsive, and it is abandoned
+    recorder_window: float = field(Duration, 900.0)  # telemetry kept in memory for incident reports
+    nvml: bool = field(boolean, True)  # read NVIDIA GPUs through NVML when its library is there
+    edge_warn_celsius: float = field(Number, 90.0)
+    edge_critical_celsius: float = field(Number, 100.0)
+    junction_warn_celsius: float = field(Number, 100.0)
+    junction_critical_celsius: float = field(Number, 110.0)
+    mem_warn_celsius: float = field(Number, 95.0)
+    mem_critical_celsius: float = field(Number, 105.0)
+    power_over_cap_ratio: float = field(Number, 1.05)  # power above cap x this
+    power_spike_watts: float = field(Number, 200.0)  # a jump this big between two samples
+    psu_guard_watts: float | None = field(Number, None)  # all GPUs together above this
+    fan_hot_celsius: float = field(Number, 70.0)  # fan at 0 while the hottest sensor is above this
+    clock_low_ratio: float = field(Number, 0.5)  # sclk below this share of its maximum while busy
+    busy_ratio: float = field(Number, 0.8)  # "under load"
+    asymmetry_power_cap_watts: float = field(Number, 5.0)
+    asymmetry_clock_ratio: float = field(Number, 0.15)
 
 
 class GuardConfig(Section):
-    enabled: bool | None = None  # default: on when running as root
-    devices: list[PciAddress] = []  # PCI addresses; replaces the discovered GPUs when set
-    verify_interval: Interval = 10.0
-
+    enabled: bool | None = field(boolean, None)  # default: on when running as root
+    devices: list[str] = field(ListOf(PciAddress), [])  # PCI addresses; replaces the discovered GPUs when set
+    verify_interval: float = field(Interval, 10.0)
 
 
 class CacheConfig(Section):
-    dirs: list[AbsolutePath] | None = None  # compile caches to watch; default: the usual ones of root and login users
-    on_crash_loop: Literal["quarantine", "alert"] = "quarantine"
-    dry_run: bool = False  # say what would be moved, move nothing
+    # compile caches to watch; default: the usual ones of root and login users
+    dirs: list[Path] | None = field(ListOf(AbsolutePath), None)
+    on_crash_loop: str = field(one_of("quarantine", "alert"), "quarantine")
+    dry_run: bool = field(boolean, False)  # say what would be moved, move nothing
+
+
+def _unique_names(value: list[EngineConfig]) -> list[EngineConfig]:
+    names = [e.name for e in value]
+    for name in names:
+        if (n := names.count(name)) > 1:
+            raise ValueError(f"engine name {name!r} is used {'twice' if n == 2 else f'{n} times'}")
+    return value
 
 
 class Config(Section):
-    daemon: DaemonConfig = DaemonConfig()
-    exporter: ExporterConfig = ExporterConfig()
-    kernel: KernelConfig = KernelConfig()
-    alerts: AlertsConfig = AlertsConfig()
-    engines: EnginesConfig = EnginesConfig()
-    engine: list[EngineConfig] = []
-    gpu: GpuConfig = GpuConfig()
-    guard: GuardConfig = GuardConfig()
-    cache: CacheConfig = CacheConfig()
-
-    @field_validator("engine")
-    @classmethod
-    def _unique_names(cls, value: list[EngineConfig]) -> list[EngineConfig]:
-        names = [e.name for e in value]
-        for name in names:
-            if (n := names.count(name)) > 1:
-                raise ValueError(f"engine name {name!r} is used {'twice' if n == 2 else f'{n} times'}")
-        return value
+    daemon: DaemonConfig = field(DaemonConfig, factory=DaemonConfig)
+    exporter: ExporterConfig = field(ExporterConfig, factory=ExporterConfig)
+    kernel: KernelConfig = field(KernelConfig, factory=KernelConfig)
+    alerts: AlertsConfig = field(AlertsConfig, factory=AlertsConfig)
+    engines: EnginesConfig = field(EnginesConfig, factory=EnginesConfig)
+    engine: list[EngineConfig] = field(ListOf(EngineConfig), [], check=_unique_names)
+    gpu: GpuConfig = field(GpuConfig, factory=GpuConfig)
+    guard: GuardConfig = field(GuardConfig, factory=GuardConfig)
+    cache: CacheConfig = field(CacheConfig, factory=CacheConfig)
 
 
 def load(path: Path | None) -> tuple[Config, Path | None]:
@@ -598,9 +557,9 @@ def parse(text: str, name: str = "<config>") -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(_toml_error(exc, name)) from None
     try:
-        config = Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(err, text, name) for err in exc.errors())) from None
+        config = Config.validate(data)
+    except Invalid as exc:
+        raise ConfigError("\n".join(_located(loc, message, text, name) for loc, message in exc.problems)) from None
     if problems := list(cross_checks(config)):
         raise ConfigError("\n".join(_located(loc, message, text, name) for loc, message in problems))
     return config
@@ -629,13 +588,12 @@ def cross_checks(config: Config) -> Iterator[tuple[tuple[Any, ...], str]]:
             if (pci := _pci_or_none(tag)) is not None and pci != tag:
                 yield ("alerts", "target", i, "tags", j), f"write the GPU {tag!r} as alerts name it: {pci!r}"
             elif pci is None and not _known_tag(tag, engines):
-                hint = difflib.get_close_matches(tag, [*KINDS, *engines, "host"], n=1)
                 yield (("alerts", "target", i, "tags", j),
-                       f"unknown tag {tag!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                       f"unknown tag {tag!r}" + hint(tag, [*KINDS, *engines, "host"])
                        + ": a tag is an event kind, a GPU's PCI address, an engine's name or \"host\"; this one "
                          "matches no alert, so this target would never be sent one")
     for i, e in enumerate(config.engine):
-        if "scrape_timeout" in e.model_fields_set and e.scrape_timeout > e.scrape_interval:
+        if "scrape_timeout" in e.fields_set and e.scrape_timeout > e.scrape_interval:
             yield (("engine", i, "scrape_timeout"), f"scrape_timeout ({_show(e.scrape_timeout)}) is above "
                    f"scrape_interval ({_show(e.scrape_interval)}): a scrape would outlast its turn")
     for part in _THRESHOLDS:
@@ -687,40 +645,6 @@ def placed(exc: ConfigError, path: Path | None) -> ConfigError:
     return ConfigError(f"{path}:{line}: {exc}", exc.loc) if line else exc
 
 
-def _describe(err: Any, text: str, name: str) -> str:
-    loc = tuple(err["loc"])
-    if loc and loc[-1] == "[key]":  # a bad key of a table: the error is about the key itself
-        loc = loc[:-1]
-    key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
-    line = line_of(text, loc)
-    where = f"{name}:{line}" if line else name
-    if err["type"] == "extra_forbidden":
-        known = _field_names(Config, loc[:-1])
-        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        message = "unknown key" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-    elif err["type"] == "missing":
-        message = "required key is missing"
-    else:
-        message = err["msg"].removeprefix("Value error, ")
-    return f"{where}: {key}: {message}"
-
-
-def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The keys that the table at `loc` accepts."""
-    current: type[BaseModel] | None = model
-    for part in loc:
-        if isinstance(part, str) and current is not None:
-            field = current.model_fields.get(part)
-            current = _model_in(field.annotation) if field else None
-    return list(current.model_fields) if current else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return next((m for a in get_args(annotation) if (m := _model_in(a))), None)
-
-
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
 
@@ -731,7 +655,7 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     best, best_len, first = None, 0, None
     table: list[str] = []
     array_counts: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if m := _HEADER.match(line):
             parts = _split_key(m.group(2))
             if m.group(1) == "[[":
@@ -748,11 +672,11 @@ def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
             continue
         n = len(path)
         if n > best_len and want[:n] == path:
-            best, best_len = number, n
+            best, best_len = lineno, n
             if n == len(want):
                 break
         elif first is None and path[:len(want)] == want:  # an array of tables as a whole: its first entry
-            first = number
+            first = lineno
     return best or first
 
 

@@ -14,18 +14,11 @@ import os
 import platform
 import re
 import socket
-import ssl
 import stat
-import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpuwarden import __version__, report, statuspage
 from gpuwarden import families as f
@@ -87,6 +80,8 @@ class _Collector:
         return []  # collect() is cheap, but there is no need to run it at registration
 
     def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # loaded by Exporter()
+
         snapshot = self._metrics.snapshot()
         for name in [n for n in FAMILIES if n in snapshot]:  # declaration order, not the order of first use
             series, family = snapshot[name], FAMILIES[name]
@@ -105,6 +100,10 @@ class Exporter:
 
     def __init__(self, metrics: SelfMetrics, listen: str, port: int, status: Callable[[], dict] | None = None,
                  incidents: Path | None = None, web: WebConfig | None = None) -> None:
+        # here, not at the top: the web stack (prometheus_client, wsgiref, http.server, email: 4 MB, 20 ms) is
+        # loaded only by a daemon that serves metrics
+        from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(metrics))
         ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
@@ -120,9 +119,10 @@ class Exporter:
     def start(self) -> None:
         family = socket.getaddrinfo(self._listen or None, self._port, type=socket.SOCK_STREAM,
                                     flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("Server", (_Server,), {"address_family": family, "tls": self._web.tls})
+        from gpuwarden import webserver  # with Exporter(): the web stack only for a daemon that serves metrics
+
         try:
-            self._server = make_server(self._listen, self._port, self._pages, server_class, _Handler)
+            self._server = webserver.serve(self._listen, self._port, self._pages, family, self._web.tls)
         except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
             host = f"[{self._listen}]" if ":" in self._listen else self._listen
             raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
@@ -144,6 +144,8 @@ class _Pages:
     def __init__(self, metrics_app: Callable, status: Callable[[], dict] | None, incidents: Path | None,
                  web: WebConfig) -> None:
         self._metrics_app, self._status, self._incidents, self._web = metrics_app, status, incidents, web
+        # here, not at import: the first guess reads the system's MIME tables
+        self._picture_type = mimetypes.guess_type(report.PICTURE)[0] or "application/octet-stream"
 
     def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO") or "/"
@@ -186,12 +188,11 @@ class _Pages:
             _PICTURE_READS.release()
         if data is None or len(data) > _MAX_PICTURE:
             return _answer(start_response, "404 Not Found", "text/plain", b"no picture (yet)\n")
-        return _answer(start_response, "200 OK", _PICTURE_TYPE, data)
+        return _answer(start_response, "200 OK", self._picture_type, data)
 
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'"  # its own style sheet and pictures only
 _PICTURE = re.compile(r"/incidents/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/" + re.escape(report.PICTURE))
-_PICTURE_TYPE = mimetypes.guess_type(report.PICTURE)[0] or "application/octet-stream"
 _PICTURE_READS = threading.BoundedSemaphore(2)
 _MAX_PICTURE = 8 << 20
 
@@ -202,54 +203,3 @@ def _answer(start_response: Callable, status: str, content_type: str, body: byte
                             ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
                             ("Content-Security-Policy", _CSP), *extra])
     return [body]
-
-
-# Anyone on the box can connect to the exporter. One thread per connection with no deadline let a local user
-# hold a descriptor and a thread of the daemon per connection until it had none left (systemd's soft
-# LimitNOFILE is 1024), which starves everything else it opens: /proc, sockets, the store. So a connection has
-# CONNECTION_TIMEOUT per read, and past MAX_CONNECTIONS at once a new one is closed unanswered.
-MAX_CONNECTIONS = 16
-CONNECTION_TIMEOUT = 5.0
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    tls: ssl.SSLContext | None = None  # set: each connection's TLS handshake runs in its own thread, bounded
-
-    def __init__(self, *args, **kw) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(*args, **kw)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            if self.tls:
-                request.settimeout(CONNECTION_TIMEOUT)  # a client that never finishes its hello holds no thread
-                try:
-                    request = self.tls.wrap_socket(request, server_side=True)
-                except OSError:  # a failed handshake (plain HTTP on the TLS port, a bad client) is the client's
-                    self.shutdown_request(request)
-                    return
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], OSError):  # a client that timed out or hung up is no error of ours
-            super().handle_error(request, client_address)
-
-
-class _Handler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT
-
-    def log_message(self, format, *args) -> None:
-        pass

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from datetime import datetime
 from typing import Any
-from xml.sax.saxutils import escape
 
 WIDTH, HEIGHT = 1100, 800
 LEFT, RIGHT, TOP, BOTTOM, GAP = 80, 20, 70, 40, 14  # margins of the panel area, and between panels
@@ -161,3 +160,9 @@ def _time_ticks(start: float, end: float) -> list[int]:
 def _text(x: float, y: float, text: str, size: int = 11, colour: str = "#000000", anchor: str = "start") -> str:
     return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{colour}" text-anchor="{anchor}">'
             f"{escape(text)}</text>")
+
+
+def escape(text: str) -> str:
+    """Text for SVG: xml.sax.saxutils' escape without its import (urllib.request, http.client, email: 4 MB that
+    the daemon would carry for three replacements)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

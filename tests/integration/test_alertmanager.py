@@ -94,7 +94,7 @@ async def until(predicate, what):
 
 def test_a_kill_incident_fires_in_alertmanager_and_resolves_when_the_engine_is_back(tmp_path, alertmanager,
                                                                                       receiver):
-    config = AlertsConfig.model_validate({
+    config = AlertsConfig.validate({
         "hostname": "vm", "group_window": 0.3, "retry_initial": 0.2, "retry_max": 0.5,
         "target": [{"url": f"alertmanager://127.0.0.1:{alertmanager}", "name": "am"}]})
     store = Store(tmp_path / "gpuwarden.db")
@@ -138,7 +138,7 @@ def test_an_open_incident_stays_in_an_alertmanager_that_forgets_until_it_ends(tm
     past it. The engine back ends its incident's alerts; an incident that closes without an all-clear has its
     alerts ended too (endsAt), not left to expire; neither comes back at a later re-send."""
     port = forgetful_alertmanager
-    config = AlertsConfig.model_validate({
+    config = AlertsConfig.validate({
         "hostname": "vm", "group_window": 0.3, "retry_initial": 0.2, "retry_max": 0.5, "alertmanager_resend": 0.5,
         "target": [{"url": f"alertmanager://127.0.0.1:{port}", "name": "am"}]})
     store = Store(tmp_path / "gpuwarden.db")

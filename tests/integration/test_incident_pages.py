@@ -24,7 +24,7 @@ def event(kind, severity, message, **evidence):
 
 
 def test_a_stall_kill_restart_and_back_is_one_page_and_its_follow_ups(tmp_path, receiver):
-    config = AlertsConfig.model_validate({
+    config = AlertsConfig.validate({
         "hostname": "vm", "group_window": 0.3, "retry_initial": 0.2, "retry_max": 0.5, "target": [
             {"url": f"json://127.0.0.1:{receiver.port}/pager", "min_severity": "critical"},
             {"url": f"ntfy://127.0.0.1:{receiver.port}/phone", "min_severity": "critical"}]})

@@ -50,7 +50,7 @@ def test_a_restarted_alerter_resumes_an_open_incidents_page_and_its_firing_alert
         store.mark_alerted(store.add_events([stall]))
         store.save_incident({"id": name, "opened": now - 30, "closed": closed, "kind": "engine_stall",
                              "engines": ["vllm"]})
-    config = AlertsConfig.model_validate({"hostname": "vm", "target": [{"url": "alertmanager://127.0.0.1:9",
+    config = AlertsConfig.validate({"hostname": "vm", "target": [{"url": "alertmanager://127.0.0.1:9",
                                                                          "name": "am"}]})
 
     async def main():

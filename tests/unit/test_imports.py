@@ -7,8 +7,8 @@ down these layers, and never in a cycle. A package may import others of its own 
     effects         act (the actuator, killer, guard, quarantine), alert
     components      kernel, gpu, engine: they only emit, through model.Sink; they never act nor alert
     decisions       policy: pure, events and plain views in, typed actions out; reports (the one queue)
-    foundation      model, kinds, enginekinds (one module per engine kind), config, store, report, timeline,
-                    exporter, and small helpers
+    foundation      model, kinds, enginekinds (one module per engine kind), config (and schema), store, report,
+                    timeline, exporter, and small helpers
 
 A top-level module counts as a package of its own; `gpuwarden/__init__.py` (the version) as "gpuwarden". Each
 folder is one node, whole: config checks kernel rule and runbook names through registry.py, which the domain
@@ -24,7 +24,7 @@ SRC = Path(gpuwarden.__file__).parent
 LAYERS = [
     {"gpuwarden", "model", "kinds", "enginekinds", "families", "config", "store", "report", "timeline", "exporter",
      "logsetup", "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage",
-     "registry", "webconfig"},
+     "registry", "webconfig", "schema", "webserver"},
     {"policy", "reports"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},

@@ -20,8 +20,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-import httpx
-
 from gpuwarden.alert.channel import Alert
 
 SCHEMES = {"alertmanager": "http", "alertmanagers": "https"}
@@ -118,6 +116,8 @@ class AlertmanagerChannel:
     takes_pictures = False  # the API carries labels and annotations, no file
 
     def __init__(self, url: str, resend: float = RESEND) -> None:
+        import httpx  # noqa: F401  (loaded as the target is built, at start: `run` without one never loads it)
+
         self.url, self.auth = endpoint(url)
         self.firing = Firing(resend)
 
@@ -152,6 +152,8 @@ class AlertmanagerChannel:
             self.firing.adopt(earlier.firing.items, earlier.firing.next or time.time())
 
     async def _post(self, body: list[dict[str, Any]], timeout: float) -> tuple[bool, str | None]:
+        import httpx  # loaded by __init__: no import on the event loop
+
         try:
             async with asyncio.timeout(timeout + 5), httpx.AsyncClient(timeout=timeout, auth=self.auth) as client:
                 response = await client.post(self.url, json=body)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpuwarden import enginekinds
 from gpuwarden.enginekinds.base import EngineKind, Timing
 
@@ -97,6 +95,8 @@ def _timing(values: dict[str, float], timings: tuple[Timing, ...]) -> tuple[floa
 def _values(text: str, wanted: set[str]) -> dict[str, float]:
     """Sum of the samples of each wanted name. A name with no sample is absent, not 0; so is a name with a
     NaN or infinite sample (it says nothing usable)."""
+    from prometheus_client.parser import text_string_to_metric_families  # loaded by Scraper(): not in `run`'s start
+
     starts = tuple(wanted)
     lines = [line for line in text.splitlines() if line.startswith(starts)]
     try:

@@ -31,6 +31,8 @@ class ScrapeError(Exception):
 
 class Scraper:
     def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
+        import prometheus_client.parser  # noqa: F401  (here, not on the first parse in a pool's thread)
+
         self.url, self.profile, self.timeout, self.max_bytes = url, profile, timeout, max_bytes
         self._client = client(timeout)
 
