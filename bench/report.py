@@ -4,7 +4,8 @@ write the table of figures into docs/benchmarks.md and into README.md between th
     .venv/bin/python bench/report.py [--only NAME ...]
 
 Each bench runs under the time limit below; one that fails or times out is named in the table, the others go on.
-Benches that need the real engines or the device machine are not run here (docs/benchmarks.md names them)."""
+Benches that need the real engines or the device machine are not run here (docs/benchmarks.md names them); those
+that write their figures to a dated results file (RECORDED) are shown from it, with its date."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ BENCHES = [
     ("durability_bench.py", [], 300),
 ]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# Figures of benches too slow for `make bench` (real engines started and stalled: minutes each), as their last run
+# wrote them with --write; shown with that run's date, never as this run's.
+RECORDED = [("real_engines_bench.py", ROOT / "bench" / "recorded" / "real_engines.json")]
 
 
 def run(script: str, args: list[str], limit: float) -> tuple[list[dict], str | None]:
@@ -51,6 +55,17 @@ def run(script: str, args: list[str], limit: float) -> tuple[list[dict], str | N
     return figures, f"exit {proc.returncode}" if proc.returncode else None
 
 
+def recorded(script: str, path: Path) -> tuple[list[dict], str]:
+    """The figures `script` wrote to `path`, each named with its date, and the table's note on where they came
+    from (or that it never wrote any)."""
+    if not path.exists():
+        return [], f"Not measured: {script} (run by hand; its --write makes {path.name})."
+    data = json.loads(path.read_text())
+    figures = [{**f, "name": f"{f['name']} (recorded {data['when']})", "bench": script} for f in data["figures"]]
+    return figures, (f"Recorded, not re-run: {script} {' '.join(data['argv'])}, {data['when']}, {data['load']} "
+                     f"(real engines: minutes a run).")
+
+
 def value(fig: dict) -> str:
     v = fig["value"]
     text = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
@@ -63,13 +78,13 @@ def verdict(fig: dict) -> str:
     return {True: "met", False: "**missed**", None: "not judged"}[fig.get("met")]
 
 
-def table(figures: list[dict], failures: list[str], when: str) -> str:
+def table(figures: list[dict], failures: list[str], when: str, notes: list[str] = ()) -> str:
     rows = ["| figure | value | alternative (same run) | goal | |", "|---|---:|---|---|---|"]
     rows += ["| " + " | ".join(cell.replace("|", "\\|") for cell in (
         f["name"], value(f), f.get("alternative", ""), f.get("goal") or "—", verdict(f))) + " |" for f in figures]
-    notes = [f"\n`make bench`, {when}; bench/report.py writes this table."]
-    notes += [f"Not measured: {failure}." for failure in failures]
-    return "\n".join(rows + notes) + "\n"
+    lines = [f"\n`make bench`, {when}; bench/report.py writes this table."]
+    lines += [f"Not measured: {failure}." for failure in failures]
+    return "\n".join(rows + lines + list(notes)) + "\n"
 
 
 def write_between(path: Path, text: str) -> None:
@@ -94,9 +109,14 @@ def main() -> int:
         if failed:
             failures.append(f"{script} ({failed})")
         loads.append(os.getloadavg()[0])
+    notes = []
+    for script, path in RECORDED if not args.only else ():
+        found, note = recorded(script, path)
+        figures += found
+        notes.append(note)
     when = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores shared, load average "
             f"{min(loads):.1f}–{max(loads):.1f}")
-    text = table(figures, failures, when)
+    text = table(figures, failures, when, notes)
     print("\n" + text)
     if args.only:
         return 1 if failures else 0

@@ -1,5 +1,6 @@
 """`make bench`'s writer (bench/report.py): the table of FIGURE lines, and only the marked part of a file."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -30,3 +31,19 @@ def test_only_the_text_between_the_markers_is_replaced(tmp_path):
     (tmp_path / "bare.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="markers"):
         report.write_between(tmp_path / "bare.md", "new\n")
+
+
+def test_a_slow_bench_s_figures_come_from_its_results_file_with_their_date(tmp_path):
+    """The real-engine bench runs for minutes: make bench shows what its last --write recorded, dated."""
+    results = tmp_path / "real_engines.json"
+    found, note = report.recorded("real_engines_bench.py", results)
+    assert found == [] and note.startswith("Not measured: real_engines_bench.py")
+    results.write_text(json.dumps({
+        "when": "2026-12-04 16:40 UTC", "load": "load 2.0 on 2 cores", "argv": ["--runs", "3", "--write"],
+        "figures": [{"name": "stall onset to tree gone, vllm", "value": 12.1, "unit": "s", "alternative": "old 14 s",
+                     "goal": "<= 13 s", "met": True}]}))
+    found, note = report.recorded("real_engines_bench.py", results)
+    assert [f["name"] for f in found] == ["stall onset to tree gone, vllm (recorded 2026-12-04 16:40 UTC)"]
+    assert note == ("Recorded, not re-run: real_engines_bench.py --runs 3 --write, 2026-12-04 16:40 UTC, load 2.0 "
+                    "on 2 cores (real engines: minutes a run).")
+    assert report.table(found, [], "now", [note]).splitlines()[-1] == note

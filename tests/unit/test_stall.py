@@ -206,8 +206,24 @@ def test_nothing_is_due_while_idle_or_moving_on():
 
 
 def test_the_next_look_comes_at_the_tick_or_just_after_the_threshold_runs_out():
-    assert next_look(10.0, None, 8.0) == 10.0  # nothing due: the regular tick
-    assert next_look(10.0, 12.0, 8.0) == 10.0  # due after the tick: the tick
-    assert 9.0 < next_look(10.0, 9.0, 8.0) < 9.1  # due before the tick: just after it runs out
-    assert next_look(10.0, 7.0, 8.0) == 10.0  # already past (that look's scrape failed): no look again and again
-    assert 8.2 < next_look(10.0, 8.05, 8.0) < 8.5  # not right after the last look: its CPU reading needs a window
+    assert next_look(10.0, None, 8.0, 8.0) == 10.0  # nothing due: the regular tick
+    assert next_look(10.0, 12.0, 8.0, 8.0) == 10.0  # due after the tick: the tick
+    assert 9.0 < next_look(10.0, 9.0, 8.0, 8.0) < 9.1  # due before the tick: just after it runs out
+    assert next_look(10.0, 7.0, 8.0, 8.0) == 10.0  # already past (that look's scrape failed): no look again and again
+    assert 8.2 < next_look(10.0, 8.05, 8.0, 8.0) < 8.5  # not right after the last look: its CPU reading needs a window
+
+
+def test_a_tick_just_before_the_threshold_runs_out_moves_to_just_after_it():
+    """A 10 s threshold and a 2 s scrape: the threshold runs out a scrape's duration after a regular tick. A look
+    at the tick saw no stall, and the early look then waited out the CPU reading's window after it (real vLLM:
+    judged 0.3 s late). One look just after the threshold instead, the tick that much late."""
+    assert 10.1 < next_look(10.0, 10.1, 8.0, 8.0) < 10.2
+    assert next_look(10.0, 10.5, 8.0, 8.0) == 10.0  # far enough before it: the tick, then the early look
+
+
+def test_a_look_dated_before_the_threshold_ran_out_but_ended_after_it_still_gets_its_early_look():
+    """Its scrape answered before the threshold ran out (no stall in it); its process look ended after. Taken for
+    a look past it, it left the stall to the next tick: judged a whole scrape late (12.0 s for a 10 s threshold,
+    on a real vLLM)."""
+    assert 10.2 < next_look(12.0, 10.0, 9.95, 10.2) < 10.5
+    assert next_look(12.0, 10.0, 10.05, 10.2) == 12.0  # dated after it: that look judged it

@@ -151,8 +151,18 @@ class StallDetector:
         return Verdict(stalled, new, stalled_for, threshold, self.typical, self._per_step)
 
 
-def next_look(tick: float, due: float | None, now: float) -> float:
+def next_look(tick: float, due: float | None, last: float, now: float) -> float:
     """When the watch scrapes next: at its regular tick, or just after a stall threshold runs out if that comes
-    first (`now`: the last look). At most one early look per threshold (one already past, e.g. its scrape
-    failed, waits for the tick), and only while requests run and nothing moves."""
-    return tick if due is None or due + _PAST <= now else min(tick, max(due + _PAST, now + _GAP))
+    first (`last`: the time the last look is dated, its scrape's answer; `now`: when it ended). At most one early
+    look per threshold (one the last look already reached, e.g. its scrape failed after it, waits for the tick),
+    and only while requests run and nothing moves.
+
+    A threshold that is a multiple of the scrape interval (10 s and 2 s; 30 s and 5 s) runs out a scrape's
+    duration after a regular tick. So a look at that tick came just before it: one whose scrape answered before
+    the threshold ran out but that ended after it was taken for one past it (no early look: judged a whole scrape
+    late), and one that ended before it put off the early look by the CPU reading's window (judged 0.3 s late, on
+    a real vLLM). A tick that close before the early look is moved to it: one look, just after the threshold."""
+    if due is None or due + _PAST <= last:
+        return tick
+    early = max(due + _PAST, now + _GAP)
+    return early if early < tick + _GAP else tick

@@ -203,40 +203,45 @@ class EngineWatch:
         tick = time.monotonic()  # the stall detector's clock
         try:
             while True:
-                await self._poll(state)
+                looked = await self._poll(state)
                 now = time.monotonic()
                 if now >= tick:  # the regular look (an early one, at a stall's threshold, leaves it due)
                     tick += interval
-                await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, now) - now))
+                await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, looked, now) - now))
         finally:
             await state.scraper.close()
 
-    async def _poll(self, state: EngineState) -> None:
-        """One look: scrape, look at the processes, feed the lifecycle, carry out what it returns."""
-        sample, error = await self._scrape(state)
-        looked = await self.inspect(state)
-        look = lc.Look(time.monotonic(), sample, state.instance if looked else None, is_spinning(state.cpus))
+    async def _poll(self, state: EngineState) -> float:
+        """One look: scrape and look at the processes side by side, feed the lifecycle, carry out what it returns.
+        The look is dated when the scrape answered (what it shows was so by then): dated once the process look
+        was done too, each stall's clock started that much late and its kill came that much later. Returns the
+        look's date."""
+        (sample, error, answered), looked = await asyncio.gather(self._scrape(state), self.inspect(state))
+        look = lc.Look(answered, sample, state.instance if looked else None, is_spinning(state.cpus))
         changes = state.lifecycle.observe(look)
         self._export(state, sample)
         # the hub's situation for the events that follow: this engine's view only (all of them from each
         # engine's poll would cost engines² per interval)
         self.sink.engines([state.view()], {state.name: asdict(state.sample) if state.sample else None}, whole=False)
         await self._carry_out(state, changes, error)
+        return answered
 
-    async def _scrape(self, state: EngineState) -> tuple[EngineSample | None, str]:
-        """Its figures, or None and why not (a refused log file said once, again when the reason changes)."""
+    async def _scrape(self, state: EngineState) -> tuple[EngineSample | None, str, float]:
+        """Its figures, or None and why not (a refused log file said once, again when the reason changes), and
+        when they came."""
         try:
             sample = await state.scraper.scrape()
         except ScrapeError as exc:
+            answered = time.monotonic()
             error = redact(str(exc))
             self.sink.count(families.ENGINE_SCRAPE_FAILURES, state.name, exc.reason)
             if isinstance(exc, LogRefused) and state.log_refused != error:
                 state.log_refused = error
                 self._record(Event("log_refused", Severity.WARNING, f"{state.name}: not reading its log: {error}",
                                    time.time(), engine=state.name, evidence={"error": error}))
-            return None, error
-        state.log_refused = None
-        return sample, ""
+            return None, error, answered
+        answered, state.log_refused = time.monotonic(), None
+        return sample, "", answered
 
     async def _carry_out(self, state: EngineState, changes: list[lc.Transition], error: str) -> None:
         """Each transition its lifecycle returned: an event, a resolution, a gauge, a log line, or a canary
