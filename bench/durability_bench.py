@@ -93,17 +93,19 @@ def locked_store(hold: float) -> None:
 
 def hostile_metrics(name: str, server: Hostile, seconds: float = 20) -> None:
     tmp = Path(tempfile.mkdtemp())
-    d = Daemon(tmp, f'[[engine]]\nname = "e"\nmetrics_url = "{server.url}"\nprofile = "vllm"\n'
-                    f'scrape_interval = "1s"\nscrape_timeout = "5s"\n').start()
-    d.wait_serving()
-    worst = watch(d, seconds)
-    metrics = d.metrics()
-    ok = re.search(r'gpuwarden_engine_up\{engine="e"\} (\S+)', metrics)
-    fails = dict(re.findall(r'gpuwarden_engine_scrape_failures_total\{engine="e",reason="(\w+)"\} (\S+)', metrics))
-    print(f"{name}: {seconds:.0f} s of 1 s scrapes: up={ok and ok.group(1)} failures={fails or 'none'}; "
-          f"max loop lag {worst:.3f} s; peak RSS {peak_rss_mb(d):.0f} MB")
-    d.stop()
-    server.stop()
+    try:  # the server is a child that holds make bench's output pipe: never left behind
+        d = Daemon(tmp, f'[[engine]]\nname = "e"\nmetrics_url = "{server.url}"\nprofile = "vllm"\n'
+                        f'scrape_interval = "1s"\nscrape_timeout = "1s"\n').start()
+        d.wait_serving()
+        worst = watch(d, seconds)
+        metrics = d.metrics()
+        ok = re.search(r'gpuwarden_engine_up\{engine="e"\} (\S+)', metrics)
+        fails = dict(re.findall(r'gpuwarden_engine_scrape_failures_total\{engine="e",reason="(\w+)"\} (\S+)', metrics))
+        print(f"{name}: {seconds:.0f} s of 1 s scrapes: up={ok and ok.group(1)} failures={fails or 'none'}; "
+              f"max loop lag {worst:.3f} s; peak RSS {peak_rss_mb(d):.0f} MB")
+        d.stop()
+    finally:
+        server.stop()
 
 
 def kernel_flood(rate: int, seconds: float) -> None:
