@@ -73,6 +73,10 @@ class EngineState:
     def sample(self) -> EngineSample | None:
         return self.lifecycle.sample
 
+    def last_scrape(self) -> dict | None:
+        """Its last scrape as a record (for incident reports); None where none succeeded yet."""
+        return asdict(self.sample) if self.sample else None
+
     def view(self) -> EngineView:
         cfg, life = self.config, self.lifecycle
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
@@ -110,7 +114,7 @@ class EngineWatch:
 
     def samples(self) -> dict[str, dict]:
         """Each engine's last scrape (for incident reports); None where none succeeded yet."""
-        return {name: asdict(s.sample) if s.sample else None for name, s in self.engines.items()}
+        return {name: s.last_scrape() for name, s in self.engines.items()}
 
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]
@@ -222,7 +226,7 @@ class EngineWatch:
         self._export(state, sample)
         # the hub's situation for the events that follow: this engine's view only (all of them from each
         # engine's poll would cost engines² per interval)
-        self.sink.engines([state.view()], {state.name: asdict(state.sample) if state.sample else None}, whole=False)
+        self.sink.engines([state.view()], {state.name: state.last_scrape()}, whole=False)
         await self._carry_out(state, changes, error)
         return answered
 
