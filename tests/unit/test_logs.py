@@ -190,6 +190,23 @@ def test_a_log_that_cannot_be_read_is_a_failed_look_not_a_failed_start(tmp_path)
     assert asyncio.run(scraper.scrape()).running is None  # nothing said yet: no judgement
 
 
+def test_engines_sharing_one_log_file_each_get_their_own_read_at_the_same_moment(tmp_path):
+    """CI, stop 32: eight engines on one FIFO polled in step; the in-flight key was the path, so the engines
+    that always came second were told "the last read has not returned yet" for ever and never refused."""
+    import asyncio
+
+    from gpuwarden.engine.logs import LogScraper
+
+    log = tmp_path / "engine.log"
+    log.write_text("")
+    scrapers = [LogScraper.of(log, None, "vllm") for _ in range(4)]
+
+    async def together():
+        return await asyncio.gather(*(s.scrape() for s in scrapers), return_exceptions=True)
+
+    assert [type(outcome).__name__ for outcome in asyncio.run(together())] == ["EngineSample"] * 4
+
+
 def test_a_long_prefill_moves_slots_progress_batch_by_batch():
     """Measured on llama-server b11434 (a 3000-token prompt, --batch-size 64): n_prompt_tokens_processed grew
     512, 960, 1472, 1856 at 2 s looks while prompt_tokens_total stayed 0. Builds with `n_past` count through it."""

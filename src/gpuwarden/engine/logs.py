@@ -214,6 +214,8 @@ class LogScraper:
     def __init__(self, open_lines: Callable[[], LineSource], where: str, profile: str = "auto") -> None:
         self._open, self.where, self.reader = open_lines, where, LogReader(profile)
         self.lines: LineSource | None = None
+        # one read in flight per scraper, not per path: engines may share a log file (or a FIFO put there)
+        self._key = f"{where} ({id(self):x})"
 
     @classmethod
     def of(cls, file: Path | None, unit: str | None, profile: str = "auto", container: str | None = None,
@@ -237,7 +239,7 @@ class LogScraper:
 
     async def scrape(self) -> EngineSample:
         try:
-            new = await _READS.run(self.where, _DEADLINE, self._read)
+            new = await _READS.run(self._key, _DEADLINE, self._read)
         except TimeoutError:
             raise ScrapeError("log", f"reading {self.where} took longer than {_DEADLINE:.0f} s") from None
         except Busy:
