@@ -123,7 +123,7 @@ class Daemon:
                                incidents.folder, AlertContext(self.recorder, self.inventory, evidence),
                                incidents.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
-                       self.metrics, self._dry_run())
+                       self.metrics, self._dry_run(), self.engines)
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
                              self.store_health, self.current, self.hub, self.recorder, self.inventory, self.actuator)
 
@@ -274,11 +274,11 @@ class Daemon:
             exporter_changed = new.exporter != self.config.exporter or web is not None
             self.settings.replace(new)
             self.health.configure(new.daemon)
-            self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep)
             self.alerter.configure(new.alerts, targets)
             gone = set(self.engines.engines)
             self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
             self.actuator.configure(self.engines, new.cache)
+            self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep, self.engines)
             self.hub.unwatched(gone - set(self.engines.engines))
             self.engines.resume(self.hub.conditions, time.time())  # the new watch's lifecycles start afresh
             if exporter_changed:

@@ -1,8 +1,9 @@
 """The hub: the one consumer of the one queue every component reports on (reports.py). For each event the pure
 policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
 say what it raised, resolved and which incident it belongs to; then it is stored, alerted, counted, logged, and
-the actuator carries out what the policy decided (its outcomes come back on the queue). The hub decides nothing
-itself and never waits: the store keeps what it cannot write yet."""
+the actuator carries out what the policy decided (its outcomes come back on the queue). The engine watch is told
+the outcomes (`learn`): a kill's is how the lifecycle of a stalled engine learns the kill.
+The hub decides nothing itself and never waits: the store keeps what it cannot write yet."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Protocol
 
 from gpuwarden import conditions, families, incidents, logsetup, policy, recovery, report
 from gpuwarden.act.actuator import Actuator
@@ -19,6 +21,7 @@ from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
+from gpuwarden.kinds import OUTCOMES
 from gpuwarden.model import Event, Severity
 from gpuwarden.reports import Report
 from gpuwarden.store import QueuedStore, Store
@@ -27,6 +30,12 @@ log = logging.getLogger("gpuwarden")
 
 _ROWS_KEPT = 10_000  # reported events whose row a later storm count may name
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
+
+
+class Learns(Protocol):
+    """What the hub tells the engine watch (engine/watch.py's EngineWatch): the actions' outcomes."""
+
+    def learn(self, event: Event) -> None: ...
 
 
 class Evidence:
@@ -70,21 +79,23 @@ class Evidence:
 class Hub:
     def __init__(self, reports: asyncio.Queue[Report], store: Store | QueuedStore, alerter: Alerter | None,
                  actuator: Actuator, inventory: GpuInventory, incidents: report.Incidents, evidence: Evidence,
-                 metrics: SelfMetrics, dry_run: bool) -> None:
+                 metrics: SelfMetrics, dry_run: bool, engines: Learns | None = None) -> None:
         """`reports`: the one queue every component's outbox puts on; the hub is its only consumer. The
         situation the policy decides in is the hub's own: the engines as the engine watch last reported them,
         the GPUs seen (the inventory), `now` as each report is handled, and `dry_run` ([cache] dry_run, or
         on_crash_loop = "alert"; a reload passes the new one through `configure`); `evidence`: what incident
-        bundles hold, fed here (kernel lines, engine scrapes)."""
-        self.reports, self.store, self.alerter, self.actuator = reports, store, alerter, actuator
+        bundles hold, fed here (kernel lines, engine scrapes); `engines`: the engine watch, told the actions'
+        outcomes (a reload passes its new one)."""
+        self.reports, self.store, self.alerter, self.actuator, self.engines = reports, store, alerter, actuator, engines
         self.inventory, self.incidents, self.evidence, self.metrics = inventory, incidents, evidence, metrics
         self.dry_run = dry_run
         self._rows: OrderedDict[tuple[str, int], int] = OrderedDict()  # an outbox's reference -> its stored row
         self.conditions: conditions.State = {}
 
-    def configure(self, hostname: str, dry_run: bool, incidents_keep: int) -> None:
-        """A reload's new settings."""
+    def configure(self, hostname: str, dry_run: bool, incidents_keep: int, engines: Learns | None) -> None:
+        """A reload's new settings and engine watch."""
         self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
+        self.engines = engines
 
     def load(self, now: float, engines: Iterable[str] = ()) -> None:
         """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart,
@@ -181,6 +192,8 @@ class Hub:
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
             for action in actions if act else ():
                 self.actuator.execute(action, event)
+            if act and event.kind in OUTCOMES and self.engines:  # a kill's is how a stall's lifecycle learns it
+                self.engines.learn(event)
 
     def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
         """Which row each reported event became, for a storm's final count reported later by its reference;

@@ -19,6 +19,9 @@ actions out.
   catch-up after a restart) is history, and a kernel fault acts only for a GPU this daemon has seen on this
   machine since it started (it may be gone now: a GPU off the bus is exactly the case) or for a line that
   names none on a box that has GPUs. What the config asks for but the evidence does not allow is a `Refuse`.
+- A kill for an engine's own stall or silence carries the target the engine watch judged on the look that
+  found it (`EngineView.target`, reported with the event): the actuator kills that, and asks nothing more. A
+  fault's kill carries none (its report holds no look of the engine): the actuator asks for a fresh one.
 - An engine whose setting says restart is killed, then started again through its supervisor (`Kill.restart`);
   once a restart did not bring it back it is only killed: no restart loop.
 - At most `kill_budget` kills per engine per `kill_budget_window`: beyond it a kill is refused and a person must
@@ -31,7 +34,7 @@ Times given to the policy (`now`, kills, exits) are monotonic seconds: the polic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpuwarden.kinds import GPU_FAULT_KINDS
 from gpuwarden.model import Event, Severity
@@ -39,6 +42,7 @@ from gpuwarden.model import Event, Severity
 # Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
 QUARANTINE_KINDS = frozenset({"engine_crash_loop"})
 OUR_KILL_SLACK = 10.0  # seconds beyond kill_grace in which an engine's processes going is taken for our kill
+KILL_SLACK = 30.0  # beyond kill_grace, the longest a kill's signals are waited for (SIGKILL's own 5 s, the looks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,9 @@ class EngineView:
     restart_failed: bool = False  # a restart did not bring it back: it is never restarted again
     pasids: frozenset[int] | None = None  # their KFD pasids (AMD); None: the kernel exposes none to read
     suspect: bool = False  # under suspicion since an owner-less fault on its GPU (watched closely)
+    # with a stall or silence it reports: the kill's target judged on that look (engine/targets.py's KillTarget or
+    # Refused, opaque here); in memory only, never stored
+    target: object | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,7 @@ class Kill:
     reason: str
     dry_run: bool = False
     restart: bool = False  # then start it again through its supervisor (its on_* setting says "restart")
+    target: object | None = field(default=None, repr=False)  # the view's target (None: the actuator looks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,17 +173,20 @@ def _canary_timed_out(event: Event) -> bool:
     return (event.evidence.get("canary") or {}).get("outcome") == "timeout"
 
 
-def _per_engine(engines: list[EngineView], setting: str, reason: str) -> list[Kill | AlertOnly]:
+def _per_engine(engines: list[EngineView], setting: str, reason: str, looked: bool = False) -> list[Kill | AlertOnly]:
     """A kill for each of `engines` whose `setting` (on_stall...) says kill or restart; an alert only for the
-    others. An engine whose last restart failed is killed and not restarted: a restart loop is no cure."""
-    return [_kill(e, getattr(e, setting), reason) if getattr(e, setting) in ("kill", "restart")
-            else AlertOnly(Kill(e.name, reason, e.dry_run), f'{setting} = "{getattr(e, setting)}"') for e in engines]
+    others. An engine whose last restart failed is killed and not restarted: a restart loop is no cure.
+    `looked`: the event is the engine's own, reported with the look its view's target was judged on."""
+    return [_kill(e, getattr(e, setting), reason, e.target if looked else None) if getattr(e, setting) in
+            ("kill", "restart") else AlertOnly(Kill(e.name, reason, e.dry_run), f'{setting} = "{getattr(e, setting)}"')
+            for e in engines]
 
 
-def _kill(engine: EngineView, setting: str, reason: str) -> Kill:
+def _kill(engine: EngineView, setting: str, reason: str, target: object | None) -> Kill:
     if setting == "restart" and engine.restart_failed:
-        return Kill(engine.name, f"{reason}; not restarted: its last restart did not bring it back", engine.dry_run)
-    return Kill(engine.name, reason, engine.dry_run, restart=setting == "restart")
+        return Kill(engine.name, f"{reason}; not restarted: its last restart did not bring it back", engine.dry_run,
+                    target=target)
+    return Kill(engine.name, reason, engine.dry_run, restart=setting == "restart", target=target)
 
 
 def _raised_by(event: Event) -> tuple[int, str] | None:
@@ -242,13 +253,13 @@ def _unowned(event: Event, engines: list[EngineView], reason: str) -> list[Kill 
 def _wanted(event: Event, situation: Situation) -> list[Kill | Quarantine | AlertOnly | Refuse]:
     named = [e for e in situation.engines if e.name == event.engine]
     if event.kind == "engine_stall":
-        return _per_engine(named, "on_stall", "stalled")
+        return _per_engine(named, "on_stall", "stalled", looked=True)
     if event.kind == "engine_unresponsive":
         if not event.evidence.get("requests_running") and not _canary_timed_out(event):
             return []  # an idle engine whose /metrics hangs: reported, not killed
         reason = "a real completion did not return" if _canary_timed_out(event) else \
             "unresponsive with requests running"
-        return _per_engine(named, "on_unresponsive", reason)
+        return _per_engine(named, "on_unresponsive", reason, looked=True)
     if is_gpu_fault(event) or escalates(event):
         return _gpu_fault(event, situation)
     if event.kind in QUARANTINE_KINDS:

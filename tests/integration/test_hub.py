@@ -183,3 +183,32 @@ def test_a_storm_s_final_count_arrives_by_the_outbox_s_reference(tmp_path):
     asyncio.run(scenario())
     [stored] = hub.store.events()
     assert (stored["kind"], stored["count"]) == ("page_fault", 48)
+
+
+class Learner:
+    """The hub's port to the engine watch (hub.Learns), recording what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def learn(self, event: Event) -> None:
+        self.told.append(event.kind)
+
+
+def test_the_engine_watch_learns_the_outcomes_and_nothing_else(tmp_path):
+    """Walk 3: a kill's outcome is how a stalled engine's lifecycle learns the kill; the stall itself, a fault or
+    anything not an outcome is not told (the watch reported it, or it is not the engine side's)."""
+    hub = hub_for(tmp_path, [])  # no engine to act on: what the engine side is told is all there is
+    learner = Learner()
+    hub.configure("test", False, 10, learner)
+    killed = Event("engine_killed", Severity.CRITICAL, "e killed", 2.0, engine="e", evidence={"dry_run": False})
+    refused = Event("kill_refused", Severity.CRITICAL, "e not killed", 3.0, engine="e")
+
+    async def scenario():
+        record(hub, [stall("e"), Event("ring_timeout", Severity.CRITICAL, "ring", 1.0, gpu=GPU), killed, refused])
+        assert learner.told == ["engine_killed", "kill_refused"]
+        hub.handle(Report("actuator", events=[killed], refs=[("actuator", 9)]), 1000.0, act=False)  # at stop
+        assert learner.told == ["engine_killed", "kill_refused"]  # nothing is acted on, nor learnt
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())

@@ -10,12 +10,14 @@ import psutil
 import pytest
 from helpers import wait_for
 
+from gpuwarden import policy
+from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.killer import kill
-from gpuwarden.config import parse
+from gpuwarden.config import CacheConfig, parse
 from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, resolve
 from gpuwarden.engine.targets import KillTarget, Refused, refusal
 from gpuwarden.engine.watch import EngineWatch
-from gpuwarden.model import NullSink
+from gpuwarden.model import Event, NullSink, Severity
 
 ME = os.getuid()
 
@@ -141,3 +143,54 @@ def test_the_target_judgement():
     assert refusal(0, ["pid 1: not the engine's"], 512) == "its target was refused (pid 1: not the engine's)"
     assert refusal(1, ["pid 1: not the engine's"], 512) is None  # the ones it may kill, it kills
     assert refusal(600, [], 512) == "its target resolves to 600 processes, more than max_kill_processes (512)"
+
+
+class Recorded(NullSink):
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def record(self, events, cursor=None):
+        self.events += events
+        return super().record(events, cursor)
+
+
+class NoTake:
+    """The actuator's port, as a stall's kill must leave it: never asked (the target came with the stall)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def take(self, name, restart, dry_run):
+        self.asked.append(name)
+        raise AssertionError("a stall's kill asked the engine side for a look again")
+
+
+def test_a_stalls_kill_takes_the_target_its_report_carried_and_asks_nothing_back(tmp_path, sleeper):
+    """Walk 2: the engine watch judges the target on its own look (a real process, found by its pidfile), the
+    view it reports carries it, the policy's Kill carries it on, and the actuator kills that real process without
+    a call back into the engine side (the port here fails the test if it is called)."""
+    watch = _watch(tmp_path, sleeper.pid, kill_grace=1)
+    state = watch.engines["e"]
+    assert asyncio.run(watch.inspect(state))
+    view = state.view(state.target())
+    [kill_] = policy.decide(Event("engine_stall", Severity.CRITICAL, "stalled", 0.0, engine="e"),
+                            policy.Situation([view], frozenset(), 1000.0))
+    assert isinstance(kill_, policy.Kill) and [p.pid for p in kill_.target.procs] == [sleeper.pid]
+    sink, port = Recorded(), NoTake()
+
+    async def scenario():
+        actuator = Actuator(sink, port, CacheConfig(dirs=[]))
+        actuator.execute(kill_, Event("engine_stall", Severity.CRITICAL, "stalled", 0.0, engine="e"))
+        await asyncio.gather(*actuator._tasks)
+
+    asyncio.run(scenario())
+    assert port.asked == [] and sleeper.wait(10) is not None
+    [killed] = sink.events
+    assert killed.kind == "engine_killed" and killed.evidence["terminated"][0].split()[0] == str(sleeper.pid)
+
+
+def test_a_target_judged_on_its_look_is_refused_as_take_would_refuse_it(tmp_path):
+    not_its_own = _watch(tmp_path, 1)  # pid 1 is never the engine's
+    state = not_its_own.engines["e"]
+    asyncio.run(not_its_own.inspect(state))
+    assert isinstance(state.target(), Refused) and state.target().reason.startswith("its target was refused")

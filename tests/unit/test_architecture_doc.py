@@ -3,7 +3,7 @@ the counts it states are the walks' own. An arrow `a → b name` is a call into 
 the other: `name` is defined in one and called (or handed to a pool) in the other. `a ⇢ b name` is a call through
 a port handed at construction: `name` is defined in b and called in a, or handed over by the daemon (`.name`).
 `a ⇒ b` is the one queue: a puts on it, b awaits it. Each walk enters each module once, unless its counts say
-which it enters twice (the fault's walk may enter none twice)."""
+which it enters twice (no walk may enter one twice)."""
 
 import re
 from pathlib import Path
@@ -92,9 +92,11 @@ def test_the_stated_counts_are_the_walks_own():
         assert entered_twice(arrows) == twice, "a module entered twice that the counts do not state (or not)"
 
 
-def test_the_fault_walk_and_the_outcome_walk_enter_each_module_once():
-    (fault, _), _, (outcome, _) = walks()
-    assert entered_twice(fault) == [] and entered_twice(outcome) == []
+def test_every_walk_enters_each_module_once():
+    """A fault, a stall and an action's outcome (issue 25's acceptance): the stall's kill takes the look that
+    found the stall, and its lifecycle learns the kill from the outcome, in walk 3."""
+    (fault, _), (stall, _), (outcome, _) = walks()
+    assert entered_twice(fault) == [] and entered_twice(stall) == [] and entered_twice(outcome) == []
 
 
 def test_a_doubled_entry_is_caught():

@@ -224,10 +224,10 @@ TIMEOUT = CanaryResult("timeout", 5.0, "no token within 5 s")
 
 def answer(lc, due, result, after):
     if isinstance(due, ConfirmStall):
-        return lc.stall_canaried(due, result)
+        return lc.stall_canaried(due, result, 0.0)
     if isinstance(due, IdleCanaryDue):
-        return lc.idle_canaried(due, result)
-    return lc.suspect_canaried(due, result, after)
+        return lc.idle_canaried(due, result, 0.0)
+    return lc.suspect_canaried(due, result, after, 0.0)
 
 
 def run_script(lc, script):
@@ -311,4 +311,89 @@ def test_a_suspicions_canary_that_outlives_the_instance_it_asked_judges_nothing(
     assert kinds(lc.observe(Look(6, sample(0, 0), NEW))) == [Starting, CanaryDue]
     [back] = lc.canaried(OK, 7)
     assert isinstance(back, Back) and lc.phase == "watching"
-    assert lc.suspect_canaried(due, TIMEOUT, sample(1, 6)) == []
+    assert lc.suspect_canaried(due, TIMEOUT, sample(1, 6), 0.0) == []
+
+
+# --- a stall's kill, learnt from its outcome -----------------------------------------------------------------
+
+GRACE = 2.0  # life()'s kill_grace
+BOUND = GRACE + 30.0 + 10.0  # kill_grace + policy.KILL_SLACK + policy.OUR_KILL_SLACK
+
+
+def stalled_at(lc) -> float:
+    """Feeds looks until the stall is said; its time (the kill's, once one is learnt)."""
+    looks(lc, 0, 1, sample(4, 100))
+    t = 1.0
+    while not any(isinstance(x, Stalled) for x in lc.observe(Look(t, sample(4, 100), OLD))):
+        t += 1.0
+    return t
+
+
+def test_a_stalls_processes_going_before_its_kill_is_learnt_are_held_then_ours():
+    """The actuator kills the target the stall's report carried; its processes are gone at the next look, before
+    engine_killed comes back through the hub: no exit is said, and the kill learnt makes it ours, timed from the
+    stall (the budget counts it once; the restart's deadline and the time to back run from it)."""
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    assert kinds(lc.observe(Look(at + 3, None, frozenset()))) == []  # pending: neither an exit nor ours
+    assert lc.in_grace and lc.kills == ()
+    assert lc.learned(True, restart=True, now=at + 4) == []
+    assert lc.kills == (at,)
+    assert kinds(lc.observe(Look(at + 5, None, NEW))) == [Starting]
+    assert kinds(lc.observe(Look(at + 20, sample(0, 0), NEW))) == [CanaryDue]
+    [back] = lc.canaried(OK, at + 21)
+    assert back.since_kill == 21
+    assert lc.learned(True, restart=True, now=at + 22) == [] and lc.kills == (at,)  # one outcome, one kill
+
+
+def test_a_kill_learnt_before_its_processes_go_makes_their_going_ours():
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    lc.learned(True, restart=False, now=at + 1)
+    assert lc.in_grace and lc.kills == (at,)
+    assert kinds(lc.observe(Look(at + 2, None, frozenset()))) == []
+
+
+def test_a_refused_or_dry_kill_leaves_an_exit_an_exit():
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    assert kinds(lc.observe(Look(at + 1, None, frozenset()))) == []
+    assert kinds(lc.learned(False, restart=True, now=at + 2)) == [Exited]
+    assert lc.kills == () and kinds(lc.observe(Look(at + 3, None, NEW))) == [Starting]
+
+
+def test_no_outcome_within_the_bound_judges_the_exit_at_the_next_look():
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    assert kinds(lc.observe(Look(at + 1, None, frozenset()))) == []
+    assert kinds(looks(lc, at + 2, at + BOUND, None, processes=frozenset())) == []
+    assert kinds(lc.observe(Look(at + BOUND, None, frozenset()))) == [Exited]
+    assert lc.learned(True, restart=False, now=at + BOUND + 1) == [] and lc.kills == ()  # too late: not ours
+
+
+def test_an_exit_past_the_bound_is_an_exit_at_once():
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    looks(lc, at + 1, at + BOUND, sample(4, 100))
+    assert kinds(lc.observe(Look(at + BOUND, None, frozenset()))) == [Exited]
+
+
+def test_a_stall_its_setting_never_kills_holds_no_exit():
+    lc = life()  # on_stall = "alert", or a dry run: no kill's outcome to await
+    at = stalled_at(lc)
+    assert kinds(lc.observe(Look(at + 1, None, frozenset()))) == [Exited]
+
+
+def test_a_faults_kill_told_before_its_signals_is_counted_once():
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    lc.killing(at + 1, restart=False)  # a fault's kill took the engine first (take)
+    assert lc.learned(True, restart=False, now=at + 2) == [] and lc.kills == (at + 1,)
+
+
+def test_a_silent_engines_kill_is_awaited_too():
+    lc = life(kill_silence=True)
+    looks(lc, 0, 1, sample(2, 100))
+    assert kinds(looks(lc, 1, 30, None)) == [Silent, Unresponsive]
+    assert kinds(lc.observe(Look(30, None, frozenset()))) == []
+    assert kinds(lc.learned(False, restart=False, now=31)) == [Exited]

@@ -285,3 +285,16 @@ def test_a_kernel_line_its_own_record_does_not_prove_never_acts():
         assert all(isinstance(a, Refuse) and why in a.reason and not a.by_hand for a in acts(event, [A]))
     assert acts(ev("sq_intr", gpu=GPU_A, verified=True), [A]) == [
         Suspect("a", f"kernel reported sq_intr on {GPU_A} (no owner)")]
+
+
+def test_a_kill_for_an_engines_own_stall_or_silence_carries_its_views_target_and_a_faults_none():
+    """The target the engine watch judged on the look that found the stall travels with the Kill: the actuator
+    kills it and asks nothing back. A fault's report holds no look of the engine: its Kill carries none (the
+    actuator asks for a fresh one)."""
+    target = object()  # opaque to the policy (engine/targets.py's KillTarget)
+    seen = EngineView("a", frozenset({GPU_A}), "restart", "kill", pids=frozenset({7}), target=target)
+    [stall] = acts(ev("engine_stall", engine="a"), [seen])
+    [silent] = acts(ev("engine_unresponsive", engine="a", requests_running=2), [seen])
+    assert stall.target is target and stall.restart and silent.target is target
+    [fault] = acts(ev("ring_timeout", gpu=GPU_A, process={"pid": 7, "name": "vllm"}), [seen])
+    assert isinstance(fault, Kill) and fault.target is None

@@ -1,9 +1,12 @@
 """The actuator: the one place that carries out the policy's actions. Each runs once, in the background (a kill
-waits for a fresh look at the engine's processes and its grace period; a cache scan can take a while), and its
-outcome goes back to the hub as an event (engine_killed, engine_restarting, engine_restart_failed, kill_refused,
-cache_poisoned). It sees the engines through a narrow port (`Engines`): one call before a kill (`take`: a fresh
-look, judged by the engine side, its lifecycle told when the kill goes ahead), and what the engine's lifecycle
-learns later (a restart could not be asked for, a suspicion); it keeps and writes nothing of theirs."""
+waits for its grace period; a cache scan can take a while), and its outcome goes back to the hub as an event
+(engine_killed, engine_restarting, engine_restart_failed, kill_refused, cache_poisoned). A stall's kill carries
+its target (`Kill.target`, judged by the engine side on the look that found the stall): it is killed as it is,
+with no call back, and the engine's lifecycle learns the kill from the outcome (through the hub). A fault's kill
+carries none: the narrow port (`Engines.take`) gives a fresh look, judged, its lifecycle told when the kill goes
+ahead. What the engine's lifecycle learns later (a restart could not be asked for, a suspicion) goes through the
+port too; it keeps and writes nothing of theirs. psutil checks each process's start time before a signal: a
+target's pid reused since its look is never hit (act/killer.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,6 @@ from gpuwarden.offloop import Busy, OffLoop
 log = logging.getLogger("gpuwarden")
 # Their own pools: a stuck log read or NVML call elsewhere never delays a kill.
 _KILLS = OffLoop("kill", limit=32)  # one per engine
-_KILL_SLACK = 30.0  # SIGKILL's own wait (5 s) and the looks around it
 _CACHES = OffLoop("cache quarantine", limit=1)
 _CACHE_DEADLINE = 600.0
 
@@ -90,14 +92,17 @@ class Actuator:
                                 evidence={"reason": action.reason, **evidence})])
 
     async def _kill(self, action: policy.Kill) -> None:
-        """Kill only what a fresh look at the engine's target finds, as many as it may, once at a time; then,
-        when asked, start it again through its supervisor."""
+        """Kill only what the engine's target was judged to be on a look taken for this kill (the stall's own,
+        or a fresh one), as many as it may, once at a time; then, when asked, start it again through its
+        supervisor."""
         engines, name = self.engines, action.engine
         if engines is None or name in self._acting:
             return
         self._acting.add(name)
         try:
-            target = await engines.take(name, action.restart, action.dry_run)
+            target = action.target
+            if not isinstance(target, KillTarget | Refused):
+                target = await engines.take(name, action.restart, action.dry_run)
             if target is None:
                 return
             if isinstance(target, Refused):
@@ -110,11 +115,11 @@ class Actuator:
             self._acting.discard(name)
 
     async def _killed(self, action: policy.Kill, target: KillTarget) -> bool:
-        """The kill itself (the engine's lifecycle already knows: its processes going is ours); False when the
-        wait for the signals never ended."""
+        """The kill itself (the engine's lifecycle knows already, or learns it from engine_killed); False when
+        the wait for the signals never ended."""
         name, cfg = action.engine, target.config
         try:
-            report = await _KILLS.run(name, cfg.kill_grace + _KILL_SLACK, kill, target.procs, cfg.kill_grace,
+            report = await _KILLS.run(name, cfg.kill_grace + policy.KILL_SLACK, kill, target.procs, cfg.kill_grace,
                                       action.dry_run)
         except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
             log.error("killing %s (%s) did not finish: %s", name, action.reason, exc or "timed out")

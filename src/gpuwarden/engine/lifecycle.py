@@ -1,12 +1,20 @@
 """An engine's life, pure: each look (the scrape's result, its processes with their start times, whether one
 spins, `now`) in; what changed out, as typed transitions the watch turns into events. Nobody else writes it: the
-kill is something it learns (`killing`), as are a restart that could not be asked for (`restart_failed`), a
-suspicion (`suspect`) and each canary's answer. It decides every canary: when one is due (start-up, a stall
+kill is something it learns, as are a restart that could not be asked for (`restart_failed`), a suspicion
+(`suspect`) and each canary's answer. It decides every canary: when one is due (start-up, a stall
 read from a log, a suspicion, an idle engine) and what its answer means.
 
 - watching: judged by its figures: a stall (the stall detector), unresponsive (scrapes fail while its processes
   live, for the stall threshold), progress again.
 - down: killed, or exited (its processes gone, not by our kill; enough exits in a window: a crash loop).
+- a kill learnt: a fault's kill before its signals (`killing`); a stall's kill as its outcome, after them
+  (`learned`: the report of the stall carried the look the kill takes, so nothing is asked of the engine side
+  between). From a stall (or no answer) whose setting may ask a real kill (`Rules.kill_stall`,
+  `kill_silence`) until the outcome, for at most `kill_grace` + `KILL_SLACK` + `OUR_KILL_SLACK` seconds (the
+  longest a kill's signals are waited for, and the way from the stall's look to the kill and back), its
+  processes going is an exit held pending: down, but neither an exit nor ours yet. A real kill learnt makes
+  it ours (the kill's time, for the budget and the restart's deadline, is the stall's); a refusal, a dry run
+  or the bound passing judges it as any exit.
 - starting: a new instance (none of its processes are the old instance's: new pids or start times) after a kill
   or an exit. It loads: 503, no /metrics yet. It is judged only by its own figures: the dead instance's last
   answer, requests running and stall detector are dropped, and nothing during start-up is held against it.
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 from gpuwarden.engine.canary import CanaryResult
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.stall import StallDetector, Verdict
-from gpuwarden.policy import exited
+from gpuwarden.policy import KILL_SLACK, OUR_KILL_SLACK, exited
 
 Instance = frozenset[tuple[int, float]]  # (pid, start time) of each process
 
@@ -46,6 +54,8 @@ class Rules:
     confirm_stall: bool = False  # its progress is read from its log: a canary confirms a stall first
     idle_canary_every: float = 0.0  # 0: no canary while it shows no progress
     suspicion: float = 300.0  # how long a fault with no owner keeps it under suspicion (each fault anew)
+    kill_stall: bool = False  # its stall may be killed (on_stall, not a dry run): the kill's outcome is awaited
+    kill_silence: bool = False  # the same for no answer (on_unresponsive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,15 +229,60 @@ class Lifecycle:
         self._idle_progress: float | None = None  # the progress counter at the idle canary's last look
         self._idle_out = False  # an idle canary is out: one at a time
         self.canary_failed = False  # a canary timed out and none completed since
+        self._kill_asked: float | None = None  # a stall that may be killed was said: the kill's outcome is awaited
+        self._gone_at: float | None = None  # its processes went while the outcome was awaited (pending exit)
 
     # --- told --------------------------------------------------------------------------------------
 
     def killing(self, now: float, restart: bool) -> None:
         """Our real kill begins (a dry run is none): its processes going now is not news, and it is down."""
-        self.kills = (*(t for t in self.kills if now - t <= self.rules.kill_budget_window), now)
-        self._killed_at, self._restarting = now, restart
+        self._kill_asked = self._gone_at = None  # told before the signals: no outcome to wait for
+        self._killed(now, restart)
         self._deadline = now + self.rules.restart_timeout if restart else None
         self._down()
+
+    def learned(self, killed: bool, restart: bool, now: float) -> list[Transition]:
+        """The outcome of the kill a stall's transition awaits: `killed`, a real kill (ours: down until back,
+        timed from the stall); else refused or a dry run (an exit held pending is judged now). Nothing when no
+        outcome was awaited (a fault's kill was told before its signals; the bound passed)."""
+        at, self._kill_asked = self._kill_asked, None
+        if at is None:
+            return []
+        if not killed:
+            return self._judge_pending(now)
+        if self._gone_at is None:  # its processes have not gone yet (at the last look): as if told before
+            self.killing(at, restart)
+            return []
+        self._gone_at = None  # gone already, and down: ours
+        self._killed(at, restart)
+        if restart and self.phase != "failed":  # a restart refused meanwhile is not waited for
+            self._deadline = at + self.rules.restart_timeout
+        return []
+
+    def _killed(self, at: float, restart: bool) -> None:
+        self.kills = (*(t for t in self.kills if at - t <= self.rules.kill_budget_window), at)
+        self._killed_at, self._restarting = at, restart
+
+    def _said(self, transition: Stalled | Unresponsive | CanaryUnanswered, now: float) -> Transition:
+        """A transition the policy may kill for: where its setting may ask a real kill, its outcome is awaited
+        from now (until then, for a bounded time, its processes going is neither an exit nor ours)."""
+        if self.rules.kill_silence if isinstance(transition, Unresponsive | CanaryUnanswered) else \
+                self.rules.kill_stall:
+            self._kill_asked = now
+        return transition
+
+    def _awaiting(self, now: float) -> bool:
+        """A kill's outcome is awaited, within the bound (module docstring)."""
+        return (self._kill_asked is not None
+                and now - self._kill_asked < self.rules.kill_grace + KILL_SLACK + OUR_KILL_SLACK)
+
+    def _judge_pending(self, now: float) -> list[Transition]:
+        """An exit held pending is an exit after all (dated when it was seen)."""
+        gone, self._gone_at = self._gone_at, None
+        out: list[Transition] = []
+        if gone is not None:
+            self._exited(exited(self._exits, gone, None, self.rules.kill_grace, self.rules.crash_loop_window), out)
+        return out
 
     def resumed(self, since: float, killed: bool, restarting: bool, refused: bool) -> None:
         """gpuwarden restarted (or reloaded) while this engine was down (since `since`, killed by gpuwarden or not,
@@ -257,8 +312,10 @@ class Lifecycle:
         self.phase, self._deadline, self.restart_refused = "failed", None, True
 
     def kept(self, earlier: Lifecycle) -> None:
-        """A reload: how often it was killed, and whether a restart failed, outlive the new configuration."""
+        """A reload: how often it was killed, whether a restart failed, and a kill's outcome awaited (a kill
+        under way is counted), outlive the new configuration."""
         self.kills, self.restart_refused = earlier.kills, earlier.restart_refused
+        self._kill_asked = earlier._kill_asked
 
     @property
     def answered(self) -> float | None:
@@ -283,6 +340,9 @@ class Lifecycle:
 
     def observe(self, look: Look) -> list[Transition]:
         out: list[Transition] = []
+        if self._kill_asked is not None and not self._awaiting(look.now):  # no outcome within the bound
+            self._kill_asked = None
+            out += self._judge_pending(look.now)
         if look.processes is not None:
             self._processes(look.processes, look.now, out)
         self._since = self._since if self._since is not None else look.now  # an engine hung before we came counts
@@ -317,26 +377,26 @@ class Lifecycle:
         self._idle_out = True
         out.append(IdleCanaryDue(look.sample, self.epoch))
 
-    def stall_canaried(self, confirm: ConfirmStall, result: CanaryResult) -> list[Transition]:
+    def stall_canaried(self, confirm: ConfirmStall, result: CanaryResult, now: float) -> list[Transition]:
         """The answer to a ConfirmStall: a completion denies the log's word; anything else confirms it."""
         if result.outcome == "ok":
             return [StallDenied(confirm.verdict, result)]
-        return [Stalled(confirm.verdict, confirm.spinning, result)]
+        return [self._said(Stalled(confirm.verdict, confirm.spinning, result), now)]
 
-    def idle_canaried(self, due: IdleCanaryDue, result: CanaryResult) -> list[Transition]:
+    def idle_canaried(self, due: IdleCanaryDue, result: CanaryResult, now: float) -> list[Transition]:
         self._idle_out = False
         if due.epoch != self.epoch or self.phase != "watching":
             return []  # killed or gone meanwhile: an answer of the instance before judges nothing
         if result.outcome == "timeout" and not self.canary_failed:
             self.canary_failed = True
-            return [CanaryUnanswered(result, due.sample)]
+            return [self._said(CanaryUnanswered(result, due.sample), now)]
         if result.outcome == "ok" and self.canary_failed:
             self.canary_failed = False
             return [CompletesAgain()]
         return []
 
-    def suspect_canaried(self, due: SuspectCanaryDue, result: CanaryResult,
-                         after: EngineSample | None) -> list[Transition]:
+    def suspect_canaried(self, due: SuspectCanaryDue, result: CanaryResult, after: EngineSample | None,
+                         now: float) -> list[Transition]:
         """`after`: a scrape once a timed-out canary returned (None: none, or it failed). A canary a long prefill
         holds back is no hang: work shown meanwhile eases the suspicion."""
         if due.epoch != self.epoch or self.phase != "watching" or not self._instance:
@@ -347,7 +407,7 @@ class Lifecycle:
         if after is not None and (after.progress != before.progress or after.activity != before.activity):
             return [SuspicionEased(result, True)]
         self.canary_failed = True
-        return [CanaryUnanswered(result, before)]
+        return [self._said(CanaryUnanswered(result, before), now)]
 
     def canaried(self, result: CanaryResult, now: float) -> list[Transition]:
         """The answer to a CanaryDue: a completion (or, with the canary off, the answer itself) means back."""
@@ -375,14 +435,20 @@ class Lifecycle:
         exits = exited(self._exits, now, self._killed_at, self.rules.kill_grace, self.rules.crash_loop_window)
         if exits is None:
             return  # our kill
-        self._exits = exits
         if not self._restarting:  # a restart of ours that dies while it loads still has its deadline
             self._killed_at, self._deadline = None, None
+        if self._awaiting(now):
+            self._gone_at = now  # whose doing this is, the kill's outcome says
+        else:
+            self._exited(exits, out)
+        self._down()
+
+    def _exited(self, exits: tuple[float, ...], out: list[Transition]) -> None:
+        self._exits = exits
         out.append(Exited(len(exits)))
         if len(exits) >= self.rules.crash_loop_exits:
             out.append(CrashLoop(len(exits)))
             self._exits = ()
-        self._down()
 
     def _down(self) -> None:
         self.phase, self.epoch = "down", self.epoch + 1
@@ -410,7 +476,7 @@ class Lifecycle:
         if (self._failures >= self.rules.unresponsive_after and self._instance and not self._unresponsive
                 and silent_for >= self.detector.threshold(look.spinning, self.suspected(look.now))):
             self._unresponsive = True
-            out.append(Unresponsive(silent_for, self._failures, self.sample))
+            out.append(self._said(Unresponsive(silent_for, self._failures, self.sample), look.now))
 
     def _answered_with(self, look: Look, out: list[Transition]) -> None:
         if self._failures >= self.rules.unresponsive_after or self._unresponsive:
@@ -439,4 +505,4 @@ class Lifecycle:
             self._asked = look.now
             out.append(ConfirmStall(verdict, look.spinning))
         else:
-            out.append(Stalled(verdict, look.spinning))
+            out.append(self._said(Stalled(verdict, look.spinning), look.now))

@@ -61,7 +61,13 @@ def rules_of(config: EngineConfig) -> lc.Rules:
     return lc.Rules(config.unresponsive_after, config.kill_grace, config.crash_loop_exits, config.crash_loop_window,
                     config.restart_timeout, max(config.scrape_interval, _CANARY_EVERY), config.kill_budget_window,
                     confirm_stall=config.source == "log",
-                    idle_canary_every=0.0 if config.canary == "off" else config.canary_interval, suspicion=SUSPICION)
+                    idle_canary_every=0.0 if config.canary == "off" else config.canary_interval, suspicion=SUSPICION,
+                    kill_stall=_kills(config, config.on_stall), kill_silence=_kills(config, config.on_unresponsive))
+
+
+def _kills(config: EngineConfig, setting: str) -> bool:
+    """Its setting may ask a real kill (policy.py decides; a dry run is none)."""
+    return setting in ("kill", "restart") and not config.dry_run
 
 
 def lifecycle_of(config: EngineConfig) -> lc.Lifecycle:

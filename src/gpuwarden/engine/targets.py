@@ -1,6 +1,7 @@
-"""Whether a kill may go ahead on what a fresh look at an engine found, pure: a target of its own processes, and
-not too many. The engine watch asks this in its one port call before a kill (`EngineWatch.take`), so that the
-lifecycle learns a kill only when one will really happen (a refused target leaves it untouched)."""
+"""Whether a kill may go ahead on what a look at an engine found, pure: a target of its own processes, and not
+too many. The engine watch asks this on the look that found a stall (the target travels with the stall in the
+engine's view, and the kill takes it) and on a fresh look for a fault's kill (`EngineWatch.take`, where the
+lifecycle is told of a kill only when one will really happen: a refused target leaves it untouched)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gpuwarden.config import EngineConfig
 
 @dataclass(frozen=True, slots=True)
 class KillTarget:
-    """What the actuator needs to kill (and restart) an engine: a fresh look, and its configuration."""
+    """What the actuator needs to kill (and restart) an engine: a look taken for the kill, and its configuration."""
 
     procs: list[psutil.Process]
     refused: list[str]  # candidates the target named but may not be killed

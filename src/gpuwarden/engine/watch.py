@@ -1,9 +1,12 @@
 """The engines component, thin I/O: scrape each engine, look at its processes, feed its lifecycle
 (engine/lifecycle.py, pure: it decides stalls, unresponsiveness, exits, crash loops, start-up, back, every
 canary), run the canaries it asks for and report what it returns. It never kills: the policy decides and the
-actuator kills, through a narrow port (`take`: a fresh look at the processes, judged, and the lifecycle told of
-the kill when it goes ahead; `restart_failed`, `suspect`: what the lifecycle learns). Discovery (engine/finder.py)
-is a component of its own that hands it the engines it found."""
+actuator kills. A stall (or an engine that does not answer) is reported with the kill's target judged on the
+look that found it (engine/targets.py, in the engine's view): the actuator kills that and asks nothing back, and
+the lifecycle learns the kill from its outcome (`learn`, the hub's down-call). A fault's kill, whose report holds
+no look of the engine, goes through a narrow port (`take`: a fresh look, judged, the lifecycle told before the
+signals); `restart_failed`, `suspect`: what else the lifecycle learns. Discovery (engine/finder.py) is a
+component of its own that hands it the engines it found."""
 
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
 
 _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
+FRESH = 1.0  # seconds: a kill's look older than this (a canary ran since, a look-up missed) is taken again
+_KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused"})  # what a stall's lifecycle awaits after its report
 
 
 @dataclass
@@ -52,6 +57,7 @@ class EngineState:
     looking: asyncio.Future | None = None  # the look-up of the engine's processes under way
     gpus: frozenset[str] | None = None
     cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
+    seen_at: float = -1e18  # when its processes were last looked at (monotonic)
     pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
     log_refused: str | None = None  # why its log file was last refused (said once)
     lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
@@ -77,12 +83,17 @@ class EngineState:
         """Its last scrape as a record (for incident reports); None where none succeeded yet."""
         return asdict(self.sample) if self.sample else None
 
-    def view(self) -> EngineView:
+    def view(self, target: KillTarget | Refused | None = None) -> EngineView:
+        """`target`: with a stall or silence it reports, the kill's target judged on the same look."""
         cfg, life = self.config, self.lifecycle
         return EngineView(self.name, self.gpus, cfg.on_stall, cfg.on_gpu_fault, cfg.on_unresponsive, cfg.dry_run,
                           cfg.kill_budget, cfg.kill_budget_window, life.kills,
                           pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused,
-                          pasids=self.pasids, suspect=life.suspected(time.monotonic()))
+                          pasids=self.pasids, suspect=life.suspected(time.monotonic()), target=target)
+
+    def target(self) -> KillTarget | Refused:
+        """What a kill would take on its last look, judged (engine/targets.py: its own processes, not too many)."""
+        return targets.judged(KillTarget(list(self.procs), list(self.refused), self.gpu, self.config))
 
 
 def new_state(config: EngineConfig) -> EngineState:
@@ -119,21 +130,36 @@ class EngineWatch:
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]
 
-    # --- the actuator's port: one call before a kill, then what the lifecycle learns ---------------------
+    # --- the actuator's port: a fault's kill, then what the lifecycle learns ---------------------------
 
     async def take(self, name: str, restart: bool, dry_run: bool) -> KillTarget | Refused | None:
-        """A kill of it is asked for: a fresh look at its processes, judged (engine/targets.py); a target it may
-        kill is handed over, and unless this is a dry run its lifecycle learns now, before any signal, that its
-        processes going is our doing (else it would report an exit). A refused target, or none found, leaves
-        the lifecycle as it was. None: an engine this watch does not have."""
+        """A kill of it is asked for with no target (a fault's: its report holds no look of the engine): a fresh
+        look at its processes, judged (engine/targets.py); a target it may kill is handed over, and unless this
+        is a dry run its lifecycle learns now, before any signal, that its processes going is our doing (else it
+        would report an exit). A refused target, or none found, leaves the lifecycle as it was. None: an engine
+        this watch does not have."""
         state = self.engines.get(name)
         if state is None:
             return None
         await self.inspect(state)
-        judged = targets.judged(KillTarget(list(state.procs), list(state.refused), state.gpu, state.config))
+        judged = state.target()
         if isinstance(judged, KillTarget) and judged.procs and not dry_run:
             state.lifecycle.killing(time.monotonic(), restart)
         return judged
+
+    # --- the hub's down-call: an action's outcome -------------------------------------------------------
+
+    def learn(self, event: Event) -> None:
+        """An action's outcome the hub handled: a kill's (engine_killed, kill_refused) is what a stall's lifecycle
+        awaited since its report (a real kill is ours; a refusal or a dry run leaves an exit held meanwhile an
+        exit). Any other teaches it nothing."""
+        state = self.engines.get(event.engine or "")
+        if state is None or event.kind not in _KILL_OUTCOMES:
+            return
+        killed = event.kind == "engine_killed" and not event.evidence.get("dry_run")
+        if changes := state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
+            spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
+            spawn(self._carry_out(state, changes, ""))
 
     def restart_failed(self, name: str) -> None:
         if state := self.engines.get(name):
@@ -258,11 +284,11 @@ class EngineWatch:
         self.sink.metric(families.ENGINE_STALL_THRESHOLD, change.verdict.threshold, state.name)
 
     async def _stalled(self, state: EngineState, change: lc.Stalled, error: str) -> None:
-        self._record(self._stall_event(state, change))
+        await self._record_with_target(state, self._stall_event(state, change))
 
     async def _confirm_stall(self, state: EngineState, change: lc.ConfirmStall, error: str) -> None:
         result = await self._canary(state)
-        await self._carry_out(state, state.lifecycle.stall_canaried(change, result), error)
+        await self._carry_out(state, state.lifecycle.stall_canaried(change, result, time.monotonic()), error)
 
     async def _stall_denied(self, state: EngineState, change: lc.StallDenied, error: str) -> None:
         log.info("%s: its log shows no progress for %.0f s, but a real completion returned (%s)", state.name,
@@ -277,7 +303,7 @@ class EngineWatch:
                     _ENDPOINT[state.config.source], change.failures, error)
 
     async def _unresponsive(self, state: EngineState, change: lc.Unresponsive, error: str) -> None:
-        self._record(self._unresponsive_event(state, error, change))
+        await self._record_with_target(state, self._unresponsive_event(state, error, change))
 
     async def _answers(self, state: EngineState, change: lc.Answers, error: str) -> None:
         name, endpoint = state.name, _ENDPOINT[state.config.source]
@@ -321,7 +347,7 @@ class EngineWatch:
                 after = await state.scraper.scrape()
             except ScrapeError:
                 pass
-        await self._carry_out(state, state.lifecycle.suspect_canaried(due, result, after), "")
+        await self._carry_out(state, state.lifecycle.suspect_canaried(due, result, after, time.monotonic()), "")
 
     async def _suspicion_eased(self, state: EngineState, change: lc.SuspicionEased, error: str) -> None:
         if change.working:
@@ -337,10 +363,10 @@ class EngineWatch:
 
     async def _idle_canary(self, state: EngineState, due: lc.IdleCanaryDue) -> None:
         result = await self._canary(state)
-        await self._carry_out(state, state.lifecycle.idle_canaried(due, result), "")
+        await self._carry_out(state, state.lifecycle.idle_canaried(due, result, time.monotonic()), "")
 
     async def _canary_unanswered(self, state: EngineState, change: lc.CanaryUnanswered, error: str) -> None:
-        self._record(self._canary_event(state, change.last, change.canary))
+        await self._record_with_target(state, self._canary_event(state, change.last, change.canary))
 
     async def _completes_again(self, state: EngineState, change: lc.CompletesAgain, error: str) -> None:
         self.sink.resolve(conditions.unresponsive(state.name), f"{state.name} completes a request again")
@@ -378,7 +404,7 @@ class EngineWatch:
         if seen is None:
             return False
         state.procs, state.instance, state.refused, state.cpus = seen.procs, seen.instance, seen.refused, seen.cpus
-        state.gpus, state.pasids = seen.gpus, seen.pasids
+        state.gpus, state.pasids, state.seen_at = seen.gpus, seen.pasids, time.monotonic()
         if state.cpus:
             self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
         return True
@@ -472,6 +498,15 @@ class EngineWatch:
                      engine=state.name, gpu=state.gpu,
                      evidence={"waited_seconds": round(failed.waited, 1), "by_gpuwarden": failed.by_us,
                                "started": failed.started, "processes": len(state.procs)})
+
+    async def _record_with_target(self, state: EngineState, event: Event) -> None:
+        """An event the policy may kill for, reported with the kill's target judged on the look that found it
+        (in its view, the same report: the actuator kills that target and asks nothing back). A look older than
+        FRESH (a canary ran since, the poll's look-up did not answer) is taken again first."""
+        if time.monotonic() - state.seen_at > FRESH:
+            await self.inspect(state)
+        self.sink.engines([state.view(state.target())], {state.name: state.last_scrape()}, whole=False)
+        self._record(event)
 
     def _record(self, event: Event) -> None:
         """A discovered server that only looks like an engine (anyone can start one) is never a page."""
