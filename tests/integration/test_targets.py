@@ -14,6 +14,8 @@ from gpuwarden import policy
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.killer import kill
 from gpuwarden.config import CacheConfig, parse
+from gpuwarden.engine.lifecycle import Judged, Look, Stalled
+from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, resolve
 from gpuwarden.engine.targets import KillTarget, Refused, refusal
 from gpuwarden.engine.watch import EngineWatch
@@ -100,12 +102,12 @@ def test_gpus_from_the_device_files_a_process_holds(tmp_path):
     assert gpus_in_use([P()], proc, sys_root) is None  # /dev/kfd alone does not say which GPU: all of them
 
 
-def _watch(tmp_path, pid: int, **settings) -> EngineWatch:
+def _watch(tmp_path, pid: int, sink=None, **settings) -> EngineWatch:
     (tmp_path / "engine.pid").write_text(f"{pid}\n")
     opts = "".join(f"{k} = {v}\n" for k, v in settings.items())
     cfg = parse(f'[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:9/metrics"\n{opts}'
                 f'[engine.target]\nkind = "pidfile"\npidfile = "{tmp_path / "engine.pid"}"\nuser = "{ME}"\n')
-    return EngineWatch(cfg.engines, cfg.engine, NullSink(), nvml=False)
+    return EngineWatch(cfg.engines, cfg.engine, sink or NullSink(), nvml=False)
 
 
 def test_take_tells_the_lifecycle_of_a_kill_only_when_it_goes_ahead(tmp_path, sleeper):
@@ -194,3 +196,25 @@ def test_a_target_judged_on_its_look_is_refused_as_take_would_refuse_it(tmp_path
     state = not_its_own.engines["e"]
     asyncio.run(not_its_own.inspect(state))
     assert isinstance(state.target(), Refused) and state.target().reason.startswith("its target was refused")
+
+
+def test_the_watch_learns_its_stalls_kill_from_the_outcome_and_says_a_held_exit_when_there_was_none(tmp_path,
+                                                                                                     sleeper):
+    """Walk 3's end: the hub hands the engine watch an outcome. The stalled engine's processes went before it came
+    (held: no engine_exited yet); a refusal or a dry run makes that an exit, said then; a real kill makes it ours,
+    counted once, timed from the stall (the lifecycle's own clock is passed in: these looks are made up)."""
+    busy = EngineSample("vllm", 4, 0.0, 100, 100, False, None)
+    outcomes = {"kill_refused": {}, "engine_killed": {"dry_run": True, "restart": False}}
+    for kind, evidence in [*outcomes.items(), ("engine_killed", {"dry_run": False, "restart": False})]:
+        sink = Recorded()
+        watch = _watch(tmp_path, sleeper.pid, sink)  # on_stall = "kill", the default
+        life = watch.engines["e"].lifecycle
+        instance = frozenset({(sleeper.pid, 1.0)})
+        life.observe(Look(0.0, busy, instance))
+        assert any(isinstance(t, Stalled) for t in life.observe(Look(10_000.0, busy, instance)))
+        assert [t for t in life.observe(Look(10_001.0, None, frozenset())) if not isinstance(t, Judged)] == []
+        watch.learn(Event(kind, Severity.CRITICAL, kind, 0.0, engine="e", evidence=evidence))
+        if evidence.get("dry_run") is False:
+            assert sink.events == [] and life.kills == (10_000.0,)
+        else:
+            assert [e.kind for e in sink.events] == ["engine_exited"] and life.kills == ()

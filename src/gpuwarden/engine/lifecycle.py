@@ -230,30 +230,34 @@ class Lifecycle:
         self._idle_out = False  # an idle canary is out: one at a time
         self.canary_failed = False  # a canary timed out and none completed since
         self._kill_asked: float | None = None  # a stall that may be killed was said: the kill's outcome is awaited
-        self._gone_at: float | None = None  # its processes went while the outcome was awaited (pending exit)
+        self._held: tuple[float, ...] = ()  # when its processes went while the outcome was awaited (pending exits)
 
     # --- told --------------------------------------------------------------------------------------
 
     def killing(self, now: float, restart: bool) -> None:
         """Our real kill begins (a dry run is none): its processes going now is not news, and it is down."""
-        self._kill_asked = self._gone_at = None  # told before the signals: no outcome to wait for
+        self._kill_asked, self._held = None, ()  # told before the signals: no outcome to wait for
         self._killed(now, restart)
         self._deadline = now + self.rules.restart_timeout if restart else None
         self._down()
 
-    def learned(self, killed: bool, restart: bool, now: float) -> list[Transition]:
+    def learned(self, killed: bool, restart: bool, now: float) -> list[Exited | CrashLoop]:
         """The outcome of the kill a stall's transition awaits: `killed`, a real kill (ours: down until back,
         timed from the stall); else refused or a dry run (an exit held pending is judged now). Nothing when no
-        outcome was awaited (a fault's kill was told before its signals; the bound passed)."""
+        outcome was awaited (a fault's kill was told before its signals). Past the bound, where its going was
+        judged an exit already, a real kill still counts toward the budget."""
         at, self._kill_asked = self._kill_asked, None
         if at is None:
             return []
         if not killed:
-            return self._judge_pending(now)
-        if self._gone_at is None:  # its processes have not gone yet (at the last look): as if told before
+            return self._judge_pending()
+        if not self._held and not self._awaiting_since(at, now):
+            self.kills = (*self.kills, at)
+            return []
+        if not self._held:  # its processes have not gone yet (at the last look): as if told before
             self.killing(at, restart)
             return []
-        self._gone_at = None  # gone already, and down: ours
+        self._held = ()  # gone already, and down: ours
         self._killed(at, restart)
         if restart and self.phase != "failed":  # a restart refused meanwhile is not waited for
             self._deadline = at + self.rules.restart_timeout
@@ -273,14 +277,16 @@ class Lifecycle:
 
     def _awaiting(self, now: float) -> bool:
         """A kill's outcome is awaited, within the bound (module docstring)."""
-        return (self._kill_asked is not None
-                and now - self._kill_asked < self.rules.kill_grace + KILL_SLACK + OUR_KILL_SLACK)
+        return self._kill_asked is not None and self._awaiting_since(self._kill_asked, now)
 
-    def _judge_pending(self, now: float) -> list[Transition]:
-        """An exit held pending is an exit after all (dated when it was seen)."""
-        gone, self._gone_at = self._gone_at, None
+    def _awaiting_since(self, asked: float, now: float) -> bool:
+        return now - asked < self.rules.kill_grace + KILL_SLACK + OUR_KILL_SLACK
+
+    def _judge_pending(self) -> list[Exited | CrashLoop]:
+        """The exits held pending are exits after all (each dated when it was seen)."""
+        held, self._held = self._held, ()
         out: list[Transition] = []
-        if gone is not None:
+        for gone in held:
             self._exited(exited(self._exits, gone, None, self.rules.kill_grace, self.rules.crash_loop_window), out)
         return out
 
@@ -340,9 +346,8 @@ class Lifecycle:
 
     def observe(self, look: Look) -> list[Transition]:
         out: list[Transition] = []
-        if self._kill_asked is not None and not self._awaiting(look.now):  # no outcome within the bound
-            self._kill_asked = None
-            out += self._judge_pending(look.now)
+        if self._held and not self._awaiting(look.now):  # no outcome within the bound: exits after all
+            out += self._judge_pending()
         if look.processes is not None:
             self._processes(look.processes, look.now, out)
         self._since = self._since if self._since is not None else look.now  # an engine hung before we came counts
@@ -438,7 +443,7 @@ class Lifecycle:
         if not self._restarting:  # a restart of ours that dies while it loads still has its deadline
             self._killed_at, self._deadline = None, None
         if self._awaiting(now):
-            self._gone_at = now  # whose doing this is, the kill's outcome says
+            self._held += (now,)  # whose doing this is, the kill's outcome says
         else:
             self._exited(exits, out)
         self._down()

@@ -157,9 +157,8 @@ class EngineWatch:
         if state is None or event.kind not in _KILL_OUTCOMES:
             return
         killed = event.kind == "engine_killed" and not event.evidence.get("dry_run")
-        if changes := state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
-            spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
-            spawn(self._carry_out(state, changes, ""))
+        for change in state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
+            self._record(self._exit_event(state, change))  # on the hub's turn: said now, awaiting nothing
 
     def restart_failed(self, name: str) -> None:
         if state := self.engines.get(name):
@@ -311,14 +310,8 @@ class EngineWatch:
             self.sink.resolve(conditions.unresponsive(name), f"{name} answers {endpoint} again")
         log.info("engine %s: %s answers again", name, endpoint)
 
-    async def _exited(self, state: EngineState, change: lc.Exited, error: str) -> None:
-        self._record(Event("engine_exited", Severity.WARNING, f"{state.name}'s processes are gone", time.time(),
-                           engine=state.name, evidence={"exits_in_window": change.exits}))
-
-    async def _crash_loop(self, state: EngineState, change: lc.CrashLoop, error: str) -> None:
-        self._record(Event("engine_crash_loop", Severity.CRITICAL, f"{state.name} exited {change.exits} times "
-                           f"within {state.config.crash_loop_window:.0f} s", time.time(), engine=state.name,
-                           evidence={"exits": change.exits}))
+    async def _exited(self, state: EngineState, change: lc.Exited | lc.CrashLoop, error: str) -> None:
+        self._record(self._exit_event(state, change))
 
     async def _starting(self, state: EngineState, change: lc.Starting, error: str) -> None:
         log.info("engine %s: a new instance (%d process(es)) is starting: judged by its own figures, back once a "
@@ -374,7 +367,7 @@ class EngineWatch:
     _ON: ClassVar[dict] = {
         lc.Judged: _judged, lc.Stalled: _stalled, lc.ConfirmStall: _confirm_stall, lc.StallDenied: _stall_denied,
         lc.Progressing: _progressing, lc.Silent: _silent, lc.Unresponsive: _unresponsive, lc.Answers: _answers,
-        lc.Exited: _exited, lc.CrashLoop: _crash_loop, lc.Starting: _starting, lc.CanaryDue: _canary_due,
+        lc.Exited: _exited, lc.CrashLoop: _exited, lc.Starting: _starting, lc.CanaryDue: _canary_due,
         lc.Back: _back, lc.RestartFailed: _restart_failed, lc.SuspectCanaryDue: _suspect_canary_due,
         lc.SuspicionEased: _suspicion_eased, lc.IdleCanaryDue: _idle_canary_due,
         lc.CanaryUnanswered: _canary_unanswered, lc.CompletesAgain: _completes_again}
@@ -450,6 +443,14 @@ class EngineWatch:
             evidence["canary"] = asdict(stalled.canary)
         return Event("engine_stall", Severity.CRITICAL, message, time.time(), engine=state.name,
                      gpu=state.gpu, evidence=evidence)
+
+    def _exit_event(self, state: EngineState, change: lc.Exited | lc.CrashLoop) -> Event:
+        if isinstance(change, lc.Exited):
+            return Event("engine_exited", Severity.WARNING, f"{state.name}'s processes are gone", time.time(),
+                         engine=state.name, evidence={"exits_in_window": change.exits})
+        return Event("engine_crash_loop", Severity.CRITICAL, f"{state.name} exited {change.exits} times within "
+                     f"{state.config.crash_loop_window:.0f} s", time.time(), engine=state.name,
+                     evidence={"exits": change.exits})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
         message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "
