@@ -2,8 +2,9 @@
 instance its supervisor starts again, which loads (503 "Loading model") for LOAD seconds, is never judged by the
 dead one's figures and is back after a real completion that computes on the GPU. The issue's H200 case.
 
-gpuwarden's own EngineWatch (scrape, lifecycle, canary) and Actuator (fresh look, kill) run here with a sink
-that hands each event to the pure policy, as the hub does; the engine is this script's `engine` mode under a
+gpuwarden's own EngineWatch (scrape, lifecycle, canary, the kill's target judged on the stall's look) and
+Actuator (kill) run here with a sink that hands each event to the pure policy with the views the watch reported,
+and each outcome back to the watch, as the hub does; the engine is this script's `engine` mode under a
 bash loop that starts it again when it dies (Restart=always). The engine is tests/integration/fake_engine.py's
 vLLM metrics with real GPU work behind them: weights in GPU memory, a step (a matrix product, synchronised) per
 token, the canary's completion computed by that same step loop; POST /mode/hang puts a kernel that never ends
@@ -152,6 +153,7 @@ async def probe(args) -> dict:
     from gpuwarden.act.actuator import Actuator
     from gpuwarden.config import parse
     from gpuwarden.engine.watch import EngineWatch
+    from gpuwarden.kinds import OUTCOMES
     from gpuwarden.model import NullSink
 
     port, t0 = args.port, time.monotonic()
@@ -168,13 +170,21 @@ async def probe(args) -> dict:
                 f'canary_timeout = "10s"\n')
 
     class Sink(NullSink):
+        def __init__(self) -> None:
+            self.views: dict = {}  # as the watch reported them (a stall's with the kill's target), as the hub has them
+
+        def engines(self, views, samples, whole):
+            self.views = {**({} if whole else self.views), **{v.name: v for v in views}}
+
         def record(self, events, cursor=None):
             for event in events:
                 mark(event.kind, f"[{event.severity}] {event.message}")
                 figures.setdefault(event.kind, []).append(event.evidence)
-                situation = policy.Situation(watch.views(), frozenset(), time.monotonic())
+                situation = policy.Situation(list(self.views.values()), frozenset(), time.monotonic())
                 for action in policy.decide(event, situation):
                     actuator.execute(action, event)
+                if event.kind in OUTCOMES:  # how the stalled engine's lifecycle learns the kill
+                    watch.learn(event)
             return [0] * len(events)
 
     sink = Sink()
