@@ -217,6 +217,15 @@ def test_a_reload_keeps_kills_and_a_failed_restart():
     assert new.kills == (1.0,) and new.restart_refused
 
 
+def test_a_start_counts_the_kills_read_back_and_the_next_kill_keeps_them():
+    lc = life()
+    lc.killed_before(30.0)
+    lc.killed_before(10.0)
+    assert lc.kills == (10.0, 30.0)
+    lc.killing(3620.0, restart=False)  # the kill at 10 s left its window (3600 s)
+    assert lc.kills == (30.0, 3620.0)
+
+
 # --- the canaries it decides, as a table: inputs in order, and the transitions each returns -------------------
 
 TIMEOUT = CanaryResult("timeout", 5.0, "no token within 5 s")

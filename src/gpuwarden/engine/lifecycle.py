@@ -232,13 +232,18 @@ class Lifecycle:
     def resumed(self, since: float, killed: bool, restarting: bool, refused: bool) -> None:
         """gpuwarden restarted (or reloaded) while this engine was down (since `since`, killed by gpuwarden or not,
         a restart of gpuwarden's awaited, one that failed): down, as if this lifecycle had seen it go; back, or
-        failed, as ever. The kill budget is not touched: a reload keeps it (`kept`), a restart never had it."""
+        failed, as ever. The kill budget is not touched: a reload keeps it (`kept`), a restart reads it back
+        (`killed_before`)."""
         self._down()
         if killed:
             self._killed_at, self._restarting = since, restarting
             self._deadline = since + self.rules.restart_timeout if restarting else None
         if refused:
             self.phase, self._deadline, self.restart_refused = "failed", None, True
+
+    def killed_before(self, at: float) -> None:
+        """A real kill the last gpuwarden made (read back from the store at a start): it counts in the budget."""
+        self.kills = tuple(sorted((*self.kills, at)))
 
     def suspect(self, now: float, reason: str) -> bool:
         """A fault with no owner on its GPU: judged on the floor, and one canary, for `suspicion` seconds. False
