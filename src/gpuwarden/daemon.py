@@ -137,7 +137,8 @@ class Daemon:
             log.warning("%s", warning)
         self._build(loop)
         self.metrics.set(families.STORE_WRITABLE, 1)
-        self.hub.load(time.time(), self.engines.engines)  # a GPU lost before this start is still lost
+        # a GPU lost before this start is still lost, an engine stuck or down still is until seen otherwise
+        self.hub.load(time.time(), self.engines.engines, not self.engines.engines and self.config.engines.discover)
         # an engine down before it is down until back; the kills made before count in its budget
         self.engines.resume(self.hub.conditions, time.time(), await self._kills_before())
         self.hub.evidence.engines(self.engines.views(), {}, whole=True)  # a fault may come before their report

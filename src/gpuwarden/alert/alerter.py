@@ -94,6 +94,10 @@ class Alerter:
         self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count - 1)
 
     def resolve(self, dedupe_key: str, message: str) -> None:
+        """A condition its alert was about ended. Before the first run (the hub's load at a start), the storm
+        state of the last run is read first: the page that told it began is the one that hears it end."""
+        if not self._recovered:
+            self._recover()
         out = self.storm.resolve(dedupe_key, message)
         if out:
             self._enqueue(out, time.time())

@@ -219,6 +219,8 @@ class Lifecycle:
         self._idle_progress: float | None = None  # the progress counter at the idle canary's last look
         self._idle_out = False  # an idle canary is out: one at a time
         self.canary_failed = False  # a canary timed out and none completed since
+        self._stuck: frozenset[str] = frozenset()  # "stalled", "unresponsive": open when gpuwarden (re)started
+        self._stuck_progress: float | None = None  # its progress counter at the first look since then
 
     # --- told --------------------------------------------------------------------------------------
 
@@ -240,6 +242,14 @@ class Lifecycle:
             self._deadline = since + self.rules.restart_timeout if restarting else None
         if refused:
             self.phase, self._deadline, self.restart_refused = "failed", None, True
+
+    def resumed_stuck(self, stalled: bool, unresponsive: bool) -> None:
+        """gpuwarden (re)started while this engine was stalled or unresponsive (its open conditions): they end as
+        a live one ends, on evidence this lifecycle sees: progress (tokens processed since its first look; for a
+        stall, no request running either) ends them, its processes gone at the first look is an exit, a stall
+        found again is a stall (and the stall detector owns it from then)."""
+        self._stuck = frozenset(name for name, is_open in (("stalled", stalled), ("unresponsive", unresponsive))
+                                if is_open)
 
     def killed_before(self, at: float) -> None:
         """A real kill the last gpuwarden made (read back from the store at a start): it counts in the budget."""
@@ -364,6 +374,10 @@ class Lifecycle:
 
     def _processes(self, current: Instance, now: float, out: list[Transition]) -> None:
         first, self._looked = not self._looked, True
+        if first and self._stuck and not current and self.phase == "watching":
+            self._stuck = frozenset()  # it was stuck when gpuwarden stopped: it exited since
+            self._gone(now, out)
+            return
         if self._instance and not self._instance & current:  # every process of the instance is gone
             self._instance = frozenset()
             self._gone(now, out)
@@ -436,6 +450,8 @@ class Lifecycle:
         self.sample = look.sample
         verdict = self.detector.observe(look.sample, look.now, look.spinning, self.suspected(look.now))
         out.append(Judged(verdict))
+        if self._stuck:
+            self._still_stuck(look.sample, verdict, out)
         if not verdict.new:
             return
         if not verdict.stalled:
@@ -445,3 +461,22 @@ class Lifecycle:
             out.append(ConfirmStall(verdict, look.spinning))
         else:
             out.append(Stalled(verdict, look.spinning))
+
+    def _still_stuck(self, sample: EngineSample, verdict: Verdict, out: list[Transition]) -> None:
+        """A stall or unresponsiveness open when gpuwarden started, judged on what this lifecycle has seen since
+        (the first look is only the counter to compare with): the live transition that ends it, once."""
+        if verdict.stalled:
+            self._stuck -= {"stalled"}  # stalled still: the detector's Stalled, and its Progressing later
+            return
+        if sample.progress is None or sample.running is None:
+            return  # the engine does not say
+        if self._stuck_progress is None:
+            self._stuck_progress = sample.progress
+            return
+        moved = sample.progress > self._stuck_progress
+        if "stalled" in self._stuck and (moved or sample.running <= 0):
+            self._stuck -= {"stalled"}
+            out.append(Progressing())
+        if "unresponsive" in self._stuck and moved:
+            self._stuck -= {"unresponsive"}
+            out.append(CompletesAgain())
