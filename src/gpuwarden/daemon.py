@@ -137,6 +137,7 @@ class Daemon:
             log.warning("%s", warning)
         self._build(loop)
         self.metrics.set(families.STORE_WRITABLE, 1)
+        await self.alerter.recover()  # before anything ends: the page that told it began hears it end
         # a GPU lost before this start is still lost, an engine stuck or down still is until seen otherwise
         self.hub.load(time.time(), self.engines.engines, not self.engines.engines and self.config.engines.discover)
         # an engine down before it is down until back; the kills made before count in its budget

@@ -258,7 +258,7 @@ class Store:
         first, as (engine, time): what a restarted daemon's kill budgets resume from."""
         rows = self._db.execute(
             "SELECT engine, time FROM events WHERE time >= ? AND kind = 'engine_killed' AND engine IS NOT NULL"
-            " AND coalesce(json_extract(evidence, '$.dry_run'), 0) = 0 ORDER BY id DESC LIMIT ?",
+            " AND coalesce(json_extract(evidence, '$.dry_run'), 0) = 0 ORDER BY time DESC, id DESC LIMIT ?",
             (since, limit)).fetchall()
         return [(engine, at) for engine, at in reversed(rows)]
 
