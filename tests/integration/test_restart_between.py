@@ -98,3 +98,28 @@ def test_a_stall_that_ended_while_gpuwarden_was_down_is_told_as_a_live_one_is(da
     assert len(receiver.json_bodies("/pager")) == pages + 1  # said once
     ended = [c for c in Store(d.state / "gpuwarden.db").condition_changes() if not c["raised"]]
     assert [c["message"] for c in ended] == ["fake is making progress again"]
+
+
+def test_a_stall_that_still_holds_after_a_restart_of_gpuwarden_is_no_resolution(daemon_factory, fake_engine,
+                                                                                  receiver):
+    """Restarting is not evidence: a stall still there when gpuwarden comes back is judged again (a stall event,
+    which the policy acts on) and its page hears no "resolved"."""
+    engine = fake_engine("progress")
+    config = (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+              'min_stall = "2s"\non_stall = "alert"\ncanary = "off"\n'
+              f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
+              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+    d = daemon_factory(config).start()
+    d.wait_serving()
+    engine.set_mode("stall")
+    wait_for(lambda: any("stall" in b["title"] for b in receiver.json_bodies("/pager")), 30, what="the page")
+    assert d.stop() == 0
+    d.start()
+    d.wait_serving()
+    wait_for(lambda: len([e for e in d.events() if e["kind"] == "engine_stall"]) == 2, 30, interval=0.2,
+             what="the stall judged again")
+    assert d.stop() == 0
+    assert not any("resolved" in b["title"] for b in receiver.json_bodies("/pager"))
+    [still] = Store(d.state / "gpuwarden.db").open_conditions()
+    assert still.key.kind == "engine_stalled" and not any(
+        not c["raised"] for c in Store(d.state / "gpuwarden.db").condition_changes())
