@@ -64,7 +64,7 @@ def test_the_engine_back_after_a_restart_of_gpuwarden_closes_the_page_it_opened(
     store.close()
 
 
-@pytest.mark.parametrize("gap", ["none", "restart"])
+@pytest.mark.parametrize("gap", ["none", "restart", "reload"])
 def test_a_stall_that_ended_while_gpuwarden_was_down_is_told_as_a_live_one_is(daemon_factory, fake_engine, receiver,
                                                                                 gap):
     """An engine stalls (alerted only: on_stall = "alert"), the critical-only pager hears it; the engine works
@@ -85,6 +85,10 @@ def test_a_stall_that_ended_while_gpuwarden_was_down_is_told_as_a_live_one_is(da
         engine.set_mode("progress")
         d.start()  # the same state folder: the same store
         d.wait_serving()
+    elif gap == "reload":  # a new engine watch, whose lifecycles start afresh
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_log("reloaded")
+        engine.set_mode("progress")
     else:
         engine.set_mode("progress")
     wait_for(lambda: len(receiver.json_bodies("/pager")) > pages, 30, what="the follow-up on the pager")
