@@ -127,3 +127,27 @@ def test_a_stall_that_still_holds_after_a_restart_of_gpuwarden_is_no_resolution(
     [still] = Store(d.state / "gpuwarden.db").open_conditions()
     assert still.key.kind == "engine_stalled" and not any(
         not c["raised"] for c in Store(d.state / "gpuwarden.db").condition_changes())
+
+
+def test_a_stalled_engine_no_longer_configured_after_a_restart_is_said_ended_on_its_page(daemon_factory,
+                                                                                          fake_engine, receiver):
+    """Its stall's page hears that gpuwarden no longer watches it (as after a reload): the alerts take up the last
+    run's pages before the start ends anything."""
+    engine = fake_engine("progress")
+    alerts = (f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
+              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+    d = daemon_factory(f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+                       f'min_stall = "2s"\non_stall = "alert"\ncanary = "off"\n{alerts}').start()
+    d.wait_serving()
+    engine.set_mode("stall")
+    wait_for(lambda: any("stall" in b["title"] for b in receiver.json_bodies("/pager")), 30, what="the page")
+    assert d.stop() == 0
+    d.write_config(alerts)  # no [[engine]], no discovery
+    d.start()
+    d.wait_serving()
+    first, last = wait_for(lambda: receiver.json_bodies("/pager")[1:] and receiver.json_bodies("/pager"), 20,
+                           what="the follow-up")
+    assert d.stop() == 0
+    assert last["title"].startswith("vm: resolved: engine fake stalled"), last["title"]
+    assert "fake is no longer watched" in last["message"] and incident_of(last) == incident_of(first)
+    assert Store(d.state / "gpuwarden.db").open_conditions() == []
