@@ -11,10 +11,10 @@ import json
 import math
 import mimetypes
 import os
-import platform
 import re
 import socket
 import stat
+import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,7 +32,8 @@ class SelfMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
-        self.set(f.BUILD_INFO, 1, __version__, platform.python_version())
+        # what platform.python_version() reads, without loading platform (1.5 ms of every start)
+        self.set(f.BUILD_INFO, 1, __version__, sys.version.split()[0])
 
     def inc(self, family: Family | str, *labels: str, by: float = 1) -> None:
         name = _declared(family, labels)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -177,7 +177,7 @@ class Alerter:
     def _enqueue(self, out, now: float) -> None:
         drawn = None if out.resolved else self.incident_for(out.event_ids)  # an incident this process writes now
         incident = self.incidents_dir / out.incident if out.incident and self.incidents_dir else drawn
-        message = compose(out, self.context(), f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
+        message = compose(out, self.context(), f"gw-{os.urandom(6).hex()}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
         # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
         tone = "success" if message.resolved else TONES[
