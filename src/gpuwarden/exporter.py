@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwarden import __version__, report, statuspage
+from gpuwarden import __version__, report
 from gpuwarden import families as f
 from gpuwarden.families import FAMILIES, Family
 from gpuwarden.webconfig import WebConfig
@@ -161,6 +161,8 @@ class _Pages:
             return _answer(start_response, "404 Not Found", "text/plain", b"not found: see /metrics\n")
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _answer(start_response, "405 Method Not Allowed", "text/plain", b"GET only\n")
+        from gpuwarden import statuspage  # with the first page asked for: it loads html and its entities (86 KB)
+
         try:
             snap = self._status()
         except TimeoutError as exc:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 LATER = ("pydantic", "httpx", "apprise", "prometheus_client", "wsgiref", "http.server", "urllib.request", "email",
-         "xml.sax", "uuid", "platform")
+         "xml.sax", "uuid", "platform", "shutil", "hashlib", "html", "gpuwarden.statuspage", "gpuwarden.alert.messages")
 
 
 def loaded_by(code: str) -> set[str]:
