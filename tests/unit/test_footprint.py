@@ -19,6 +19,14 @@ def test_run_starts_without_what_it_loads_on_demand():
     assert loaded_by("import gpuwarden.cli, gpuwarden.daemon") & set(LATER) == set()
 
 
+def test_the_exporter_serves_its_pictures_without_reading_the_system_mime_tables():
+    """mimetypes' tables are 0.35 MB held for good; the picture's type is known (an integration test serves one)."""
+    out = subprocess.run([sys.executable, "-c", "import mimetypes\nfrom gpuwarden.exporter import Exporter, SelfMetrics"
+                          "\nExporter(SelfMetrics(), '127.0.0.1', 0)\nprint(mimetypes.inited)"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.split() == ["False"]
+
+
 def test_the_check_sees_a_module_loaded_on_demand():
     """The check can fail: building the exporter brings the web stack."""
     loaded = loaded_by("from gpuwarden.exporter import Exporter, SelfMetrics; Exporter(SelfMetrics(), '127.0.0.1', 0)")
