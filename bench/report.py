@@ -32,7 +32,8 @@ BENCHES = [
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # Figures of benches too slow for `make bench` (real engines started and stalled: minutes each), as their last run
 # wrote them with --write; shown with that run's date, never as this run's.
-RECORDED = [("real_engines_bench.py", ROOT / "bench" / "recorded" / "real_engines.json")]
+RECORDED = [("real_engines_bench.py", ROOT / "bench" / "recorded" / "real_engines.json"),
+            ("restart_probe.py", ROOT / "bench" / "recorded" / "h200_restart.json")]  # the device machine's H200
 
 
 def run(script: str, args: list[str], limit: float) -> tuple[list[dict], str | None]:
@@ -63,7 +64,7 @@ def recorded(script: str, path: Path) -> tuple[list[dict], str]:
     data = json.loads(path.read_text())
     figures = [{**f, "name": f"{f['name']} (recorded {data['when']})", "bench": script} for f in data["figures"]]
     return figures, (f"Recorded, not re-run: {script} {' '.join(data['argv'])}, {data['when']}, {data['load']} "
-                     f"(real engines: minutes a run).")
+                     f"(real engines or the device machine: minutes a run).")
 
 
 def value(fig: dict) -> str:

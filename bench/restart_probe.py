@@ -228,6 +228,8 @@ def main() -> None:
     p.add_argument("--scrape", type=float, default=0.5, help="scrape_interval, seconds")
     p.add_argument("--min-stall", type=float, default=5.0, help="min_stall, seconds")
     p.add_argument("--hangs", type=int, default=1, help="hangs, each after the restart of the last is back")
+    p.add_argument("--write", type=Path, help="also write the figure, dated, for make bench's table "
+                   "(bench/recorded/h200_restart.json)")
     args = p.parse_args()
     if args.mode == "engine":
         engine(args.port, args.load, args.gib, args.cpu)
@@ -251,11 +253,18 @@ def main() -> None:
     text = json.dumps(result, indent=1, default=str)
     print(text)
     took, goal = result["figures"]["hang_to_killed_s"], args.min_stall + args.scrape + 1
-    print("FIGURE " + json.dumps({
+    figure = {
         "name": f"never-ending GPU kernel to engine tree gone, max of {len(took)} (min_stall {args.min_stall:g} s, "
                 f"scrape {args.scrape:g} s)", "value": max(took), "unit": "s",
         "alternative": "last wave 11.1-14.0 s for a 10 s floor and a 2 s scrape (threshold + two scrapes)",
-        "goal": f"<= threshold + scrape + 1 s = {goal:g} s", "met": max(took) <= goal}))
+        "goal": f"<= threshold + scrape + 1 s = {goal:g} s", "met": max(took) <= goal}
+    print("FIGURE " + json.dumps(figure))
+    if args.write:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip() if not args.cpu else "no GPU (--cpu)"
+        args.write.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": gpu,
+                                          "argv": sys.argv[1:], "runs": result["figures"]["hang_to_killed_s"],
+                                          "figures": [figure]}, indent=1) + "\n")
     if args.out:
         (args.out / "restart_probe.json").write_text(text)
 

@@ -45,5 +45,5 @@ def test_a_slow_bench_s_figures_come_from_its_results_file_with_their_date(tmp_p
     found, note = report.recorded("real_engines_bench.py", results)
     assert [f["name"] for f in found] == ["stall onset to tree gone, vllm (recorded 2026-12-04 16:40 UTC)"]
     assert note == ("Recorded, not re-run: real_engines_bench.py --runs 3 --write, 2026-12-04 16:40 UTC, load 2.0 "
-                    "on 2 cores (real engines: minutes a run).")
+                    "on 2 cores (real engines or the device machine: minutes a run).")
     assert report.table(found, [], "now", [note]).splitlines()[-1] == note
