@@ -73,6 +73,7 @@ class Change:
     time: float
     message: str
     by_event: bool  # an event ended it (a kill, a restart): that event is alerted itself
+    tells: bool = True  # its alerts hear the end; not when nothing was seen to end (closed at a start)
 
     @property
     def key(self) -> Key:
@@ -182,18 +183,21 @@ def resolve(state: State, key: Key, message: str, now: float,
 
 
 SURVIVES_RESTART = frozenset({Kind.GPU_LOST})  # only a reboot (or the GPU back) ends it; the rest is seen afresh
-# a watched engine that is down stays down until its watch sees it back (told by `EngineWatch.resume`)
-DOWN = frozenset({Kind.ENGINE_DOWN, Kind.ENGINE_RESTARTING})
 
 
-def restarted(state: State, now: float, engines: Iterable[str] = ()) -> tuple[State, list[Change]]:
-    """A daemon's start with the conditions its store held open: a lost GPU stays lost, and so does a watched
-    engine that is down (`engines`: those watched), until it is back; what the components judge afresh (an
-    engine's stall, a telemetry reading) is resolved, or it would stay open for good."""
+def restarted(state: State, now: float, engines: Iterable[str] = (),
+              discovering: bool = False) -> tuple[State, list[Change]]:
+    """A daemon's start with the conditions its store held open: a lost GPU stays lost, and a watched engine
+    (`engines`: those configured) stays down, stalled or unresponsive until its watch sees that end, as it
+    would live (told by `EngineWatch.resume`); one no longer configured ends, said as after a reload. What the
+    components judge afresh (a telemetry reading, an engine that discovery may find again) is resolved unsaid
+    (nothing was seen to end), or it would stay open for good."""
     watched = set(engines)
     kept = {k: c for k, c in state.items()
-            if k.kind in SURVIVES_RESTART or (k.kind in DOWN and k.subject in watched)}
-    return kept, [Change(c, False, now, "gpuwarden restarted: judged afresh", by_event=False)
+            if k.kind in SURVIVES_RESTART or (k.kind in ENGINE_CONDITIONS and k.subject in watched)}
+    return kept, [Change(c, False, now, f"{k.subject} is no longer watched", by_event=False)
+                  if k.kind in ENGINE_CONDITIONS and not discovering else
+                  Change(c, False, now, "gpuwarden restarted: judged afresh", by_event=False, tells=False)
                   for k, c in state.items() if k not in kept]
 
 

@@ -44,6 +44,7 @@ _STOP_GRACE = 3.0  # components get this long to end after their cancellation
 _STOP_DEADLINE = 10.0  # then the process ends, whatever still runs (systemd's TimeoutStopSec is 15 s)
 _CONFIG = OffLoop("configuration", limit=2)  # a reload's read and name look-ups; the exporter's bind
 _CONFIRMS = OffLoop("reload-confirm", limit=1)  # a small file in state_dir; a hung disk holds one thread
+_RESUME = OffLoop("resume", limit=1)  # the store's reads at a start that scan events (a week of them may be many)
 _STATUS_DEADLINE = 2.0  # the status page waits this long for the loop, then says it did not answer
 _STATUS_FRESH = 1.0  # a snapshot this young is served again: a client asking in a loop costs the loop little
 
@@ -136,8 +137,12 @@ class Daemon:
             log.warning("%s", warning)
         self._build(loop)
         self.metrics.set(families.STORE_WRITABLE, 1)
-        self.hub.load(time.time(), self.engines.engines)  # a GPU lost before this start is still lost
-        self.engines.resume(self.hub.conditions, time.time())  # an engine down before it is down until back
+        await self.alerter.recover()  # before anything ends: the page that told it began hears it end
+        # a GPU lost before this start is still lost, an engine stuck or down still is until seen otherwise
+        self.hub.load(time.time(), self.engines.engines, not self.engines.engines and self.config.engines.discover)
+        # an engine down before it is down until back; the kills made before count in its budget
+        self.engines.resume(self.hub.conditions, time.time(), await self._kills_before())
+        self.hub.evidence.engines(self.engines.views(), {}, whole=True)  # a fault may come before their report
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)
@@ -165,6 +170,18 @@ class Daemon:
         self.store.close(timeout=min(5.0, _STOP_DEADLINE - _STOP_GRACE - 1))
         deadline.cancel()  # stopped in time (a daemon run in a test's process must not end that process later)
         return 0
+
+    async def _kills_before(self) -> list[tuple[str, float]]:
+        """The real kills the last gpuwarden made within the longest kill budget window (one bounded query, off
+        the loop). Not read in time: none, said (the budgets start afresh, as a restart did before)."""
+        windows = [e.kill_budget_window for e in self.config.engine]
+        if not windows:
+            return []
+        try:
+            return await _RESUME.run("kills", _STOP_DEADLINE, self.store.kills, time.time() - max(windows))
+        except (TimeoutError, Busy) as exc:
+            log.error("the kills made before this start were not read (kill budgets start afresh): %s", exc)
+            return []
 
     def stop(self) -> None:
         self._stopping.set()

@@ -97,11 +97,13 @@ class Hub:
         self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
         self.engines = engines
 
-    def load(self, now: float, engines: Iterable[str] = ()) -> None:
+    def load(self, now: float, engines: Iterable[str] = (), discovering: bool = False) -> None:
         """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart,
-        and so does a watched engine that is down: `engines`, those watched)."""
+        and a watched engine stays down, stalled or unresponsive until seen otherwise: `engines`, those
+        watched). Those of an engine no longer configured end, and their pages hear it, as after a reload
+        (`discovering`: the engines are found at run time, so nothing is said of one not found yet)."""
         stored = {c.key: c for c in self.store.open_conditions()}
-        self.conditions, ended = conditions.restarted(stored, now, engines)
+        self.conditions, ended = conditions.restarted(stored, now, engines, discovering)
         self.incidents.load(self.store.incidents(open_only=True), list(self.conditions), now)
         self._changed(ended, now)
         self._export_conditions()
@@ -218,7 +220,7 @@ class Hub:
             if not change.raised:
                 log.info("%s resolved: %s", key, change.message,
                          extra=logsetup.event_fields(str(key.kind), condition.gpu, condition.engine))
-                if self.alerter and not change.by_event:
+                if self.alerter and change.tells and not change.by_event:
                     for alert_key in sorted(condition.alert_keys):
                         self.alerter.resolve(alert_key, change.message)
             if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:

@@ -253,6 +253,15 @@ class Store:
         return [Event(r[1], Severity.parse(r[2]), r[5], r[0], r[3], r[4], json.loads(r[6]), r[7])
                 for r in reversed(rows)]
 
+    def kills(self, since: float, limit: int = 1000) -> list[tuple[str, float]]:
+        """gpuwarden's real kills (engine_killed, not a dry run) at or after `since`, the newest `limit`, oldest
+        first, as (engine, time): what a restarted daemon's kill budgets resume from."""
+        rows = self._db.execute(
+            "SELECT engine, time FROM events WHERE time >= ? AND kind = 'engine_killed' AND engine IS NOT NULL"
+            " AND coalesce(json_extract(evidence, '$.dry_run'), 0) = 0 ORDER BY time DESC, id DESC LIMIT ?",
+            (since, limit)).fetchall()
+        return [(engine, at) for engine, at in reversed(rows)]
+
     def mark_alerted(self, event_ids: Iterable[int]) -> None:
         with self._transaction() as db:
             db.executemany("UPDATE events SET alerted = 1 WHERE id = ?", [(i,) for i in event_ids])
@@ -515,6 +524,15 @@ class QueuedStore:
             return self._reader.alerted_events(since, incident)
         except (StoreError, sqlite3.Error) as exc:
             log.error("cannot read the alerted events: %s", exc)
+            return []
+
+    def kills(self, since: float) -> list[tuple[str, float]]:
+        """Read at start (off the loop), of what the last process stored. Unreadable: none, said (the budgets
+        then start afresh, as before this was read)."""
+        try:
+            return self._reader.kills(since)
+        except (StoreError, sqlite3.Error) as exc:
+            log.error("cannot read the kills made before this start (kill budgets start afresh): %s", exc)
             return []
 
     def open_conditions(self) -> list[conditions.Condition]:

@@ -102,6 +102,27 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
     assert d.stop() == 0
 
 
+def test_the_kill_budget_outlives_a_restart_of_gpuwarden(daemon_factory, fake_engine):
+    """A restart of gpuwarden (a crash, systemctl restart, an OOM kill) forgot the kills it had made: a daemon
+    restarting in a loop beside a flapping engine killed it without bound. The kills within the window are read
+    back from the store at the start."""
+    first = fake_engine("stall")
+    d = daemon_factory(engine_config(first, kill_budget="1")).start()
+    wait_event(d, "engine_killed")
+    wait_for(lambda: not first.alive(), 10, what="the first engine to die")
+    assert d.stop() == 0  # SIGTERM
+    d.start()  # the same state folder: the same store
+    d.wait_serving()
+    second = fake_engine("progress", port=first.port)  # its supervisor starts it again, on the same port
+    wait_for(lambda: events_of(d, "engine_back"), 60, interval=0.2, what="the engine back")
+    second.set_mode("stall")
+    refused = wait_event(d, "kill_refused")
+    assert "kill budget (1 per 3600 s) is spent" in refused["message"]
+    assert second.alive() == second.pids()
+    assert len(events_of(d, "engine_killed")) == 1
+    assert d.stop() == 0
+
+
 def append(d, text: str) -> None:
     with d.log_file.open("a") as log:
         log.write(text)

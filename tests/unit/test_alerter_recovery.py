@@ -25,7 +25,7 @@ def test_an_event_submitted_before_the_first_run_is_not_recovered_as_its_own_rep
         alerter = Alerter(AlertsConfig(), [], store, SelfMetrics())
         [now] = store.add_events([event("watchdog_error")])  # this run, before the alerts component started
         alerter.submit([event("watchdog_error")], [now])
-        alerter._recover()
+        await alerter.recover()
         return alerter
 
     alerter = asyncio.run(main())
@@ -55,7 +55,7 @@ def test_a_restarted_alerter_resumes_an_open_incidents_page_and_its_firing_alert
 
     async def main():
         alerter = Alerter(config, build(config), store, SelfMetrics())
-        alerter._recover()
+        await alerter.recover()
         return alerter
 
     alerter = asyncio.run(main())

@@ -217,3 +217,15 @@ def test_a_restart_keeps_a_watched_engine_down_until_it_is_back():
     kept, ended = conditions.restarted(state, 300.0, engines={"vllm"})
     assert set(kept) == {conditions.down("vllm"), conditions.restarting("vllm")}
     assert [c.key for c in ended] == [conditions.down("gone")]  # no longer watched: nothing would end it
+
+
+def test_a_restart_keeps_a_watched_engines_stall_for_its_watch_to_end_and_tells_only_what_it_saw_end():
+    state, _ = run(ev("engine_stall", engine="vllm"), ev("engine_unresponsive", engine="vllm"),
+                   ev("engine_stall", engine="gone"), ev("store_unwritable", W))
+    kept, ended = conditions.restarted(state, 300.0, engines={"vllm"})
+    assert set(kept) == {conditions.stalled("vllm"), conditions.unresponsive("vllm")}
+    assert [(c.key, c.message, c.tells) for c in ended] == [
+        (conditions.stalled("gone"), "gone is no longer watched", True),  # as after a reload
+        (conditions.STORE, "gpuwarden restarted: judged afresh", False)]  # nothing was seen to end: no "resolved"
+    _, ended = conditions.restarted(state, 300.0, discovering=True)  # discovery may find it again: unsaid
+    assert all(not c.tells for c in ended)

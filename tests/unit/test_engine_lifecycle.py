@@ -8,6 +8,7 @@ from gpuwarden.engine.lifecycle import (
     Answers,
     Back,
     CanaryDue,
+    CompletesAgain,
     ConfirmStall,
     CrashLoop,
     Exited,
@@ -208,6 +209,41 @@ def test_a_fresh_lifecycle_resumed_down_sees_the_engines_return_as_back():
     assert back.since_kill is None  # "back 1 s after it started again", not after a kill
 
 
+def resumed(stalled=True, unresponsive=False):
+    lc = life()
+    lc.resumed_stuck(stalled, unresponsive)
+    return lc
+
+
+def test_a_stall_open_at_a_start_ends_only_on_progress_seen_since():
+    lc = resumed()
+    assert kinds(lc.observe(Look(0, sample(4, 100), OLD))) == []  # the first look: only what to compare with
+    assert kinds(lc.observe(Look(1, sample(4, 100), OLD))) == []  # nothing moved: not ended
+    assert kinds(lc.observe(Look(2, sample(4, 103), OLD))) == [Progressing]  # said once
+    assert kinds(looks(lc, 3, 8, sample(4, 103))) == []
+    idle = resumed()
+    assert kinds([*idle.observe(Look(0, sample(4, 100), OLD)), *idle.observe(Look(1, sample(0, 100), OLD))]) \
+        == [Progressing]  # nothing running: nothing stalled, as live
+
+
+def test_a_stall_open_at_a_start_that_still_holds_is_a_stall_again_and_its_end_is_said_once():
+    lc = resumed()
+    assert kinds(stalled_engine(lc)) == [Stalled]  # the policy acts on it; its open condition gains the cause
+    assert kinds(lc.observe(Look(20, sample(4, 101), OLD))) == [Progressing]
+
+
+def test_an_engine_stuck_at_a_start_and_gone_at_its_first_look_has_exited():
+    lc = resumed(stalled=True, unresponsive=True)
+    assert kinds(lc.observe(Look(0, None, frozenset()))) == [Exited]  # its exit ends both (conditions.RESOLVES)
+    assert kinds(resumed(False, False).observe(Look(0, None, frozenset()))) == []  # an engine not running: no news
+
+
+def test_an_unresponsive_engine_at_a_start_ends_once_it_completes_work():
+    lc = resumed(stalled=False, unresponsive=True)
+    assert kinds([*lc.observe(Look(0, sample(0, 100), OLD)), *lc.observe(Look(1, sample(0, 100), OLD))]) == []
+    assert kinds(lc.observe(Look(2, sample(1, 104), OLD))) == [CompletesAgain]  # answering alone proves nothing
+
+
 def test_a_reload_keeps_kills_and_a_failed_restart():
     lc = life()
     lc.killing(1.0, restart=True)
@@ -215,6 +251,15 @@ def test_a_reload_keeps_kills_and_a_failed_restart():
     new = life()
     new.kept(lc)
     assert new.kills == (1.0,) and new.restart_refused
+
+
+def test_a_start_counts_the_kills_read_back_and_the_next_kill_keeps_them():
+    lc = life()
+    lc.killed_before(30.0)
+    lc.killed_before(10.0)
+    assert lc.kills == (10.0, 30.0)
+    lc.killing(3620.0, restart=False)  # the kill at 10 s left its window (3600 s)
+    assert lc.kills == (30.0, 3620.0)
 
 
 # --- the canaries it decides, as a table: inputs in order, and the transitions each returns -------------------

@@ -23,6 +23,17 @@ def test_events_round_trip_with_evidence_and_count(tmp_path):
     assert store.events(since=101.0) == []
 
 
+def test_the_kills_read_back_at_a_start_are_the_real_ones_within_the_window(tmp_path):
+    store = Store(tmp_path / "gw.db")
+    store.add_events([event("engine_killed", 90.0, engine="a", evidence={"dry_run": False}),  # before the window
+                      event("engine_killed", 110.0, engine="a", evidence={"dry_run": False}),
+                      event("engine_killed", 120.0, engine="b", evidence={"dry_run": True}),  # a dry run kills none
+                      event("kill_refused", 125.0, engine="a"),
+                      event("engine_killed", 130.0, engine="b", evidence={"dry_run": False, "survivors": [7]})])
+    assert store.kills(since=100.0) == [("a", 110.0), ("b", 130.0)]
+    assert store.kills(since=100.0, limit=1) == [("b", 130.0)]  # the newest
+
+
 def test_cursor_is_saved_with_the_events(tmp_path):
     store = Store(tmp_path / "gw.db")
     store.add_events([event()], cursor=("journal", "s=1;i=9"))

@@ -13,24 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import sqlite3
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from gpuwarden import families
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
-from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import Outgoing, StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import Event, Severity
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.report import picture
-from gpuwarden.store import OutboxRow, QueuedStore, Store
+from gpuwarden.store import OutboxRow, QueuedStore, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ TONES = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.CRITICAL: 
 _EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
 _SKEW = 60.0  # an event's own time may precede the incident's opening (when gpuwarden saw it) by this much
+_READS = OffLoop("alerts-resume", limit=1)  # the last run's alerts, read once at a start
+_READ_DEADLINE = 30.0  # a hung disk: start afresh rather than never
 
 
 class Alerter:
@@ -94,6 +98,8 @@ class Alerter:
         self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count - 1)
 
     def resolve(self, dedupe_key: str, message: str) -> None:
+        """A condition its alert was about ended (the daemon recovers the alerter before anything can end, so
+        that the page that told it began is the one that hears it end)."""
         out = self.storm.resolve(dedupe_key, message)
         if out:
             self._enqueue(out, time.time())
@@ -101,25 +107,38 @@ class Alerter:
     # --- the component ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        if not self._recovered:
-            self._recover()
+        await self.recover()
         self._drop_orphans()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._tick())
             for target in self.targets:
                 tasks.create_task(self._deliver(target))
 
-    def _recover(self) -> None:
+    async def recover(self) -> None:
+        """What the last run left, taken up once, before this run sends or resolves anything: read off the loop
+        (the storm state scans a week of events per open incident), then taken up here. Not read in time: this
+        run starts afresh, said (its pages may then repeat the last run's)."""
+        if self._recovered:
+            return
         self._recovered = True
-        self._resume_storms()
+        try:
+            last = await _READS.run("recover", _READ_DEADLINE, _LastRun.read, self.store, time.time(),
+                                    self.storm.cooldown, self.config.give_up_after)
+        except (TimeoutError, Busy, StoreError, sqlite3.Error) as exc:
+            log.error("what the last run alerted was not read (%s): storm control starts afresh", exc)
+            last = _LastRun([], [], [], [])
+        self._take_up(last)
+
+    def _take_up(self, last: _LastRun) -> None:
+        self._resume_storms(last)
         waiting: dict[str, deque[OutboxRow]] = {}
-        for row in self.store.outbox():
+        for row in last.outbox:
             waiting.setdefault(row.target, deque()).append(row)
         for name, rows in self._outbox.items():  # made before the first run: newer than what was stored
             known = {r.id for r in waiting.get(name, ())}
             waiting.setdefault(name, deque()).extend(r for r in rows if r.id not in known)
         self._outbox = waiting
-        backlog = [(i, e) for i, e in self.store.unalerted_events(since=time.time() - self.config.give_up_after)
+        backlog = [(i, e) for i, e in last.unalerted
                    if i not in self._early]  # offering those again would count each as a repeat of itself
         self._early.clear()
         if backlog:
@@ -129,19 +148,19 @@ class Alerter:
             if not self.storm.offer(event, event_id, now):
                 self.store.mark_alerted([event_id])
 
-    def _resume_storms(self) -> None:
+    def _resume_storms(self, last: _LastRun) -> None:
         """The storm state of the last run, derived from what it stored (no file of its own): the incidents
         still open with what was alerted of them, and the keys alerted within their cooldown. A channel that
         re-sends what is firing (Alertmanager) holds each open incident's alerts again, as its page said them."""
-        now = time.time()
-        for row in self.store.incidents(open_only=True):
-            sent = self.store.alerted_events(row["opened"] - _SKEW, row["id"])
-            self.storm.resume(row["id"], sent)
+        for incident, sent in last.incidents:
+            self.storm.resume(incident, sent)
             if sent:
-                self._resume_firing(row["id"], sent)
-        self.storm.resume(None, self.store.alerted_events(now - self.storm.cooldown, None))
+                self._resume_firing(incident, sent)
+        self.storm.resume(None, last.recent)
 
     def _resume_firing(self, incident: str, sent: list[Event]) -> None:
+        from gpuwarden.alert.messages import compose  # as in _enqueue
+
         out = Outgoing(f"incident {incident}", sent, severity=max(e.severity for e in sent), incident=incident)
         message = compose(out, self.context(), "gw-resumed", self.incidents_dir and str(self.incidents_dir / incident))
         alert = Alert(message.title, message.body, message.text, TONES[message.severity], False,
@@ -175,9 +194,12 @@ class Alerter:
             await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
 
     def _enqueue(self, out, now: float) -> None:
+        # here, with the first alert: composing one loads its texts' modules (1.5 ms of every start otherwise)
+        from gpuwarden.alert.messages import compose
+
         drawn = None if out.resolved else self.incident_for(out.event_ids)  # an incident this process writes now
         incident = self.incidents_dir / out.incident if out.incident and self.incidents_dir else drawn
-        message = compose(out, self.context(), f"gw-{uuid.uuid4().hex[:12]}", incident and str(incident))
+        message = compose(out, self.context(), f"gw-{os.urandom(6).hex()}", incident and str(incident))
         wanted = [t.name for t in self.targets if t.wants(message.severity, message.tags)]
         # the message's own tone: a follow-up "restarting" is a warning even where its incident paged as critical
         tone = "success" if message.resolved else TONES[
@@ -271,6 +293,23 @@ class Alerter:
         while (found := picture(folder)) is None and time.time() - created < wait:
             await asyncio.sleep(0.25)
         return str(found) if found else None
+
+
+class _LastRun(NamedTuple):
+    """What the last run stored that this run's alerter takes up."""
+
+    incidents: list[tuple[str, list[Event]]]  # each open incident and what was alerted of it, oldest first
+    recent: list[Event]  # alerted within the cooldown, of no incident
+    outbox: list[OutboxRow]
+    unalerted: list[tuple[int, Event]]  # stored but never alerted (it stopped first), within give_up_after
+
+    @classmethod
+    def read(cls, store: Store | QueuedStore, now: float, cooldown: float, give_up_after: float) -> _LastRun:
+        """Off the loop: store reads only."""
+        opened = [(row["id"], store.alerted_events(row["opened"] - _SKEW, row["id"]))
+                  for row in store.incidents(open_only=True)]
+        return cls(opened, store.alerted_events(now - cooldown, None), store.outbox(),
+                   store.unalerted_events(since=now - give_up_after))
 
 
 async def _woken(event: asyncio.Event, timeout: float) -> None:

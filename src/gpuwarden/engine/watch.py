@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
 
@@ -164,16 +165,24 @@ class EngineWatch:
         if state := self.engines.get(name):
             state.lifecycle.restart_failed()
 
-    def resume(self, state: conditions.State, now: float) -> None:
+    def resume(self, state: conditions.State, now: float, kills: Iterable[tuple[str, float]] = ()) -> None:
         """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
         engine_down conditions) are down until back, so that their return is an engine_back that ends the
-        incident, not a silent new instance."""
+        incident, not a silent new instance; those left stalled or unresponsive end when it sees them progress
+        (or gone), as a live one does, and their page hears it. `kills`: (engine, wall-clock time) of the real
+        kills the last gpuwarden made (a start; a reload keeps its budgets), so that a daemon restarted in a
+        loop beside a flapping engine does not kill it without bound."""
         to_monotonic = time.monotonic() - now  # the condition's time is wall-clock, the lifecycle's monotonic
+        for name, at in kills:
+            if engine := self.engines.get(name):
+                engine.lifecycle.killed_before(at + to_monotonic)
         for key, down in state.items():
             if key.kind == conditions.Kind.ENGINE_DOWN and (engine := self.engines.get(key.subject)):
                 engine.lifecycle.resumed(down.since + to_monotonic, "engine_killed" in down.causes,
                                          conditions.restarting(key.subject) in state,
                                          "engine_restart_failed" in down.causes)
+        for name, engine in self.engines.items():  # stuck ones end, or stay, on what its lifecycle sees
+            engine.lifecycle.resumed_stuck(conditions.stalled(name) in state, conditions.unresponsive(name) in state)
 
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None:
         """The policy's `Suspect`, learnt by the engine's lifecycle: its stall threshold at the floor, a canary at
