@@ -153,7 +153,6 @@ async def probe(args) -> dict:
     from gpuwarden.act.actuator import Actuator
     from gpuwarden.config import parse
     from gpuwarden.engine.watch import EngineWatch
-    from gpuwarden.kinds import OUTCOMES
     from gpuwarden.model import NullSink
 
     port, t0 = args.port, time.monotonic()
@@ -181,9 +180,10 @@ async def probe(args) -> dict:
                 mark(event.kind, f"[{event.severity}] {event.message}")
                 figures.setdefault(event.kind, []).append(event.evidence)
                 situation = policy.Situation(list(self.views.values()), frozenset(), time.monotonic())
-                for action in policy.decide(event, situation):
+                actions = policy.decide(event, situation)
+                for action in actions:
                     actuator.execute(action, event)
-                if event.kind in OUTCOMES:  # how the stalled engine's lifecycle learns the kill
+                if not any(isinstance(a, policy.Kill) for a in actions):  # outcomes: how a stall's kill is learnt
                     watch.learn(event)
             return [0] * len(events)
 

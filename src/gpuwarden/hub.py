@@ -2,7 +2,8 @@
 policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
 say what it raised, resolved and which incident it belongs to; then it is stored, alerted, counted, logged, and
 the actuator carries out what the policy decided (its outcomes come back on the queue). The engine watch is told
-the outcomes (`learn`): a kill's is how the lifecycle of a stalled engine learns the kill.
+each event of an engine that nothing will be done about (`learn`): a kill's outcome is how the lifecycle of a
+stalled engine learns the kill, a stall decided without one that no outcome will come.
 The hub decides nothing itself and never waits: the store keeps what it cannot write yet."""
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from gpuwarden.alert.alerter import Alerter
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.kinds import OUTCOMES
 from gpuwarden.model import Event, Severity
 from gpuwarden.reports import Report
 from gpuwarden.store import QueuedStore, Store
@@ -33,7 +33,8 @@ _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Se
 
 
 class Learns(Protocol):
-    """What the hub tells the engine watch (engine/watch.py's EngineWatch): the actions' outcomes."""
+    """What the hub tells the engine watch (engine/watch.py's EngineWatch): each of an engine's events with what
+    was decided on it (the actions' outcomes among them)."""
 
     def learn(self, event: Event) -> None: ...
 
@@ -84,8 +85,8 @@ class Hub:
         situation the policy decides in is the hub's own: the engines as the engine watch last reported them,
         the GPUs seen (the inventory), `now` as each report is handled, and `dry_run` ([cache] dry_run, or
         on_crash_loop = "alert"; a reload passes the new one through `configure`); `evidence`: what incident
-        bundles hold, fed here (kernel lines, engine scrapes); `engines`: the engine watch, told the actions'
-        outcomes (a reload passes its new one)."""
+        bundles hold, fed here (kernel lines, engine scrapes); `engines`: the engine watch, told each event of an
+        engine that no action follows, the actions' outcomes among them (a reload passes its new one)."""
         self.reports, self.store, self.alerter, self.actuator, self.engines = reports, store, alerter, actuator, engines
         self.inventory, self.incidents, self.evidence, self.metrics = inventory, incidents, evidence, metrics
         self.dry_run = dry_run
@@ -194,8 +195,8 @@ class Hub:
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
             for action in actions if act else ():
                 self.actuator.execute(action, event)
-            if act and event.kind in OUTCOMES and self.engines:  # a kill's is how a stall's lifecycle learns it
-                self.engines.learn(event)
+            if act and event.engine and self.engines and not any(isinstance(a, policy.Kill) for a in actions):
+                self.engines.learn(event)  # nothing will be done about it here: the lifecycle awaits no outcome
 
     def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
         """Which row each reported event became, for a storm's final count reported later by its reference;

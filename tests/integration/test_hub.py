@@ -195,10 +195,11 @@ class Learner:
         self.told.append(event.kind)
 
 
-def test_the_engine_watch_learns_the_outcomes_and_nothing_else(tmp_path):
-    """Walk 3: a kill's outcome is how a stalled engine's lifecycle learns the kill; the stall itself, a fault or
-    anything not an outcome is not told (the watch reported it, or it is not the engine side's)."""
-    hub = hub_for(tmp_path, [])  # no engine to act on: what the engine side is told is all there is
+def test_the_engine_watch_learns_its_engines_events_no_action_follows_and_the_outcomes(tmp_path):
+    """Walk 3: a kill's outcome is how a stalled engine's lifecycle learns the kill, and a stall decided without a
+    kill tells it that none will come; a stall with a kill is not told (walk 2 does not enter the watch again),
+    a fault of no engine is not the engine side's, and nothing is told at stop."""
+    hub = hub_for(tmp_path, [])  # no engine to act on: the stall is decided without a kill
     learner = Learner()
     hub.configure("test", False, 10, learner)
     killed = Event("engine_killed", Severity.CRITICAL, "e killed", 2.0, engine="e", evidence={"dry_run": False})
@@ -206,9 +207,10 @@ def test_the_engine_watch_learns_the_outcomes_and_nothing_else(tmp_path):
 
     async def scenario():
         record(hub, [stall("e"), Event("ring_timeout", Severity.CRITICAL, "ring", 1.0, gpu=GPU), killed, refused])
-        assert learner.told == ["engine_killed", "kill_refused"]
+        told = ["engine_stall", "engine_killed", "kill_refused"]  # an engine nobody watches: its stall is not killed
+        assert learner.told == told
         hub.handle(Report("actuator", events=[killed], refs=[("actuator", 9)]), 1000.0, act=False)  # at stop
-        assert learner.told == ["engine_killed", "kill_refused"]  # nothing is acted on, nor learnt
+        assert learner.told == told  # nothing is acted on, nor learnt
         await asyncio.sleep(0.05)
 
     asyncio.run(scenario())

@@ -218,3 +218,51 @@ def test_the_watch_learns_its_stalls_kill_from_the_outcome_and_says_a_held_exit_
             assert sink.events == [] and life.kills == (10_000.0,)
         else:
             assert [e.kind for e in sink.events] == ["engine_exited"] and life.kills == ()
+
+
+def test_a_stall_decided_without_a_kill_tells_the_watch_at_once_that_no_outcome_will_come(tmp_path, sleeper):
+    """Its processes went while the stall's decision was on its way: decided with a kill (the hub tells the watch
+    nothing), the exit stays held for the kill's outcome; decided without one (alert only, a refusal), the hub
+    hands the watch the stall and it is an exit at once, not up to kill_grace + 40 s later."""
+    busy = EngineSample("vllm", 4, 0.0, 100, 100, False, None)
+    stall = Event("engine_stall", Severity.CRITICAL, "stalled", 0.0, engine="e")
+    for told, said in [(False, []), (True, ["engine_exited"])]:
+        sink = Recorded()
+        watch = _watch(tmp_path, sleeper.pid, sink)
+        life = watch.engines["e"].lifecycle
+        instance = frozenset({(sleeper.pid, 1.0)})
+        life.observe(Look(0.0, busy, instance))
+        assert any(isinstance(t, Stalled) for t in life.observe(Look(10_000.0, busy, instance)))
+        life.observe(Look(10_001.0, None, frozenset()))  # gone: held
+        watch.learn(Event("engine_suspect", Severity.WARNING, "other news", 0.0, engine="e"))  # teaches nothing
+        if told:
+            watch.learn(stall)
+        assert [e.kind for e in sink.events] == said
+
+
+def test_a_kill_whose_wait_never_ends_is_still_a_kill_the_budget_counts_and_a_page(tmp_path, sleeper, monkeypatch):
+    """The signals went but the wait for the processes never ended (a /proc read or a process stuck in the
+    kernel: that cannot be made here, so the killer is replaced by one that hangs past the deadline). It was
+    only logged: no page, no outcome, the kill uncounted, and the next stall could kill again unbounded."""
+    import time as time_
+
+    from gpuwarden.act import actuator as actuator_module
+
+    monkeypatch.setattr(policy, "KILL_SLACK", 0.5)
+    monkeypatch.setattr(actuator_module, "kill", lambda procs, grace, dry_run: time_.sleep(3))
+    watch = _watch(tmp_path, sleeper.pid, kill_grace=1)
+    state = watch.engines["e"]
+    assert asyncio.run(watch.inspect(state))
+    kill_ = policy.Kill("e", "stalled", restart=True, target=state.target())
+    sink = Recorded()
+
+    async def scenario():
+        actuator = Actuator(sink, NoTake(), CacheConfig(dirs=[]))
+        actuator.execute(kill_, Event("engine_stall", Severity.CRITICAL, "stalled", 0.0, engine="e"))
+        await asyncio.gather(*actuator._tasks)
+
+    asyncio.run(scenario())
+    [killed] = sink.events  # and no engine_restarting: nothing is started beside what may still be there
+    assert killed.kind == "engine_killed" and killed.severity == Severity.CRITICAL
+    assert killed.evidence["unfinished"] and killed.evidence["restart"] is False
+    assert "look at it by hand" in killed.message

@@ -118,17 +118,29 @@ class Actuator:
         """The kill itself (the engine's lifecycle knows already, or learns it from engine_killed); False when
         the wait for the signals never ended."""
         name, cfg = action.engine, target.config
+        deadline = cfg.kill_grace + policy.KILL_SLACK
+        # a production engine killed is down: a page (a dry run is never one)
+        severity = Severity.WARNING if action.dry_run else Severity.CRITICAL
         try:
-            report = await _KILLS.run(name, cfg.kill_grace + policy.KILL_SLACK, kill, target.procs, cfg.kill_grace,
-                                      action.dry_run)
-        except (Busy, TimeoutError) as exc:  # signals sent, but the wait for them never ended (a hung /proc?)
-            log.error("killing %s (%s) did not finish: %s", name, action.reason, exc or "timed out")
+            report = await _KILLS.run(name, deadline, kill, target.procs, cfg.kill_grace, action.dry_run)
+        except Busy as exc:  # its last kill still waits on its signals: none sent now
+            log.error("killing %s (%s) did not start: %s", name, action.reason, exc)
+            return False
+        except TimeoutError:  # signals sent, the wait for them never ended (a process stuck in the kernel?)
+            if not action.dry_run:
+                self.sink.count(families.ENGINE_KILLS, name)
+            # still a kill (the budget counts it, the lifecycle learns it), not one to restart after
+            self.sink.record([Event("engine_killed", severity, f"{name}: signals sent to {len(target.procs)} "
+                                    f"process(es) ({action.reason}) but they were not seen gone within "
+                                    f"{deadline:.0f} s (stuck in the kernel?); not restarting it: look at it by "
+                                    "hand", time.time(), engine=name, gpu=target.gpu,
+                                    evidence={"reason": action.reason, "unfinished": True,
+                                              "dry_run": action.dry_run, "refused": target.refused,
+                                              "restart": False})])
             return False
         if not action.dry_run:
             self.sink.count(families.ENGINE_KILLS, name)
         then = f"; restarting it through its {restart.supervisor(cfg.target)}" if action.restart else ""
-        # a production engine killed is down: a page (a dry run is never one)
-        severity = Severity.WARNING if report.dry_run else Severity.CRITICAL
         self.sink.record([Event("engine_killed", severity, f"{report.summary(name)} ({action.reason}){then}",
                                 time.time(), engine=name, gpu=target.gpu,
                                 evidence={"reason": action.reason, "terminated": report.terminated,

@@ -44,6 +44,7 @@ SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning proce
 _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
 FRESH = 1.0  # seconds: a kill's look older than this (a canary ran since, a look-up missed) is taken again
 _KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused"})  # what a stall's lifecycle awaits after its report
+_KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported with the kill's target
 
 
 @dataclass
@@ -151,11 +152,12 @@ class EngineWatch:
     # --- the hub's down-call: an action's outcome -------------------------------------------------------
 
     def learn(self, event: Event) -> None:
-        """An action's outcome the hub handled: a kill's (engine_killed, kill_refused) is what a stall's lifecycle
-        awaited since its report (a real kill is ours; a refusal or a dry run leaves an exit held meanwhile an
-        exit). Any other teaches it nothing."""
+        """An event of this engine the hub did nothing about. A kill's outcome (engine_killed, kill_refused) is
+        what a stall's lifecycle awaited since its report (a real kill is ours; a refusal or a dry run leaves an
+        exit held meanwhile an exit); its own stall or silence decided without a kill says at once that no outcome
+        will come. Any other teaches it nothing."""
         state = self.engines.get(event.engine or "")
-        if state is None or event.kind not in _KILL_OUTCOMES:
+        if state is None or event.kind not in _KILL_OUTCOMES | _KILL_ASKERS:
             return
         killed = event.kind == "engine_killed" and not event.evidence.get("dry_run")
         for change in state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
