@@ -23,6 +23,7 @@ from pathlib import Path
 from gpuwarden import conditions, npd
 from gpuwarden.model import CONDITION, Event, Severity
 from gpuwarden.store import Store
+from measure import best
 
 NOISE = ("aer_corrected", "page_fault", "ring_timeout_recovered", "telemetry_hot")
 GPU = "0000:03:00.0"
@@ -54,15 +55,6 @@ def fill(db: Path, rows: int, changes: int, boot: float) -> None:
         batch += raised
     store.add_changes(batch)
     store.close()
-
-
-def best(fn, n: int = 5) -> float:
-    times = []
-    for _ in range(n):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return min(times)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from gpuwarden.alert.alerter import Alerter, _LastRun
 from gpuwarden.config import AlertsConfig
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.store import QueuedStore, Store
+from measure import best
 
 WEEK = 7 * 86400.0
 
@@ -50,15 +51,6 @@ def fill(db: Path, rows: int, incidents: int, now: float, span: float) -> None:
         conn.execute("INSERT INTO events (time, kind, severity, gpu, engine, message, evidence, dedupe_key, alerted)"
                      " VALUES (?, 'engine_killed', 'critical', NULL, 'e0', 'killed', ?, 'kill', 1)",
                      (now - 60, json.dumps({"dry_run": False})))
-
-
-def best(fn, n: int = 5) -> float:
-    times = []
-    for _ in range(n):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return min(times)
 
 
 async def held(recover) -> float:

@@ -94,10 +94,15 @@ def test_the_kill_budget_holds(daemon_factory, fake_engine, tmp_path):
     d.proc.send_signal(1)  # SIGHUP: the reload keeps the budget that was spent
     d.wait_log("reloaded")
     wait_event(d, "engine_back")  # the new instance is judged once it is back (a start's stall waits its deadline)
-    second.set_mode("stall")
+    stalled_again_is_refused(d, second)
+
+
+def stalled_again_is_refused(d, engine) -> None:
+    """The engine stalls again with its budget (1 kill) spent: refused, left running, still one kill in all."""
+    engine.set_mode("stall")
     refused = wait_event(d, "kill_refused")
     assert "kill budget (1 per 3600 s) is spent" in refused["message"]
-    assert second.alive() == second.pids()
+    assert engine.alive() == engine.pids()
     assert len(events_of(d, "engine_killed")) == 1
     assert d.stop() == 0
 
@@ -115,12 +120,7 @@ def test_the_kill_budget_outlives_a_restart_of_gpuwarden(daemon_factory, fake_en
     d.wait_serving()
     second = fake_engine("progress", port=first.port)  # its supervisor starts it again, on the same port
     wait_for(lambda: events_of(d, "engine_back"), 60, interval=0.2, what="the engine back")
-    second.set_mode("stall")
-    refused = wait_event(d, "kill_refused")
-    assert "kill budget (1 per 3600 s) is spent" in refused["message"]
-    assert second.alive() == second.pids()
-    assert len(events_of(d, "engine_killed")) == 1
-    assert d.stop() == 0
+    stalled_again_is_refused(d, second)
 
 
 def append(d, text: str) -> None:

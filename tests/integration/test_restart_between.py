@@ -14,6 +14,18 @@ from helpers import wait_for
 from gpuwarden.store import Store
 
 
+def pager(receiver) -> str:
+    """The alerts: a critical-only pager on the test receiver."""
+    return (f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
+            f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+
+
+def alerted_only(engine) -> str:
+    """The engine, its stall alerted only (on_stall = "alert"), no canary."""
+    return (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+            'min_stall = "2s"\non_stall = "alert"\ncanary = "off"\n')
+
+
 def incident_of(page):
     return re.search(r"incidents/([^`/ ]+)", page["message"]).group(1)
 
@@ -27,9 +39,7 @@ def test_the_engine_back_after_a_restart_of_gpuwarden_closes_the_page_it_opened(
                                                                                  receiver, gap):
     engine = fake_engine("progress")
     config = (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
-              'min_stall = "2s"\nkill_grace = "1s"\ncanary_timeout = "3s"\n'
-              f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
-              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+              'min_stall = "2s"\nkill_grace = "1s"\ncanary_timeout = "3s"\n' + pager(receiver))
     d = daemon_factory(config).start()
     d.wait_serving()
     engine.set_mode("stall")
@@ -71,10 +81,7 @@ def test_a_stall_that_ended_while_gpuwarden_was_down_is_told_as_a_live_one_is(da
     again, live or while gpuwarden is stopped. Either way the pager hears it end once, as a follow-up of the
     stall's page, and only once the started daemon has seen the engine progress (not because it restarted)."""
     engine = fake_engine("progress")
-    config = (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
-              'min_stall = "2s"\non_stall = "alert"\ncanary = "off"\n'
-              f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
-              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+    config = alerted_only(engine) + pager(receiver)
     d = daemon_factory(config).start()
     d.wait_serving()
     engine.set_mode("stall")
@@ -109,10 +116,7 @@ def test_a_stall_that_still_holds_after_a_restart_of_gpuwarden_is_no_resolution(
     """Restarting is not evidence: a stall still there when gpuwarden comes back is judged again (a stall event,
     which the policy acts on) and its page hears no "resolved"."""
     engine = fake_engine("progress")
-    config = (f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
-              'min_stall = "2s"\non_stall = "alert"\ncanary = "off"\n'
-              f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
-              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
+    config = alerted_only(engine) + pager(receiver)
     d = daemon_factory(config).start()
     d.wait_serving()
     engine.set_mode("stall")
@@ -134,10 +138,8 @@ def test_a_stalled_engine_no_longer_configured_after_a_restart_is_said_ended_on_
     """Its stall's page hears that gpuwarden no longer watches it (as after a reload): the alerts take up the last
     run's pages before the start ends anything."""
     engine = fake_engine("progress")
-    alerts = (f'[alerts]\nhostname = "vm"\ngroup_window = "300ms"\n[[alerts.target]]\nname = "pager"\n'
-              f'url = "json://127.0.0.1:{receiver.port}/pager"\nmin_severity = "critical"\n')
-    d = daemon_factory(f'[[engine]]\nname = "fake"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
-                       f'min_stall = "2s"\non_stall = "alert"\ncanary = "off"\n{alerts}').start()
+    alerts = pager(receiver)
+    d = daemon_factory(alerted_only(engine) + alerts).start()
     d.wait_serving()
     engine.set_mode("stall")
     wait_for(lambda: any("stall" in b["title"] for b in receiver.json_bodies("/pager")), 30, what="the page")

@@ -45,6 +45,7 @@ _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # wher
 FRESH = 1.0  # seconds: a kill's look older than this (a canary ran since, a look-up missed) is taken again
 _KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused"})  # what a stall's lifecycle awaits after its report
 _KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported with the kill's target
+_LEARNT = _KILL_OUTCOMES | _KILL_ASKERS
 
 
 @dataclass
@@ -157,7 +158,7 @@ class EngineWatch:
         exit held meanwhile an exit); its own stall or silence decided without a kill says at once that no outcome
         will come. Any other teaches it nothing."""
         state = self.engines.get(event.engine or "")
-        if state is None or event.kind not in _KILL_OUTCOMES | _KILL_ASKERS:
+        if state is None or event.kind not in _LEARNT:
             return
         killed = event.kind == "engine_killed" and not event.evidence.get("dry_run")
         for change in state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
