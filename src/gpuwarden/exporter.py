@@ -31,6 +31,7 @@ class SelfMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
+        self._live: dict[str, Callable[[], float]] = {}
         # what platform.python_version() reads, without loading platform (1.5 ms of every start)
         self.set(f.BUILD_INFO, 1, __version__, sys.version.split()[0])
 
@@ -55,9 +56,21 @@ class SelfMetrics:
         with self._lock:
             self._values[name] = {labels: v for labels, v in series.items() if math.isfinite(v)}
 
+    def live(self, family: Family | str, value: Callable[[], float]) -> None:
+        """A gauge without labels computed whenever it is read (a scrape, a snapshot), from the reader's thread:
+        for a value that must be current while the loop that would set it is blocked. `value` must not block."""
+        name = _declared(family, ())
+        with self._lock:
+            self._live[name] = value
+
     def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
         with self._lock:
-            return {name: dict(series) for name, series in self._values.items()}
+            values = {name: dict(series) for name, series in self._values.items()}
+            live = list(self._live.items())
+        for name, value in live:
+            if math.isfinite(reading := value()):
+                values[name] = {(): reading}
+        return values
 
 
 def _declared(family: Family | str, *label_sets: tuple[str, ...]) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -75,6 +74,20 @@ class StoreHealth:
         self.changed.set()
 
 
+class LoopLag:
+    """How late the event loop is, readable from any thread: the lateness so far of the probe that is due (a
+    block going on, which the blocked loop cannot say itself) or the last one measured, whichever is larger. The
+    exporter computes it at each scrape (`SelfMetrics.live`): no thread of its own wakes to keep it current."""
+
+    def __init__(self) -> None:
+        self.last = 0.0  # the last probe's lateness, seconds
+        self.due: float | None = None  # monotonic time the next probe is due; None while nothing probes
+
+    def __call__(self) -> float:
+        due = self.due
+        return self.last if due is None else max(self.last, time.monotonic() - due)
+
+
 class Health:
     def __init__(self, config: DaemonConfig, sink: Sink, metrics: SelfMetrics, notifier: Notifier,
                  supervisor: Supervisor, store: QueuedStore, store_health: StoreHealth,
@@ -83,7 +96,8 @@ class Health:
         self.config, self.sink, self.metrics, self.notifier, self.summary = config, sink, metrics, notifier, summary
         self.supervisor = supervisor  # the watchdog pings only while the supervisor is healthy
         self.store, self.store_health = store, store_health
-        self.lag = 0.0
+        self.loop_lag = LoopLag()  # its own object: the metrics hold it, and it holds nothing back
+        metrics.live(families.LOOP_LAG, self.loop_lag)
 
     def configure(self, config: DaemonConfig) -> None:
         """A reload's [daemon] settings."""
@@ -98,34 +112,23 @@ class Health:
     # --- the loops ---------------------------------------------------------------------------------
 
     async def watch_loop_lag(self) -> None:
-        loop = asyncio.get_running_loop()
-        beat = [time.monotonic()]  # when the loop last woke the probe, for the thread that exports the lag
-        stop = threading.Event()
-        threading.Thread(target=self._export_loop_lag, args=(beat, stop), name="loop-lag", daemon=True).start()
+        loop, lag = asyncio.get_running_loop(), self.loop_lag
         try:
             while True:
                 start = loop.time()
+                lag.due = time.monotonic() + LAG_PROBE
                 await asyncio.sleep(LAG_PROBE)
-                beat[0] = time.monotonic()
-                self.lag = max(0.0, loop.time() - start - LAG_PROBE)
-                self._lag_measured()
+                lag.last = max(0.0, loop.time() - start - LAG_PROBE)
+                self._lag_measured(lag.last)
         finally:
-            stop.set()
+            lag.due = None  # not probing (stopped, or restarting after a crash): the last lateness stays
 
-    def _export_loop_lag(self, beat: list[float], stop: threading.Event) -> None:
-        """From a thread: a loop that is blocked right now cannot say so itself. The gauge is the larger of the
-        lateness so far of the probe that is due (a block in progress) and the last one measured."""
-        while not stop.wait(LAG_PROBE / 2):
-            late = max(0.0, time.monotonic() - beat[0] - LAG_PROBE)
-            self.metrics.set(families.LOOP_LAG, max(late, self.lag))
-
-    def _lag_measured(self) -> None:
-        self.metrics.set(families.LOOP_LAG, self.lag)
-        if self.lag > self.config.loop_lag_warn:
+    def _lag_measured(self, lag: float) -> None:
+        if lag > self.config.loop_lag_warn:
             self.metrics.inc(families.LOOP_BLOCKED)
             self.sink.record([Event("watchdog_error", Severity.WARNING,
-                                    f"the event loop was blocked for {self.lag:.2f} s", time.time(),
-                                    evidence={"loop_lag_seconds": round(self.lag, 3)})])
+                                    f"the event loop was blocked for {lag:.2f} s", time.time(),
+                                    evidence={"loop_lag_seconds": round(lag, 3)})])
 
     async def report_status(self) -> None:
         while True:
@@ -142,8 +145,9 @@ class Health:
         """Ping at half the timeout, only while the loop is responsive and no component is crash-looping."""
         period = self.notifier.watchdog_seconds / 2
         while True:
-            if self.supervisor.healthy() and self.lag < period:
+            if self.supervisor.healthy() and self.loop_lag.last < period:
                 self.notifier.watchdog()
             else:
-                log.error("not pinging the watchdog: %s, loop lag %.2f s", self.supervisor.summary(), self.lag)
+                log.error("not pinging the watchdog: %s, loop lag %.2f s", self.supervisor.summary(),
+                          self.loop_lag.last)
             await asyncio.sleep(period)

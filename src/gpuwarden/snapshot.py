@@ -27,7 +27,7 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
         "time": now,
         "started": now - (time.monotonic() - daemon.started),
         "summary": daemon.summary(),
-        "loop_lag_seconds": round(daemon.health.lag, 3),
+        "loop_lag_seconds": round(daemon.health.loop_lag(), 3),
         "store_error": daemon.store_health.error,
         "sources": _sources(daemon, metrics),
         "components": _components(metrics),

@@ -16,3 +16,17 @@ def test_nan_and_inf_never_reach_the_exporter():
     assert 'gpuwarden_engine_requests_running{engine="e"} 2.0' in text
     assert "NaN" not in text and "Inf" not in text
     assert 'gpu="g0"' in text and 'gpu="g1"' not in text
+
+
+def test_a_live_gauge_is_read_at_each_scrape():
+    """A value computed when read (the loop's lag while the loop is blocked): nothing has to set it, a NaN reading
+    is left out like a NaN set."""
+    readings = iter([0.25, 2.5, math.nan])
+    metrics = SelfMetrics()
+    metrics.live("gpuwarden_loop_lag_seconds", lambda: next(readings))
+    from prometheus_client import generate_latest
+
+    registry = Exporter(metrics, "127.0.0.1", 0).registry
+    scrapes = [generate_latest(registry).decode() for _ in range(3)]
+    assert "gpuwarden_loop_lag_seconds 0.25" in scrapes[0] and "gpuwarden_loop_lag_seconds 2.5" in scrapes[1]
+    assert "gpuwarden_loop_lag_seconds " not in scrapes[2]
