@@ -91,3 +91,27 @@ def test_an_event_at_a_port_names_the_gpu_behind_it():
     two = behind_port(event, lambda port: ["0000:06:00.0", "0000:07:00.0"])
     assert two.gpu is None and two.evidence["gpus_behind"] == ["0000:06:00.0", "0000:07:00.0"]
     assert behind_port(event, lambda port: []) is event
+
+
+def test_a_gpu_that_comes_back_elsewhere_is_placed_anew(tmp_path):
+    """A re-discovery keeps the path of a GPU it found last time, but one that went and came back (here below
+    another port) is resolved again: the port a fault names must find it where it is now."""
+    first = add_bridge(tmp_path, "pci0000:00", "0000:00:01.1", 0x1022, 0x1483, ROOT_PORT)
+    second = add_bridge(tmp_path, "pci0000:00", "0000:00:03.1", 0x1022, 0x1483, ROOT_PORT)
+    add_gpu(tmp_path, "0000:03:00.0", "rdna3", parent=first)
+    inventory = GpuInventory(tmp_path)
+    asyncio.run(inventory.refresh())
+    asyncio.run(inventory.refresh())  # found again: its path is kept
+    assert inventory.behind("0000:00:01.1") == ["0000:03:00.0"]
+    (tmp_path / "bus/pci/devices/0000:03:00.0").unlink()
+    asyncio.run(inventory.refresh())
+    add_gpu(tmp_path, "0000:03:00.0", "rdna3", parent=second, hwmon_index=1)
+    asyncio.run(inventory.refresh())
+    assert inventory.behind("0000:00:01.1") == [] and inventory.behind("0000:00:03.1") == ["0000:03:00.0"]
+
+
+def test_a_gpu_without_a_bound_driver(tmp_path):
+    add_gpu(tmp_path, "0000:03:00.0", "rdna3")
+    (tmp_path / "bus/pci/devices/0000:03:00.0/driver").unlink()  # unbound
+    gpus = asyncio.run(GpuInventory(tmp_path).refresh())
+    assert [(g.pci, g.driver) for g in gpus] == [("0000:03:00.0", None)]

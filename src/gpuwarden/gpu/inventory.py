@@ -22,9 +22,11 @@ _SCANS = OffLoop("gpu discovery", limit=1)
 _SCAN_DEADLINE = 30.0
 
 
-def _scan(sysfs_root: Path) -> tuple[list[Gpu], dict[str, tuple[str, ...]]]:
+def _scan(sysfs_root: Path, known: dict[str, tuple[str, ...]]) -> tuple[list[Gpu], dict[str, tuple[str, ...]]]:
+    """The GPUs, and each one's path through the PCIe tree: resolved for a GPU the last scan did not find, kept
+    for one it did (a device does not move while it stays; one that goes and comes back is resolved again)."""
     gpus = discover(sysfs_root)
-    return gpus, {g.pci: pci.device_dir(sysfs_root, g.pci).parts for g in gpus}
+    return gpus, {g.pci: known.get(g.pci) or pci.device_dir(sysfs_root, g.pci).parts for g in gpus}
 
 
 class GpuInventory:
@@ -39,7 +41,8 @@ class GpuInventory:
     def start_refresh(self) -> asyncio.Future:
         """Discover again, off the loop; one discovery at a time: while one runs, this is that one."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(_SCANS.run("gpus", _SCAN_DEADLINE, _scan, self.sysfs_root))
+            self._refreshing = asyncio.ensure_future(_SCANS.run("gpus", _SCAN_DEADLINE, _scan, self.sysfs_root,
+                                                                  dict(self._paths)))
             self._refreshing.add_done_callback(self._found)
         return self._refreshing
 
