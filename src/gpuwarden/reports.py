@@ -100,7 +100,8 @@ class Outbox:
         self._report(_RESOLVED).resolved.append(Resolution(key, message, cures))
 
     def kernel_lines(self, now: float, texts: list[str]) -> None:
-        self._report(_LINES).lines += [(now, text) for text in texts]
+        if texts:  # a quiet tick's empty batch is no report (the hub would wake for nothing)
+            self._report(_LINES).lines += [(now, text) for text in texts]
 
     def engines(self, views: list[EngineView], samples: dict[str, dict], whole: bool) -> None:
         """Several engines' polls in one loop step make one report; a whole set replaces what came before."""

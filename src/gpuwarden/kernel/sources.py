@@ -408,6 +408,8 @@ class FileSource(Source):
             return [], False
         if size < self._offset:  # truncated or rotated
             self._offset = 0
+        if size == self._offset:
+            return [], False  # nothing new: not opened (an idle log costs one stat a tick)
         with self.path.open("rb") as f:
             f.seek(self._offset)
             data = f.read(limit)
