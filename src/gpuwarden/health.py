@@ -17,6 +17,7 @@ from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.store import QueuedStore
 from gpuwarden.supervise import Supervisor
+from gpuwarden.ticks import next_tick
 
 log = logging.getLogger("gpuwarden")
 
@@ -81,7 +82,7 @@ class LoopLag:
 
     def __init__(self) -> None:
         self.last = 0.0  # the last probe's lateness, seconds
-        self.due: float | None = None  # monotonic time the next probe is due; None while nothing probes
+        self.due: float | None = None  # when the next probe is due (the loop's clock, monotonic); None: no probe
 
     def __call__(self) -> float:
         due = self.due
@@ -114,11 +115,10 @@ class Health:
     async def watch_loop_lag(self) -> None:
         loop, lag = asyncio.get_running_loop(), self.loop_lag
         try:
-            while True:
-                start = loop.time()
-                lag.due = time.monotonic() + LAG_PROBE
-                await asyncio.sleep(LAG_PROBE)
-                lag.last = max(0.0, loop.time() - start - LAG_PROBE)
+            while True:  # due on the shared grid (ticks.py): at most LAG_PROBE from now, with the GPU round
+                lag.due = next_tick(loop.time(), LAG_PROBE)
+                await asyncio.sleep(lag.due - loop.time())
+                lag.last = max(0.0, loop.time() - lag.due)
                 self._lag_measured(lag.last)
         finally:
             lag.due = None  # not probing (stopped, or restarting after a crash): the last lateness stays

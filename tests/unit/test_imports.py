@@ -23,8 +23,8 @@ import gpuwarden
 SRC = Path(gpuwarden.__file__).parent
 LAYERS = [
     {"gpuwarden", "model", "kinds", "enginekinds", "families", "config", "store", "report", "timeline", "exporter",
-     "logsetup", "offloop", "conditions", "incidents", "sdnotify", "supervise", "reloads", "sockets", "statuspage",
-     "registry", "webconfig", "schema", "webserver"},
+     "logsetup", "offloop", "conditions", "incidents", "sdnotify", "supervise", "ticks", "reloads", "sockets",
+     "statuspage", "registry", "webconfig", "schema", "webserver"},
     {"policy", "reports"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},

@@ -26,6 +26,7 @@ from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.ticks import next_tick
 
 log = logging.getLogger(__name__)
 _NVML = OffLoop("nvml", limit=2)  # opening NVML, waiting for Xids: a hung driver holds these two
@@ -123,7 +124,7 @@ class GpuWatch:
         tick = loop.time()
         while True:
             await self.sample_once()
-            tick += self.config.interval
+            tick = next_tick(tick, self.config.interval)  # on the shared grid: due with the loop's other wake-ups
             await asyncio.sleep(max(0.0, tick - loop.time()))
 
     async def sample_once(self) -> dict[str, GpuSample]:

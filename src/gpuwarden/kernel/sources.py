@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
+from gpuwarden.ticks import until_tick
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,12 @@ class Source:
         raise NotImplementedError
 
     def _wait(self) -> float:
-        """Seconds to wait for new records: a tick, or less when the caller wants to wake up sooner."""
+        """Seconds to wait for new records: to the next tick on the shared grid (ticks.py, due with the other
+        loops' wake-ups), or less when the caller wants to wake up sooner."""
+        tick = until_tick(self.tick)
         if self.wake_at is None:
-            return self.tick
-        return max(0.0, min(self.tick, self.wake_at - time.monotonic()))
+            return tick
+        return max(0.0, min(tick, self.wake_at - time.monotonic()))
 
     def close(self) -> None:
         pass

@@ -1,0 +1,22 @@
+"""One grid for the periodic loops: each wakes at the next multiple of its period on the monotonic clock (the
+event loop's), so loops whose periods divide one another (the GPU round each second, the loop-lag probe each half
+second, a kernel source's tick) are due together and the loop wakes once for all of them, not once per loop at
+its own phase. A period keeps its length; only its phase is shared."""
+
+from __future__ import annotations
+
+import math
+import time
+
+_EPSILON = 1e-6  # of a period: a time this close below a grid point is on it (float products are not exact)
+
+
+def next_tick(now: float, period: float) -> float:
+    """The first grid point of `period` after `now` (a grid point itself gives the one after it)."""
+    return (math.floor(now / period + _EPSILON) + 1) * period
+
+
+def until_tick(period: float) -> float:
+    """Seconds from now to the next grid point of `period`."""
+    now = time.monotonic()
+    return next_tick(now, period) - now
