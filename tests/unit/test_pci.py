@@ -115,3 +115,7 @@ def test_a_gpu_without_a_bound_driver(tmp_path):
     (tmp_path / "bus/pci/devices/0000:03:00.0/driver").unlink()  # unbound
     gpus = asyncio.run(GpuInventory(tmp_path).refresh())
     assert [(g.pci, g.driver) for g in gpus] == [("0000:03:00.0", None)]
+
+
+def test_a_host_without_a_pci_bus_has_no_gpu(tmp_path):
+    assert asyncio.run(GpuInventory(tmp_path / "no-sys").refresh()) == []

@@ -23,17 +23,32 @@ class Gpu:
 
 
 def discover(sysfs_root: Path = Path("/sys")) -> list[Gpu]:
+    """Every PCI device is looked at, every few seconds (a GPU can vanish without a uevent): a server has a
+    hundred, so each costs two small reads with the bare syscalls (no file object), the class only for a GPU's
+    vendor (3.6 ms a scan of 108 devices through Path.read_text)."""
+    devices = f"{sysfs_root}/bus/pci/devices"
+    try:
+        names = sorted(os.listdir(devices))
+    except OSError:
+        return []  # no PCI bus here (a container, a test's empty tree)
     gpus = []
-    for device in sorted((sysfs_root / "bus/pci/devices").glob("*")):
+    for name in names:
         try:
-            pci_class = (device / "class").read_text().strip()
-            vendor = (device / "vendor").read_text().strip()
+            vendor = _attribute(f"{devices}/{name}/vendor")
+            if vendor not in VENDORS or not is_gpu_class(_attribute(f"{devices}/{name}/class")):
+                continue
         except OSError:
             continue  # gone while we looked
-        if not is_gpu_class(pci_class) or vendor not in VENDORS:
-            continue
-        gpus.append(Gpu(device.name, VENDORS[vendor], driver_of(device)))
+        gpus.append(Gpu(name, VENDORS[vendor], driver_of(Path(devices, name))))
     return gpus
+
+
+def _attribute(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 def driver_of(device: Path) -> str | None:
