@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -70,15 +70,10 @@ _DRIVER_START = re.compile(DRIVER_START)
 _USER_TEXT = re.compile(USER_TEXT)
 # The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
 # report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
-_START_BODY = (
-    r"(?:[\w-]++ [0-9a-fA-F]{4,8}:|(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|"
+_START = re.compile(
+    r"\s*+(?:[\w-]++ [0-9a-fA-F]{4,8}:|(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|"
     r"CPU |WARNING|INFO: task)|(?:\S++ )?(?:BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|"
     r"Unable to handle))")
-_START = re.compile(rf"\s*+{_START_BODY}")
-# The same at the start of every line of a batch's texts joined by "\n" (one C-level pass; a line's leading blanks
-# must not run on into the next line). The literal "\n" first lets the regex engine skip to each line's start.
-_LINE_START = re.compile(rf"\n[^\S\n]*+{_START_BODY}[^\n]*+")
-_SCAN_MIN = 16  # records: below this a batch is cheaper to walk line by line than to join and scan
 _MODULE_FRAME = re.compile(MODULE_FRAME)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
@@ -192,66 +187,12 @@ class Classifier:
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
-        started = self._feed_each((record,), now)
+        started = self.feed_all((record,), now)
         return started[0][1] if started else []
 
     def feed_all(self, records: Iterable[KernelRecord], now: float) -> list[tuple[KernelRecord, list[Burst]]]:
-        """Classify a batch of records in order: the records that started bursts, each with them.
-
-        The batch's candidates (the lines that `_feed_each` would not refuse at once) are found in C-level passes
-        over its texts joined by "\n"; only they, and the record after a held line whatever it is, take the
-        per-line path. A config rule may match any line (every line is looked at), and a record whose text holds
-        a "\n" (a continuation line, formats.py) would shift the lines: such a batch is walked line by line."""
-        records = records if isinstance(records, list | tuple) else list(records)
-        if not self._fast or len(records) < _SCAN_MIN:
-            return self._feed_each(records, now)
-        joined = "\n" + "\n".join([r.text for r in records])
-        if joined.count("\n") != len(records):
-            return self._feed_each(records, now)
-        return self._feed_each(self._picked(records, self._candidates(joined)), now)
-
-    def _picked(self, records: list[KernelRecord] | tuple[KernelRecord, ...],
-                candidates: list[int]) -> Iterator[KernelRecord]:
-        """The candidate records in order and, while a line is held (by the previous batch too), the record after
-        it whatever it is (it may be the held line's process line). A generator: `_feed_each` has fed a record
-        before `self._held` is read here again."""
-        after = 0  # the first record not yielded yet
-        for i in candidates:
-            while self._held is not None and after < i:
-                yield records[after]
-                after += 1
-            if i >= after:
-                yield records[i]
-                after = i + 1
-        while self._held is not None and after < len(records):
-            yield records[after]
-            after += 1
-
-    def _candidates(self, joined: str) -> list[int]:
-        """The indices of the lines of `joined` ("\n" before each line) that `_feed_each` may not refuse at once:
-        a line that holds "+0x" (a report's frame), or one that starts as a driver's line or a report's does
-        (_START) and holds a rule's or a report's literal (the gate)."""
-        offsets = []  # the "\n" before each candidate line
-        find, gate = joined.find, self._gate.iter
-        at = find("+0x")
-        while at >= 0:
-            offsets.append(joined.rfind("\n", 0, at))
-            at = find("+0x", find("\n", at) + 1 or len(joined))
-        for m in _LINE_START.finditer(joined):  # the match runs on to the line's end: the gate reads the line alone
-            if next(gate(m.group()), None) is not None:
-                offsets.append(m.start())
-        offsets.sort()
-        indices, line, counted, count = [], -1, 0, joined.count
-        for offset in offsets:  # a line's index: the "\n"s up to its own, counted on from the previous candidate
-            line += count("\n", counted, offset + 1)
-            counted = offset + 1
-            if not indices or indices[-1] != line:
-                indices.append(line)
-        return indices
-
-    def _feed_each(self, records: Iterable[KernelRecord], now: float) -> list[tuple[KernelRecord, list[Burst]]]:
-        """Classify records in order, one loop iteration each: the common lines are refused here, without a call
-        each (the path of `feed`, of a small batch and of every line a batch's scan finds)."""
+        """Classify a batch of records in order: the records that started bursts, each with them. The common lines
+        are refused in this loop, without a call each."""
         out = []
         fast, start, gate, trace = self._fast, _START.match, self._gate.iter, _TRACE_LINE.match
         for record in records:
