@@ -84,3 +84,19 @@ def test_each_engine_poll_reports_its_own_view_and_the_hub_keeps_the_others():
     assert evidence.views["a"].pids == {7} and sorted(evidence.views) == ["a", "b", "c"]
     evidence.engines(dropped.engines, dropped.samples, dropped.whole)
     assert sorted(evidence.views) == ["c"] and evidence.samples == {"c": None}
+
+
+def test_a_quiet_tick_is_no_report():
+    """The kernel watch hands over each tick's batch, most of them empty: an empty one wakes no hub."""
+    queue: asyncio.Queue = asyncio.Queue()
+    out = Outbox("kernel", queue, SelfMetrics())
+
+    async def scenario():
+        out.kernel_lines(1.0, [])
+        await asyncio.sleep(0)
+        assert queue.empty()
+        out.kernel_lines(2.0, ["a line"])
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert queue.get_nowait().lines == [(2.0, "a line")] and queue.empty()
