@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import sqlite3
 import time
 from collections import deque
@@ -254,6 +253,8 @@ class Alerter:
                 self._done(rows, row)
             else:
                 delay = min(self.config.retry_max, self.config.retry_initial * 2 ** row.attempts)
+                import random  # here: only a failed send draws a jitter, and most daemons never retry
+
                 delay *= random.uniform(0.8, 1.2)
                 retry_at = time.time() + delay  # from the end of this attempt: a slow send is no retry
                 if rows and rows[0].id == row.id:
