@@ -32,6 +32,7 @@ Times are monotonic seconds passed in; the lifecycle never reads a clock.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from gpuwarden.engine.canary import CanaryResult
 from gpuwarden.engine.metrics import EngineSample
@@ -72,17 +73,16 @@ class Look:
 
 # --- transitions -----------------------------------------------------------------------------------------
 
-# A transition is a message, read by its type and fields: never compared, hashed or printed (`plain`).
+# A transition is a message, read by its type and fields once, where it is returned: a NamedTuple, immutable and
+# the cheapest class to define (a frozen dataclass, even `plain`, compiles three methods at import: 3 ms over these).
 
-@plain
-class Judged:
+class Judged(NamedTuple):
     """A scrape that answered outside start-up, and its verdict (for the gauges)."""
 
     verdict: Verdict
 
 
-@plain
-class Stalled:
+class Stalled(NamedTuple):
     """A stall, said (confirmed by a canary where its progress is read from a log)."""
 
     verdict: Verdict
@@ -90,40 +90,35 @@ class Stalled:
     canary: CanaryResult | None = None  # the canary that confirmed a stall read from a log
 
 
-@plain
-class ConfirmStall:
+class ConfirmStall(NamedTuple):
     """A stall read from its log: a real completion is asked for before it is said (answer: `stall_canaried`)."""
 
     verdict: Verdict
     spinning: bool
 
 
-@plain
-class StallDenied:
+class StallDenied(NamedTuple):
     """Its log shows no progress, but a real completion returned."""
 
     verdict: Verdict
     canary: CanaryResult
 
 
-@plain
-class SuspectCanaryDue:
+class SuspectCanaryDue(NamedTuple):
     """Under suspicion: one canary, beside the scrapes (answer: `suspect_canaried`, with this)."""
 
     before: EngineSample
     epoch: int  # the instance it asks: killed or gone meanwhile, the answer judges nothing
 
 
-@plain
-class SuspicionEased:
+class SuspicionEased(NamedTuple):
     """The suspicion's canary returned, or did not while the engine works on: nothing to say."""
 
     canary: CanaryResult
     working: bool
 
 
-@plain
-class IdleCanaryDue:
+class IdleCanaryDue(NamedTuple):
     """No progress since the last look `idle_canary_every` ago (answer: `idle_canaried`). It runs beside the
     scrapes: a canary waiting out its timeout must not hold back the judgement of a stall."""
 
@@ -131,33 +126,28 @@ class IdleCanaryDue:
     epoch: int
 
 
-@plain
-class CanaryUnanswered:
+class CanaryUnanswered(NamedTuple):
     """A canary timed out while its processes live (said once, until one completes again)."""
 
     canary: CanaryResult
     last: EngineSample
 
 
-@plain
-class CompletesAgain:
+class CompletesAgain(NamedTuple):
     """A canary completes again after one timed out, or an engine said unresponsive progresses again."""
 
 
-@plain
-class Progressing:
+class Progressing(NamedTuple):
     """Progress again after a stall."""
 
 
-@plain
-class Silent:
+class Silent(NamedTuple):
     """The scrape failed `unresponsive_after` times in a row (said once per outage)."""
 
     failures: int
 
 
-@plain
-class Unresponsive:
+class Unresponsive(NamedTuple):
     """Silent past the stall threshold while its processes live (said once per outage)."""
 
     silent_for: float  # since its last answer, or since this instance was first seen: never before it started
@@ -165,41 +155,35 @@ class Unresponsive:
     last: EngineSample | None  # this instance's last answer
 
 
-@plain
-class Answers:
+class Answers(NamedTuple):
     """It answers again after `unresponsive_after` failures; `was_unresponsive`: one was reported."""
 
     was_unresponsive: bool
 
 
-@plain
-class Exited:
+class Exited(NamedTuple):
     """Its processes are gone."""
 
     exits: int  # within the crash-loop window, this one included
 
 
-@plain
-class CrashLoop:
+class CrashLoop(NamedTuple):
     """Too many exits within the crash-loop window."""
 
     exits: int
 
 
-@plain
-class Starting:
+class Starting(NamedTuple):
     """A new instance is seen: its processes, before it answers."""
 
     processes: int
 
 
-@plain
-class CanaryDue:
+class CanaryDue(NamedTuple):
     """A starting engine answers: time to ask it for a real completion."""
 
 
-@plain
-class Back:
+class Back(NamedTuple):
     """The new instance completed a canary: it is back."""
 
     since_kill: float | None  # seconds since our kill; None when it had exited by itself
@@ -207,8 +191,7 @@ class Back:
     canary: CanaryResult
 
 
-@plain
-class RestartFailed:
+class RestartFailed(NamedTuple):
     """Not back within `restart_timeout` of its kill or exit."""
 
     waited: float
