@@ -187,16 +187,19 @@ def resolve(state: State, key: Key, message: str, now: float,
     return new, [Change(condition, False, now, message, by_event=False)]
 
 
-SURVIVES_RESTART = frozenset({Kind.GPU_LOST})  # only a reboot (or the GPU back) ends it; the rest is seen afresh
+# A lost GPU: only a reboot (or the GPU back) ends it. A telemetry condition: the GPU watch's first round tells
+# whether it lasts (TelemetryRules.resume), and its end is said to those who heard it begin.
+SURVIVES_RESTART = frozenset({Kind.GPU_LOST, Kind.GPU_DEGRADED})
 
 
 def restarted(state: State, now: float, engines: Iterable[str] = (),
               discovering: bool = False) -> tuple[State, list[Change]]:
-    """A daemon's start with the conditions its store held open: a lost GPU stays lost, and a watched engine
-    (`engines`: those configured) stays down, stalled or unresponsive until its watch sees that end, as it
-    would live (told by `EngineWatch.resume`); one no longer configured ends, said as after a reload. What the
-    components judge afresh (a telemetry reading, an engine that discovery may find again) is resolved unsaid
-    (nothing was seen to end), or it would stay open for good."""
+    """A daemon's start with the conditions its store held open: a lost GPU stays lost, a telemetry condition
+    stays open until the GPU watch judges it (`TelemetryRules.resume`), and a watched engine (`engines`: those
+    configured) stays down, stalled or unresponsive until its watch sees that end, as it would live (told by
+    `EngineWatch.resume`); one no longer configured ends, said as after a reload. What nothing will judge again
+    (an engine that discovery may find again, the store's health) is resolved unsaid (nothing was seen to end),
+    or it would stay open for good."""
     watched = set(engines)
     kept = {k: c for k, c in state.items()
             if k.kind in SURVIVES_RESTART or (k.kind in ENGINE_CONDITIONS and k.subject in watched)}

@@ -24,12 +24,14 @@ from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.exporter import Exporter, SelfMetrics
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
+from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.health import Components, Health, Loop, StoreHealth
 from gpuwarden.hub import Evidence, Hub
 from gpuwarden.kernel.watch import KernelWatch
+from gpuwarden.model import ConditionKind
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.recovery import Recovery
 from gpuwarden.reports import Outbox, Report
@@ -65,6 +67,7 @@ class Daemon:
         self.metrics = SelfMetrics()
         self.reports: asyncio.Queue[Report] = asyncio.Queue()  # unbounded: a fault is never dropped (reports.py)
         self.recorder = FlightRecorder(config.gpu.recorder_window)
+        self.telemetry = TelemetryRules(config.gpu)  # what is open outlives the GPU watch's restarts and reloads
         self.inventory = GpuInventory(config.gpu.sysfs_root)
         components = Components(self._outbox("supervisor"), self.metrics)  # the supervisor's reports
         self.supervisor = Supervisor(components.crashed, components.component_state)
@@ -142,6 +145,7 @@ class Daemon:
         self.hub.load(time.time(), self.engines.engines, not self.engines.engines and self.config.engines.discover)
         # an engine down before it is down until back; the kills made before count in its budget
         self.engines.resume(self.hub.conditions, time.time(), await self._kills_before())
+        self.telemetry.resume(k.subject for k in self.hub.conditions if k.kind == ConditionKind.GPU_DEGRADED)
         self.hub.evidence.engines(self.engines.views(), {}, whole=True)  # a fault may come before their report
         self._start_exporter()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -231,7 +235,7 @@ class Daemon:
         self.supervisor.start("engines", self.engines)  # kill budgets outlive restarts too
         self.supervisor.start("gpus", partial(GpuWatch, self.config.gpu, self.inventory.current, self._outbox("gpus"),
                                               self.recorder, xid_overrides=self.config.kernel.xid_overrides(),
-                                              xid_merge=self.xids))
+                                              xid_merge=self.xids, rules=self.telemetry))
         guarded = Guarded(self.config.guard, self.inventory)
         guard = self.config.guard
         if guard.enabled or (guard.enabled is None and os.geteuid() == 0):
@@ -291,6 +295,7 @@ class Daemon:
             exporter_changed = new.exporter != self.config.exporter or web is not None
             self.settings.replace(new)
             self.health.configure(new.daemon)
+            self.telemetry.configure(new.gpu)
             self.alerter.configure(new.alerts, targets)
             gone = set(self.engines.engines)
             self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)

@@ -93,11 +93,11 @@ def test_a_telemetry_condition_is_its_own_gpu_degraded_key():
     assert conditions.resolve(state, conditions.degraded(f"thermal:{GPU}:junction"), "back", 1.0)[0] == {}
 
 
-def test_a_restart_keeps_only_a_lost_gpu():
-    state, _ = run(ev("device_lost", gpu=GPU), ev("engine_stall", engine="vllm"),
-                   ev("store_unwritable", W))
+def test_a_restart_keeps_a_lost_gpu_and_a_telemetry_condition_for_the_gpu_watch_to_judge():
+    hot = ev("thermal", W, gpu=GPU, evidence={CONDITION: f"thermal:{GPU}:junction"})
+    state, _ = run(ev("device_lost", gpu=GPU), hot, ev("engine_stall", engine="vllm"), ev("store_unwritable", W))
     kept, ended = conditions.restarted(state, 300.0)
-    assert list(kept) == [conditions.lost(GPU)]
+    assert list(kept) == [conditions.lost(GPU), conditions.degraded(f"thermal:{GPU}:junction")]
     assert sorted(c.key.kind for c in ended) == [Kind.ENGINE_STALLED, Kind.STORE_UNWRITABLE]
 
 

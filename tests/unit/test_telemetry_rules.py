@@ -30,6 +30,27 @@ def test_junction_warning_then_critical_then_resolved():
     assert ended.event is None and ended.dedupe_key == "thermal:0000:03:00.0:junction" == warn.event.dedupe_key
 
 
+def test_a_condition_taken_up_from_a_past_run_is_told_when_it_ends_and_not_again_while_it_lasts():
+    key = "thermal:0000:03:00.0:junction"
+    rules = TelemetryRules(GpuConfig())
+    rules.resume([key])
+    assert run(rules, s(temperatures={"junction": 101.0})) == []  # still hot: it was told, nothing new
+    [ended] = run(rules, s(temperatures={"junction": 80.0}))
+    assert ended.event is None and ended.key == key and ended.message == f"thermal back to normal: {key}"
+    rules = TelemetryRules(GpuConfig())
+    rules.resume([key])  # taken up as a warning: worse than that is news
+    [crit] = run(rules, s(temperatures={"junction": 111.0}))
+    assert crit.event.severity == Severity.CRITICAL
+
+
+def test_a_reload_keeps_what_is_open_and_judges_it_by_the_new_thresholds():
+    rules = TelemetryRules(GpuConfig())
+    [warn] = run(rules, s(temperatures={"junction": 101.0}))
+    rules.configure(GpuConfig(junction_warn_celsius=105.0, junction_critical_celsius=115.0))
+    [ended] = run(rules, s(temperatures={"junction": 101.0}))  # no longer hot by the new thresholds: told
+    assert ended.event is None and ended.key == warn.key
+
+
 def test_power_over_cap_and_spike_and_psu_guard():
     rules = TelemetryRules(GpuConfig(psu_guard_watts=500))
     run(rules, s(power_watts=100.0), s("0000:83:00.0", power_watts=100.0))

@@ -6,6 +6,7 @@ None for a resolution.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from itertools import combinations
 
@@ -28,15 +29,30 @@ class Change:
 
 
 class TelemetryRules:
+    """Which conditions are open is this object's state: the daemon keeps one across the GPU watch's restarts and
+    reloads, and `resume` takes up those its store held open at a start, so that each one that began is told
+    when it ends."""
+
     def __init__(self, config: GpuConfig) -> None:
+        self._active: dict[str, tuple[Severity, str]] = {}  # condition key -> (severity, dedupe key)
+        self._previous_power: dict[str, tuple[float, bool]] = {}  # GPU -> (peak watts, busy) at the last sample
+        self.configure(config)
+
+    def configure(self, config: GpuConfig) -> None:
+        """A reload's [gpu] thresholds; what is open stays open, judged by them from the next round."""
         self.c = config
         # sensor -> the configured (warning, critical) °C (the GPU's own limits override them per sample)
         self._limits = {"edge": (config.edge_warn_celsius, config.edge_critical_celsius),
                         "junction": (config.junction_warn_celsius, config.junction_critical_celsius),
                         "mem": (config.mem_warn_celsius, config.mem_critical_celsius),
                         "gpu": (config.edge_warn_celsius, config.edge_critical_celsius)}
-        self._active: dict[str, tuple[Severity, str]] = {}  # condition key -> (severity, dedupe key)
-        self._previous_power: dict[str, tuple[float, bool]] = {}  # GPU -> (peak watts, busy) at the last sample
+
+    def resume(self, keys: Iterable[str]) -> None:
+        """Conditions a past run raised and never saw end: open here from now on, so that the next round tells
+        their end, or says nothing while they last. Their severity is not stored: each is taken up as a warning
+        (a critical one still critical is told once more, as critical)."""
+        for key in keys:
+            self._active.setdefault(key, (W, key))
 
     def evaluate(self, samples: dict[str, GpuSample], now: float) -> list[Change]:
         found: dict[str, Event] = {}

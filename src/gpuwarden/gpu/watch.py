@@ -85,13 +85,14 @@ class GpuWatch:
 
     def __init__(self, config: GpuConfig, gpus: Callable[[], list[Gpu]], sink: Sink,
                  recorder: FlightRecorder, xid_overrides: Mapping[int, Severity] | None = None,
-                 xid_merge: XidMerge | None = None) -> None:
+                 xid_merge: XidMerge | None = None, rules: TelemetryRules | None = None) -> None:
         """`xid_overrides`: `[kernel.xid]`, which NVML's Xid events honour as the kernel log's do. `xid_merge`:
-        where the kernel log's Xids are noted, so that NVML's copy of one is not a second event."""
+        where the kernel log's Xids are noted, so that NVML's copy of one is not a second event. `rules`: the
+        daemon's, which outlive this watch (what is open is theirs to end)."""
         self.config, self.gpus, self.sink, self.recorder = config, gpus, sink, recorder
         self.xid_overrides = xid_overrides or {}
         self.xid_merge = xid_merge or XidMerge()
-        self.rules = TelemetryRules(config)
+        self.rules = rules or TelemetryRules(config)
         self._worker = Worker("gpus")
         self._batch: tuple[asyncio.Future, float] | None = None
         self._stuck: dict[str, asyncio.Future] = {}  # GPU -> the abandoned read that hangs on it
