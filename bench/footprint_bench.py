@@ -179,6 +179,8 @@ def main() -> None:
     parser.add_argument("--against", metavar="REV", help="also time the import of this commit, in the same rounds")
     parser.add_argument("--imports-only", action="store_true", help="time the imports only (no daemon, no sizes)")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2, for a spread")
 
     run = "import gpuwarden.cli, gpuwarden.daemon"
     with tempfile.TemporaryDirectory() as cache, contextlib.ExitStack() as stack:
