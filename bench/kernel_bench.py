@@ -3,11 +3,12 @@ alternative measured in the same run.
 
     make bench          # or: .venv/bin/python bench/kernel_bench.py [--lines N] [--writes N]
 
-Throughput: lines per second of `Classifier.feed_all` on one core (the best of three runs) for (a) benign lines
-only and (b) a realistic mix (99 % benign, 1 % GPU faults arriving in storms), and of `parse_lines` + `feed_all`
-from raw `dmesg` text;
-beside `grep -E -c` with a hand-written fault pattern over the same text and, with `--against REV`, the
-classifier of an earlier commit (its `src/` taken with `git archive`) on the same lines, in the same run.
+Throughput: lines per second of `Classifier.feed_all` on one core for (a) benign lines only and (b) a realistic mix
+(99 % benign, 1 % GPU faults arriving in storms), in `--rounds` interleaved rounds of (classifier on the benign
+lines, `grep -E -c` with a hand-written fault pattern on the same lines, classifier on the mix): each is reported as
+its median with the spread (min-max) of the rounds, so that a figure is neither one lucky run nor one unlucky one
+on a shared machine; and of `parse_lines` + `feed_all` from raw `dmesg` text. With `--against REV`, the classifier
+of an earlier commit (its `src/` taken with `git archive`) on the same lines, in the same run.
 Latency (root, needs journald): a fault line is written to /dev/kmsg and the clock stops when its event row is
 visible in the daemon's SQLite store (polled every 0.5 ms), for `source = "auto"` under a running journald (kmsg
 live, journal catch-up), `kmsg` and `journal`, beside `journalctl -kf | grep --line-buffered -E ...` printing it,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import random
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from figure import figure, load
 from gpuwarden.kernel.classifier import Classifier
@@ -90,23 +93,55 @@ def mix_lines(n: int, rng: random.Random) -> list[str]:
     return lines
 
 
-def classify_rate(lines: list[str], runs: int = 3) -> tuple[float, int]:
-    """(lines/s, events) of a fresh classifier on `lines`: the best of `runs`, as grep's is (on a shared machine a
-    single run reads whatever else ran then, and the first pays for collecting the garbage of building the lines)."""
-    records = [KernelRecord(text, i * LINE_GAP) for i, text in enumerate(lines)]
-    best, events = 0.0, 0
-    for _ in range(runs):
-        classifier = Classifier()
-        events = 0
-        start = time.process_time()
-        if hasattr(classifier, "feed_all"):  # in batches, as the kernel watch feeds what its source read
-            for i in range(0, len(records), BATCH):
-                events += sum(len(started) for _, started in classifier.feed_all(records[i:i + BATCH], 0.0))
-        else:  # the classifier of an older commit (--against)
-            for record in records:
-                events += len(classifier.feed(record, 0.0))
-        best = max(best, len(records) / (time.process_time() - start))
-    return best, events
+def records_of(lines: list[str]) -> list[KernelRecord]:
+    return [KernelRecord(text, i * LINE_GAP) for i, text in enumerate(lines)]
+
+
+def classify_rate(records: list[KernelRecord]) -> tuple[float, int]:
+    """(lines/s, events) of a fresh classifier on `records`, in CPU time. The garbage of whatever ran before is
+    collected first: no run pays for another's."""
+    gc.collect()
+    classifier = Classifier()
+    events = 0
+    start = time.process_time()
+    if hasattr(classifier, "feed_all"):  # in batches, as the kernel watch feeds what its source read
+        for i in range(0, len(records), BATCH):
+            events += sum(len(started) for _, started in classifier.feed_all(records[i:i + BATCH], 0.0))
+    else:  # the classifier of an older commit (--against)
+        for record in records:
+            events += len(classifier.feed(record, 0.0))
+    return len(records) / (time.process_time() - start), events
+
+
+class Rounds(NamedTuple):
+    benign: list[float]  # lines/s, one per round
+    grep: list[float]
+    mix: list[float]
+    benign_events: int
+    mix_events: int
+
+
+def interleaved(benign: list[str], mix: list[str], rounds: int, grep: bool = True) -> Rounds:
+    """`rounds` rounds of (classifier on `benign`, `grep -E -c` on the same lines, classifier on `mix`), taken in
+    turns: a slow spell of the shared machine falls on all of them, not on one."""
+    benign_records, mix_records = records_of(benign), records_of(mix)
+    out = Rounds([], [], [], 0, 0)
+    with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
+        f.write("\n".join(f"[{i * LINE_GAP:12.6f}] {line}" for i, line in enumerate(benign)) + "\n")
+        f.flush()
+        for _ in range(rounds):
+            rate, events = classify_rate(benign_records)
+            out.benign.append(rate)
+            if grep:
+                out.grep.append(len(benign) / _timed(["grep", "-E", "-c", NAIVE_PATTERN, f.name]))
+            rate, mix_events = classify_rate(mix_records)
+            out.mix.append(rate)
+    return out._replace(benign_events=events, mix_events=mix_events)
+
+
+def spread(rates: list[float]) -> str:
+    """The median, then the min-max of the rounds."""
+    return f"{statistics.median(rates):,.0f} ({min(rates):,.0f}–{max(rates):,.0f})"
 
 
 def parse_and_classify_rate(lines: list[str]) -> float:
@@ -117,14 +152,6 @@ def parse_and_classify_rate(lines: list[str]) -> float:
     return len(text) / (time.process_time() - start)
 
 
-def grep_rate(lines: list[str]) -> float:
-    with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
-        f.write("\n".join(f"[{i * LINE_GAP:12.6f}] {line}" for i, line in enumerate(lines)) + "\n")
-        f.flush()
-        best = min(_timed(["grep", "-E", "-c", NAIVE_PATTERN, f.name]) for _ in range(3))
-    return len(lines) / best
-
-
 def _timed(cmd: list[str]) -> float:
     """Wall time of a single-threaded command (os.times() ticks are too coarse for it). Its output goes to a
     pipe: GNU grep stops at the first match when it sees /dev/null."""
@@ -133,15 +160,16 @@ def _timed(cmd: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def rates_of(rev: str, lines: int) -> tuple[float, float]:
-    """(benign, mix) lines/s of the classifier of commit `rev`, run on the same lines by this script in a child
-    whose `gpuwarden` is that commit's `src/` (the lines come from this tree's corpus and the same seed)."""
+def rates_of(rev: str, lines: int, rounds: int) -> tuple[list[float], list[float]]:
+    """(benign, mix) lines/s of each round of the classifier of commit `rev`, run on the same lines by this script in
+    a child whose `gpuwarden` is that commit's `src/` (the lines come from this tree's corpus and the same seed)."""
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(root), "archive", rev, "src"], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        out = subprocess.run([sys.executable, __file__, "--rates-only", "--lines", str(lines)], capture_output=True,
-                             text=True, check=True, env={**os.environ, "PYTHONPATH": f"{tmp}/src"}).stdout
+        out = subprocess.run([sys.executable, __file__, "--rates-only", "--lines", str(lines), "--rounds", str(rounds)],
+                             capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": f"{tmp}/src"}).stdout
     benign, mix = json.loads(out)
     return benign, mix
 
@@ -248,32 +276,39 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=300_000)
     parser.add_argument("--writes", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the throughput runs")
     parser.add_argument("--against", metavar="REV", help="also time the classifier of this commit")
     parser.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)  # a child of --against
     args = parser.parse_args()
     rng = random.Random(7)
     benign, mix = benign_lines(args.lines, rng), mix_lines(args.lines, rng)
     if args.rates_only:
-        print(json.dumps([classify_rate(benign)[0], classify_rate(mix)[0]]))
+        rounds = interleaved(benign, mix, args.rounds, grep=False)
+        print(json.dumps([rounds.benign, rounds.mix]))
         return
 
-    print(f"## Classifier throughput ({args.lines:,} lines, one core, CPU time)\n")
+    print(f"## Classifier throughput ({args.lines:,} lines, one core, CPU time; median (min–max) of {args.rounds} "
+          "interleaved rounds)\n")
     print("| what | lines/s | events |\n|---|---:|---:|")
-    benign_rate, events = classify_rate(benign)
-    print(f"| gpuwarden classifier, benign lines | {benign_rate:,.0f} | {events} |")
-    rate, events = classify_rate(mix)
-    print(f"| gpuwarden classifier, mix (1 % faults in storms of 50) | {rate:,.0f} | {events} |")
-    print(f"| gpuwarden parse `dmesg` text + classify, mix | {parse_and_classify_rate(mix):,.0f} | |")
-    grep = grep_rate(mix)
-    print(f"| `grep -E -c` with a fault pattern, mix | {grep:,.0f} | (matching lines, no events) |")
+    loaded = load()
+    rounds = interleaved(benign, mix, args.rounds)
+    print(f"| gpuwarden classifier, benign lines | {spread(rounds.benign)} | {rounds.benign_events} |")
+    print(f"| `grep -E -c` with a fault pattern, benign lines (wall time) | {spread(rounds.grep)} | (matching lines, "
+          "no events) |")
+    print(f"| gpuwarden classifier, mix (1 % faults in storms of 50) | {spread(rounds.mix)} | {rounds.mix_events} |")
+    print(f"| gpuwarden parse `dmesg` text + classify, mix (one run) | {parse_and_classify_rate(mix):,.0f} | |")
+    benign_rate = statistics.median(rounds.benign)
     figure("classifier, benign lines, one core", benign_rate, "lines/s",
-           f"`grep -E -c` {grep:,.0f} lines/s (finds lines, makes no events; {load()})", "≥ 1,000,000 lines/s",
-           benign_rate >= 1_000_000)
+           f"`grep -E -c` {statistics.median(rounds.grep):,.0f} lines/s (finds lines, makes no events); medians of "
+           f"{args.rounds} interleaved rounds, the classifier's {min(rounds.benign):,.0f}–{max(rounds.benign):,.0f} "
+           f"({loaded} before, {load()} after)", "≥ 1,000,000 lines/s", benign_rate >= 1_000_000)
     if args.against:
-        old_benign, old_mix = rates_of(args.against, args.lines)
-        print(f"| classifier of {args.against}, benign lines | {old_benign:,.0f} | |")
-        print(f"| classifier of {args.against}, mix | {old_mix:,.0f} | |")
+        old_benign, old_mix = rates_of(args.against, args.lines, args.rounds)
+        print(f"| classifier of {args.against}, benign lines | {spread(old_benign)} | |")
+        print(f"| classifier of {args.against}, mix | {spread(old_mix)} | |")
 
+    if args.writes <= 0:
+        return
     if os.geteuid() != 0 or not shutil.which("journalctl") or not Path(JOURNALD).exists():
         print("\n(latency needs root and journald: skipped)")
         return

@@ -209,7 +209,7 @@ def test_oops_in_a_gpu_driver_is_critical():
 
 
 def test_a_line_that_reads_as_a_frame_and_a_header_is_the_header_in_an_open_report():
-    """An open report's frames take a short way in (classifier._may_be_header): a line that is a frame and also a
+    """An open report's frames take a short way in (classifier._FRAME_ONLY): a line that is a frame and also a
     `word: BUG: ` header still raises the report to critical, and a report that ends at its end line is closed."""
     warn = ["[10.0] ------------[ cut here ]------------", "[10.0]  amdgpu_job_run+0x1/0x2 [amdgpu]"]
     header = "[10.0] amdgpu_fence+0x1/0x2: BUG: unable to handle page fault"

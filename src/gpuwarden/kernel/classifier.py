@@ -70,10 +70,11 @@ _DRIVER_START = re.compile(DRIVER_START)
 _USER_TEXT = re.compile(USER_TEXT)
 # The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
 # report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
+# The literal starts come first and a header after a first word is its own branch: a benign line is refused sooner.
+_HEADER_START = r"BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|Unable to handle"
 _START = re.compile(
-    r"\s*+(?:[\w-]++ [0-9a-fA-F]{4,8}:|(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|"
-    r"CPU |WARNING|INFO: task)|(?:\S++ )?(?:BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|"
-    r"Unable to handle))")
+    r"\s*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
+    rf"{_HEADER_START}|[\w-]++ [0-9a-fA-F]{{4,8}}:|\S++ (?:{_HEADER_START}))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
 _GSP_FRAME = re.compile(GSP_FRAME)
@@ -89,7 +90,11 @@ _REPORT_LINE = re.compile("|".join([*(f"(?P<h{i}>{p})" for i, (p, _) in enumerat
 _HEADER_SEVERITY = {f"h{i}": s for i, (_, s) in enumerate(OOPS_HEADERS)}
 _OOPS_END = re.compile(OOPS_END)
 _END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by character: "---[ end ", in every end line)
-_TRACE_LINE = re.compile(TRACE_LINE)
+# A stack frame that cannot be a report's header too (the header wins), in one match: the bulk of an open report's
+# lines. A header may start with a word that ends in a colon (`watchdog: BUG: soft lockup`); a frame's first word
+# ends in one only in a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS,
+# TRACE_LINE): a frame whose first space follows a colon takes the long way.
+_FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})")
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -196,7 +201,7 @@ class Classifier:
         """Classify a batch of records in order: the records that started bursts, each with them. The common lines
         are refused in this loop, without a call each."""
         out = []
-        fast, start, gate, trace = self._fast, _START.match, self._gate.iter, _TRACE_LINE.match
+        fast, start, gate, frame = self._fast, _START.match, self._gate.iter, _FRAME_ONLY.match
         for record in records:
             text = record.text
             gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
@@ -207,7 +212,7 @@ class Classifier:
                         # without any rule's literal (within an open report such a line is not part of it either).
                         # An open report past its window is closed by the next line that is, or by flush().
                         continue
-                elif (oops := self._oops) is not None and trace(text) and not _may_be_header(text):
+                elif (oops := self._oops) is not None and frame(text):
                     # the next frame of an open report, the bulk of a report's lines: straight to it
                     stamp = record.timestamp if record.timestamp is not None else now
                     if stamp - oops.last <= self.storm_window:
@@ -509,14 +514,6 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
-
-
-def _may_be_header(text: str) -> bool:
-    """Whether a line that reads as a stack frame may be a report's header too (the header wins). A header may
-    start with a word that ends in a colon (`watchdog: BUG: soft lockup`); a frame's first word ends in one only in
-    a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS, TRACE_LINE)."""
-    space = text.find(" ")
-    return space > 0 and text[space - 1] == ":"
 
 
 def process_named(text: str) -> dict | None:
