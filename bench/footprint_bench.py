@@ -6,12 +6,18 @@ Timed as installed: with the modules' bytecode cached, as pip compiles it at ins
 its own, PYTHONPYCACHEPREFIX). A checkout run with PYTHONDONTWRITEBYTECODE (this machine's setting) compiles
 gpuwarden's own sources at every start instead: that figure is printed beside it.
 
-    .venv/bin/python bench/footprint_bench.py [--runs 7]
+The import figure is not one run: one run on this shared machine read anywhere from 130 to 230 ms. `--rounds`
+rounds each time in turn the gpuwarden import, `import asyncio` alone (the floor: `run` cannot start without it),
+the sources compiled at each start and, with `--against REV`, the same import of that commit's `src/` (taken with
+`git archive`): each is reported as its median and spread (p10–p90), side by side under the same load.
+
+    .venv/bin/python bench/footprint_bench.py [--rounds 21] [--runs 7] [--against REV] [--imports-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -20,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -46,12 +53,45 @@ def installed_env(cache: Path) -> dict[str, str]:
 
 
 def import_ms(code: str, runs: int, env: dict[str, str] | None = None) -> float:
-    """Median CPU ms of `code` in a fresh interpreter, timed inside it (start-up excluded): CPU time, so that the
-    shared machine's other work, which stretches wall time, counts less. A first run, untimed, fills the cache."""
+    """Median CPU ms of `code` in a fresh interpreter (`once`). A first run, untimed, fills the cache."""
+    once(code, env)
+    return statistics.median(once(code, env) for _ in range(runs))
+
+
+def once(code: str, env: dict[str, str] | None = None) -> float:
+    """CPU ms of `code` in a fresh interpreter, timed inside it (start-up excluded): CPU time, so that the shared
+    machine's other work, which stretches wall time, counts less."""
     timed = f"import time; t = time.process_time(); {code}; print((time.process_time() - t) * 1000)"
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    return statistics.median(float(subprocess.run([sys.executable, "-c", timed], capture_output=True, text=True,
-                                                  env=env, check=True).stdout) for _ in range(runs))
+    return float(subprocess.run([sys.executable, "-c", timed], capture_output=True, text=True, env=env,
+                                check=True).stdout)
+
+
+def interleaved(series: dict[str, tuple[str, dict[str, str] | None]], rounds: int) -> dict[str, list[float]]:
+    """CPU ms of each (code, env) of `series`, `rounds` times, taking turns within each round: a busy spell on the
+    machine weighs on all of them alike. A first round, not kept, fills the bytecode caches."""
+    times: dict[str, list[float]] = {name: [] for name in series}
+    for kept in [False] + [True] * rounds:
+        for name, (code, env) in series.items():
+            ms = once(code, env)
+            if kept:
+                times[name].append(ms)
+    return times
+
+
+def spread(values: list[float]) -> str:
+    """Median and p10–p90 of `values`, as the table prints them."""
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return f"{statistics.median(values):.0f} ({deciles[0]:.0f}–{deciles[-1]:.0f})"
+
+
+@contextlib.contextmanager
+def source_of(rev: str) -> Iterator[str]:
+    """A folder holding commit `rev`'s `src/`, for PYTHONPATH: it comes before the editable install."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "src"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        yield f"{tmp}/src"
 
 
 def startup_ms(runs: int) -> float:
@@ -134,29 +174,46 @@ def installed_mb(name: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=21, help="rounds of the interleaved import timings")
+    parser.add_argument("--runs", type=int, default=7, help="runs of each other timing (median)")
+    parser.add_argument("--against", metavar="REV", help="also time the import of this commit, in the same rounds")
+    parser.add_argument("--imports-only", action="store_true", help="time the imports only (no daemon, no sizes)")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2, for a spread")
 
     run = "import gpuwarden.cli, gpuwarden.daemon"
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as cache, contextlib.ExitStack() as stack:
         env = installed_env(Path(cache))
-        run_imports, compiled = import_ms(run, args.runs, env), import_ms(run, args.runs)
+        series = {"run": (run, env), "asyncio": ("import asyncio", env), "compiled": (run, None)}
+        if args.against:
+            series["against"] = (run, {**env, "PYTHONPATH": stack.enter_context(source_of(args.against))})
+        times = interleaved(series, args.rounds)
+        run_imports = statistics.median(times["run"])
         bare = startup_ms(args.runs)
-        print(f"## Import time of what `gpuwarden run` loads (CPU ms, median of {args.runs}, {load()})\n")
+        print(f"## Import time of what `gpuwarden run` loads (CPU ms: median (p10–p90) of {args.rounds} rounds, "
+              f"taking turns; {load()})\n")
         print("| what | CPU ms |\n|---|---:|")
-        print(f"| import gpuwarden.cli + gpuwarden.daemon, bytecode cached (as installed) | {run_imports:.0f} |")
+        print(f"| import gpuwarden.cli + gpuwarden.daemon, bytecode cached (as installed) | {spread(times['run'])} |")
+        if args.against:
+            print(f"| the same, of {args.against} | {spread(times['against'])} |")
+        print(f"| import asyncio alone (the floor) | {spread(times['asyncio'])} |")
         print(f"| the same, gpuwarden's sources compiled at each start (a checkout under PYTHONDONTWRITEBYTECODE) "
-              f"| {compiled:.0f} |")
-        for module, when in (("asyncio", "at start"), ("psutil", "at start"),
-                             ("prometheus_client", "as the exporter is built"),
+              f"| {spread(times['compiled'])} |")
+        for module, when in (("psutil", "at start"), ("prometheus_client", "as the exporter is built"),
                              ("httpx", "with the first engine or Alertmanager target"),
                              ("apprise", "with the first apprise target")):
-            print(f"| import {module} alone ({when}) | {import_ms(f'import {module}', args.runs, env):.0f} |")
+            print(f"| import {module} alone ({when}; median of {args.runs}) "
+                  f"| {import_ms(f'import {module}', args.runs, env):.0f} |")
         print(f"| interpreter start (`python -c pass`, wall ms) | {bare:.0f} |\n")
+        against = f"; {args.against} {spread(times['against'])} ms" if args.against else ""
         figure("import time of `gpuwarden run` (CPU)", run_imports, "ms",
-               f"sources compiled at each start {compiled:.0f} ms; interpreter start alone {bare:.0f} ms; before "
-               f"issue 27: 340–430 ms, 474 ms at the last make bench (compiled at each start) ({load()})",
-               "≤ 150 ms", run_imports <= 150)
+               f"median (p10–p90) of {args.rounds} rounds {spread(times['run'])} ms{against}; import asyncio alone "
+               f"{spread(times['asyncio'])} ms; sources compiled at each start "
+               f"{statistics.median(times['compiled']):.0f} ms; interpreter start alone {bare:.0f} ms; before "
+               f"issue 27: 340–430 ms ({load()})", "≤ 150 ms", run_imports <= 150)
+        if args.imports_only:
+            return
 
         # A first run, not measured, caches the bytecode of what the daemon loads once started (pyudev, the
         # exporter's server...): measured with it compiled at start, the daemon held 1 MB more than as installed.

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import CONDITION, ConditionKey, ConditionKind, Event, Severity
+from gpuwarden.plain import plain
 
 Kind = ConditionKind  # the kinds and the key live in model.py: the Sink's resolve() takes a key
 Key = ConditionKey
@@ -56,6 +57,8 @@ STORE = Key(Kind.STORE_UNWRITABLE, "host")
 
 @dataclass(frozen=True, slots=True)
 class Condition:
+    """A condition that holds now: raised by an event, ended by another or by its watch."""
+
     key: Key
     since: float  # wall-clock seconds
     message: str  # what raised it
@@ -66,8 +69,10 @@ class Condition:
     event_id: int | None = None  # the stored event that raised it, once known
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Change:
+    """A condition raised or ended, to alert and export."""
+
     condition: Condition  # as raised, or as it was when it ended
     raised: bool
     time: float

@@ -23,6 +23,8 @@ BOUND = 7 * 86400.0  # and one whose conditions nobody resolves closes after thi
 
 @dataclass(frozen=True, slots=True)
 class Incident:
+    """Events that belong together, from the one that opened it to the last."""
+
     id: str
     opened: float  # wall-clock seconds
     kind: str  # what opened it

@@ -4,11 +4,13 @@ own in its evidence (a kernel rule does; a wedged GPU that recovers by itself po
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from gpuwarden.plain import plain
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Kind:
+    """What an event kind means to the policy, the alerts and the node conditions."""
+
     runbook: str | None  # a key of alert.runbooks.RUNBOOKS; None: no runbook
     gpu_fault: bool = False  # an engine on that GPU is killed at once (an Xid counts when critical: policy)
     action: bool = False  # says what gpuwarden itself did

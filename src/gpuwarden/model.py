@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpuwarden.families import Family
+from gpuwarden.plain import plain
 
 
 class Severity(enum.IntEnum):
@@ -99,7 +100,7 @@ def normalize_pci(address: str) -> str:
     return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn or '0')}"
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class GpuSample:
     """One reading of one GPU. None: not supported or not readable now (`problems` says which)."""
 

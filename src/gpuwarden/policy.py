@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuwarden.kinds import GPU_FAULT_KINDS
 from gpuwarden.model import Event, Severity
+from gpuwarden.plain import plain
 
 # Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
 QUARANTINE_KINDS = frozenset({"engine_crash_loop"})
@@ -45,8 +46,10 @@ OUR_KILL_SLACK = 10.0  # seconds beyond kill_grace in which an engine's processe
 KILL_SLACK = 30.0  # beyond kill_grace, the longest a kill's signals are waited for (SIGKILL's own 5 s, the looks)
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class EngineView:
+    """What the policy knows of one engine."""
+
     name: str
     gpus: frozenset[str] | None  # None: unknown, so every GPU
     on_stall: str  # kill | alert
@@ -65,7 +68,7 @@ class EngineView:
     target: object | None = field(default=None, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Situation:
     """What the policy knows besides the event, as plain values."""
 
@@ -77,6 +80,8 @@ class Situation:
 
 @dataclass(frozen=True, slots=True)
 class Kill:
+    """Kill an engine (and maybe restart it)."""
+
     engine: str
     reason: str
     dry_run: bool = False
@@ -86,6 +91,8 @@ class Kill:
 
 @dataclass(frozen=True, slots=True)
 class Quarantine:
+    """Move the compiled caches away: a crash loop may come from a poisoned one."""
+
     reason: str
     dry_run: bool = False
     engine: str | None = None  # whose crash loop: only that engine's user's caches move

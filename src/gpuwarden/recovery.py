@@ -40,8 +40,10 @@ _READS = OffLoop("recovery", limit=1)  # sysfs, the baseline file: a hung read h
 _READ_DEADLINE = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class GpuState:
+    """A GPU as saved before a reboot, compared after it."""
+
     pci: str
     vendor: str
     model: str  # the product name where the driver gives one, else vendor:device
@@ -51,8 +53,10 @@ class GpuState:
     atomics: bool | None  # the root port completes AtomicOps; None: unknown (config space needs root)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Verdict:
+    """How the GPUs came back after a reboot."""
+
     back: list[str]  # as before
     missing: list[str]
     changed: list[str]  # one line per difference, "ffff:03:00.0 link x16 → x4"
@@ -189,6 +193,8 @@ def save_baseline(path: Path, boot: str, at: float, gpus: dict[str, GpuState]) -
 
 @dataclass(frozen=True)
 class Loss:
+    """A GPU lost before this boot and not back since."""
+
     gpu: str | None
     incident: str | None  # the incident that told it
 

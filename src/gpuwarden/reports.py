@@ -21,17 +21,20 @@ from dataclasses import dataclass, field
 from gpuwarden import families
 from gpuwarden.exporter import SelfMetrics
 from gpuwarden.model import ConditionKey, Event
+from gpuwarden.plain import plain
 from gpuwarden.policy import EngineView
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Resolution:
+    """A condition to end, and why."""
+
     key: ConditionKey
     message: str
     cures: frozenset[str] | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, repr=False)
 class Report:
     """One step of one component, handled by the hub in this order: lines, events (with `refs`, the outbox's
     own numbers for them, and the cursor), recounts (a stored event's storm grew: its ref and its final

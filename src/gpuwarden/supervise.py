@@ -18,8 +18,10 @@ class Component(Protocol):
     async def run(self) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _State:
+    """A supervised task's state."""
+
     up: bool = False
     done: bool = False  # returned on its own: nothing to do (no engine to watch), not down
     restarts: int = 0

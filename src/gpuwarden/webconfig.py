@@ -26,8 +26,10 @@ _BCRYPT = re.compile(r"\$2[abxy]\$\d\d\$[./A-Za-z0-9]{53}")
 _CACHE = 64  # credentials proved lately, kept as a digest: a scrape every 15 s pays one bcrypt, not one each
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class WebConfig:
+    """TLS and basic auth of the exporter's web server."""
+
     tls: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # name -> bcrypt hash
     _proved: dict[bytes, None] = field(default_factory=dict)

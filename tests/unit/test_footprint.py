@@ -6,7 +6,14 @@ import subprocess
 import sys
 
 LATER = ("pydantic", "httpx", "apprise", "prometheus_client", "wsgiref", "http.server", "urllib.request", "email",
-         "xml.sax", "uuid", "platform", "shutil", "hashlib", "html", "gpuwarden.statuspage", "gpuwarden.alert.messages")
+         "xml.sax", "uuid", "platform", "shutil", "hashlib", "html", "gpuwarden.statuspage", "gpuwarden.alert.messages",
+         # a crash loop's cache quarantine, a file source's text formats, an engine's Docker log, an alert's retry
+         "gpuwarden.act.quarantine", "gpuwarden.kernel.formats", "gpuwarden.engine.dockerlog", "calendar", "random")
+# The records `run` loads that are compared by value (by the code or its tests) or hashed, so whose dataclass
+# compiles __eq__ (and __hash__, __repr__) at import; every other one is `@plain` or says eq=False, repr=False
+COMPARED = {"gpuwarden.model.ConditionKey", "gpuwarden.model.Event", "gpuwarden.conditions.Condition",
+            "gpuwarden.incidents.Incident", "gpuwarden.gpu.pci.PcieCap", "gpuwarden.recovery.Loss",
+            *(f"gpuwarden.policy.{action}" for action in ("Kill", "Quarantine", "Refuse", "AlertOnly", "Suspect"))}
 
 
 def loaded_by(code: str) -> set[str]:
@@ -40,3 +47,24 @@ def test_the_engines_log_rules_are_compiled_when_a_log_is_read_not_at_import():
                           "print(base._compiled.cache_info().currsize)"],
                          capture_output=True, text=True, check=True, timeout=60).stdout.split()
     assert out[0] == "0" and int(out[1]) > 0  # the second: the check sees a compiled rule
+
+# Each dataclass `run` loads: its name, whether it generated __eq__ or __repr__, whether its docstring was made
+RECORDS = """import gpuwarden.cli, gpuwarden.daemon, dataclasses, sys
+for module in [m for name, m in sys.modules.items() if name.startswith("gpuwarden")]:
+    for c in vars(module).values():
+        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__:
+            made = (c.__doc__ or "").startswith(c.__name__ + "(")
+            print(f"{module.__name__}.{c.__qualname__}", c.__dataclass_params__.eq or c.__dataclass_params__.repr, made)
+"""
+
+
+def test_the_records_run_loads_compile_no_method_they_do_not_use():
+    """Python 3.11 compiles each method a dataclass generates from source at import (about 0.1 ms each): __eq__,
+    __hash__ and __repr__ of every record were 15 ms of each start, and a class with no docstring has one made
+    through inspect.signature. A new record is `@plain` (gpuwarden/plain.py) or is added to COMPARED."""
+    out = subprocess.run([sys.executable, "-c", RECORDS], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    rows = [line.split() for line in out.splitlines()]
+    assert len(rows) > 60  # the check sees the records
+    assert {name for name, generated, _ in rows if generated == "True"} == COMPARED
+    assert [name for name, _, made in rows if made == "True"] == []

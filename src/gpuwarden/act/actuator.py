@@ -19,7 +19,6 @@ from typing import Protocol
 from gpuwarden import families, policy
 from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
-from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 from gpuwarden.config import CacheConfig
 from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.model import Event, Severity, Sink
@@ -170,8 +169,8 @@ class Actuator:
             log.warning("not moving caches (%s): the user of %s is not known", action.reason, action.engine)
             return
         try:
-            event = await _CACHES.run("caches", _CACHE_DEADLINE, quarantine_all, cache_dirs(self.cache, owner),
-                                      action.reason, time.time(), action.dry_run, owner)
+            event = await _CACHES.run("caches", _CACHE_DEADLINE, _quarantine_caches, self.cache, action.reason,
+                                      time.time(), action.dry_run, owner)
         except (Busy, TimeoutError) as exc:
             log.error("moving poisoned caches (%s) did not finish: %s", action.reason, exc or "timed out")
             return
@@ -179,3 +178,11 @@ class Actuator:
             self.sink.record([event])
         else:
             log.info("%s: no zero-byte file in the compile caches", action.reason)
+
+
+def _quarantine_caches(cache: CacheConfig, reason: str, now: float, dry_run: bool, owner: int) -> Event | None:
+    """In the cache pool: the caches are found (the user database read) and moved there, and quarantine.py (with
+    ctypes) is imported there on first use: only a crash loop moves caches, and a daemon's start skips it."""
+    from gpuwarden.act.quarantine import cache_dirs, quarantine_all
+
+    return quarantine_all(cache_dirs(cache, owner), reason, now, dry_run, owner)

@@ -102,7 +102,7 @@ def is_guarded(path: Path, sysfs_mount: int) -> bool:
     return landed != sysfs_mount and landed in read_only_mounts()
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Guard:
     """The guards this process applied, by path, with their mount ids."""
 

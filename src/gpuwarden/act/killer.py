@@ -22,8 +22,10 @@ import psutil
 from gpuwarden.engine.processes import is_killable, is_running
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KillReport:
+    """What a kill did to each process of the tree."""
+
     terminated: list[str]  # "pid name" that exited after SIGTERM
     killed: list[str]  # needed SIGKILL
     survivors: list[str]  # still alive after SIGKILL (D state?)

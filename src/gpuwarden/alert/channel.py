@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from gpuwarden.model import Event
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Alert:
     """What the outbox hands a channel: the message in both renderings, its tone, and the alert identities
     (label sets) it reports, for a channel that keeps alerts by identity rather than by message."""

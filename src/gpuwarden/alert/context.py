@@ -13,7 +13,7 @@ from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import Event
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Context:
     """What the daemon knows that the events do not say: the host, its GPUs and engines, the reader's clock."""
 

@@ -29,7 +29,7 @@ ENDS = frozenset({"engine_back", "gpus_back"})  # the good end of an incident: i
 _ACTED = frozenset({"kill", "restart", "quarantine"})
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Outgoing:
     """A message to send: the events it reports, repeats counted under cooldown, or a resolution."""
 
@@ -54,8 +54,10 @@ class Outgoing:
         return bool(self.resolved) or any(e.kind in ENDS for e in self.events)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _Key:
+    """A dedupe key's last alert and what its cooldown suppressed since."""
+
     last_sent: float
     severity: Severity
     subject: str
@@ -66,15 +68,19 @@ class _Key:
     event: Event | None = None  # the last one sent under this key: what a resolution ends
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _Group:
+    """Events held together for one message, within the group window."""
+
     opened: float
     events: list[Event] = field(default_factory=list)
     event_ids: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _Incident:
+    """What an incident's messages have said so far."""
+
     severity: Severity = Severity.INFO  # the highest it was sent with
     sent: list[Event] = field(default_factory=list)
     quiet: int = 0

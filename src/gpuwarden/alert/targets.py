@@ -13,8 +13,10 @@ from gpuwarden.config import AlertsConfig, ConfigError
 from gpuwarden.model import Severity
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Target:
+    """One alert destination: its channel and which alerts it wants."""
+
     name: str  # never holds a secret: it goes into logs and metric labels
     channel: Channel
     min_severity: Severity

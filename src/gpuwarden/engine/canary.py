@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from gpuwarden.plain import plain
 
 if TYPE_CHECKING:
     import httpx
@@ -27,8 +28,10 @@ class TooLarge(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class CanaryResult:
+    """How one canary completion went."""
+
     outcome: str  # ok | timeout | error | skipped
     seconds: float
     detail: str = ""

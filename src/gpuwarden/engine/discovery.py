@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,13 +17,16 @@ from gpuwarden import enginekinds
 from gpuwarden.config import EngineTarget
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
 from gpuwarden.engine.scraper import client
+from gpuwarden.plain import plain
 
 _PROBE_TIMEOUT = 2.0
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Found:
+    """An engine server found on this host, and where to read its progress."""
+
     profile: str
     pid: int
     port: int

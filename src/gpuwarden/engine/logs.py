@@ -15,9 +15,9 @@ import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwarden import enginekinds
-from gpuwarden.engine.dockerlog import DockerLines
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.enginekinds.base import EngineKind
@@ -204,7 +204,10 @@ class JournalLines:
         self._reader.close()
 
 
-LineSource = FileLines | JournalLines | DockerLines
+if TYPE_CHECKING:  # a name for the annotations only: DockerLines is imported where it is used (`of`)
+    from gpuwarden.engine.dockerlog import DockerLines
+
+    LineSource = FileLines | JournalLines | DockerLines
 
 
 class LogScraper:
@@ -225,6 +228,9 @@ class LogScraper:
         if file:
             return cls(lambda: FileLines(file, owner), str(file), profile)
         if container:
+            # Imported here: only an engine in a container has its log read from Docker (dockerlog.py, calendar)
+            from gpuwarden.engine.dockerlog import DockerLines
+
             return cls(lambda: DockerLines(container, docker_socket), f"the Docker log of container {container}",
                        profile)
         return cls(lambda: JournalLines(unit), f"the journal of {unit}", profile)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 
 import psutil
 
@@ -16,6 +15,7 @@ from gpuwarden.engine.parts import target_spec
 from gpuwarden.engine.processes import Tracker, gpus_in_use, resolve
 from gpuwarden.gpu import nvidia
 from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.plain import plain
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,10 @@ _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML 
 _NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Processes:
+    """An engine's processes as one look found them."""
+
     procs: list[psutil.Process]
     instance: Instance
     refused: list[str]  # candidates the target named but may not be killed

@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from gpuwarden import enginekinds
 from gpuwarden.enginekinds.base import EngineKind, Timing
+from gpuwarden.plain import plain
 
 
 class UnparsableMetrics(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class EngineSample:
+    """One scrape of an engine, read through its kind's metric names."""
+
     profile: str
     running: float | None  # None: the engine does not say (never guess 0)
     waiting: float | None

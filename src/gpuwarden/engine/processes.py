@@ -33,10 +33,13 @@ from gpuwarden import enginekinds
 from gpuwarden.engine.dockerapi import container_pids
 from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
+from gpuwarden.plain import plain
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class TargetSpec:
+    """How an engine's processes are found: by port, pidfile, command line, unit, cgroup or container."""
+
     kind: str  # port | pidfile | cmdline | unit | cgroup | docker
     port: int | None = None
     host: str | None = None  # metrics_url's host: with `port`, the socket that serves it
@@ -49,7 +52,7 @@ class TargetSpec:
     uid: int | None = None  # the engine's user when configured; else the owner of the serving socket
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Resolved:
     """A target's root processes now, the engine's user, and each candidate refused with why."""
 
@@ -257,7 +260,7 @@ def _ppid(proc: psutil.Process) -> int | None:
 CPU_WINDOW = 1.0
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Tracker:
     """Every process seen as part of one engine, kept across scrapes."""
 

@@ -29,9 +29,9 @@ it runs out, and `next_look` puts a look there: a stall is seen within threshold
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from gpuwarden.engine.metrics import EngineSample
+from gpuwarden.plain import plain
 
 _RECENT = 20  # timing increments that make "recent"
 _STEPS = 8  # step gaps that make "recent"
@@ -39,8 +39,10 @@ _PAST = 0.01  # a look this long after the threshold runs out: the judgement is 
 _GAP = 0.25  # nor sooner after the last look: its CPU reading (spinning or not) needs a window to mean anything
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Verdict:
+    """The stall detector's judgement of one sample."""
+
     stalled: bool
     new: bool  # True on the scrape where the stall was first seen (or where it ended)
     stalled_for: float  # seconds since the last progress while running

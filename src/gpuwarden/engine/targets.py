@@ -5,14 +5,13 @@ lifecycle is told of a kill only when one will really happen: a refused target l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import psutil
 
 from gpuwarden.config import EngineConfig
+from gpuwarden.plain import plain
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class KillTarget:
     """What the actuator needs to kill (and restart) an engine: a look taken for the kill, and its configuration."""
 
@@ -22,7 +21,7 @@ class KillTarget:
     config: EngineConfig
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Refused:
     """A kill that may not go ahead: why, and what the look found (for the kill_refused event)."""
 

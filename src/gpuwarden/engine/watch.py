@@ -48,8 +48,10 @@ _KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported wi
 _LEARNT = _KILL_OUTCOMES | _KILL_ASKERS
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class EngineState:
+    """What the engine watch holds of one engine between looks."""
+
     config: EngineConfig
     scraper: Source
     lifecycle: lc.Lifecycle

@@ -9,18 +9,23 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import cache
 
+from gpuwarden.plain import plain
 
-@dataclass(frozen=True, slots=True)
+
+@plain
 class Progress:
+    """Counters whose sum is the engine's progress."""
+
     names: tuple[str, ...]  # counters summed: tokens (or steps) processed
     per_step: bool  # True: moves on every engine step; False: only when a request ends
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Timing:
+    """A histogram's sum and count: the typical time per token or request."""
+
     sum: str  # seconds
     count: str  # tokens or requests
 
@@ -29,7 +34,7 @@ def histogram(family: str) -> Timing:
     return Timing(f"{family}_sum", f"{family}_count")
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Metrics:
     """What the engine's /metrics names mean. Gauges and counters list sample names: the first family present
     wins, and all its series (one per model, engine index or label set) are summed. Progress and timing list
@@ -62,8 +67,10 @@ class Metrics:
                 *(t.count for t in timings)}
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class LineRule:
+    """One kind of log line and what it proves."""
+
     regex: str  # made by line(); compiled on first use (`pattern`): most daemons never read an engine's log
     # what a match means; named groups carry the figures:
     #   running: requests running now (per `key` group when present: one engine of several, one slot)
@@ -84,7 +91,7 @@ class LineRule:
 _compiled = cache(re.compile)  # each rule's expression once, on first use: not at import (3.7 ms for all kinds)
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class LogProfile:
     """What the engine's own log lines say about progress. Each rule is anchored at the start of a line (`line`
     below): a rule searched anywhere matched a progress line forged inside a prompt the engine logs, and hid a
@@ -114,8 +121,10 @@ def line(prefix: str, message: str) -> str:
     return rf"(?:{_FRAME}){{0,4}}{prefix}{message}"
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Answer:
+    """An engine's answer to a canary request."""
+
     status_code: int
     body: bytes
 
@@ -131,7 +140,7 @@ class Answer:
 Send = Callable[..., Awaitable[Answer]]
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class CanaryApi:
     """How to ask the engine for one real token. `complete` sends what the API needs through `send` and returns
     the completion's answer, or None when there is nothing to ask (no model loaded). `late` says, from the
@@ -143,8 +152,10 @@ class CanaryApi:
     late: Callable[[int, float], str | None] = lambda status, seconds: None
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class EngineKind:
+    """One engine kind: its metrics, log, canary API and how discovery recognises it."""
+
     name: str  # the `profile` of an [[engine]], and the first word of a discovered engine's name
     title: str  # as people write it
     canary: CanaryApi

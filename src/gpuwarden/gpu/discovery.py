@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from gpuwarden.plain import plain
 
 VENDORS = {"0x1002": "amd", "0x10de": "nvidia", "0x8086": "intel"}
 GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct and data-centre cards)
@@ -15,8 +16,10 @@ def is_gpu_class(pci_class: str) -> bool:
     return pci_class.removeprefix("0x").rjust(6, "0")[:2] in GPU_CLASSES
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Gpu:
+    """A GPU found in sysfs."""
+
     pci: str  # normalised address, the only stable key (card and hwmon indices are not)
     vendor: str
     driver: str | None

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuwarden.plain import plain
+
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?)\s*GT/s")
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -27,13 +29,17 @@ IORESOURCE_MEM, IORESOURCE_PREFETCH = 0x200, 0x2000
 
 @dataclass(frozen=True, slots=True)
 class PcieCap:
+    """What a device's PCIe capability says of AtomicOps."""
+
     port_type: str
     atomic_routing: bool  # a switch port passes AtomicOps on
     atomic_completer: bool  # completes 32- and 64-bit AtomicOps (what ROCm needs of the root port)
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class PciNode:
+    """One device on the path from a GPU up to its root port, and its link."""
+
     bdf: str
     vendor: int | None
     device: int | None

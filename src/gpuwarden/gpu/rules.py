@@ -7,18 +7,21 @@ None for a resolution.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import combinations
 
 from gpuwarden.config import GpuConfig
 from gpuwarden.model import CONDITION, Event, GpuSample, Severity
+from gpuwarden.plain import plain
 
 W, C = Severity.WARNING, Severity.CRITICAL
 SHUTDOWN_MARGIN = 3.0  # °C under the device's own shutdown temperature: critical while it can still be acted on
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Change:
+    """A telemetry condition raised (with its event) or ended."""
+
     key: str  # the condition: "thermal:0000:03:00.0:junction"
     dedupe_key: str  # the alert key it resolves
     event: Event | None  # None: the condition ended

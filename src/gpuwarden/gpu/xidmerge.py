@@ -7,15 +7,17 @@ window has passed. Pure but for the caller's clock (monotonic seconds)."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from gpuwarden.model import Event
+from gpuwarden.plain import plain
 
 WINDOW = 3.0  # NVRM prints the Xid from the same interrupt that NVML's event comes from; kmsg reads lag a little
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Held:
+    """An NVML Xid held for a while: the kernel's line of the same Xid is the better event."""
+
     gpu: str
     xid: int
     at: float

@@ -102,7 +102,7 @@ _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 PROCESS_WAIT = 0.002
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Burst:
     """One event standing for a burst of lines; `ref` is what the sink called the event when
     it was reported (its final count is reported by it)."""
@@ -135,8 +135,10 @@ class Flushed(NamedTuple):
     grown: list[Burst]  # closed bursts that counted more than one line: update their stored count
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, repr=False)
 class _Oops:
+    """An oops or call trace being read, line by line, until it ends."""
+
     severity: Severity | None  # None: a call trace seen without its header
     lines: list[str] = field(default_factory=list)
     gpu_modules: set[str] = field(default_factory=set)

@@ -38,8 +38,10 @@ _GREP_FILE = re.compile(r"^/[^\s:]+:(?:\d+[:-])?(?=\[|\d{4}-|[^\W\d_]{3,10}\.? {
 _SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins at .*|No entries) --$")
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class ParseResult:
+    """Records parsed from text, and the lines that were not."""
+
     records: list[KernelRecord] = field(default_factory=list)
     malformed: int = 0
     skipped: int = 0  # lines from other programs than the kernel

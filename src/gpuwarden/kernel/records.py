@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from gpuwarden.model import normalize_pci
+from gpuwarden.plain import plain
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class KernelRecord:
+    """One kernel log record, from whichever source."""
+
     text: str
     timestamp: float | None = None  # seconds on the source's clock (monotonic or wall); None if unknown
     device: str | None = None  # normalised PCI address from the record's device fields

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import NamedTuple
 
 from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.model import Severity
+from gpuwarden.plain import plain
 from gpuwarden.registry import register_rules
 
 I, W, C = Severity.INFO, Severity.WARNING, Severity.CRITICAL
@@ -43,8 +44,10 @@ def template(text: str) -> Example:
     return Example(text, "template")
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Rule:
+    """A kernel log line that means a fault, and what to do about it."""
+
     name: str
     pattern: str
     kind: str
@@ -619,7 +622,7 @@ def configured(disabled: Iterable[str] = (), severities: Mapping[str, Severity] 
                  for r in RULES if r.name not in disabled)
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class ProcessFormat:
     """How a driver names the process a fault belongs to: in the fault's own line, or in the line right after it
     (for a rule with `process_follows`). Groups: `pid` (absent: the driver knew no process) and `name`. Names are
@@ -721,7 +724,7 @@ GPU_MODULES = frozenset({"amdgpu", "amdkfd", "amdxcp", "radeon", "nvidia", "nvid
 GPU_DRIVERS = frozenset({"amdgpu", "radeon", "nvidia", "nouveau", "i915", "xe"})
 
 
-@dataclass(frozen=True, slots=True)
+@plain
 class Correlation:
     """A line of a `then` rule within `within_seconds` of a line of an `after` rule on the same GPU (or one of
     the two names no GPU). With `emit`, a new event of that kind and `severity` stands for the outcome (once

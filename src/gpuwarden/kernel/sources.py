@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
 from gpuwarden.ticks import until_tick
 
@@ -394,6 +393,11 @@ class FileSource(Source):
 
     def __init__(self, path: Path, tick: float = 1.0) -> None:
         super().__init__(tick)
+        # Imported here: only a file is text to parse (formats.py compiles 14 expressions); kmsg and the journal
+        # hand records over whole
+        from gpuwarden.kernel.formats import parse_lines
+
+        self._parse = parse_lines
         self.path = path
         self._offset = path.stat().st_size if path.exists() else 0
 
@@ -420,6 +424,6 @@ class FileSource(Source):
         self._offset += complete
         lines = data[:complete].decode("utf-8", "replace").splitlines()
         self.lines += len(lines)
-        parsed = parse_lines(lines)
+        parsed = self._parse(lines)
         self.malformed += parsed.malformed
         return parsed.records, self._offset < size
