@@ -12,6 +12,7 @@ import asyncio
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -410,14 +411,18 @@ class FileSource(Source):
     def _read_new(self, limit: int = FILE_CHUNK) -> tuple[list[KernelRecord], bool]:
         """The complete lines added since the last read, at most `limit` bytes of them, and whether more wait."""
         try:
-            size = self.path.stat().st_size
+            st = self.path.stat()
         except FileNotFoundError:
             return [], False
-        if size < self._offset:  # truncated or rotated
+        _regular(st.st_mode, self.path)  # a directory would read as an idle log for ever, a FIFO block the loop
+        if st.st_size < self._offset:  # truncated or rotated
             self._offset = 0
-        if size == self._offset:
+        if st.st_size == self._offset:
             return [], False  # nothing new: not opened (an idle log costs one stat a tick)
-        with self.path.open("rb") as f:
+        size = st.st_size
+        # non-blocking: swapped for a FIFO since the stat, the open still returns, and fstat refuses it
+        with open(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            _regular(os.fstat(f.fileno()).st_mode, self.path)
             f.seek(self._offset)
             data = f.read(limit)
         complete = data.rfind(b"\n") + 1 or (len(data) if len(data) == limit else 0)  # a line longer than a chunk
@@ -427,3 +432,8 @@ class FileSource(Source):
         parsed = self._parse(lines)
         self.malformed += parsed.malformed
         return parsed.records, self._offset < size
+
+
+def _regular(mode: int, path: Path) -> None:
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "the kernel log file is not a regular file", str(path))
