@@ -1,7 +1,8 @@
 """Telemetry benchmark: one sampling round of 8 GPUs, and the daemon's steady-state CPU and memory with 8 fake
-GPUs read every second, side by side with Debian's prometheus-node-exporter reading the same fake tree
-(`--path.sysfs`, hwmon and drm collectors) scraped every second: both run at once, measured over the same windows,
-so each window's ratio compares the two under one moment of a shared, noisy machine.
+GPUs read every second and its /metrics scraped every second, side by side with Debian's prometheus-node-exporter
+reading the same fake tree (`--path.sysfs`, hwmon and drm collectors) scraped every second: the same work for
+Prometheus, both at once, measured over the same windows, so each window's ratio compares the two under one moment
+of a shared, noisy machine.
 
     .venv/bin/python bench/telemetry_bench.py [--seconds 30] [--windows 3]
 """
@@ -59,26 +60,27 @@ def cpu_seconds(pid: int) -> float:
     return time.clock_gettime((~pid << 3) | 2)
 
 
-def windows(pids: dict[str, int], count: int, seconds: float, scrape: str | None) -> list[dict[str, float]]:
-    """% of one core of each process over `count` windows of `seconds`, scraping `scrape` once a second."""
+def windows(pids: dict[str, int], count: int, seconds: float, scrapes: list[str]) -> list[dict[str, float]]:
+    """% of one core of each process over `count` windows of `seconds`, scraping each of `scrapes` once a second
+    (as Prometheus would: node-exporter reads sysfs when scraped, gpuwarden renders what it read)."""
     time.sleep(3)  # start-up is not steady state
     out = []
     for _ in range(count):
         start_cpu, start = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.monotonic()
         while time.monotonic() - start < seconds:
-            if scrape:
-                urllib.request.urlopen(scrape, timeout=5).read()
+            for url in scrapes:
+                urllib.request.urlopen(url, timeout=5).read()
             time.sleep(1)
         took = time.monotonic() - start
         out.append({name: (cpu_seconds(pid) - start_cpu[name]) / took * 100 for name, pid in pids.items()})
     return out
 
 
-def daemon(tmp: Path, sysfs: Path, name: str) -> subprocess.Popen:
-    """`gpuwarden run` on `sysfs` with the exporter off, the kernel source an idle file, no engines."""
+def daemon(tmp: Path, sysfs: Path, name: str, port: int) -> subprocess.Popen:
+    """`gpuwarden run` on `sysfs` with its exporter on `port`, the kernel source an idle file, no engines."""
     config = tmp / f"{name}.toml"
     (tmp / "empty.log").touch()
-    config.write_text(f'[daemon]\nstate_dir = "{tmp}/{name}"\n[exporter]\nenabled = false\n'
+    config.write_text(f'[daemon]\nstate_dir = "{tmp}/{name}"\n[exporter]\nlisten = "127.0.0.1:{port}"\n'
                       f'[kernel]\nsource = "file"\nfile = "{tmp}/empty.log"\n[engines]\ndiscover = false\n'
                       f'[gpu]\nsysfs_root = "{sysfs}"\ninterval = "1s"\nnvml = false\n[guard]\nenabled = false\n')
     return subprocess.Popen([sys.executable, "-m", "gpuwarden", "--config", str(config), "run"],
@@ -103,55 +105,64 @@ def main() -> None:
         print("## One sampling round, 8 fake GPUs (median of 200)\n")
         print(f"| CPU ms | wall ms |\n|---:|---:|\n| {cpu_ms:.2f} | {wall_ms:.2f} |\n")
 
-        exporter, scrape = shutil.which("prometheus-node-exporter"), None
-        gpuwarden, pids, node = daemon(Path(tmp), sysfs, "gpus"), {}, None
+        # two daemons (exporter on, as by default; one scraped every second, one not) and node-exporter, at once
+        exporter, ports = shutil.which("prometheus-node-exporter"), {"reads": free_port(), "scraped": free_port()}
+        procs = {name: daemon(Path(tmp), sysfs, name, port) for name, port in ports.items()}
+        scrapes = [f"http://127.0.0.1:{ports['scraped']}/metrics"]
         try:
-            pids["gpuwarden"] = gpuwarden.pid
             if exporter:
                 port = free_port()
-                node = subprocess.Popen([exporter, f"--path.sysfs={sysfs}", "--collector.disable-defaults",
-                                         "--collector.hwmon", "--collector.drm",
-                                         f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
-                pids["node"], scrape = node.pid, f"http://127.0.0.1:{port}/metrics"
-            side = windows(pids, args.windows, args.seconds, scrape)
-            rss = {name: rss_mb(pid) for name, pid in pids.items()}
+                procs["node"] = subprocess.Popen([exporter, f"--path.sysfs={sysfs}", "--collector.disable-defaults",
+                                                  "--collector.hwmon", "--collector.drm",
+                                                  f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+                scrapes.append(f"http://127.0.0.1:{port}/metrics")
+            side = windows({name: p.pid for name, p in procs.items()}, args.windows, args.seconds, scrapes)
+            rss = {name: rss_mb(p.pid) for name, p in procs.items()}
         finally:
-            stopped(gpuwarden, *([node] if node else []))
-        bare = daemon(Path(tmp), Path(tmp) / "no-sys", "bare")
+            stopped(*procs.values())
+        bare_port = free_port()
+        bare = daemon(Path(tmp), Path(tmp) / "no-sys", "bare", bare_port)
         try:
-            alone = windows({"gpuwarden": bare.pid}, 1, args.seconds, None)[0]["gpuwarden"]
+            alone = windows({"bare": bare.pid}, 1, args.seconds, [])[0]["bare"]
             bare_rss = rss_mb(bare.pid)
         finally:
             stopped(bare)
 
-        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s ({load()})\n")
-        print("| window | gpuwarden run, 8 GPUs read every 1 s: CPU % of one core | node-exporter, hwmon + drm, "
-              "scraped every 1 s: CPU % | ratio |\n|---:|---:|---:|---:|")
+        node = "node" in procs
+        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once ({load()})\n")
+        print("| window | gpuwarden run, 8 GPUs read every 1 s: CPU % of one core | the same, its /metrics scraped "
+              "every 1 s | node-exporter, hwmon + drm, scraped every 1 s | ratios |\n|---:|---:|---:|---:|---:|")
         for i, w in enumerate(side, 1):
-            ratio = f"{w['gpuwarden'] / w['node']:.2f}" if node else "—"
-            print(f"| {i} | {w['gpuwarden']:.3f} | {w.get('node', float('nan')):.3f} | {ratio} |")
-        print("\n| process | CPU % of one core | RSS MB |\n|---|---:|---:|")
-        print(f"| gpuwarden run (8 GPUs read every 1 s, rules, recorder; kernel and engine watch idle), median | "
-              f"{statistics.median(w['gpuwarden'] for w in side):.3f} | {rss['gpuwarden']:.1f} |")
+            ratios = f"{w['reads'] / w['node']:.2f}, {w['scraped'] / w['node']:.2f}" if node else "—"
+            print(f"| {i} | {w['reads']:.3f} | {w['scraped']:.3f} | {w.get('node', float('nan')):.3f} | {ratios} |")
+        print("\n| process | CPU % of one core, median | RSS MB |\n|---|---:|---:|")
+        print(f"| gpuwarden run (8 GPUs read every 1 s, rules, recorder, exporter on; kernel and engine watch idle) | "
+              f"{statistics.median(w['reads'] for w in side):.3f} | {rss['reads']:.1f} |")
+        print(f"| the same, its /metrics scraped every 1 s | {statistics.median(w['scraped'] for w in side):.3f} | "
+              f"{rss['scraped']:.1f} |")
         print(f"| gpuwarden run with no GPU (the other components' loops) | {alone:.3f} | {bare_rss:.1f} |")
         if node:
-            print(f"| prometheus-node-exporter, hwmon + drm collectors, scraped every 1 s, median | "
+            print(f"| prometheus-node-exporter, hwmon + drm collectors, scraped every 1 s | "
                   f"{statistics.median(w['node'] for w in side):.3f} | {rss['node']:.1f} |")
 
-        if node:
-            ratios = sorted((w["gpuwarden"] / w["node"], w["gpuwarden"]) for w in side)
-            ratio, cpu = ratios[(len(ratios) - 1) // 2]  # the median window (the lower one of an even count)
-            node_cpu = statistics.median(w["node"] for w in side)
-            alternative = (f"node-exporter {node_cpu:.2f} % of a core (median), {rss['node']:.1f} MB; the median "
-                           f"window's ratio {ratio:.2f}, the {len(side)} windows' ratios "
-                           f"{', '.join(f'{r:.2f}' for r, _ in ratios)}, measured at once ({load()})")
-        else:
-            cpu, node_cpu = statistics.median(w["gpuwarden"] for w in side), None
-            alternative = "node-exporter not installed: not compared"
-        figure("8 GPUs read every 1 s: CPU", cpu, "% of a core", alternative, "≤ 0.5× node-exporter's",
-               cpu <= 0.5 * node_cpu if node_cpu else None)
-        figure("8 GPUs read every 1 s: RSS", rss["gpuwarden"], "MB",
-               f"{alternative}; before issue 27: 50.1 MB at the last make bench", "≤ 35 MB", rss["gpuwarden"] <= 35)
+        for name, what in (("reads", "8 GPUs read every 1 s: CPU"),
+                           ("scraped", "8 GPUs read every 1 s, its /metrics scraped every 1 s: CPU")):
+            if node:
+                ratios = sorted((w[name] / w["node"], w[name]) for w in side)
+                ratio, cpu = ratios[(len(ratios) - 1) // 2]  # the median window (the lower one of an even count)
+                node_cpu = statistics.median(w["node"] for w in side)
+                alternative = (f"node-exporter scraped every 1 s: {node_cpu:.2f} % of a core (median), "
+                               f"{rss['node']:.1f} MB; the median window's ratio {ratio:.2f}, the {len(side)} "
+                               f"windows' {', '.join(f'{r:.2f}' for r, _ in ratios)}, measured at once ({load()})")
+            else:
+                cpu, node_cpu = statistics.median(w[name] for w in side), None
+                alternative = "node-exporter not installed: not compared"
+            figure(what, cpu, "% of a core", alternative, "≤ 0.5× node-exporter's",
+                   cpu <= 0.5 * node_cpu if node_cpu else None)
+        figure("8 GPUs read every 1 s: RSS", rss["reads"], "MB",
+               f"node-exporter {rss['node']:.1f} MB; scraped every 1 s, gpuwarden {rss['scraped']:.1f} MB; before "
+               "issue 27: 50.1 MB at the last make bench" if node else "before issue 27: 50.1 MB",
+               "≤ 35 MB", rss["reads"] <= 35)
 
 
 if __name__ == "__main__":
