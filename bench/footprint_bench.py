@@ -200,7 +200,7 @@ def main() -> None:
         print(f"| import asyncio alone (the floor) | {spread(times['asyncio'])} |")
         print(f"| the same, gpuwarden's sources compiled at each start (a checkout under PYTHONDONTWRITEBYTECODE) "
               f"| {spread(times['compiled'])} |")
-        for module, when in (("psutil", "at start"), ("prometheus_client", "as the exporter is built"),
+        for module, when in (("psutil", "at start"), ("prometheus_client", "with the first engine scraped: its parser"),
                              ("httpx", "with the first engine or Alertmanager target"),
                              ("apprise", "with the first apprise target")):
             print(f"| import {module} alone ({when}; median of {args.runs}) "

@@ -1,8 +1,8 @@
 """Prometheus exporter: the daemon's self-metrics, served from a consistent in-memory snapshot.
 
 Components write through `SelfMetrics`, naming a family by its handle (families.py); a scrape copies everything
-under one lock and renders the copy, so concurrent scrapes (prometheus_client runs one thread per request)
-never see a half-updated state.
+under one lock and renders the copy (exposition.py), so a scrape, from the server's thread (webserver.py), never
+sees a half-updated state.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwarden import __version__, report
+from gpuwarden import __version__, exposition, report
 from gpuwarden import families as f
 from gpuwarden.families import FAMILIES, Family
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.webconfig import WebConfig
+from gpuwarden.webserver import Answer, Server
 
 
 class SelfMetrics:
@@ -85,136 +87,145 @@ def _declared(family: Family | str, *label_sets: tuple[str, ...]) -> str:
     return declared.name
 
 
-class _Collector:
-    def __init__(self, metrics: SelfMetrics) -> None:
-        self._metrics = metrics
-
-    def describe(self) -> list:
-        return []  # collect() is cheap, but there is no need to run it at registration
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # loaded by Exporter()
-
-        snapshot = self._metrics.snapshot()
-        for name in [n for n in FAMILIES if n in snapshot]:  # declaration order, not the order of first use
-            series, family = snapshot[name], FAMILIES[name]
-            cls = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
-            metric = cls(name.removesuffix("_total"), family.doc, labels=family.labels)
-            for labels, value in sorted(series.items()):
-                metric.add_metric(labels, value)
-            yield metric
-
-
 class Exporter:
     """/metrics; the status page at / and /status, its snapshot at /status.json, the incidents' pictures under
-    /incidents/; 404 elsewhere. `status` gives the daemon's snapshot (from this server's threads: it may raise
+    /incidents/; 404 elsewhere. `status` gives the daemon's snapshot (from a pool thread: it may raise
     TimeoutError when the loop does not answer); `incidents` is the folder of the incident bundles; `web` its
     TLS and basic auth (webconfig.py), on every path."""
 
     def __init__(self, metrics: SelfMetrics, listen: str, port: int, status: Callable[[], dict] | None = None,
                  incidents: Path | None = None, web: WebConfig | None = None) -> None:
-        # here, not at the top: the web stack (prometheus_client, wsgiref, http.server, email: 4 MB, 20 ms) is
-        # loaded only by a daemon that serves metrics
-        from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(metrics))
-        ProcessCollector(registry=self.registry)  # process_*: the daemon's own CPU, memory, descriptors, start time
         self._listen, self._port, self._web = listen, port, web or WebConfig()
-        self._pages = _Pages(make_wsgi_app(self.registry), status, incidents, self._web)
-        self._server = None
-        self._thread: threading.Thread | None = None
+        self._server = Server(_Pages(metrics, status, incidents, self._web), self._web.tls)
+        self._serving = False
 
     @property
     def port(self) -> int:
-        return self._server.server_port if self._server else self._port
+        return self._server.port if self._serving else self._port
 
     def start(self) -> None:
         family = socket.getaddrinfo(self._listen or None, self._port, type=socket.SOCK_STREAM,
                                     flags=socket.AI_PASSIVE)[0][0]
-        from gpuwarden import webserver  # with Exporter(): the web stack only for a daemon that serves metrics
-
         try:
-            self._server = webserver.serve(self._listen, self._port, self._pages, family, self._web.tls)
+            self._server.start(self._listen, self._port, family)
         except OSError as exc:  # the bare "Address already in use" names neither the address nor the setting
             host = f"[{self._listen}]" if ":" in self._listen else self._listen
             raise OSError(exc.errno, f"cannot serve metrics on {host}:{self._port} ([exporter] listen and "
                                      f"port; another gpuwarden?): {exc.strerror}") from None
-        self._thread = threading.Thread(target=self._server.serve_forever, name="exporter", daemon=True)
-        self._thread.start()
+        self._serving = True
 
     def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = None
+        if self._serving:
+            self._server.stop()
+            self._serving = False
 
 
 class _Pages:
-    """The server's WSGI application (its own object: the server holds it, and it holds nothing of the server)."""
+    """The server's app (its own object: the server holds it, and it holds nothing of the server). /metrics is
+    answered at once, from the server's loop; what may block (a snapshot from a busy daemon loop, a picture on a
+    hung disk, a bcrypt) runs in a bounded pool, so that it never holds up a scrape."""
 
-    def __init__(self, metrics_app: Callable, status: Callable[[], dict] | None, incidents: Path | None,
+    def __init__(self, metrics: SelfMetrics, status: Callable[[], dict] | None, incidents: Path | None,
                  web: WebConfig) -> None:
-        self._metrics_app, self._status, self._incidents, self._web = metrics_app, status, incidents, web
+        self._metrics, self._status, self._incidents, self._web = metrics, status, incidents, web
+        self._process = exposition.Process()
+        self._requests = 0  # names each pool call: the pools bound how many at once, not one per page
 
-    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
-        path = environ.get("PATH_INFO") or "/"
-        if not self._web.allows(environ.get("HTTP_AUTHORIZATION")):
-            return _answer(start_response, "401 Unauthorized", "text/plain", b"unauthorized\n",
-                           (("WWW-Authenticate", 'Basic realm="gpuwarden"'),))
+    def __call__(self, method: str, path: str, authorization: str | None):
+        allowed = self._web.cached(authorization)
+        if allowed is None:
+            return self._checked(method, path, authorization)
+        return self._page(method, path) if allowed else _UNAUTHORIZED
+
+    async def _checked(self, method: str, path: str, authorization: str | None):
+        """A password not proved lately costs a bcrypt (tens of ms on purpose): in the pool, not on the loop."""
+        try:
+            allowed = await self._pool(_CHECKS, 10.0, self._web.allows, authorization)
+        except (Busy, TimeoutError):
+            return self._plain("503 Service Unavailable", b"busy\n")
+        if not allowed:
+            return _UNAUTHORIZED
+        page = self._page(method, path)
+        return page if isinstance(page, Answer) else await page
+
+    def _page(self, method: str, path: str):
         if path == "/metrics":
-            return self._metrics_app(environ, start_response)
+            body = exposition.render(self._metrics.snapshot(), self._process.render())
+            return Answer("200 OK", _headers(exposition.CONTENT_TYPE), body)
         if self._incidents and (picture := _PICTURE.fullmatch(path)):
-            return self._picture(picture[1], start_response)
+            return self._picture(picture[1])
         if self._status is None or path not in ("/", "/status", "/status.json"):
-            return _answer(start_response, "404 Not Found", "text/plain", b"not found: see /metrics\n")
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return _answer(start_response, "405 Method Not Allowed", "text/plain", b"GET only\n")
+            return self._plain("404 Not Found", b"not found: see /metrics\n")
+        return self._status_page(path)
+
+    async def _status_page(self, path: str):
+        try:
+            return await self._pool(_PAGES, _PAGE_DEADLINE, self._render, path)
+        except Busy:
+            return self._plain("503 Service Unavailable", b"busy\n")
+        except TimeoutError as exc:  # the pool's deadline; the daemon's own comes first and is rendered
+            return self._plain("503 Service Unavailable", f"{exc or 'no answer'}\n".encode())
+
+    def _render(self, path: str):
+        """The page, from a pool thread: the snapshot waits on the daemon's loop, up to its deadline."""
         from gpuwarden import statuspage  # with the first page asked for: it loads html and its entities (86 KB)
 
         try:
             snap = self._status()
         except TimeoutError as exc:
             if path == "/status.json":
-                return _answer(start_response, "503 Service Unavailable", "application/json",
-                               json.dumps({"error": str(exc)}).encode())
-            return _answer(start_response, "503 Service Unavailable", "text/html; charset=utf-8",
-                           statuspage.unavailable(str(exc)).encode())
+                return Answer("503 Service Unavailable", _headers("application/json"),
+                                    json.dumps({"error": str(exc)}).encode())
+            return Answer("503 Service Unavailable", _headers("text/html; charset=utf-8"),
+                                statuspage.unavailable(str(exc)).encode())
         if path == "/status.json":
-            return _answer(start_response, "200 OK", "application/json", json.dumps(snap).encode())
-        return _answer(start_response, "200 OK", "text/html; charset=utf-8", statuspage.render(snap).encode())
+            return Answer("200 OK", _headers("application/json"), json.dumps(snap).encode())
+        return Answer("200 OK", _headers("text/html; charset=utf-8"), statuspage.render(snap).encode())
 
-    def _picture(self, incident: str, start_response: Callable) -> list[bytes]:
+    async def _picture(self, incident: str):
+        try:
+            data = await self._pool(_PICTURES, _PAGE_DEADLINE, self._read_picture, incident)
+        except (Busy, TimeoutError):  # a hung state disk: its reads hold pool threads, never the server's loop
+            return self._plain("503 Service Unavailable", b"busy\n")
+        if data is None:
+            return self._plain("404 Not Found", b"no picture (yet)\n")
+        return Answer("200 OK", _headers(_PICTURE_TYPE), data)
+
+    def _read_picture(self, incident: str) -> bytes | None:
         """An incident's picture: a plain file in the bundle's folder (the name has no slash and no leading dot;
-        a link is not followed). At most _PICTURE_READS at once, so a hung state disk never takes a scrape's
-        thread."""
-        if not _PICTURE_READS.acquire(blocking=False):
-            return _answer(start_response, "503 Service Unavailable", "text/plain", b"busy\n")
+        a link is not followed), at most _MAX_PICTURE."""
         try:
             fd = os.open(self._incidents / incident / report.PICTURE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as f:
                 data = f.read(_MAX_PICTURE + 1) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
         except OSError:
-            data = None  # not drawn yet, drawing failed, or no such incident
-        finally:
-            _PICTURE_READS.release()
-        if data is None or len(data) > _MAX_PICTURE:
-            return _answer(start_response, "404 Not Found", "text/plain", b"no picture (yet)\n")
-        return _answer(start_response, "200 OK", _PICTURE_TYPE, data)
+            return None  # not drawn yet, drawing failed, or no such incident
+        return data if data is not None and len(data) <= _MAX_PICTURE else None
+
+    def _pool(self, pool: OffLoop, deadline: float, fn: Callable, *args):
+        self._requests += 1
+        return pool.run(str(self._requests), deadline, fn, *args)
+
+    def _plain(self, status: str, body: bytes) -> Answer:
+        return Answer(status, _headers("text/plain"), body)
 
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'"  # its own style sheet and pictures only
 _PICTURE = re.compile(r"/incidents/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/" + re.escape(report.PICTURE))
 # report.PICTURE is an SVG: said here, as mimetypes would read the system's tables to say it (0.35 MB held for good)
 _PICTURE_TYPE = "image/svg+xml"
-_PICTURE_READS = threading.BoundedSemaphore(2)
 _MAX_PICTURE = 8 << 20
+# Pools of the pages that may block. The status snapshot has its own deadline (the daemon's, 2 s), under this one.
+_PAGE_DEADLINE = 10.0
+_PAGES = OffLoop("status page", limit=2)
+_PICTURES = OffLoop("picture", limit=2)
+_CHECKS = OffLoop("password check", limit=2)
 
 
-def _answer(start_response: Callable, status: str, content_type: str, body: bytes,
-            extra: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
-    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
-                            ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
-                            ("Content-Security-Policy", _CSP), *extra])
-    return [body]
+def _headers(content_type: str, extra: tuple[tuple[str, str], ...] = ()) -> tuple[tuple[str, str], ...]:
+    return (("Content-Type", content_type), ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
+            ("Content-Security-Policy", _CSP), *extra)
+
+
+_UNAUTHORIZED = Answer("401 Unauthorized", _headers("text/plain", (("WWW-Authenticate", 'Basic realm="gpuwarden"'),)),
+                       b"unauthorized\n")

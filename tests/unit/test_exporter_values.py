@@ -1,6 +1,7 @@
 import math
 
-from gpuwarden.exporter import Exporter, SelfMetrics
+from gpuwarden import exposition
+from gpuwarden.exporter import SelfMetrics
 
 
 def test_nan_and_inf_never_reach_the_exporter():
@@ -10,9 +11,7 @@ def test_nan_and_inf_never_reach_the_exporter():
     metrics.set("gpuwarden_engine_requests_waiting", math.inf, "e")
     metrics.inc("gpuwarden_engine_kills_total", "e", by=-math.inf)
     metrics.replace("gpuwarden_gpu_power_watts", {("g0", "amd", "m"): 300.0, ("g1", "amd", "m"): math.nan})
-    from prometheus_client import generate_latest
-
-    text = generate_latest(Exporter(metrics, "127.0.0.1", 0).registry).decode()
+    text = exposition.render(metrics.snapshot()).decode()
     assert 'gpuwarden_engine_requests_running{engine="e"} 2.0' in text
     assert "NaN" not in text and "Inf" not in text
     assert 'gpu="g0"' in text and 'gpu="g1"' not in text
@@ -24,9 +23,6 @@ def test_a_live_gauge_is_read_at_each_scrape():
     readings = iter([0.25, 2.5, math.nan])
     metrics = SelfMetrics()
     metrics.live("gpuwarden_loop_lag_seconds", lambda: next(readings))
-    from prometheus_client import generate_latest
-
-    registry = Exporter(metrics, "127.0.0.1", 0).registry
-    scrapes = [generate_latest(registry).decode() for _ in range(3)]
+    scrapes = [exposition.render(metrics.snapshot()).decode() for _ in range(3)]
     assert "gpuwarden_loop_lag_seconds 0.25" in scrapes[0] and "gpuwarden_loop_lag_seconds 2.5" in scrapes[1]
     assert "gpuwarden_loop_lag_seconds " not in scrapes[2]

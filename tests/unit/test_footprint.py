@@ -34,10 +34,24 @@ def test_the_exporter_serves_its_pictures_without_reading_the_system_mime_tables
     assert out.split() == ["False"]
 
 
-def test_the_check_sees_a_module_loaded_on_demand():
-    """The check can fail: building the exporter brings the web stack."""
-    loaded = loaded_by("from gpuwarden.exporter import Exporter, SelfMetrics; Exporter(SelfMetrics(), '127.0.0.1', 0)")
-    assert "prometheus_client" in loaded
+SERVED = """import gpuwarden.cli, gpuwarden.daemon, socket
+from gpuwarden.exporter import Exporter, SelfMetrics
+exporter = Exporter(SelfMetrics(), '127.0.0.1', 0, status=lambda: {})
+exporter.start()
+for path in ('/metrics', '/status.json'):
+    with socket.create_connection(('127.0.0.1', exporter.port), 10) as s:
+        s.sendall(f'GET {path} HTTP/1.0\\r\\n\\r\\n'.encode())
+        assert b' 200 OK' in s.recv(100), path
+exporter.stop()"""
+
+
+def test_a_daemon_serving_its_metrics_loads_no_web_stack():
+    """Issue 27: the exposition is written from the snapshot and served by a small server of our own, so serving
+    /metrics and a page loads neither prometheus_client nor the standard library's HTTP server and mail parser
+    (about 4 MB held by every daemon). The check can fail: the status page's module comes with the first page."""
+    loaded = loaded_by(SERVED)
+    assert loaded & {"prometheus_client", "wsgiref", "http.server", "email", "urllib.request"} == set()
+    assert "gpuwarden.statuspage" in loaded
 
 
 def test_the_engines_log_rules_are_compiled_when_a_log_is_read_not_at_import():

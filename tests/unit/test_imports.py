@@ -24,7 +24,8 @@ SRC = Path(gpuwarden.__file__).parent
 LAYERS = [
     {"gpuwarden", "model", "kinds", "enginekinds", "families", "config", "store", "report", "timeline", "exporter",
      "logsetup", "offloop", "conditions", "incidents", "sdnotify", "supervise", "ticks", "reloads", "sockets",
-     "statuspage", "registry", "webconfig", "schema", "webserver", "plain"},
+     "statuspage", "registry", "webconfig", "schema", "webserver", "plain",
+     "exposition"},
     {"policy", "reports"},
     {"kernel", "gpu", "engine", "recovery"},
     {"act", "alert"},
