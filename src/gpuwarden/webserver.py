@@ -134,20 +134,24 @@ class _Connection(asyncio.Protocol):
 
     async def _handshake(self, transport: asyncio.Transport) -> None:
         try:
-            self._transport = await self._all.loop.start_tls(transport, self, self._all.tls, server_side=True,
-                                                             ssl_handshake_timeout=CONNECTION_TIMEOUT)
+            tls = await self._all.loop.start_tls(transport, self, self._all.tls, server_side=True,
+                                                 ssl_handshake_timeout=CONNECTION_TIMEOUT)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
-            transport.abort()  # plain HTTP on the TLS port, a client that does not trust us, one that never ends
-            self._all.open.discard(self)  # a failed handshake does not always reach connection_lost
-            if self._timer:
-                self._timer.cancel()
+            tls = None  # plain HTTP on the TLS port, a client that does not trust us, one that never ends its hello
+        self._hello = None
+        if tls is None:  # failed, or lost during the handshake (then start_tls returns None, and no
+            transport.abort()  # connection_lost comes here)
+            self.connection_lost(None)
             return
+        self._transport = tls
         self._deadline()
+        self._next()  # what came with the end of the handshake, before this coroutine resumed
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
         self._deadline()
-        self._next()
+        if self._hello is None:  # until start_tls returns, self._transport is the plain one: not to answer on
+            self._next()
 
     def eof_received(self) -> bool:
         """A client that sent its request and half-closed (printf ... | nc -N) still gets its answer."""
@@ -179,7 +183,7 @@ class _Connection(asyncio.Protocol):
         """No request came, no hello ended, or an answer was not read within CONNECTION_TIMEOUT: closed. An answer
         being made is bounded by the app's pool; a big one being read slowly is fine while it moves."""
         self._timer = None
-        unsent = self._transport.get_write_buffer_size() if self._hello is None or self._hello.done() else 0
+        unsent = 0 if self._hello else self._transport.get_write_buffer_size()
         if self._task is not None or 0 < unsent < self._unsent:
             self._unsent = unsent
             self._deadline()

@@ -1,0 +1,209 @@
+"""The exporter's own HTTP server (webserver.py) against real sockets, a real TLS client and real hung reads (a
+FIFO where a picture should be: open() blocks until a writer comes), in this process: keep-alive and what ends a
+connection, the bound on connections, the deadline on a client that sends nothing, never finishes its TLS hello or
+never reads its answer, pages that block without holding up /metrics, a prompt stop. CONNECTION_TIMEOUT is made
+short here so that the tests wait less; no assert is on time."""
+
+import os
+import socket
+import ssl
+import subprocess
+import threading
+
+import pytest
+from helpers import need, wait_for
+
+from gpuwarden import report, webserver
+from gpuwarden.exporter import Exporter, SelfMetrics
+from gpuwarden.webconfig import WebConfig
+
+
+@pytest.fixture(autouse=True)
+def short_deadline(monkeypatch):
+    monkeypatch.setattr(webserver, "CONNECTION_TIMEOUT", 0.5)
+
+
+@pytest.fixture
+def serve(tmp_path):
+    started = []
+
+    def make(**kw) -> Exporter:
+        exporter = Exporter(SelfMetrics(), "127.0.0.1", 0, **kw)
+        exporter.start()
+        started.append(exporter)
+        return exporter
+    yield make
+    for exporter in started:
+        exporter.stop()
+
+
+def connect(exporter, timeout=10.0) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", exporter.port), timeout)
+
+
+def read_answer(sock, head: bool = False) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP answer off a kept-alive connection (status line, headers, body by Content-Length unless `head`)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before an answer: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    while len(body) < (0 if head else int(headers["content-length"])):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed within the body: {headers}"
+        body += chunk
+    return status, headers, body
+
+
+def closed_by_server(sock) -> bool:
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_keep_alive_http_1_0_and_what_closes_a_connection(serve):
+    exporter = serve()
+    with connect(exporter) as sock:  # HTTP/1.1: several requests on one connection, HEAD without a body
+        for request in (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"HEAD /metrics HTTP/1.1\r\n\r\n",
+                        b"GET /metrics?name[]=x HTTP/1.1\r\n\r\nGET /nowhere HTTP/1.1\r\n\r\n"):
+            sock.sendall(request)
+            status, headers, body = read_answer(sock, head=request.startswith(b"HEAD"))
+            assert status == "HTTP/1.1 200 OK" and "connection" not in headers
+            assert headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+            assert headers["x-content-type-options"] == "nosniff" and headers["cache-control"] == "no-store"
+            assert (b"gpuwarden_build_info{" in body) == (not request.startswith(b"HEAD"))
+        status, _, _ = read_answer(sock)  # the pipelined second request
+        assert status == "HTTP/1.1 404 Not Found"
+    for request, said in [(b"GET /metrics HTTP/1.0\r\n\r\n", "200 OK"),
+                          (b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n", "200 OK"),
+                          (b"GET /metrics HTTP/1.1\r\nContent-Length: 4\r\n\r\nGET ", "200 OK"),  # a body: closed
+                          (b"POST /metrics HTTP/1.1\r\n\r\n", "405 Method Not Allowed"),
+                          (b"GET /metrics\r\n\r\n", "400 Bad Request"),
+                          (b"GET /metrics HTTP/1.1\r\nno colon\r\n\r\n", "400 Bad Request"),
+                          (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * webserver.MAX_HEAD, "431 Request Header Fields")]:
+        with connect(exporter) as sock:
+            sock.sendall(request)
+            status, headers, _ = read_answer(sock)
+            assert status.startswith(f"HTTP/1.1 {said}") and headers["connection"] == "close", request
+            assert closed_by_server(sock)
+    with connect(exporter) as sock:  # a request then a half-close (printf ... | nc -N): answered, then closed
+        sock.sendall(b"GET /metrics HTTP/1.1\n\n")  # bare LF, as typed
+        sock.shutdown(socket.SHUT_WR)
+        assert read_answer(sock)[0] == "HTTP/1.1 200 OK" and closed_by_server(sock)
+
+
+def test_past_max_connections_a_new_one_is_closed_unanswered_and_idle_ones_expire(serve):
+    exporter = serve()
+    before = open_fds()
+    held = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]
+    with connect(exporter) as extra:  # one too many: accepted and closed without a word
+        extra.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        try:
+            assert extra.recv(100) == b""
+        except ConnectionResetError:
+            pass
+    assert all(closed_by_server(sock) for sock in held)  # nothing sent within CONNECTION_TIMEOUT: closed
+    for sock in held:
+        sock.close()
+    wait_for(lambda: open_fds() <= before, 10, what="the server's descriptors to be released")
+    with connect(exporter) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert read_answer(sock)[0] == "HTTP/1.1 200 OK"
+
+
+def test_a_client_that_does_not_read_its_answer_is_dropped(serve, tmp_path):
+    """An 8 MB picture asked for and never read: the server holds it until the deadline, then lets it go."""
+    incidents = tmp_path / "incidents"
+    (incidents / "i1").mkdir(parents=True)
+    (incidents / "i1" / report.PICTURE).write_bytes(b"<svg>" + b" " * ((8 << 20) - 11) + b"</svg>")
+    exporter = serve(incidents=incidents)
+    before = open_fds()
+    sock = connect(exporter)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(f"GET /incidents/i1/{report.PICTURE} HTTP/1.1\r\n\r\n".encode())
+    wait_for(lambda: open_fds() == before + 2, 10, what="the server's end")  # and the client's
+    wait_for(lambda: open_fds() <= before + 1, 20, what="the server to drop the connection that does not read")
+    sock.close()
+
+
+def test_tls_a_hello_never_finished_holds_nothing_and_plain_http_gets_no_answer(serve, tmp_path):
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run([need("openssl", "openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    exporter = serve(web=WebConfig(tls=context))
+    before = open_fds()
+    silent = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]  # they count while in the handshake
+    half = connect(exporter)
+    assert closed_by_server(half)  # the 17th: closed at once
+    assert all(closed_by_server(sock) for sock in silent)  # no hello within the deadline: closed
+    for sock in [*silent, half]:
+        sock.close()
+    wait_for(lambda: open_fds() <= before, 10, what="the handshakes' descriptors to be released")
+    with connect(exporter) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert closed_by_server(sock)  # plain HTTP on the TLS port: no answer
+    trust = ssl.create_default_context(cafile=str(cert))
+    with trust.wrap_socket(connect(exporter), server_hostname="127.0.0.1") as sock:
+        for _ in range(2):  # kept alive over TLS
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            status, _, body = read_answer(sock)
+            assert status == "HTTP/1.1 200 OK" and b"process_open_fds" in body
+
+
+def test_blocking_pages_hold_up_neither_metrics_nor_the_stop(serve, tmp_path):
+    """A status snapshot that waits on a stuck daemon loop and pictures on a hung disk (a FIFO: open() blocks)
+    take pool threads; /metrics is answered meanwhile, a third picture is told busy, and stop() is not held."""
+    release = threading.Event()
+    incidents = tmp_path / "incidents"
+    for name in ("a", "b", "c"):
+        (incidents / name).mkdir(parents=True)
+        os.mkfifo(incidents / name / report.PICTURE)
+    exporter = serve(status=lambda: release.wait(30) and {}, incidents=incidents)
+    waiting = []
+    for path in ("/status.json", f"/incidents/a/{report.PICTURE}", f"/incidents/b/{report.PICTURE}"):
+        sock = connect(exporter)
+        sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+        waiting.append(sock)
+    try:
+        for _ in range(3):
+            with connect(exporter) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                assert read_answer(sock)[0] == "HTTP/1.1 200 OK"
+        with connect(exporter) as sock:
+            def busy():
+                sock.sendall(f"GET /incidents/c/{report.PICTURE} HTTP/1.1\r\n\r\n".encode())
+                return read_answer(sock)[0] == "HTTP/1.1 503 Service Unavailable" or None
+            wait_for(busy, 10, what="the third picture to be told busy while two reads hang")
+        release.set()
+        status, _, body = read_answer(waiting[0])
+        assert status == "HTTP/1.1 200 OK" and body == b"{}"
+        stopper = threading.Thread(target=exporter.stop)
+        stopper.start()
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert all(closed_by_server(sock) for sock in waiting[1:])  # the hung pictures' clients were let go
+        with socket.socket() as again:  # the port is free at once
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", exporter.port))
+    finally:
+        release.set()
+        for name in ("a", "b", "c"):  # a writer lets the hung open()s return
+            try:
+                os.close(os.open(incidents / name / report.PICTURE, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        for sock in waiting:
+            sock.close()
