@@ -96,15 +96,16 @@ def windows(pids: dict[str, int], count: int, seconds: float, scrapes: list[str]
     return out
 
 
-def daemon(tmp: Path, sysfs: Path, name: str, port: int) -> subprocess.Popen:
-    """`gpuwarden run` on `sysfs` with its exporter on `port`, the kernel source an idle file, no engines."""
+def daemon(tmp: Path, sysfs: Path, name: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`gpuwarden run` on `sysfs` with its exporter on `port`, the kernel source an idle file, no engines (`env`:
+    another tree's src on PYTHONPATH, for scrape_bench)."""
     config = tmp / f"{name}.toml"
     (tmp / "empty.log").touch()
     config.write_text(f'[daemon]\nstate_dir = "{tmp}/{name}"\n[exporter]\nlisten = "127.0.0.1:{port}"\n'
                       f'[kernel]\nsource = "file"\nfile = "{tmp}/empty.log"\n[engines]\ndiscover = false\n'
                       f'[gpu]\nsysfs_root = "{sysfs}"\ninterval = "1s"\nnvml = false\n[guard]\nenabled = false\n')
     return subprocess.Popen([sys.executable, "-m", "gpuwarden", "--config", str(config), "run"],
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=env)
 
 
 def stopped(*processes: subprocess.Popen) -> None:

@@ -14,7 +14,9 @@ from gpuwarden.families import FAMILIES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HEADS: dict[str, str] = {}  # name -> its "# HELP" and "# TYPE" lines, made once
-_ORDER: dict[str, list[int]] = {}  # name -> its label positions in name order: the exposition sorts label names
+_SERIES: dict[tuple[str, tuple[str, ...]], str] = {}  # (name, label values) -> its name and labels, written once
+_MAX_SERIES = 4096
+_INF = float("inf")
 
 
 def render(snapshot: dict[str, dict[tuple[str, ...], float]], process: str = "") -> bytes:
@@ -26,17 +28,26 @@ def render(snapshot: dict[str, dict[tuple[str, ...], float]], process: str = "")
             continue
         if (head := _HEADS.get(name)) is None:
             head = _HEADS[name] = _head(name, family.kind, family.doc)
-            _ORDER[name] = sorted(range(len(family.labels)), key=family.labels.__getitem__)
         out.append(head)
         if not family.labels:
             out.extend(f"{name} {number(value)}\n" for value in series.values())
             continue
-        keys, order = family.labels, _ORDER[name]
         for values, value in sorted(series.items()):
-            pairs = ",".join(f'{keys[i]}="{escape(values[i])}"' for i in order)
-            out.append(f"{name}{{{pairs}}} {number(value)}\n")
+            if (prefix := _SERIES.get((name, values))) is None:
+                prefix = _series(name, family.labels, values)
+            out.append(f"{prefix} {number(value)}\n")
     out.append(process)
     return "".join(out).encode()
+
+
+def _series(name: str, keys: tuple[str, ...], values: tuple[str, ...]) -> str:
+    """`name{label="value",...}`, label names sorted as prometheus_client sorts them; kept, as a scrape writes the
+    same series again and again (the cache is emptied when full: series of engines and GPUs come and go)."""
+    if len(_SERIES) >= _MAX_SERIES:
+        _SERIES.clear()
+    pairs = ",".join(f'{key}="{escape(value)}"' for key, value in sorted(zip(keys, values, strict=True)))
+    prefix = _SERIES[name, values] = f"{name}{{{pairs}}}"
+    return prefix
 
 
 def _head(name: str, kind: str, doc: str) -> str:
@@ -52,12 +63,11 @@ def escape(value: str) -> str:
 
 def number(value: float) -> str:
     """As prometheus_client's floatToGoString: repr, but Go's exponent form for large values (1.796e+09)."""
-    value = float(value)
+    text = repr(float(value))
     if value != value:
         return "NaN"
-    if value in (float("inf"), float("-inf")):
+    if value == _INF or value == -_INF:
         return "+Inf" if value > 0 else "-Inf"
-    text = repr(value)
     dot = text.find(".")
     if value > 0 and dot > 6:
         mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
