@@ -88,7 +88,8 @@ class Server:
             finally:
                 server.close()  # the port first: a reload binds it again at once
                 connections.close()
-                loop.run_until_complete(asyncio.sleep(0))  # the aborts' connection_lost and cancellations run
+                if tasks := asyncio.all_tasks(loop):  # handshakes and pages, cancelled by the aborts
+                    loop.run_until_complete(asyncio.wait(tasks, timeout=_STOP_DEADLINE / 2))
         finally:
             sock.close()
             loop.close()
@@ -119,7 +120,7 @@ class _Connection(asyncio.Protocol):
         self._hello: asyncio.Task | None = None  # the TLS handshake
         self._task: asyncio.Task | None = None  # an answer being made: one request at a time
         self._unsent = 0  # what the transport held to send at the last deadline: progress is a smaller number
-        self._closing = self._eof = False
+        self._closing = self._eof = self._full = False  # _full: the transport holds too much unsent
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
@@ -151,6 +152,18 @@ class _Connection(asyncio.Protocol):
         self._buffer += data
         self._deadline()
         if self._hello is None:  # until start_tls returns, self._transport is the plain one: not to answer on
+            self._next()
+
+    def pause_writing(self) -> None:
+        """A client that pipelines requests and reads no answer would have them pile up here: no more requests are
+        read until it reads what it was sent (or the deadline drops it)."""
+        self._full = True
+        self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._full = False
+        if self._task is None and not self._closing:
+            self._transport.resume_reading()
             self._next()
 
     def eof_received(self) -> bool:
@@ -192,7 +205,7 @@ class _Connection(asyncio.Protocol):
 
     def _next(self) -> None:
         """Answers the requests in the buffer, one at a time."""
-        while self._task is None and not self._closing:
+        while self._task is None and not self._closing and not self._full:
             end = _END.search(self._buffer, max(0, self._scanned - 3), MAX_HEAD)
             if end is None:
                 self._scanned = len(self._buffer)
@@ -248,7 +261,7 @@ class _Connection(asyncio.Protocol):
             return
         keep = keep and not self._eof
         self._send(made, method, keep)
-        if keep:
+        if keep and not self._full:
             self._transport.resume_reading()
             self._next()
 

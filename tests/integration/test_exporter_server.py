@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import weakref
 
 import pytest
 from helpers import need, wait_for
@@ -41,20 +42,21 @@ def connect(exporter, timeout=10.0) -> socket.socket:
     return socket.create_connection(("127.0.0.1", exporter.port), timeout)
 
 
-def read_answer(sock, head: bool = False) -> tuple[str, dict[str, str], bytes]:
-    """One HTTP answer off a kept-alive connection (status line, headers, body by Content-Length unless `head`)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before an answer: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    while len(body) < (0 if head else int(headers["content-length"])):
-        chunk = sock.recv(65536)
-        assert chunk, f"closed within the body: {headers}"
-        body += chunk
+_READERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def read_answer(sock, to_head: bool = False) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP answer off a kept-alive connection (status line, headers, body by Content-Length unless `to_head`),
+    read through one buffered reader per socket, so that what came of the next answer is kept for it."""
+    reader = _READERS.setdefault(sock, sock.makefile("rb"))
+    status = reader.readline().decode("latin-1").rstrip("\r\n")
+    assert status, "closed before an answer"
+    headers = {}
+    while (line := reader.readline().decode("latin-1").rstrip("\r\n")):
+        name, _, value = line.partition(":")
+        headers[name.lower()] = value.strip()
+    body = b"" if to_head else reader.read(int(headers["content-length"]))
+    assert len(body) == (0 if to_head else int(headers["content-length"])), "closed within the body"
     return status, headers, body
 
 
@@ -77,7 +79,7 @@ def test_keep_alive_http_1_0_and_what_closes_a_connection(serve):
         for request in (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"HEAD /metrics HTTP/1.1\r\n\r\n",
                         b"GET /metrics?name[]=x HTTP/1.1\r\n\r\nGET /nowhere HTTP/1.1\r\n\r\n"):
             sock.sendall(request)
-            status, headers, body = read_answer(sock, head=request.startswith(b"HEAD"))
+            status, headers, body = read_answer(sock, to_head=request.startswith(b"HEAD"))
             assert status == "HTTP/1.1 200 OK" and "connection" not in headers
             assert headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
             assert headers["x-content-type-options"] == "nosniff" and headers["cache-control"] == "no-store"
@@ -207,3 +209,31 @@ def test_blocking_pages_hold_up_neither_metrics_nor_the_stop(serve, tmp_path):
                 pass
         for sock in waiting:
             sock.close()
+
+
+def test_requests_pipelined_by_a_client_that_reads_nothing_do_not_pile_up(serve, monkeypatch):
+    """Each answer written waits in the daemon until the client reads it: past the transport's high-water mark no
+    more requests are read. 400 requests for a 200 KB page would otherwise be 80 MB held; all are answered once
+    the client reads."""
+    monkeypatch.setattr(webserver, "CONNECTION_TIMEOUT", 30.0)  # the client's pause here is not the one dropped
+    exporter = serve()
+    metrics = exporter._server._app._metrics  # the page made big: many series
+    for i in range(2000):
+        metrics.set("gpuwarden_source_up", 1, f"source-{i:05d}-" + "x" * 60)
+    rendered = []
+    snapshot = metrics.snapshot
+    monkeypatch.setattr(metrics, "snapshot", lambda: rendered.append(1) or snapshot())
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", exporter.port))
+    with sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n" * 400)
+        seen = -1
+        while seen != len(rendered):  # until the server stops making answers
+            seen = len(rendered)
+            threading.Event().wait(1.0)
+        assert seen < 100, f"{seen} answers made for a client that read none"
+        for i in range(400):
+            status, _, body = read_answer(sock)
+            assert status == "HTTP/1.1 200 OK" and len(body) > 150_000, (i, len(body))
