@@ -217,7 +217,7 @@ _PICTURE_TYPE = "image/svg+xml"
 _MAX_PICTURE = 8 << 20
 # Pools of the pages that may block. The status snapshot has its own deadline (the daemon's, 2 s), under this one.
 _PAGE_DEADLINE = 10.0
-_PAGES = OffLoop("status page", limit=2)
+_PAGES = OffLoop("status page", limit=4)
 _PICTURES = OffLoop("picture", limit=2)
 _CHECKS = OffLoop("password check", limit=2)
 
