@@ -1,4 +1,6 @@
+import gc
 import random
+import tracemalloc
 from collections import deque
 from dataclasses import fields, replace
 from pathlib import Path
@@ -204,3 +206,30 @@ def test_a_window_changed_by_a_reload_trims_at_the_next_sample():
     rec.window = 10
     rec.add(sample(GPU, 100.0, 100.0))
     assert [s.power_watts for s in rec.history(GPU)] == [float(t) for t in range(90, 101)]
+
+
+def test_what_leaves_the_window_is_let_go():
+    """Traced memory, not time: after the window is full, more samples cost nothing more (they would cost ~100 B
+    each were the old ones kept)."""
+    rng, rec = random.Random(3), FlightRecorder(window=30)
+    latest = amd_like(rng, GPU, 0.0)
+
+    def run(seconds, start):
+        nonlocal latest
+        for t in range(start, start + seconds):
+            latest = steady(rng, latest, float(t))
+            rec.add(latest)
+
+    run(1000, 0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run(5000, 1000)
+        del latest
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000, grown
+    assert len(rec.history(GPU)) == 31
