@@ -83,6 +83,8 @@ def recorder_mb(sysfs: Path, seconds: int) -> tuple[float, float, float]:
     RSS is read a minute or two after its start, long before its recorder holds its whole window."""
     readers = [AmdReader(sysfs / "bus/pci/devices" / g.pci, g.pci) for g in discover(sysfs)]
     recorder, files = FlightRecorder(seconds), readings(sysfs)
+    for reader in readers:  # its plan (open files, labels) is the daemon's from its first round: not the recorder's
+        reader.read(1e9 - 1)
     gc.collect()
     tracemalloc.start()
     try:
