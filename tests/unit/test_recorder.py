@@ -233,3 +233,18 @@ def test_what_leaves_the_window_is_let_go():
         tracemalloc.stop()
     assert grown < 20_000, grown
     assert len(rec.history(GPU)) == 31
+
+
+def test_a_frozen_copy_keeps_what_was_there_when_it_was_taken():
+    """What an incident bundle reads off the event loop while the GPU round goes on adding."""
+    rng, rec = random.Random(5), FlightRecorder(window=100)
+    reference = Reference(100)
+    for t in range(150):
+        s = amd_like(rng, GPU, float(t))
+        rec.add(s), reference.add(s)
+    want = reference.history(GPU)
+    frozen = rec.frozen()
+    for t in range(150, 400):
+        rec.add(amd_like(rng, GPU, float(t)))
+    assert_same(frozen.history(GPU), want)
+    assert frozen.latest()[GPU] is want[-1] and rec.latest()[GPU] is not want[-1]
