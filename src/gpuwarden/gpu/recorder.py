@@ -4,8 +4,8 @@ A GpuSample object costs ~830 B (its slots, a float object per reading, its dict
 were 6 MB, most of the daemon's growth after its start. So the ring keeps the last sample whole (`latest`, read
 every round) and each sample packed as a delta from the one before it: which values changed (a bit mask), the
 changed floats as raw doubles, and any other changed value (None, an int, a string, a dict...) by reference, so
-what equals the previous sample's is shared, not copied. `history` (an incident, rare) rebuilds the samples,
-equal field by field to what was added."""
+what equals the previous sample's is shared, not copied: ~115 B a sample. `history` (an incident, rare) rebuilds
+the samples, equal field by field to what was added; `frozen` is a copy to rebuild them from off the event loop."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from operator import attrgetter
 
 from gpuwarden.model import GpuSample
 
-# a sample as a flat row: its fields but gpu, time and temperatures (in the order GpuSample takes them), then
-# the temperature sensors' names (one tuple), then their values
+# a sample as a flat row: its fields but gpu, time and temperatures (in the order GpuSample takes them, which has
+# gpu first, then time, then temperatures), then the temperature sensors' names (one tuple), then their values
 _FIELDS = [f.name for f in fields(GpuSample)]
 _NAMES = tuple(name for name in _FIELDS if name not in ("gpu", "time", "temperatures"))
 _row = attrgetter(*_NAMES)
