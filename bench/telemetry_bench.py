@@ -55,21 +55,58 @@ def round_cost(sysfs: Path, rounds: int = 200) -> tuple[float, float]:
     return statistics.median(cpu) * 1000, statistics.median(wall) * 1000
 
 
-def recorder_mb(sysfs: Path, seconds: int) -> float:
-    """MB the flight recorder holds once full: `seconds` of samples of every GPU (one a second), traced. The
-    daemon's RSS is read a minute or two after its start, long before its recorder holds its whole window."""
+def readings(sysfs: Path) -> list[tuple[str, int, int]]:
+    """The files of a busy GPU's readings that move each second: (path, base, step) of power, temperatures,
+    clock, load and VRAM in use (the fake tree is otherwise still, and a recorder that keeps what changed would
+    look better on it than on a GPU)."""
+    out = []
+    for hw in sorted(sysfs.glob("class/hwmon/hwmon*")):
+        hw, device = hw.resolve(), hw.resolve().parents[1]
+        for name, base, step in (("power1_average", 150_000_000, 1_004_321), ("power1_input", 150_000_000, 1_004_321),
+                                 ("temp1_input", 40000, 311), ("temp2_input", 41000, 313), ("temp3_input", 42000, 317),
+                                 ("freq1_input", 500_000_000, 25_000_000)):
+            if (hw / name).exists():
+                out.append((str(hw / name), base, step))
+        out += [(str(device / "gpu_busy_percent"), 0, 1), (str(device / "mem_info_vram_used"), 1 << 30, 4_083_712)]
+    return out
+
+
+def move(files: list[tuple[str, int, int]], second: int) -> None:
+    for i, (path, base, step) in enumerate(files):
+        with open(path, "w") as f:
+            f.write(f"{base + (second * 7 + i * 13) % 97 * step}\n")
+
+
+def recorder_mb(sysfs: Path, seconds: int) -> tuple[float, float, float]:
+    """The flight recorder once full: `seconds` of samples of every GPU (one a second, their readings moving),
+    traced: (MB, µs an add() of a sample costs once it is full, ms the history() of one GPU costs). The daemon's
+    RSS is read a minute or two after its start, long before its recorder holds its whole window."""
     readers = [AmdReader(sysfs / "bus/pci/devices" / g.pci, g.pci) for g in discover(sysfs)]
-    recorder = FlightRecorder(seconds)
+    recorder, files = FlightRecorder(seconds), readings(sysfs)
+    for reader in readers:  # its plan (open files, labels) is the daemon's from its first round: not the recorder's
+        reader.read(1e9 - 1)
     gc.collect()
     tracemalloc.start()
     try:
         for i in range(seconds):
+            move(files, i)
             for reader in readers:
                 recorder.add(reader.read(1e9 + i))
         gc.collect()
-        return tracemalloc.get_traced_memory()[0] / 1e6
+        mb = tracemalloc.get_traced_memory()[0] / 1e6
     finally:
         tracemalloc.stop()
+    more = []
+    for i in range(seconds, seconds + 60):
+        move(files, i)
+        more += [reader.read(1e9 + i) for reader in readers]
+    start = time.perf_counter()
+    for sample in more:
+        recorder.add(sample)
+    add_us = (time.perf_counter() - start) / len(more) * 1e6
+    start = time.perf_counter()
+    recorder.history(readers[0].pci)
+    return mb, add_us, (time.perf_counter() - start) * 1000
 
 
 def cpu_seconds(pid: int) -> float:
@@ -152,7 +189,7 @@ def main() -> None:
         node = "node" in procs
         # the RSS read after `took` s, plus what the recorder still grows by to its whole window (linear in time)
         window, took = GpuConfig().recorder_window, 3 + args.windows * args.seconds
-        full = recorder_mb(sysfs, int(window))
+        full, add_us, history_ms = recorder_mb(sysfs, int(window))
         steady = rss["reads"] + full * max(0.0, 1 - took / window)
         print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once ({load()})\n")
         print("| window | gpuwarden run, 8 GPUs read every 1 s: CPU % of one core | the same, its /metrics scraped "
@@ -169,7 +206,9 @@ def main() -> None:
         if node:
             print(f"| prometheus-node-exporter, hwmon + drm collectors, scraped every 1 s | "
                   f"{statistics.median(w['node'] for w in side):.3f} | {rss['node']:.1f} |")
-        print(f"| gpuwarden's flight recorder once its {window:.0f} s window is full (8 GPUs, traced) | | {full:.1f} |")
+        print(f"| gpuwarden's flight recorder once its {window:.0f} s window is full (8 GPUs, readings moving, traced; "
+              f"{full * 1e6 / window / 8:.0f} B a sample, add() {add_us:.1f} µs, one GPU's history() "
+              f"{history_ms:.1f} ms) | | {full:.1f} |")
 
         for name, what in (("reads", "8 GPUs read every 1 s: CPU"),
                            ("scraped", "8 GPUs read every 1 s, its /metrics scraped every 1 s: CPU")):

@@ -63,9 +63,13 @@ def bundle(trigger: dict[str, Any], events: list[dict[str, Any]], kernel_lines: 
         "events": [e for e in events if e["kind"] not in OUTCOMES],
         "actions": [e for e in events if e["kind"] in OUTCOMES],
         "kernel_lines": [{"time": t, "line": text} for t, text in kernel_lines],
-        "telemetry": {gpu: [_point(s) for s in samples] for gpu, samples in telemetry.items()},
+        "telemetry": points(telemetry),
         "engines": engines,
     }
+
+
+def points(telemetry: dict[str, list[GpuSample]]) -> dict[str, list[dict[str, Any]]]:
+    return {gpu: [_point(s) for s in samples] for gpu, samples in telemetry.items()}
 
 
 def _point(s: GpuSample) -> dict[str, Any]:
@@ -182,6 +186,8 @@ class Incidents:
     @staticmethod
     def _write(path: Path, content: dict[str, Any], keep: int = KEEP) -> None:
         private_folder(path.parent, ours=True)  # bundles hold kernel lines and process lists
+        if callable(content.get("telemetry")):  # gathered as a copy of the flight recorder, rebuilt here off the loop
+            content["telemetry"] = content["telemetry"]()
         new = not path.exists()
         path.mkdir(exist_ok=True)
         (path / FAILED).unlink(missing_ok=True)
