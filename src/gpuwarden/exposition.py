@@ -10,34 +10,45 @@ from __future__ import annotations
 import os
 import resource
 
-from gpuwarden.families import FAMILIES
+from gpuwarden.families import FAMILIES, Family
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HEADS: dict[str, str] = {}  # name -> its "# HELP" and "# TYPE" lines, made once
 _SERIES: dict[tuple[str, tuple[str, ...]], str] = {}  # (name, label values) -> its name and labels, written once
 _MAX_SERIES = 4096
+_LAST: dict[str, tuple[dict, str]] = {}  # name -> the series it was last written from, and the text written
 _INF = float("inf")
 
 
 def render(snapshot: dict[str, dict[tuple[str, ...], float]], process: str = "") -> bytes:
-    """The declared families present in `snapshot` (values keyed by label values), in declaration order, each
-    series in label-value order, then `process` (Process.render)."""
+    """The declared families present in `snapshot` (values keyed by label values: the snapshot's own copies, kept
+    to compare with the next), in declaration order, each series in label-value order, then `process`."""
     out = []
     for name, family in FAMILIES.items():
         if (series := snapshot.get(name)) is None:
             continue
-        if (head := _HEADS.get(name)) is None:
-            head = _HEADS[name] = _head(name, family.kind, family.doc)
-        out.append(head)
-        if not family.labels:
-            out.extend(f"{name} {number(value)}\n" for value in series.values())
+        last = _LAST.get(name)
+        if last is not None and last[0] == series:  # most families do not move between two scrapes
+            out.append(last[1])
             continue
-        for values, value in sorted(series.items()):
-            if (prefix := _SERIES.get((name, values))) is None:
-                prefix = _series(name, family.labels, values)
-            out.append(f"{prefix} {number(value)}\n")
+        text = _family(name, family, series)
+        _LAST[name] = (series, text)
+        out.append(text)
     out.append(process)
     return "".join(out).encode()
+
+
+def _family(name: str, family: Family, series: dict[tuple[str, ...], float]) -> str:
+    if (head := _HEADS.get(name)) is None:
+        head = _HEADS[name] = _head(name, family.kind, family.doc)
+    if not family.labels:
+        return head + "".join(f"{name} {number(value)}\n" for value in series.values())
+    lines = [head]
+    for values, value in sorted(series.items()):
+        if (prefix := _SERIES.get((name, values))) is None:
+            prefix = _series(name, family.labels, values)
+        lines.append(f"{prefix} {number(value)}\n")
+    return "".join(lines)
 
 
 def _series(name: str, keys: tuple[str, ...], values: tuple[str, ...]) -> str:

@@ -112,3 +112,20 @@ def test_numbers_are_floattogostrings(value):
     from prometheus_client.utils import floatToGoString
 
     assert exposition.number(value) == floatToGoString(value)
+
+
+def test_a_family_written_again_only_when_it_moved():
+    """The text of a family that did not move is the last one's; one that moved, or lost or gained a series, is
+    written anew (each scrape compared with prometheus_client's)."""
+    metrics = every_family()
+    first = exposition.render(metrics.snapshot()).decode()
+    metrics.set("gpuwarden_gpu_power_watts", 123.25, "g9", "amd", "m")  # a new series
+    metrics.inc("gpuwarden_events_total", "k", "s", by=2)  # a moved counter
+    snapshot = metrics.snapshot()
+    second = exposition.render(snapshot).decode()
+    assert second == reference(snapshot) != first
+    assert 'gpuwarden_gpu_power_watts{gpu="g9",model="m",vendor="amd"} 123.25' in second
+    metrics.replace("gpuwarden_gpu_power_watts", {})  # every GPU gone
+    snapshot = metrics.snapshot()
+    assert exposition.render(snapshot).decode() == reference(snapshot)
+    assert 'gpu="g9"' not in exposition.render(snapshot).decode()
