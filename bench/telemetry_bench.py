@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import http.client
 import shutil
 import statistics
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -117,16 +119,23 @@ def cpu_seconds(pid: int) -> float:
     return time.clock_gettime((~pid << 3) | 2)
 
 
-def windows(pids: dict[str, int], count: int, seconds: float, scrapes: list[str]) -> list[dict[str, float]]:
+def windows(pids: dict[str, int], count: int, seconds: float, scrapes: list[str],
+            keep_alive: bool = False) -> list[dict[str, float]]:
     """% of one core of each process over `count` windows of `seconds`, scraping each of `scrapes` once a second
-    (as Prometheus would: node-exporter reads sysfs when scraped, gpuwarden renders what it read)."""
+    (as Prometheus would: node-exporter reads sysfs when scraped, gpuwarden renders what it read): a new connection
+    each scrape (urllib), or with `keep_alive` one connection each kept, as Prometheus keeps them."""
     time.sleep(3)  # start-up is not steady state
     out = []
+    kept = {url: http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=5) for url in scrapes}
     for _ in range(count):
         start_cpu, start = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.monotonic()
         while time.monotonic() - start < seconds:
             for url in scrapes:
-                urllib.request.urlopen(url, timeout=5).read()
+                if keep_alive:
+                    kept[url].request("GET", "/metrics")
+                    kept[url].getresponse().read()
+                else:
+                    urllib.request.urlopen(url, timeout=5).read()
             time.sleep(1)
         took = time.monotonic() - start
         out.append({name: (cpu_seconds(pid) - start_cpu[name]) / took * 100 for name, pid in pids.items()})
@@ -156,6 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30, help="each window's length")
     parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--keep-alive", action="store_true", help="scrape over kept connections, as Prometheus does")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = build(Path(tmp) / "sys", {f"0000:{0x10 + i * 0x10:02x}:00.0": card for i, card in enumerate(CARDS)})
@@ -174,7 +184,8 @@ def main() -> None:
                                                   "--collector.hwmon", "--collector.drm",
                                                   f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
                 scrapes.append(f"http://127.0.0.1:{port}/metrics")
-            side = windows({name: p.pid for name, p in procs.items()}, args.windows, args.seconds, scrapes)
+            side = windows({name: p.pid for name, p in procs.items()}, args.windows, args.seconds, scrapes,
+                           args.keep_alive)
             rss = {name: rss_mb(p.pid) for name, p in procs.items()}
         finally:
             stopped(*procs.values())
@@ -191,7 +202,8 @@ def main() -> None:
         window, took = GpuConfig().recorder_window, 3 + args.windows * args.seconds
         full, add_us, history_ms = recorder_mb(sysfs, int(window))
         steady = rss["reads"] + full * max(0.0, 1 - took / window)
-        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once ({load()})\n")
+        how = "; scraped over kept connections, as Prometheus" if args.keep_alive else ""
+        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once{how} ({load()})\n")
         print("| window | gpuwarden run, 8 GPUs read every 1 s: CPU % of one core | the same, its /metrics scraped "
               "every 1 s | node-exporter, hwmon + drm, scraped every 1 s | ratios |\n|---:|---:|---:|---:|---:|")
         for i, w in enumerate(side, 1):
