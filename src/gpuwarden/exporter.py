@@ -151,7 +151,7 @@ class _Pages:
     def _page(self, method: str, path: str):
         if path == "/metrics":
             body = exposition.render(self._metrics.snapshot(), self._process.render())
-            return Answer("200 OK", _headers(exposition.CONTENT_TYPE), body)
+            return Answer("200 OK", _METRICS_HEADERS, body)
         if self._incidents and (picture := _PICTURE.fullmatch(path)):
             return self._picture(picture[1])
         if self._status is None or path not in ("/", "/status", "/status.json"):
@@ -227,5 +227,6 @@ def _headers(content_type: str, extra: tuple[tuple[str, str], ...] = ()) -> tupl
             ("Content-Security-Policy", _CSP), *extra)
 
 
+_METRICS_HEADERS = _headers(exposition.CONTENT_TYPE)
 _UNAUTHORIZED = Answer("401 Unauthorized", _headers("text/plain", (("WWW-Authenticate", 'Basic realm="gpuwarden"'),)),
                        b"unauthorized\n")

@@ -117,6 +117,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._scanned = 0  # how much of the buffer holds no head's end: a dripping client is not scanned again
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the connection is dropped unless it made progress (loop time)
         self._hello: asyncio.Task | None = None  # the TLS handshake
         self._task: asyncio.Task | None = None  # an answer being made: one request at a time
         self._unsent = 0  # what the transport held to send at the last deadline: progress is a smaller number
@@ -188,14 +189,19 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()  # connection_lost follows, from the loop
 
     def _deadline(self) -> None:
-        if self._timer:
-            self._timer.cancel()
-        self._timer = self._all.loop.call_later(CONNECTION_TIMEOUT, self._expired)
+        """CONNECTION_TIMEOUT from now. One timer a connection, moved on when it fires rather than made anew at
+        each read and answer (a scrape a second on a kept connection arms none)."""
+        self._due = self._all.loop.time() + CONNECTION_TIMEOUT
+        if self._timer is None:
+            self._timer = self._all.loop.call_at(self._due, self._expired)
 
     def _expired(self) -> None:
         """No request came, no hello ended, or an answer was not read within CONNECTION_TIMEOUT: closed. An answer
         being made is bounded by the app's pool; a big one being read slowly is fine while it moves."""
         self._timer = None
+        if self._all.loop.time() < self._due:  # a read or an answer since it was armed
+            self._timer = self._all.loop.call_at(self._due, self._expired)
+            return
         unsent = 0 if self._hello else self._transport.get_write_buffer_size()
         if self._task is not None or 0 < unsent < self._unsent:
             self._unsent = unsent
