@@ -140,7 +140,7 @@ class _Pages:
     async def _checked(self, method: str, path: str, authorization: str | None):
         """A password not proved lately costs a bcrypt (tens of ms on purpose): in the pool, not on the loop."""
         try:
-            allowed = await self._pool(_CHECKS, 10.0, self._web.allows, authorization)
+            allowed = await self._pool(_CHECKS, _PAGE_DEADLINE, self._web.allows, authorization)
         except (Busy, TimeoutError):
             return self._plain("503 Service Unavailable", b"busy\n")
         if not allowed:
@@ -215,7 +215,8 @@ _PICTURE = re.compile(r"/incidents/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/" + re.esc
 # report.PICTURE is an SVG: said here, as mimetypes would read the system's tables to say it (0.35 MB held for good)
 _PICTURE_TYPE = "image/svg+xml"
 _MAX_PICTURE = 8 << 20
-# Pools of the pages that may block. The status snapshot has its own deadline (the daemon's, 2 s), under this one.
+# Pools of what may block (each call a thread, at most `limit` at once). The status snapshot has its own deadline
+# (the daemon's, 2 s), under this one.
 _PAGE_DEADLINE = 10.0
 _PAGES = OffLoop("status page", limit=4)
 _PICTURES = OffLoop("picture", limit=2)
