@@ -11,8 +11,11 @@ through its bounded pools, and the connection waits for it without holding up ot
 Anyone on the box can connect. One thread per connection with no deadline let a local user hold a descriptor and
 a thread of the daemon per connection until it had none left (systemd's soft LimitNOFILE is 1024), which starves
 everything else it opens: /proc, sockets, the store. So a connection is closed after CONNECTION_TIMEOUT without
-progress (a request not coming, a TLS hello not finished, an answer not read), and past MAX_CONNECTIONS at once
-(those in their TLS handshake included) a new one is closed unanswered.
+progress (a request not coming, a TLS hello not finished, an answer not read), a request head must come whole
+within CONNECTION_TIMEOUT of its first byte (a byte now and then is no progress: 16 clients dripping one each 4 s
+held every place), and past MAX_CONNECTIONS at once (those in their TLS handshake included) a new one closes the
+one that waits longest for a request (its hello, its head, or one after its last answer): 16 clients asking for a
+page each few seconds, or dripping, would otherwise keep every other client out for good.
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class _Connection(asyncio.Protocol):
         self._scanned = 0  # how much of the buffer holds no head's end: a dripping client is not scanned again
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0  # when the connection is dropped unless it made progress (loop time)
+        self._since = 0.0  # when it was opened or last answered: the oldest idle one gives its place to a new one
         self._hello: asyncio.Task | None = None  # the TLS handshake
         self._task: asyncio.Task | None = None  # an answer being made: one request at a time
         self._unsent = 0  # what the transport held to send at the last deadline: progress is a smaller number
@@ -126,9 +130,13 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         if len(self._all.open) >= MAX_CONNECTIONS:
-            transport.abort()
-            return
+            idle = [c for c in self._all.open if c._task is None]  # those making an answer are bounded by its pool
+            if not idle:
+                transport.abort()
+                return
+            min(idle, key=lambda c: c._since).abort()
         self._all.open.add(self)
+        self._since = self._all.loop.time()
         self._deadline()
         if self._all.tls:
             transport.pause_reading()  # now, before the loop reads the hello into this plain protocol
@@ -150,8 +158,9 @@ class _Connection(asyncio.Protocol):
         self._next()  # what came with the end of the handshake, before this coroutine resumed
 
     def data_received(self, data: bytes) -> None:
+        if not self._buffer:  # a request begins: its head has CONNECTION_TIMEOUT to come whole
+            self._deadline()
         self._buffer += data
-        self._deadline()
         if self._hello is None:  # until start_tls returns, self._transport is the plain one: not to answer on
             self._next()
 
@@ -185,6 +194,7 @@ class _Connection(asyncio.Protocol):
                 task.cancel()  # a page being made: its pool's thread runs on, bounded by the pool
 
     def abort(self) -> None:
+        self._all.open.discard(self)  # now: its place is taken before connection_lost comes
         if self._transport:
             self._transport.abort()  # connection_lost follows, from the loop
 
@@ -277,6 +287,7 @@ class _Connection(asyncio.Protocol):
         data = "".join(head).encode("latin-1")
         self._transport.write(data if method == "HEAD" else data + answer.body)
         self._unsent = self._transport.get_write_buffer_size()
+        self._since = self._all.loop.time()
         self._deadline()
         if not keep:
             self._closing = True
