@@ -7,6 +7,7 @@ sees a half-updated state.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -130,6 +131,7 @@ class _Pages:
         self._metrics, self._status, self._incidents, self._web = metrics, status, incidents, web
         self._process = exposition.Process()
         self._requests = 0  # names each pool call: the pools bound how many at once, not one per page
+        self._turns: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # password checks'
 
     def __call__(self, method: str, path: str, authorization: str | None):
         allowed = self._web.cached(authorization)
@@ -140,13 +142,33 @@ class _Pages:
     async def _checked(self, method: str, path: str, authorization: str | None):
         """A password not proved lately costs a bcrypt (tens of ms on purpose): in the pool, not on the loop."""
         try:
-            allowed = await self._pool(_CHECKS, _PAGE_DEADLINE, self._web.allows, authorization)
+            async with asyncio.timeout(_PAGE_DEADLINE):
+                allowed = await self._check(authorization)
         except (Busy, TimeoutError):
             return self._plain("503 Service Unavailable", b"busy\n")
         if not allowed:
             return _UNAUTHORIZED
         page = self._page(method, path)
         return page if isinstance(page, Answer) else await page
+
+    async def _check(self, authorization: str | None) -> bool:
+        """A place among the password checkers, first come first served: told busy at once instead, a scrape not
+        yet proved lost every time to wrong passwords sent without a pause (those waiting are bounded by the
+        server's connections). The place is held until the check's thread returns, even for a client gone: the
+        pool counts that thread until then, and the next in turn would be told busy."""
+        loop = asyncio.get_running_loop()
+        if self._turns is None or self._turns[0] is not loop:  # a semaphore belongs to the loop it waited in
+            self._turns = (loop, asyncio.Semaphore(_CHECKS.limit))
+        turn = self._turns[1]
+        await turn.acquire()
+        check = loop.create_task(self._pool(_CHECKS, _PAGE_DEADLINE, self._web.allows, authorization))
+
+        def done(check: asyncio.Task) -> None:
+            turn.release()
+            if not check.cancelled():
+                check.exception()  # read: a client gone leaves no "exception never retrieved"
+        check.add_done_callback(done)
+        return await asyncio.shield(check)
 
     def _page(self, method: str, path: str):
         if path == "/metrics":

@@ -14,8 +14,8 @@ everything else it opens: /proc, sockets, the store. So a connection is closed a
 progress (a request not coming, a TLS hello not finished, an answer not read), a request head must come whole
 within CONNECTION_TIMEOUT of its first byte (a byte now and then is no progress: 16 clients dripping one each 4 s
 held every place), and past MAX_CONNECTIONS at once (those in their TLS handshake included) a new one closes the
-one that waits longest for a request (its hello, its head, or one after its last answer): 16 clients asking for a
-page each few seconds, or dripping, would otherwise keep every other client out for good.
+one opened or last answered longest ago: 16 clients asking for a page each few seconds, or dripping, would
+otherwise keep every other client out for good.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class _Connection(asyncio.Protocol):
         self._scanned = 0  # how much of the buffer holds no head's end: a dripping client is not scanned again
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0  # when the connection is dropped unless it made progress (loop time)
-        self._since = 0.0  # when it was opened or last answered: the oldest idle one gives its place to a new one
+        self._since = 0.0  # when it was opened or last answered: the oldest gives its place to a new one
         self._hello: asyncio.Task | None = None  # the TLS handshake
         self._task: asyncio.Task | None = None  # an answer being made: one request at a time
         self._unsent = 0  # what the transport held to send at the last deadline: progress is a smaller number
@@ -130,11 +130,9 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         if len(self._all.open) >= MAX_CONNECTIONS:
-            idle = [c for c in self._all.open if c._task is None]  # those making an answer are bounded by its pool
-            if not idle:
-                transport.abort()
-                return
-            min(idle, key=lambda c: c._since).abort()
+            # even one whose answer is being made (a page's pool thread runs on, bounded by the pool): 16 clients
+            # each waiting in turn for its password's check would otherwise keep every other one out
+            min(self._all.open, key=lambda c: c._since).abort()
         self._all.open.add(self)
         self._since = self._all.loop.time()
         self._deadline()

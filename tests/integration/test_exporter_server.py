@@ -4,6 +4,7 @@ connection, the bound on connections, the deadline on a client that sends nothin
 never reads its answer, pages that block without holding up /metrics, a prompt stop. CONNECTION_TIMEOUT is made
 short here so that the tests wait less; no assert is on time."""
 
+import base64
 import os
 import socket
 import ssl
@@ -11,6 +12,7 @@ import subprocess
 import threading
 import weakref
 
+import bcrypt
 import pytest
 from helpers import need, wait_for
 
@@ -104,7 +106,7 @@ def test_keep_alive_http_1_0_and_what_closes_a_connection(serve):
         assert read_answer(sock)[0] == "HTTP/1.1 200 OK" and closed_by_server(sock)
 
 
-def test_past_max_connections_a_new_one_takes_the_place_of_the_oldest_idle_and_idle_ones_expire(serve):
+def test_past_max_connections_a_new_one_takes_the_place_of_the_oldest_and_idle_ones_expire(serve):
     exporter = serve()
     before = open_fds()
     held = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]
@@ -140,7 +142,7 @@ def test_a_request_head_dripped_a_byte_at_a_time_is_dropped_at_the_deadline(serv
 
 def test_clients_holding_every_place_with_a_request_now_and_then_do_not_keep_out_another(serve):
     """MAX_CONNECTIONS clients, each asking for a page well within the deadline: a new client used to be closed
-    unanswered for as long as they went on; it takes the place of the one idle longest."""
+    unanswered for as long as they went on; it takes the place of the one answered longest ago."""
     exporter = serve()
     stop = threading.Event()
     holders = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]
@@ -283,3 +285,42 @@ def test_requests_pipelined_by_a_client_that_reads_nothing_do_not_pile_up(serve,
         for i in range(400):
             status, _, body = read_answer(sock)
             assert status == "HTTP/1.1 200 OK" and len(body) > 150_000, (i, len(body))
+
+
+def test_wrong_passwords_sent_without_a_pause_do_not_keep_a_right_one_out(serve):
+    """Each password not proved lately costs a bcrypt, two at a time. Guessers that asked again as soon as told
+    401 kept both checkers busy, and a scrape whose password was not proved yet was told 503 busy every time; now
+    checks take turns, and the scrape waits for its own behind theirs."""
+    exporter = serve(web=WebConfig(users={"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(8))}))
+    stop = threading.Event()
+    answered = []
+
+    def request(password: str) -> bytes:
+        token = base64.b64encode(f"prometheus:{password}".encode()).decode()
+        return f"GET /metrics HTTP/1.1\r\nAuthorization: Basic {token}\r\n\r\n".encode()
+
+    def guess(sock):
+        try:
+            while not stop.is_set():
+                sock.sendall(request(f"guess {len(answered)}"))
+                answered.append(read_answer(sock)[0])
+        except (OSError, AssertionError):
+            pass
+    guessers = [connect(exporter) for _ in range(4)]
+    threads = [threading.Thread(target=guess, args=(sock,)) for sock in guessers]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(answered) >= 8, 30, what="the guessers to be answered")
+        for _ in range(3):
+            with connect(exporter) as sock:
+                sock.sendall(request("right"))
+                assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
+            exporter._server._app._web._proved.clear()  # proved again next time: a bcrypt, in its turn
+        assert set(answered) == {"HTTP/1.1 401 Unauthorized"}
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for sock in guessers:
+            sock.close()
