@@ -240,16 +240,19 @@ class _Connection(asyncio.Protocol):
             return
         method, target, version = parts
         headers = {}
+        body = False  # any Content-Length but 0, in any of its lines (the last one alone let "5, then 0" through)
         for line in lines[1:]:
             name, colon, value = line.partition(":")
             if not colon:
                 self._send(_plain("400 Bad Request", "bad header line\n"), "GET", keep=False)
                 return
-            headers[name.strip().lower()] = value.strip()
+            name, value = name.strip().lower(), value.strip()
+            headers[name] = value
+            body = body or name == "transfer-encoding" or (name == "content-length" and value != "0")
         # a body is not read: its request is answered and the connection closed, rather than the body read as a
         # request; HTTP/1.0 closes after each answer
         keep = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close" and not self._eof
-                and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers)
+                and not body)
         if method not in ("GET", "HEAD"):
             self._send(_plain("405 Method Not Allowed", "GET only\n", (("Allow", "GET, HEAD"),)), method, False)
             return

@@ -91,6 +91,8 @@ def test_keep_alive_http_1_0_and_what_closes_a_connection(serve):
     for request, said in [(b"GET /metrics HTTP/1.0\r\n\r\n", "200 OK"),
                           (b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n", "200 OK"),
                           (b"GET /metrics HTTP/1.1\r\nContent-Length: 4\r\n\r\nGET ", "200 OK"),  # a body: closed
+                          (b"GET /metrics HTTP/1.1\r\nContent-Length: 27\r\nContent-Length: 0\r\n\r\n"
+                           b"GET /smuggled HTTP/1.1\r\n\r\n", "200 OK"),  # a body by its first length: closed
                           (b"POST /metrics HTTP/1.1\r\n\r\n", "405 Method Not Allowed"),
                           (b"GET /metrics\r\n\r\n", "400 Bad Request"),
                           (b"GET /metrics HTTP/1.1\r\nno colon\r\n\r\n", "400 Bad Request"),
