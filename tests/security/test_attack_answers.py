@@ -179,6 +179,47 @@ def test_connections_held_to_the_exporter_cost_the_daemon_no_more_than_a_few_des
     assert d.proc.poll() is None
 
 
+ASK = """
+import socket, sys, threading, time
+def ask():
+    while True:  # each place held by asking for a page well within the deadline; taken again when dropped
+        try:
+            with socket.create_connection(("127.0.0.1", int(sys.argv[1])), 5) as sock:
+                while True:
+                    sock.sendall(b"GET /nowhere HTTP/1.1\\r\\n\\r\\n")
+                    if not sock.recv(65536):
+                        break
+                    time.sleep(1)
+        except OSError:
+            pass
+        time.sleep(0.5)
+for t in [threading.Thread(target=ask) for _ in range(16)]:
+    t.start()
+time.sleep(600)
+"""
+
+
+def test_a_user_asking_on_every_connection_the_exporter_allows_does_not_keep_prometheus_out(attacker, daemon_factory):
+    """All 16 places, each kept by a request a second (a client that does not need the deadline to be dropped, as
+    Prometheus's own kept connection): past 16, a new connection was closed unanswered, so the user kept every
+    scrape out for as long as it liked. A new one now takes the place answered longest ago."""
+    d = daemon_factory()
+    d.start()
+    d.wait_serving()
+    before = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+    holder = attacker.popen([SYSTEM_PYTHON, "-c", ASK, str(d.port)])
+    try:
+        wait_for(lambda: len(os.listdir(f"/proc/{d.proc.pid}/fd")) >= before + 16, 15, 0.2,
+                 what="the user to hold every place")
+        time.sleep(3)  # every place asked for again, more than once
+        for _ in range(3):
+            assert "gpuwarden_build_info" in d.metrics()
+            time.sleep(1)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _metrics(d) -> str | None:
     try:
         return d.metrics()
