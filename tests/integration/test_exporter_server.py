@@ -326,3 +326,22 @@ def test_wrong_passwords_sent_without_a_pause_do_not_keep_a_right_one_out(serve)
             thread.join(10)
         for sock in guessers:
             sock.close()
+
+
+def test_a_picture_that_is_a_link_or_a_path_out_of_its_folder_is_not_served(serve, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("<svg>not for you</svg>")
+    incidents = tmp_path / "incidents"
+    (incidents / "i1").mkdir(parents=True)
+    (incidents / "i1" / report.PICTURE).symlink_to(secret)
+    (incidents / "i2").mkdir()
+    (incidents / "i2" / report.PICTURE).write_text("<svg/>")
+    exporter = serve(incidents=incidents)
+    for path in (f"/incidents/i1/{report.PICTURE}", f"/incidents/%2e%2e/{report.PICTURE}",
+                 f"/incidents/i2%2f..%2fi1/{report.PICTURE}", f"/incidents/i2/../i1/{report.PICTURE}"):
+        with connect(exporter) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
+            assert sock.recv(100).startswith(b"HTTP/1.1 404 "), path
+    with connect(exporter) as sock:  # the plain file next to it is served: the 404s above are not for every path
+        sock.sendall(f"GET /incidents/i2/{report.PICTURE} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
