@@ -131,7 +131,7 @@ class _Pages:
         self._metrics, self._status, self._incidents, self._web = metrics, status, incidents, web
         self._process = exposition.Process()
         self._requests = 0  # names each pool call: the pools bound how many at once, not one per page
-        self._turns: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # password checks'
+        self._turns: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # see _check
 
     def __call__(self, method: str, path: str, authorization: str | None):
         allowed = self._web.cached(authorization)
