@@ -318,7 +318,9 @@ def test_wrong_passwords_sent_without_a_pause_do_not_keep_a_right_one_out(serve)
             with connect(exporter) as sock:
                 sock.sendall(request("right"))
                 assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
-            exporter._server._app._web._proved.clear()  # proved again next time: a bcrypt, in its turn
+            web = exporter._server._app._web
+            with web._lock:
+                web._proved.clear()  # proved again next time: a bcrypt, in its turn
         assert set(answered) == {"HTTP/1.1 401 Unauthorized"}
     finally:
         stop.set()
