@@ -347,3 +347,35 @@ def test_a_picture_that_is_a_link_or_a_path_out_of_its_folder_is_not_served(serv
     with connect(exporter) as sock:  # the plain file next to it is served: the 404s above are not for every path
         sock.sendall(f"GET /incidents/i2/{report.PICTURE} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
         assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
+
+
+def test_clients_asking_for_the_status_page_again_and_again_do_not_keep_another_from_it(serve):
+    """Four places in the status page's pool: four clients asking again as soon as answered had another told 503
+    busy about 17 times in 20; now it waits for its turn behind theirs."""
+    exporter = serve(status=lambda: threading.Event().wait(0.005) or {"ok": 1})
+    stop = threading.Event()
+    answered = []
+
+    def ask(sock):
+        try:
+            while not stop.is_set():
+                sock.sendall(b"GET /status.json HTTP/1.1\r\n\r\n")
+                answered.append(read_answer(sock)[0])
+        except (OSError, AssertionError):
+            pass
+    askers = [connect(exporter) for _ in range(4)]
+    threads = [threading.Thread(target=ask, args=(sock,)) for sock in askers]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(answered) >= 20, 30, what="the askers to be answered")
+        for _ in range(5):
+            with connect(exporter) as sock:
+                sock.sendall(b"GET /status.json HTTP/1.1\r\nConnection: close\r\n\r\n")
+                assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for sock in askers:
+            sock.close()
