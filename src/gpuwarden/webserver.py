@@ -14,8 +14,9 @@ everything else it opens: /proc, sockets, the store. So a connection is closed a
 progress (a request not coming, a TLS hello not finished, an answer not read), a request head must come whole
 within CONNECTION_TIMEOUT of its first byte (a byte now and then is no progress: 16 clients dripping one each 4 s
 held every place), and past MAX_CONNECTIONS at once (those in their TLS handshake included) a new one closes the
-one opened or last answered longest ago: 16 clients asking for a page each few seconds, or dripping, would
-otherwise keep every other client out for good.
+one opened longest ago: 16 clients asking for a page each few seconds, or dripping, would otherwise keep every
+other client out for good. (Not the one answered longest ago: clients asking without a pause are always answered
+later than a new one in its TLS handshake, and each of them dropped took that one's place as it came back.)
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class _Connection(asyncio.Protocol):
         self._scanned = 0  # how much of the buffer holds no head's end: a dripping client is not scanned again
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0  # when the connection is dropped unless it made progress (loop time)
-        self._since = 0.0  # when it was opened or last answered: the oldest gives its place to a new one
+        self._opened = 0.0  # the one opened longest ago gives its place to a new one
         self._hello: asyncio.Task | None = None  # the TLS handshake
         self._task: asyncio.Task | None = None  # an answer being made: one request at a time
         self._unsent = 0  # what the transport held to send at the last deadline: progress is a smaller number
@@ -132,9 +133,9 @@ class _Connection(asyncio.Protocol):
         if len(self._all.open) >= MAX_CONNECTIONS:
             # even one whose answer is being made (a page's pool thread runs on, bounded by the pool): 16 clients
             # each waiting in turn for its password's check would otherwise keep every other one out
-            min(self._all.open, key=lambda c: c._since).abort()
+            min(self._all.open, key=lambda c: c._opened).abort()
         self._all.open.add(self)
-        self._since = self._all.loop.time()
+        self._opened = self._all.loop.time()
         self._deadline()
         if self._all.tls:
             transport.pause_reading()  # now, before the loop reads the hello into this plain protocol
@@ -288,7 +289,6 @@ class _Connection(asyncio.Protocol):
         data = "".join(head).encode("latin-1")
         self._transport.write(data if method == "HEAD" else data + answer.body)
         self._unsent = self._transport.get_write_buffer_size()
-        self._since = self._all.loop.time()
         self._deadline()
         if not keep:
             self._closing = True

@@ -144,7 +144,7 @@ def test_a_request_head_dripped_a_byte_at_a_time_is_dropped_at_the_deadline(serv
 
 def test_clients_holding_every_place_with_a_request_now_and_then_do_not_keep_out_another(serve):
     """MAX_CONNECTIONS clients, each asking for a page well within the deadline: a new client used to be closed
-    unanswered for as long as they went on; it takes the place of the one answered longest ago."""
+    unanswered for as long as they went on; it takes the place of the one opened longest ago."""
     exporter = serve()
     stop = threading.Event()
     holders = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]
@@ -188,13 +188,20 @@ def test_a_client_that_does_not_read_its_answer_is_dropped(serve, tmp_path):
     sock.close()
 
 
-def test_tls_a_hello_never_finished_holds_nothing_and_plain_http_gets_no_answer(serve, tmp_path):
+@pytest.fixture
+def tls(tmp_path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The server's context with a certificate made by the real openssl, and a client's that trusts it."""
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     subprocess.run([need("openssl", "openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
                     "-out", str(cert)], check=True, capture_output=True, timeout=60)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
+    return context, ssl.create_default_context(cafile=str(cert))
+
+
+def test_tls_a_hello_never_finished_holds_nothing_and_plain_http_gets_no_answer(serve, tls):
+    context, trust = tls
     exporter = serve(web=WebConfig(tls=context))
     before = open_fds()
     silent = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]  # they count while in the handshake
@@ -207,7 +214,6 @@ def test_tls_a_hello_never_finished_holds_nothing_and_plain_http_gets_no_answer(
     with connect(exporter) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
         assert closed_by_server(sock)  # plain HTTP on the TLS port: no answer
-    trust = ssl.create_default_context(cafile=str(cert))
     with trust.wrap_socket(connect(exporter), server_hostname="127.0.0.1") as sock:
         for _ in range(2):  # kept alive over TLS
             sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
@@ -379,3 +385,35 @@ def test_clients_asking_for_the_status_page_again_and_again_do_not_keep_another_
             thread.join(10)
         for sock in askers:
             sock.close()
+
+
+def test_tls_clients_asking_without_a_pause_and_coming_back_when_dropped_do_not_keep_out_another(serve, tls):
+    """Sixteen TLS clients asking again as soon as answered, each back at once when dropped. Had the place of the
+    one answered longest ago been given, that would always be the newcomer in its handshake: the first one it
+    dropped, coming back, took its place (20 scrapes in 20 lost). The one opened longest ago gives its place."""
+    context, trust = tls
+    exporter = serve(web=WebConfig(tls=context))
+    stop = threading.Event()
+
+    def ask():
+        while not stop.is_set():
+            try:
+                with trust.wrap_socket(connect(exporter), server_hostname="127.0.0.1") as sock:
+                    while not stop.is_set():
+                        sock.sendall(b"GET /nowhere HTTP/1.1\r\n\r\n")
+                        if not sock.recv(65536):
+                            break
+            except OSError:
+                pass
+    threads = [threading.Thread(target=ask) for _ in range(webserver.MAX_CONNECTIONS)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(5):
+            with trust.wrap_socket(connect(exporter), server_hostname="127.0.0.1") as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)

@@ -202,7 +202,7 @@ time.sleep(600)
 def test_a_user_asking_on_every_connection_the_exporter_allows_does_not_keep_prometheus_out(attacker, daemon_factory):
     """All 16 places, each kept by a request a second (a client that does not need the deadline to be dropped, as
     Prometheus's own kept connection): past 16, a new connection was closed unanswered, so the user kept every
-    scrape out for as long as it liked. A new one now takes the place answered longest ago."""
+    scrape out for as long as it liked. A new one now takes the place of the one opened longest ago."""
     d = daemon_factory()
     d.start()
     d.wait_serving()
