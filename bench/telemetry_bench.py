@@ -165,7 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30, help="each window's length")
     parser.add_argument("--windows", type=int, default=3)
-    parser.add_argument("--keep-alive", action="store_true", help="scrape over kept connections, as Prometheus does")
+    parser.add_argument("--new-connections", action="store_true",
+                        help="a new connection each scrape (urllib), not one kept connection each as Prometheus keeps")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = build(Path(tmp) / "sys", {f"0000:{0x10 + i * 0x10:02x}:00.0": card for i, card in enumerate(CARDS)})
@@ -185,7 +186,7 @@ def main() -> None:
                                                   f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
                 scrapes.append(f"http://127.0.0.1:{port}/metrics")
             side = windows({name: p.pid for name, p in procs.items()}, args.windows, args.seconds, scrapes,
-                           args.keep_alive)
+                           not args.new_connections)
             rss = {name: rss_mb(p.pid) for name, p in procs.items()}
         finally:
             stopped(*procs.values())
@@ -202,8 +203,8 @@ def main() -> None:
         window, took = GpuConfig().recorder_window, 3 + args.windows * args.seconds
         full, add_us, history_ms = recorder_mb(sysfs, int(window))
         steady = rss["reads"] + full * max(0.0, 1 - took / window)
-        how = "; scraped over kept connections, as Prometheus" if args.keep_alive else ""
-        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once{how} ({load()})\n")
+        how = "a new connection each scrape" if args.new_connections else "over kept connections, as Prometheus scrapes"
+        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once, {how} ({load()})\n")
         print("| window | gpuwarden run, 8 GPUs read every 1 s: CPU % of one core | the same, its /metrics scraped "
               "every 1 s | node-exporter, hwmon + drm, scraped every 1 s | ratios |\n|---:|---:|---:|---:|---:|")
         for i, w in enumerate(side, 1):
@@ -228,7 +229,7 @@ def main() -> None:
                 ratios = sorted((w[name] / w["node"], w[name]) for w in side)
                 ratio, cpu = ratios[(len(ratios) - 1) // 2]  # the median window (the lower one of an even count)
                 node_cpu = statistics.median(w["node"] for w in side)
-                alternative = (f"node-exporter scraped every 1 s: {node_cpu:.2f} % of a core (median), "
+                alternative = (f"node-exporter scraped every 1 s ({how}): {node_cpu:.2f} % of a core (median), "
                                f"{rss['node']:.1f} MB; the median window's ratio {ratio:.2f}, the {len(side)} "
                                f"windows' {', '.join(f'{r:.2f}' for r, _ in ratios)}, measured at once ({load()})")
             else:

@@ -35,7 +35,9 @@ def render(snapshot: dict[str, dict[tuple[str, ...], float]], process: str = "")
         _LAST[name] = (series, text)
         out.append(text)
     out.append(process)
-    return "".join(out).encode()
+    # a label value from a path or a process, decoded with surrogateescape, cannot be UTF-8: a "?" in its series
+    # rather than every scrape failing
+    return "".join(out).encode(errors="replace")
 
 
 def _family(name: str, family: Family, series: dict[tuple[str, ...], float]) -> str:

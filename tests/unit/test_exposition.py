@@ -129,3 +129,13 @@ def test_a_family_written_again_only_when_it_moved():
     snapshot = metrics.snapshot()
     assert exposition.render(snapshot).decode() == reference(snapshot)
     assert 'gpu="g9"' not in exposition.render(snapshot).decode()
+
+
+def test_a_label_value_that_is_not_utf8_does_not_break_the_scrape():
+    """A name decoded from bytes with surrogateescape (a path, a process) holds a lone surrogate, which UTF-8
+    cannot carry: its series says "?" there, and every other series is still written."""
+    metrics = SelfMetrics()
+    metrics.set("gpuwarden_gpu_power_watts", 1.5, "g0", "amd", b"card\xff".decode(errors="surrogateescape"))
+    text = exposition.render(metrics.snapshot()).decode()
+    assert 'gpuwarden_gpu_power_watts{gpu="g0",model="card?",vendor="amd"} 1.5' in text
+    assert [f.name for f in text_string_to_metric_families(text)][:1] == ["gpuwarden_build_info"]
