@@ -200,9 +200,9 @@ class _Pages:
         except TimeoutError as exc:
             if path == "/status.json":
                 return Answer("503 Service Unavailable", _headers("application/json"),
-                                    json.dumps({"error": str(exc)}).encode())
+                              json.dumps({"error": str(exc)}).encode())
             return Answer("503 Service Unavailable", _headers("text/html; charset=utf-8"),
-                                statuspage.unavailable(str(exc)).encode())
+                          statuspage.unavailable(str(exc)).encode())
         if path == "/status.json":
             return Answer("200 OK", _headers("application/json"), json.dumps(snap).encode())
         return Answer("200 OK", _headers("text/html; charset=utf-8"), statuspage.render(snap).encode())
