@@ -30,6 +30,7 @@ from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.health import Components, Health, Loop, StoreHealth
 from gpuwarden.hub import Evidence, Hub
+from gpuwarden.kernel.clock import printk_now
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.model import ConditionKind
 from gpuwarden.offloop import Busy, OffLoop
@@ -84,7 +85,11 @@ class Daemon:
         self.status: Status | None = None
         self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
-        self.started = time.monotonic()  # kernel lines logged before this are history
+        self.started = time.monotonic()
+        # kernel lines logged before this are history: the start on the kernel log's own clock (clock.py), where
+        # /dev/kmsg can be written and read; a file's lines carry no kernel time
+        printk = printk_now() if config.kernel.source != "file" else None
+        self.live_since = self.started if printk is None else printk
         self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -260,7 +265,7 @@ class Daemon:
     def _kernel_watch(self) -> KernelWatch:
         watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic),
                             self.store.cursor("journal"),
-                            live_since=self.started, gpus_behind=self.inventory.behind)
+                            live_since=self.live_since, gpus_behind=self.inventory.behind)
         self.current.built(kernel=watch)
         return watch
 

@@ -70,9 +70,9 @@ class KernelWatch:
 
     def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None, live_since: float | None = None,
                  gpus_behind: Callable[[str], list[str]] = lambda port: []) -> None:
-        """`live_since`: the daemon's start on the monotonic clock (the kernel's printk clock); a line logged
-        before it is history. None: every line is live. `gpus_behind`: the GPUs below a PCIe port (a look-up in
-        what the GPU inventory found, never sysfs on the loop)."""
+        """`live_since`: the daemon's start on the kernel log's clock (printk's: kernel/clock.py); a line
+        logged before it is history. None: every line is live. `gpus_behind`: the GPUs below a PCIe port (a
+        look-up in what the GPU inventory found, never sysfs on the loop)."""
         self.sink, self.config, self.cursor, self.gpus_behind = sink, config, cursor, gpus_behind
         self.classifier = classifier_for(config)
         self.source: Source | None = None
