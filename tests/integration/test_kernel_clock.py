@@ -2,42 +2,15 @@
 not CLOCK_MONOTONIC: on the VM this was found on it ran 0.27 s ahead after 21 hours up, and a fault line logged
 just before the start read as live against time.monotonic() (CI: test_old_fault_lines_are_history... failed)."""
 
-import asyncio
 import os
 import time
 
 import pytest
 from helpers import write_kmsg
 
-from gpuwarden.config import KernelConfig
 from gpuwarden.kernel.clock import printk_now
 from gpuwarden.kernel.records import parse_kmsg
-from gpuwarden.kernel.sources import Source
-from gpuwarden.kernel.watch import KernelWatch
-from gpuwarden.model import NullSink
-
-
-class Records(Source):
-    """The records read back from /dev/kmsg, as a kernel-clock source delivers them, then its end."""
-
-    name = "kmsg"
-    kernel_clock = True
-
-    def __init__(self, records):
-        super().__init__()
-        self.records = records
-
-    async def batches(self):
-        yield self.records
-
-
-class Sink(NullSink):
-    def __init__(self):
-        self.events = []
-
-    def record(self, events, cursor=None):
-        self.events += events
-        return list(range(len(events)))
+from watched import watched
 
 
 def read_back(fd: int, text: str):
@@ -65,14 +38,7 @@ def test_a_fault_logged_just_before_the_start_is_history_on_the_kernels_clock():
     finally:
         os.close(fd)
     assert started is not None and record.timestamp < started
-    sink = Sink()
-    watch = KernelWatch(KernelConfig(source="kmsg", storm_window=0), sink, None, live_since=started)
-
-    async def opened():
-        return Records([record])
-    watch._open = opened
-    asyncio.run(watch.run())
-    [event] = [e for e in sink.events if e.kind == "sq_intr"]
+    [event] = [e for e in watched([record], live_since=started) if e.kind == "sq_intr"]
     assert not event.live
 
 
@@ -94,14 +60,7 @@ def test_the_start_line_is_the_users_and_makes_no_event():
         os.close(fd)
     record = parse_kmsg(raw)
     assert record.timestamp == started and record.facility == 1
-    sink = Sink()
-    watch = KernelWatch(KernelConfig(source="kmsg", storm_window=0), sink, None, live_since=0.0)
-
-    async def opened():
-        return Records([record])
-    watch._open = opened
-    asyncio.run(watch.run())
-    assert sink.events == []
+    assert watched([record], live_since=0.0) == []
 
 
 def test_no_kernel_log_no_clock(tmp_path):
