@@ -11,6 +11,8 @@ import ssl
 import subprocess
 import threading
 import weakref
+from collections.abc import Callable
+from contextlib import contextmanager
 
 import bcrypt
 import pytest
@@ -73,6 +75,34 @@ def closed_by_server(sock) -> bool:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+@contextmanager
+def asking(exporter, count: int, request: Callable[[int], bytes], pause: float = 0.0):
+    """`count` kept connections, each sending `request(answers so far)` again as soon as answered (or `pause` s
+    later) until the block ends; yields the status lines they were answered. A dropped one stops asking."""
+    stop, answered = threading.Event(), []
+    socks = [connect(exporter) for _ in range(count)]
+
+    def ask(sock):
+        try:
+            while not stop.is_set():
+                sock.sendall(request(len(answered)))
+                answered.append(read_answer(sock)[0])
+                stop.wait(pause)
+        except (OSError, AssertionError):
+            pass  # dropped: its place is free
+    threads = [threading.Thread(target=ask, args=(sock,)) for sock in socks]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for sock in socks:
+            sock.close()
 
 
 def test_keep_alive_http_1_0_and_what_closes_a_connection(serve):
@@ -146,31 +176,12 @@ def test_clients_holding_every_place_with_a_request_now_and_then_do_not_keep_out
     """MAX_CONNECTIONS clients, each asking for a page well within the deadline: a new client used to be closed
     unanswered for as long as they went on; it takes the place of the one opened longest ago."""
     exporter = serve()
-    stop = threading.Event()
-    holders = [connect(exporter) for _ in range(webserver.MAX_CONNECTIONS)]
-
-    def hold(sock):
-        try:
-            while not stop.is_set():
-                sock.sendall(b"GET /nowhere HTTP/1.1\r\n\r\n")
-                read_answer(sock)
-                stop.wait(webserver.CONNECTION_TIMEOUT / 4)
-        except (OSError, AssertionError):
-            pass  # dropped: its place is free
-    threads = [threading.Thread(target=hold, args=(sock,)) for sock in holders]
-    for thread in threads:
-        thread.start()
-    try:
+    with asking(exporter, webserver.MAX_CONNECTIONS, lambda n: b"GET /nowhere HTTP/1.1\r\n\r\n",
+                pause=webserver.CONNECTION_TIMEOUT / 4):
         for _ in range(3):
             with connect(exporter) as sock:
                 sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
                 assert read_answer(sock)[0] == "HTTP/1.1 200 OK"
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        for sock in holders:
-            sock.close()
 
 
 def test_a_client_that_does_not_read_its_answer_is_dropped(serve, tmp_path):
@@ -300,25 +311,12 @@ def test_wrong_passwords_sent_without_a_pause_do_not_keep_a_right_one_out(serve)
     401 kept both checkers busy, and a scrape whose password was not proved yet was told 503 busy every time; now
     checks take turns, and the scrape waits for its own behind theirs."""
     exporter = serve(web=WebConfig(users={"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(8))}))
-    stop = threading.Event()
-    answered = []
 
     def request(password: str) -> bytes:
         token = base64.b64encode(f"prometheus:{password}".encode()).decode()
         return f"GET /metrics HTTP/1.1\r\nAuthorization: Basic {token}\r\n\r\n".encode()
 
-    def guess(sock):
-        try:
-            while not stop.is_set():
-                sock.sendall(request(f"guess {len(answered)}"))
-                answered.append(read_answer(sock)[0])
-        except (OSError, AssertionError):
-            pass
-    guessers = [connect(exporter) for _ in range(4)]
-    threads = [threading.Thread(target=guess, args=(sock,)) for sock in guessers]
-    for thread in threads:
-        thread.start()
-    try:
+    with asking(exporter, 4, lambda n: request(f"guess {n}")) as answered:
         wait_for(lambda: len(answered) >= 8, 30, what="the guessers to be answered")
         for _ in range(3):
             with connect(exporter) as sock:
@@ -328,12 +326,6 @@ def test_wrong_passwords_sent_without_a_pause_do_not_keep_a_right_one_out(serve)
             with web._lock:
                 web._proved.clear()  # proved again next time: a bcrypt, in its turn
         assert set(answered) == {"HTTP/1.1 401 Unauthorized"}
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        for sock in guessers:
-            sock.close()
 
 
 def test_a_picture_that_is_a_link_or_a_path_out_of_its_folder_is_not_served(serve, tmp_path):
@@ -359,32 +351,12 @@ def test_clients_asking_for_the_status_page_again_and_again_do_not_keep_another_
     """Four places in the status page's pool: four clients asking again as soon as answered had another told 503
     busy about 17 times in 20; now it waits for its turn behind theirs."""
     exporter = serve(status=lambda: threading.Event().wait(0.005) or {"ok": 1})
-    stop = threading.Event()
-    answered = []
-
-    def ask(sock):
-        try:
-            while not stop.is_set():
-                sock.sendall(b"GET /status.json HTTP/1.1\r\n\r\n")
-                answered.append(read_answer(sock)[0])
-        except (OSError, AssertionError):
-            pass
-    askers = [connect(exporter) for _ in range(4)]
-    threads = [threading.Thread(target=ask, args=(sock,)) for sock in askers]
-    for thread in threads:
-        thread.start()
-    try:
+    with asking(exporter, 4, lambda n: b"GET /status.json HTTP/1.1\r\n\r\n") as answered:
         wait_for(lambda: len(answered) >= 20, 30, what="the askers to be answered")
         for _ in range(5):
             with connect(exporter) as sock:
                 sock.sendall(b"GET /status.json HTTP/1.1\r\nConnection: close\r\n\r\n")
                 assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        for sock in askers:
-            sock.close()
 
 
 def test_tls_clients_asking_without_a_pause_and_coming_back_when_dropped_do_not_keep_out_another(serve, tls):
