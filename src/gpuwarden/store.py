@@ -24,6 +24,11 @@ from gpuwarden import conditions
 from gpuwarden.model import Event, Severity
 
 SCHEMA_VERSION = 3
+# Newest first by time, so that SQLite reads the time index from `since` on: ordered by id, it scanned the whole
+# table (110-138 ms of every start at 1 M events, 0.5 ms by the index).
+ALERTED_EVENTS = ("SELECT time, kind, severity, gpu, engine, message, evidence, count FROM events"
+                  " WHERE time >= ? AND alerted = 1 AND json_extract(evidence, '$.incident') IS ?"
+                  " ORDER BY time DESC, id DESC LIMIT ?")
 
 _MIGRATIONS = {
     1: """
@@ -246,10 +251,7 @@ class Store:
     def alerted_events(self, since: float, incident: str | None, limit: int = 10_000) -> list[Event]:
         """Events at or after `since` that the alerter handled, of `incident` (None: of no incident), oldest
         first: what a restarted alerter's storm control resumes from. The newest `limit` of them."""
-        rows = self._db.execute(
-            "SELECT time, kind, severity, gpu, engine, message, evidence, count FROM events"
-            " WHERE time >= ? AND alerted = 1 AND json_extract(evidence, '$.incident') IS ?"
-            " ORDER BY id DESC LIMIT ?", (since, incident, limit)).fetchall()
+        rows = self._db.execute(ALERTED_EVENTS, (since, incident, limit)).fetchall()
         return [Event(r[1], Severity.parse(r[2]), r[5], r[0], r[3], r[4], json.loads(r[6]), r[7])
                 for r in reversed(rows)]
 

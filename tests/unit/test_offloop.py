@@ -37,3 +37,38 @@ def test_an_exception_in_the_call_reaches_the_caller():
 
     with pytest.raises(OSError, match="EREMOTEIO"):
         asyncio.run(scenario())
+
+
+def test_a_thread_that_returned_takes_the_next_call_and_ends_when_idle(monkeypatch):
+    """Starting a thread makes the loop wait until it runs; a parked thread is handed the call instead. A parked
+    thread ends after IDLE seconds without a call, so a pool holds no thread for good."""
+    monkeypatch.setattr("gpuwarden.offloop.IDLE", 0.3)
+    pool = OffLoop("look", limit=4)
+
+    marker = threading.local()  # a new thread would not carry it
+
+    def mark():
+        marker.seen = True
+        return threading.current_thread()
+
+    async def scenario():
+        thread = await pool.run("vllm", 5, mark)
+        again = await pool.run("llama", 5, lambda: getattr(marker, "seen", False))  # another key, the same thread
+        name = await pool.run("vllm", 5, lambda: threading.current_thread().name)
+        return thread, again, name
+
+    thread, again, name = asyncio.run(scenario())
+    assert again and name == "look:vllm"
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_calls_at_once_each_get_a_thread_within_the_bound():
+    gate = threading.Barrier(3, timeout=5)
+    pool = OffLoop("look", limit=3)
+
+    async def scenario():
+        return await asyncio.gather(*(pool.run(f"e{i}", 5, lambda: (gate.wait(), threading.get_ident())[1])
+                                      for i in range(3)))
+
+    assert len(set(asyncio.run(scenario()))) == 3  # three calls met at the barrier: three threads at once

@@ -6,7 +6,7 @@ import pytest
 from faults import LockHolder
 from gpuwarden import report
 from gpuwarden.model import Event, Severity
-from gpuwarden.store import SCHEMA_VERSION, Store, StoreError, private_folder
+from gpuwarden.store import ALERTED_EVENTS, SCHEMA_VERSION, Store, StoreError, private_folder
 
 
 def event(kind="sq_intr", t=100.0, **kw):
@@ -291,3 +291,13 @@ def test_incident_bundles_live_in_a_private_folder(tmp_path):
     incidents.chmod(0o755)  # an incidents folder from before the rule
     report.Incidents._write(incidents / "20261203-120000-sq_intr", {"trigger": {}})
     assert stat.S_IMODE(incidents.stat().st_mode) == 0o700
+
+
+def test_a_start_reads_the_alerted_events_through_the_time_index(tmp_path):
+    """The storm control's resume read at every start: by the time index from `since`, never a scan of every
+    stored event (1 M events made it 110-138 ms of each start)."""
+    store = Store(tmp_path / "events.db")
+    store.add_events([Event("sq_intr", Severity.WARNING, "m", 1000.0 + i) for i in range(50)])
+    plan = store._db.execute("EXPLAIN QUERY PLAN " + ALERTED_EVENTS, (1010.0, None, 10)).fetchall()
+    assert any("USING INDEX events_time" in row[-1] for row in plan), plan
+    assert not any(row[-1] == "SCAN events" for row in plan), plan
