@@ -28,6 +28,7 @@ BENCHES = [
     ("target_bench.py", [], 180),
     ("npd_bench.py", [], 180),
     ("durability_bench.py", [], 300),
+    ("startup_bench.py", [], 420),
 ]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # Figures of benches too slow for `make bench` (real engines started and stalled: minutes each), as their last run

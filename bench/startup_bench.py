@@ -1,0 +1,87 @@
+"""Start-up CPU against the size of the event store (issue 40): the real `gpuwarden run` started on a state
+directory holding 10 k and 1 M stored events (alerted, a tenth of them in incidents), interleaved; the CPU the
+process has used (utime + stime) when it logs "gpuwarden running". Python's own start and the imports are in
+both; what grows with the store is the difference.
+
+    .venv/bin/python bench/startup_bench.py [--rounds N] [--events N ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "bench")]
+
+from helpers import Daemon  # noqa: E402
+
+from figure import figure, load  # noqa: E402
+from gpuwarden.model import Event, Severity  # noqa: E402
+from gpuwarden.store import Store  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def filled(state: Path, events: int) -> None:
+    """`events` stored events over the last 30 days, as a long-lived daemon leaves them, all alerted."""
+    store = Store(state / "gpuwarden.db")
+    now, batch = time.time(), 20_000
+    for start in range(0, events, batch):
+        store.add_events([Event("sq_intr", Severity.WARNING, "amdgpu ffff:fe:1f.7: sq_intr", now - 30 * 86400 *
+                                (1 - i / events), gpu="ffff:fe:1f.7",
+                                evidence={"incident": f"i{i // 1000}"} if i % 10 == 0 else {})
+                          for i in range(start, min(events, start + batch))])
+    store._db.execute("UPDATE events SET alerted = 1")
+    store._db.commit()
+    store.close()
+
+
+def cpu_ms_at_running(tmp: Path) -> float:
+    d = Daemon(tmp)
+    before = d.stderr_path.stat().st_size if d.stderr_path.exists() else 0  # the log of the earlier rounds
+    d.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "gpuwarden running" not in d.log()[before:]:
+            if time.monotonic() > deadline or d.proc.poll() is not None:
+                raise SystemExit(f"the daemon did not start: {d.log()[-2000:]}")
+            time.sleep(0.005)
+        fields = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1000 / TICK
+    finally:
+        d.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--events", type=int, nargs=2, default=[10_000, 1_000_000])
+    args = parser.parse_args()
+    small, large = args.events
+    with tempfile.TemporaryDirectory() as root:
+        dirs = {}
+        for n in (small, large):
+            dirs[n] = Path(root) / str(n)
+            (dirs[n] / "state").mkdir(parents=True)
+            filled(dirs[n] / "state", n)
+            print(f"stored {n:,} events ({(dirs[n] / 'state' / 'gpuwarden.db').stat().st_size >> 20} MB)", flush=True)
+        times: dict[int, list[float]] = {small: [], large: []}
+        for _ in range(args.rounds):
+            for n in (small, large):
+                times[n].append(cpu_ms_at_running(dirs[n]))
+    med = {n: statistics.median(v) for n, v in times.items()}
+    print(json.dumps({str(n): v for n, v in times.items()}))
+    figure(f"start-up CPU with {large:,} stored events (to 'gpuwarden running')", med[large], "ms",
+           f"{small:,} events: {med[small]:.0f} ms (median of {args.rounds} interleaved, {min(times[large]):.0f}–"
+           f"{max(times[large]):.0f} at {large:,}; {load()})", "≤ 150 ms", med[large] <= 150)
+
+
+if __name__ == "__main__":
+    main()
