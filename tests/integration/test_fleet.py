@@ -2,6 +2,7 @@
 Prometheus and a real Alertmanager delivering to a webhook receiver on loopback."""
 
 import json
+import re
 import subprocess
 import time
 import urllib.request
@@ -69,6 +70,20 @@ def test_alertmanager_holds_back_only_the_lost_gpus_alerts(tmp_path):
                         "stalled6": False, "unwatched7": False}
     finally:
         am.stop()
+
+
+def test_every_alert_is_documented_as_it_is_in_the_rules():
+    """docs/fleet.md's table lists exactly the rules' alerts, each with its severity and `for:`, and its
+    runbook_url leads to its own section there (the table once listed alerts the rules no longer had)."""
+    rules = {r["alert"]: r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}
+    doc = (ROOT / "docs/fleet.md").read_text()
+    table = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `(Gpuwarden\w+)` \|.*\| (\w+) \| *(\w*) *\|$", doc, re.M)}
+    assert table == {name: (r["labels"]["severity"], r.get("for", "")) for name, r in rules.items()}
+    sections = {m[1] for m in re.finditer(r"^#### (Gpuwarden\w+)$", doc, re.M)}
+    for name, rule in rules.items():
+        assert rule["annotations"].keys() == {"summary", "description", "runbook_url"}, name
+        assert rule["annotations"]["runbook_url"] == f"docs/fleet.md#{name.lower()}" and name in sections, name
+    assert sections == set(rules)
 
 
 class Server:
