@@ -74,7 +74,7 @@ def test_the_configmaps_configuration_passes_gpuwarden_check(tmp_path):
     toml = tmp_path / "gpuwarden.toml"
     toml.write_text(docs["ConfigMap"]["data"]["gpuwarden.toml"].replace("/etc/gpuwarden-alerts/apprise.txt",
                                                                         str(secret)))
-    result = subprocess.run([*GPUWARDEN, "check", str(toml)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([*GPUWARDEN, "check", str(toml), "--show"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert '"state_dir": "/var/lib/gpuwarden"' in result.stdout and '"listen": "0.0.0.0"' in result.stdout
 
