@@ -266,7 +266,8 @@ class Section:
                 values[name] = _checked(f.checks, value, (*loc, name), problems)
         for key in data:
             if key not in self.fields:
-                problems.append(((*loc, key), "unknown key" + hint(str(key), self.fields)))
+                fix = hint(str(key), self.fields) or _known(loc, self.fields)
+                problems.append(((*loc, key), "unknown key" + fix))
         if len(problems) > start:
             return False
         self.__dict__.update(values, fields_set=frozenset(k for k in data if k in self.fields))
@@ -325,6 +326,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Secret):
         return "**********"
     return str(value) if isinstance(value, Path) else value
+
+
+def _known(loc: Loc, fields: Iterable[str]) -> str:
+    """The fix for a key no close name explains: the keys the table has."""
+    table = ".".join(str(p) for p in loc if not isinstance(p, int))
+    shown = f"[[{table}]]" if loc and isinstance(loc[-1], int) else f"[{table}]" if table else "the file"
+    return f": {shown} takes {', '.join(fields)}"
 
 
 def hint(name: str, known: Iterable[str]) -> str:

@@ -37,7 +37,8 @@ def test_every_problem_is_said_in_the_files_order():
     """As an editor shows the file, top to bottom (they came in the schema's order: fields, then unknown keys)."""
     msg = error_of('[daemon]\nunknown1 = 1\nlog_level = "loud"\n[alerts]\ngive_up_after = "0.5s"\ncooldown = -1\n')
     assert msg.splitlines() == [
-        "gw.toml:2: daemon.unknown1: unknown key",
+        "gw.toml:2: daemon.unknown1: unknown key: [daemon] takes state_dir, log_level, loop_lag_warn, status_interval, "
+        "incidents_keep",
         "gw.toml:3: daemon.log_level: Input should be 'debug', 'info', 'warning' or 'error'",
         "gw.toml:5: alerts.give_up_after: must be at least 1s (0 or less would spin, flood or never finish)",
         "gw.toml:6: alerts.cooldown: a duration cannot be negative"]
