@@ -236,8 +236,8 @@ EXAMPLES = [  # the man page's EXAMPLES: what a new user does first, then what a
      "holds a critical event."),
     ("gpuwarden probe http://127.0.0.1:8000/metrics", "Scrape an engine once: what it runs, and the processes "
      "a kill would take."),
-    ("sudo gpuwarden install && sudo systemctl enable --now gpuwarden", "Place the unit, the configuration, "
-     "the man page and the completion, then start the service."),
+    ("sudo gpuwarden install", "Place the systemd unit, the configuration, the man page and the completion, and "
+     "say the next step; sudo gpuwarden uninstall takes them away again, keeping the configuration."),
 ]
 
 
