@@ -404,6 +404,13 @@ def _warnings(config: configuration.Config) -> list[tuple[tuple, str]]:
         found.append((("kernel", "source"), f"\"file\" ({config.kernel.file}) cannot tell a kernel line from one any "
                       "user writes with `logger -t kernel`: a GPU fault read from it may be forged. /dev/kmsg and "
                       "the journal can tell: prefer source = \"auto\""))
+    if config.kernel.source == "file" and not config.kernel.file.exists():
+        found.append((("kernel", "file"), f"{config.kernel.file} does not exist: no kernel line is read until it "
+                      "does (Debian 12 writes none there without rsyslog; source = \"auto\" reads /dev/kmsg)"))
+    for i, engine in enumerate(config.engine):
+        if engine.source == "log" and engine.log_file is not None and not engine.log_file.exists():
+            found.append((("engine", i, "log_file"), f"{engine.log_file} does not exist: {engine.name}'s progress "
+                          "is not read until it does"))
     present = {gpu.pci for gpu in discover(config.gpu.sysfs_root)}
     here = (f"this box has {', '.join(sorted(present))}" if present
             else f"no GPU is found under {config.gpu.sysfs_root}")

@@ -130,6 +130,15 @@ def test_a_configured_gpu_the_box_does_not_have_is_warned_of(tmp_path):
     assert len(warnings) == 2
 
 
+def test_a_log_file_that_does_not_exist_is_warned_of(tmp_path):
+    """Valid (a log may be created later), but nothing is read until it is: `check` said nothing of it."""
+    result = check(tmp_path, f'[kernel]\nsource = "file"\nfile = "{tmp_path}/kern.log"\n' + ENGINE +
+                   f'source = "log"\nlog_file = "{tmp_path}/vllm.log"\n')
+    assert result.returncode == 0, result.stderr
+    assert f":3: kernel.file: {tmp_path}/kern.log does not exist: no kernel line is read" in result.stderr
+    assert f":8: engine[0].log_file: {tmp_path}/vllm.log does not exist: e's progress is not read" in result.stderr
+
+
 @pytest.fixture
 def store_cfg(tmp_path):
     now = time.time()
