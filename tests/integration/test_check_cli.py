@@ -83,6 +83,9 @@ def test_the_log_level_in_capitals_is_taken(tmp_path):
     result = check(tmp_path, '[daemon]\nlog_level = "INFO"\n', "--json")
     assert result.returncode == 0, result.stderr
     assert '"log_level": "info"' in result.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nbogus = 1\n")  # `run` stops at the file, after taking its options
+    assert gw("run", "--log-level", "DEBUG", "--config", str(bad)).returncode == 78
 
 
 @pytest.mark.parametrize("name", ["", "  ", " vllm", "a,b"])
