@@ -118,7 +118,8 @@ def _parser() -> argparse.ArgumentParser:
         return subparsers.add_parser(name, parents=[common], **kw)
 
     run = command("run", help="run the daemon in the foreground")
-    run.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, help="instead of [daemon] log_level (kept across reloads)")
+    run.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
+                     help="instead of [daemon] log_level (kept across reloads)")
     run.set_defaults(handler=cmd_run)
     reload = command("reload", help="make a running daemon re-read its configuration, and wait until it has")
     reload.add_argument("--pid", type=int, help="the daemon's pid (systemd: $MAINPID); default: the one gpuwarden "
