@@ -15,8 +15,9 @@ TEST_NEEDS := promtool:prometheus prometheus:prometheus systemd-analyze:systemd 
 
 .PHONY: run test lint bench install uninstall system-deps test-deps peers nspawn clean
 
-# `make run CONFIG=my.toml` runs with your file; without it, on the built-in defaults
-run: $(VENV)/.installed
+# `make run CONFIG=my.toml` runs with your file; without it, on the built-in defaults. It installs what the
+# daemon runs with, as `make install` does (the journal extra), and none of the test tools.
+run: $(VENV)/.runtime
 	$(VENV)/bin/gpuwarden $(if $(CONFIG),--config $(abspath $(CONFIG))) run
 
 # The engines and the nspawn root build (niced) while the tests that need neither run; then the tests that need
@@ -52,6 +53,12 @@ system-deps:
 test-deps: system-deps
 	@bash .ci/apt-needs $(TEST_NEEDS)
 	@bash .ci/apt-needs --package libfuse2 fonts-dejavu-core
+
+$(VENV)/.runtime: pyproject.toml | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[journal]'
+	touch $@
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)

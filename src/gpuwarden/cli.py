@@ -1,5 +1,5 @@
-"""The `gpuwarden` command. Exit codes: 0 ok, 1 runtime failure, 2 usage error (and `replay`: a critical event
-found), 78 configuration error, 141 standard output closed early (`| head`), as a tool that SIGPIPE ended.
+"""The `gpuwarden` command. Exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 `replay` found a critical
+event, 78 configuration error, 141 standard output closed early (`| head`), as a tool that SIGPIPE ended.
 
 JSON, the same way in every command: `--json` prints one JSON document and nothing else on standard output;
 `--jsonl` (the commands that list rows: events, incidents, replay) one JSON object per line as rows come."""
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import gpuwarden.alert.runbooks  # fills the registry that config checks runbook names against
@@ -25,7 +25,7 @@ from gpuwarden.logsetup import redact
 from gpuwarden.store import Store, StoreError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG, EXIT_PIPE = 0, 1, 2, 78, 141
-EXIT_CRITICAL = 2  # replay found a critical event
+EXIT_CRITICAL = 3  # replay found a critical event: a status no usage error (2) shares, so a script can tell
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SEVERITIES = ("info", "warning", "critical")
 
@@ -65,17 +65,22 @@ def _seconds(text: str) -> float:
 
 
 def _since(text: str) -> float:
-    """A --since: a duration back from now (90s, 1h, 2d) or a time (2026-12-04 09:30, 2026-12-04T09:30:00+00:00,
-    local time unless it says its zone); the epoch seconds it means."""
+    """A --since or --until: a duration back from now (90s, 1h, 2d, 1w), `today` or `yesterday` (from local
+    midnight), or a time (2026-12-04 09:30, 2026-12-04T09:30:00+00:00, local time unless it says its zone); the
+    epoch seconds it means."""
     try:
         return time.time() - parse_duration(text)
     except ValueError:
         pass
+    days = {"today": 0, "yesterday": 1}.get(text.strip().lower())
+    if days is not None:
+        midnight = datetime.now().replace(hour=0, minute=0, second=0, microsecond=0)
+        return (midnight - timedelta(days=days)).timestamp()
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a duration (90s, 1h, 2d) nor a time "
-                                         "(2026-12-04 09:30, 2026-12-04T09:30:00+00:00)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a duration (90s, 1h, 2d, 1w), today, yesterday, nor "
+                                         "a time (2026-12-04 09:30, 2026-12-04T09:30:00+00:00)") from None
 
 
 def _json_forms(parser: argparse.ArgumentParser) -> None:
@@ -113,15 +118,18 @@ def _parser() -> argparse.ArgumentParser:
         return subparsers.add_parser(name, parents=[common], **kw)
 
     run = command("run", help="run the daemon in the foreground")
-    run.add_argument("--log-level", choices=LOG_LEVELS, help="instead of [daemon] log_level (kept across reloads)")
+    run.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
+                     help="instead of [daemon] log_level (kept across reloads)")
     run.set_defaults(handler=cmd_run)
     reload = command("reload", help="make a running daemon re-read its configuration, and wait until it has")
     reload.add_argument("--pid", type=int, help="the daemon's pid (systemd: $MAINPID); default: the one gpuwarden "
                                                 "daemon running with this configuration's state_dir")
     reload.add_argument("--timeout", type=_seconds, default=20.0, help="seconds to wait (default 20)")
     reload.set_defaults(handler=cmd_reload)
-    check = command("check", help="validate the configuration and print it")
+    check = command("check", help="validate the configuration: one line when valid, else each error with its line")
     check.add_argument("file", nargs="?", type=Path, help="the configuration file (same as --config)")
+    check.add_argument("--show", action="store_true", help="print the effective configuration too, and what a "
+                                                           "kill of each engine would take now")
     check.add_argument("--json", action="store_true", help="one JSON document: the file, the effective "
                                                            "configuration, what a kill of each engine would take")
     check.set_defaults(handler=cmd_check)
@@ -129,14 +137,17 @@ def _parser() -> argparse.ArgumentParser:
     events = command("events", help="recent events from the store")
     _json_forms(events)
     events.add_argument("--since", type=_since, default="24h",
-                        help="how far back: a duration (90s, 1h, 2d) or a time (2026-12-04 09:30) (default 24h)")
+                        help="how far back: a duration (90s, 1h, 2d, 1w), today, yesterday or a time "
+                             "(2026-12-04 09:30) (default 24h)")
+    events.add_argument("--until", type=_since, help="up to when (the same forms: yesterday, 2h, a time); "
+                                                     "default now")
     events.add_argument("--kind", action="append", help="only this kind (again for more: --kind xid --kind ...)")
     events.add_argument("--gpu", action="append", help="only events about this GPU (its PCI address)")
     events.add_argument("--engine", action="append", help="only events about this engine")
     events.add_argument("--severity", choices=SEVERITIES, help="only events at this severity or above")
     events.set_defaults(handler=cmd_events)
 
-    replay = command("replay", help="classify saved kernel logs and print the events (exit 2: a critical one)")
+    replay = command("replay", help="classify saved kernel logs and print the events (exit 3: a critical one)")
     replay.add_argument("files", nargs="+", help="log files; - reads standard input")
     _json_forms(replay)
     replay.set_defaults(handler=cmd_replay)
@@ -200,11 +211,35 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--exec", dest="exe", metavar="PATH",
                          help="the gpuwarden the unit starts (default: this one)")
     install.set_defaults(handler=cmd_install)
+    uninstall = command("uninstall", help="the reverse of install: stop and disable the service, remove the unit, "
+                                          "the man page and the completion; keep the configuration and the store")
+    uninstall.add_argument("--root", type=Path, default=Path("/"), help="as install's --root (default /)")
+    uninstall.add_argument("--prefix", default="/usr/local", help="as install's --prefix (default /usr/local)")
+    uninstall.set_defaults(handler=cmd_uninstall)
     command("man", help="print the man page, gpuwarden(1), in roff").set_defaults(handler=cmd_man)
     completion = command("completion", help="print the shell completion script: source <(gpuwarden completion bash)")
     completion.add_argument("shell", choices=("bash",), help="the shell (bash)")
     completion.set_defaults(handler=cmd_completion)
     return parser
+
+
+EXAMPLES = [  # the man page's EXAMPLES: what a new user does first, then what an on-call engineer asks
+    ("gpuwarden check /etc/gpuwarden/gpuwarden.toml", "Validate the configuration: one line when it is valid, "
+     "else each error with its line, cause and fix. Add --show for the effective configuration."),
+    ("gpuwarden test-alert", "Send a test message to every alert target, and say which answered."),
+    ("gpuwarden status", "Ask the running daemon what it watches: sources, engines, open incidents, GPUs."),
+    ("gpuwarden events --since yesterday --severity warning", "The events since yesterday's midnight, warnings "
+     "and worse."),
+    ("gpuwarden events --since 1w --until 1d --kind xid --jsonl", "Last week's Xid events, one JSON object per "
+     "line."),
+    ("gpuwarden incidents", "The incident reports: what broke, what gpuwarden did, and each one's folder."),
+    ("journalctl -k -b -1 | gpuwarden replay -", "Classify the last boot's kernel log; exit status 3 when it "
+     "holds a critical event."),
+    ("gpuwarden probe http://127.0.0.1:8000/metrics", "Scrape an engine once: what it runs, and the processes "
+     "a kill would take."),
+    ("sudo gpuwarden install", "Place the systemd unit, the configuration, the man page and the completion, and "
+     "say the next step; sudo gpuwarden uninstall takes them away again, keeping the configuration."),
+]
 
 
 def _man_page() -> str:
@@ -213,7 +248,7 @@ def _man_page() -> str:
     files = [(str(configuration.DEFAULT_PATH), "the configuration (0600: it holds the alert URLs' tokens)"),
              ("/var/lib/gpuwarden", "the event store, incident reports and the reload confirmation (0700)"),
              ("/etc/systemd/system/gpuwarden.service", "the systemd unit `gpuwarden install` places")]
-    return cliref.man(_parser(), __version__, files)
+    return cliref.man(_parser(), __version__, files, EXAMPLES)
 
 
 def cmd_man(args: argparse.Namespace) -> int:
@@ -239,8 +274,48 @@ def cmd_install(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     for done in placed:
         print(f"{'kept the existing' if done.kept else 'placed'} {done.path} (mode {done.mode:o})")
-    if args.root == Path("/"):
-        print("start it with: systemctl daemon-reload && systemctl enable --now gpuwarden")
+    where = "next" if args.root == Path("/") else f"next, on the system this stage ({args.root}) is for"
+    print(f"{where}: put your alert URLs in /{install.CONFIG} (and your engines, or leave them to discovery),\n"
+          "  then: gpuwarden check && gpuwarden test-alert\n"
+          "  and start it, now and at every boot: systemctl daemon-reload && systemctl enable --now gpuwarden")
+    return EXIT_OK
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    """The reverse of `install`: the service stopped and disabled (on this system), the unit, man page and
+    completion removed; the configuration and the event store kept, and said so."""
+    import shutil
+    import subprocess
+
+    from gpuwarden import install
+
+    if args.root == Path("/") and Path("/run/systemd/system").is_dir() and shutil.which("systemctl"):
+        try:
+            done = subprocess.run(["systemctl", "disable", "--now", "gpuwarden"], capture_output=True, text=True,
+                                  timeout=60)  # a stop waits for the daemon's own bounded shutdown
+        except subprocess.TimeoutExpired:
+            print("gpuwarden uninstall: systemctl disable --now gpuwarden did not finish in 60 s: nothing removed",
+                  file=sys.stderr)
+            return EXIT_FAILURE
+        if done.returncode == 0:
+            print("stopped and disabled gpuwarden.service")
+        elif "does not exist" not in done.stderr and "not loaded" not in done.stderr:
+            print(f"gpuwarden uninstall: systemctl disable --now gpuwarden: {done.stderr.strip()}: nothing removed",
+                  file=sys.stderr)
+            return EXIT_FAILURE
+    try:
+        removed = install.uninstall(args.root, args.prefix)
+    except OSError as exc:
+        print(f"gpuwarden uninstall: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    for path in removed:
+        print(f"removed {path}")
+    if not removed:
+        print(f"nothing to remove: no file of `gpuwarden install --root {args.root} --prefix {args.prefix}` is there")
+    if args.root == Path("/") and removed and shutil.which("systemctl") and Path("/run/systemd/system").is_dir():
+        subprocess.run(["systemctl", "daemon-reload"], capture_output=True, timeout=60)
+    print(f"kept {args.root / install.CONFIG} (your configuration) and the state dir (the event store, incident "
+          "reports): remove them yourself if you want them gone")
     return EXIT_OK
 
 
@@ -283,6 +358,9 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """As `nginx -t` and `promtool check`: one line when the file is valid, each warning after it with its line;
+    an invalid file exits 78 with each error's line, cause and fix, top to bottom. --show adds the effective
+    configuration and what a kill of each engine would take now."""
     from gpuwarden.alert.targets import build
     from gpuwarden.engine.parts import target_spec
 
@@ -291,27 +369,81 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     config, path = configuration.load(args.file or args.config)
     try:
-        build(config.alerts)  # what `run` does with the alert URLs and apprise config file: it must not fail there
+        targets = build(config.alerts)  # what `run` does with the alert URLs and apprise config file
     except ConfigError as exc:
         raise configuration.placed(exc, path) from None
+    warnings = configuration.in_line_order(_warnings(config), path)
     if args.json:
         engines = {}
         for engine in config.engine:
             processes, refused = _resolution(target_spec(engine))
             engines[engine.name] = {"processes": processes, "refused": refused}
-        print(json.dumps({"file": str(path) if path else None, "valid": True,
+        print(json.dumps({"file": str(path) if path else None, "valid": True, "warnings": warnings,
                           "config": config.dump(), "kill_would_take": engines}))
         return EXIT_OK
-    print(f"# {path or 'no configuration file: built-in defaults'} is valid; the effective configuration:")
-    print(json.dumps(config.dump(), indent=2, ensure_ascii=False))  # secrets print as '**********', URLs masked
-    if config.kernel.source == "file":
-        print(f"# note: kernel source \"file\" ({config.kernel.file}) cannot tell a kernel line from one any user "
-              "writes with `logger -t kernel` (syslog puts both there alike): a GPU fault read from it may be "
-              "forged. /dev/kmsg and the journal (_TRANSPORT=kernel) can tell: prefer source = \"auto\"")
-    for engine in config.engine:
-        print(f"# engine {engine.name}: a kill now would take")
-        _print_processes(*_resolution(target_spec(engine)))
+    counted = (f"{len(config.engine)} engine{'' if len(config.engine) == 1 else 's'}" if config.engine
+               else "engines: discovered" if config.engines.discover else "no engine")
+    print(f"{path or 'no configuration file: the built-in defaults'}: valid ({counted}, {len(targets)} alert "
+          f"target{'' if len(targets) == 1 else 's'}, kernel source {config.kernel.source}"
+          f"{f', {len(warnings)} warning' + ('' if len(warnings) == 1 else 's') if warnings else ''})")
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.show:
+        print(json.dumps(_effective(config, targets), indent=2, ensure_ascii=False))  # secrets masked
+        for engine in config.engine:
+            print(f"# engine {engine.name}: a kill now would take")
+            _print_processes(*_resolution(target_spec(engine)))
     return EXIT_OK
+
+
+def _warnings(config: configuration.Config) -> list[tuple[tuple, str]]:
+    """What is valid but likely not what was meant, as (key, why): `run` would go on, missing something."""
+    from gpuwarden.gpu.discovery import discover
+
+    found: list[tuple[tuple, str]] = []
+    if config.kernel.source == "file":
+        found.append((("kernel", "source"), f"\"file\" ({config.kernel.file}) cannot tell a kernel line from one any "
+                      "user writes with `logger -t kernel`: a GPU fault read from it may be forged. /dev/kmsg and "
+                      "the journal can tell: prefer source = \"auto\""))
+    if config.kernel.source == "file" and not config.kernel.file.exists():
+        found.append((("kernel", "file"), f"{config.kernel.file} does not exist: no kernel line is read until it "
+                      "does (Debian 12 writes none there without rsyslog; source = \"auto\" reads /dev/kmsg)"))
+    for i, engine in enumerate(config.engine):
+        if engine.source == "log" and engine.log_file is not None and not engine.log_file.exists():
+            found.append((("engine", i, "log_file"), f"{engine.log_file} does not exist: {engine.name}'s progress "
+                          "is not read until it does"))
+    present = {gpu.pci for gpu in discover(config.gpu.sysfs_root)}
+    here = (f"this box has {', '.join(sorted(present))}" if present
+            else f"no GPU is found under {config.gpu.sysfs_root}")
+    for i, engine in enumerate(config.engine):
+        for j, gpu in enumerate(engine.gpus):
+            if gpu not in present:
+                found.append((("engine", i, "gpus", j), f"GPU {gpu} is not on this box ({here}): a fault of "
+                              f"the GPU {engine.name} really uses would not be matched to it. Fix the address, or "
+                              "leave gpus out (learned from the device files the engine holds)"))
+    for j, gpu in enumerate(config.guard.devices):
+        if gpu not in present:
+            found.append((("guard", "devices", j), f"GPU {gpu} is not on this box ({here}): nothing to guard there"))
+    return found
+
+
+def _effective(config: configuration.Config, targets) -> dict:
+    """The configuration as `run` will use it: defaults that depend on the box resolved (the guard, the
+    caches, the alert targets' names), keys left unset left out rather than printed as null."""
+    from gpuwarden.act.quarantine import cache_dirs
+
+    shown = config.dump()
+    shown["guard"]["enabled"] = config.guard.enabled if config.guard.enabled is not None else os.geteuid() == 0
+    shown["cache"]["dirs"] = [str(d) for d in cache_dirs(config.cache)]
+    named = iter(t.name for t in targets[len(config.alerts.urls):])
+    for target in shown["alerts"]["target"]:
+        target["name"] = next(named)
+
+    def set_only(value):
+        if isinstance(value, dict):
+            return {k: set_only(v) for k, v in value.items() if v is not None}
+        return [set_only(v) for v in value] if isinstance(value, list) else value
+    return set_only(shown)
 
 
 def _resolution(spec) -> tuple[list[str], list[str]]:
@@ -341,7 +473,8 @@ def cmd_events(args: argparse.Namespace) -> int:
         return EXIT_OK  # no events, as from an empty store
     store = Store(db)
     try:
-        rows = [row for row in store.events(since=since) if _wanted(row, args)]
+        rows = [row for row in store.events(since=since) if _wanted(row, args)
+                and (args.until is None or row["time"] < args.until)]
     finally:
         store.close()
 
@@ -350,9 +483,14 @@ def cmd_events(args: argparse.Namespace) -> int:
         count = f" (x{row['count']})" if row["count"] > 1 else ""
         return f"{stamp}  {row['severity']:<8} {row['kind']:<16} {row['gpu'] or '-':<13} {row['message']}{count}"
     if not _emit(args, rows, text) and not (args.json or args.jsonl):
-        print(f"no events since {datetime.fromtimestamp(since).isoformat(sep=' ', timespec='seconds')}"
+        until = f" until {_stamp(args.until)}" if args.until is not None else ""
+        print(f"no events since {_stamp(since)}{until}"
               + (" that match" if args.kind or args.gpu or args.engine or args.severity else ""), file=sys.stderr)
     return EXIT_OK
+
+
+def _stamp(when: float) -> str:
+    return datetime.fromtimestamp(when).isoformat(sep=" ", timespec="seconds")
 
 
 def cmd_conditions(args: argparse.Namespace) -> int:

@@ -25,9 +25,14 @@ def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 # --- man page (roff, man(7) macros) ----------------------------------------------------------------------------
 
+_CODE = re.compile(r"`([^`]+)`")
+
+
 def _roff(text: str) -> str:
-    """Plain text as roff: backslashes and hyphens escaped, no line starting as a request."""
+    """Plain text as roff: backslashes and hyphens escaped, no line starting as a request, and the help's
+    `code` (Markdown's backticks, which man shows as they are) in bold."""
     text = text.replace("\\", "\\e").replace("-", "\\-")
+    text = _CODE.sub(r"\\fB\1\\fR", text)
     return "\n".join("\\&" + line if line[:1] in (".", "'") else line for line in text.splitlines())
 
 
@@ -49,9 +54,10 @@ def _items(actions: list[argparse.Action]) -> list[str]:
     return out
 
 
-def man(parser: argparse.ArgumentParser, version: str, files: list[tuple[str, str]]) -> str:
+def man(parser: argparse.ArgumentParser, version: str, files: list[tuple[str, str]],
+        examples: list[tuple[str, str]] = ()) -> str:
     """gpuwarden(1): NAME, SYNOPSIS, DESCRIPTION (the parser's), OPTIONS, COMMANDS (each with the options of its
-    own), FILES."""
+    own), EXAMPLES (what each does, then the command line), FILES."""
     prog = parser.prog
     paragraphs = [" ".join(p.split()) for p in (parser.description or prog).split("\n\n")]
     out = [f'.TH {prog.upper()} 1 "" "{prog} {version}" "User Commands"', ".SH NAME",
@@ -64,6 +70,10 @@ def man(parser: argparse.ArgumentParser, version: str, files: list[tuple[str, st
         usage = sub.format_usage().removeprefix("usage: ").strip()
         out += [f'.SS "{name}"', _roff(help_), ".PP", ".nf", _roff(" ".join(usage.split())), ".fi"]
         out += _items([a for a in _options(sub) if not common & set(a.option_strings)])
+    if examples:
+        out += [".SH EXAMPLES"]
+        for command, what in examples:
+            out += [".PP", _roff(what), ".PP", ".RS 4", ".nf", f"\\fB{_roff(command)}\\fR", ".fi", ".RE"]
     out += [".SH FILES"]
     for path, what in files:
         out += [".TP", f"\\fI{_roff(path)}\\fR", _roff(what)]

@@ -53,13 +53,13 @@ class ConfigError(Exception):
         self.loc = loc
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or from text such as "90s", "5m", "1h30m", "250ms"."""
+    """Seconds from a number or from text such as "90s", "5m", "1h30m", "250ms", "1w"."""
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or text such as \"90s\" or \"5m\"")
     if isinstance(value, int | float):
@@ -131,8 +131,18 @@ def _absolute(path: Path) -> Path:
     return path
 
 
+def _not_a_directory(path: Path) -> Path:
+    """A file to read lines from: a directory there is a mistake `run` would only find by failing in a loop.
+    (`docker run -v /var/log/kern.log:...` on a host without that file makes a directory of it.)"""
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory, not a log file: name the file (in a container, mount a "
+                         "file that exists on the host: Docker makes a missing one a directory)")
+    return path
+
+
 ContainerName = then(text, _container_name)
 AbsolutePath = then(filepath, _absolute)
+LogFile = then(filepath, _absolute, _not_a_directory)
 
 
 def default_state_dir() -> Path:
@@ -144,7 +154,7 @@ def default_state_dir() -> Path:
 
 class DaemonConfig(Section):
     state_dir: Path = field(AbsolutePath, factory=default_state_dir)
-    log_level: str = field(one_of("debug", "info", "warning", "error"), "info")
+    log_level: str = field(then(text, str.lower, one_of("debug", "info", "warning", "error")), "info")  # INFO too
     loop_lag_warn: float = field(Interval, 1.0)
     status_interval: float = field(Period, 30.0)
     incidents_keep: int = field(integer(ge=1, le=100_000), 100)  # newest incident bundles kept; older deleted
@@ -261,7 +271,7 @@ def _rule_takes_a_severity(value: dict[str, str]) -> dict[str, str]:
 
 class KernelConfig(Section):
     source: str = field(one_of("auto", "journal", "kmsg", "file"), "auto")
-    file: Path | None = field(AbsolutePath, None)
+    file: Path | None = field(LogFile, None)
     lookback: float = field(Duration, 600.0)
     storm_window: float = field(Duration, 2.0)  # 0: every line is its own event
     rule: list[KernelRule] = field(ListOf(KernelRule), [])
@@ -288,15 +298,35 @@ class KernelConfig(Section):
         return {int(code): Severity.parse(s) for code, s in self.xid.items()}
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _alert_url(url: Secret) -> Secret:
+    """The form every alert URL has (the service's scheme, a valid port), checked here so that the reason is
+    said; apprise's own refusal names no reason. The URL itself is never repeated: it carries tokens."""
+    value = url.get_secret_value().strip()
+    if not _SCHEME.match(value):
+        raise ValueError("not a URL: an alert URL starts with its service's scheme, such as ntfys://ntfy.sh/TOPIC, "
+                         "mailtos://user:password@host, json://host:port/path (the apprise wiki lists them)")
+    # a number after the host is its port (in `tgram://123:token/chat` what follows the colon is a token)
+    if (port := re.fullmatch(r"[^/?#]*?(?:\[[^\]]*\])?[^/?#@\[]*:(\d+)", urlsplit(value).netloc)) and not (
+            0 < int(port[1]) <= 65535):
+        raise ValueError(f"port {port[1]} is not a port: a port is a number from 1 to 65535")
+    return url
+
+
+AlertUrl = then(secret, _alert_url)
+
+
 class AlertTarget(Section):
-    url: Secret = field(secret)  # apprise URLs carry tokens: printed as '**********'
+    url: Secret = field(AlertUrl)  # apprise URLs carry tokens: printed as '**********'
     name: str | None = field(text, None)  # how logs and metrics call it; default "<n>:<scheme>://<host>"
     min_severity: str = field(SeverityName, "warning")
     tags: list[str] = field(ListOf(text), [])  # when set, only alerts about these kinds, GPUs or engines go here
 
 
 class AlertsConfig(Section):
-    urls: list[Secret] = field(ListOf(secret), [])  # shorthand for targets at min_severity "warning"
+    urls: list[Secret] = field(ListOf(AlertUrl), [])  # shorthand for targets at min_severity "warning"
     target: list[AlertTarget] = field(ListOf(AlertTarget), [])
     # an apprise config file (TEXT or YAML); its tags work as `tags` above
     config_file: Path | None = field(AbsolutePath, None)
@@ -386,8 +416,16 @@ def _masked(url: str | None) -> str | None:
 MetricsUrl = then(text, check_metrics_url)
 
 
+def _engine_name(name: str) -> str:
+    if not name.strip():  # pages, metrics, tags and `gpuwarden events --engine` all call it by this name
+        raise ValueError("an engine needs a name (pages, metrics and tags call it by it), not an empty one")
+    if name != name.strip() or "," in name:  # an incident's label lists its engines "a,b"
+        raise ValueError(f"{name!r}: a name has no blanks at its ends and no comma")
+    return name
+
+
 class EngineConfig(Section):
-    name: str = field(text)
+    name: str = field(then(text, _engine_name))
     # the engine's API (canary, /slots); metrics_url defaults to its /metrics. Without it, metrics_url's scheme,
     # host and port are the API
     url: str | None = field(MetricsUrl, None, shown=_masked)
@@ -396,7 +434,7 @@ class EngineConfig(Section):
     # where progress is read: the engine's /metrics, its own log (log_file, log_unit or log_container), or
     # llama.cpp's /slots
     source: str = field(one_of("metrics", "log", "slots"), "metrics")
-    log_file: Path | None = field(AbsolutePath, None)
+    log_file: Path | None = field(LogFile, None)
     log_unit: str | None = field(text, None)  # a systemd unit: its journal entries (_SYSTEMD_UNIT)
     log_container: str | None = field(ContainerName, None)  # a Docker container: its log through the Engine API
     # one real one-token completion: before a kill decided from a log alone, and every canary_interval (0: never)
@@ -552,6 +590,7 @@ def load(path: Path | None) -> tuple[Config, Path | None]:
 
 
 def parse(text: str, name: str = "<config>") -> Config:
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as Windows editors write: not part of the TOML
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -559,10 +598,18 @@ def parse(text: str, name: str = "<config>") -> Config:
     try:
         config = Config.validate(data)
     except Invalid as exc:
-        raise ConfigError("\n".join(_located(loc, message, text, name) for loc, message in exc.problems)) from None
+        raise ConfigError(_in_line_order(exc.problems, text, name)) from None
     if problems := list(cross_checks(config)):
-        raise ConfigError("\n".join(_located(loc, message, text, name) for loc, message in problems))
+        raise ConfigError(_in_line_order(problems, text, name))
     return config
+
+
+def _in_line_order(problems: list[tuple[tuple[Any, ...], str]], text: str, name: str) -> str:
+    """Each problem as `file:line: key: why`, top to bottom as an editor shows the file (those with no line of
+    their own, keys left to their defaults, last)."""
+    lines = [line_of(text, loc) for loc, _ in problems]
+    order = sorted(range(len(problems)), key=lambda i: (lines[i] is None, lines[i] or 0))
+    return "\n".join(_located(problems[i][0], problems[i][1], text, name, lines[i]) for i in order)
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
@@ -630,9 +677,18 @@ def _not_a_folder(path: Path) -> str | None:
     return None
 
 
-def _located(loc: tuple[Any, ...], message: str, text: str, name: str) -> str:
+def in_line_order(problems: list[tuple[tuple[Any, ...], str]], path: Path | None) -> list[str]:
+    """Problems found after parsing (check's warnings) as `file:line: key: why`, in the file's order."""
+    try:
+        text = path.read_text(encoding="utf-8").removeprefix("\ufeff") if path else ""
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    return _in_line_order(problems, text, str(path or "<defaults>")).splitlines() if problems else []
+
+
+def _located(loc: tuple[Any, ...], message: str, text: str, name: str, line: int | None = None) -> str:
     key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
-    line = line_of(text, loc)
+    line = line or line_of(text, loc)
     return f"{name}:{line}: {key}: {message}" if line else f"{name}: {key}: {message}"
 
 

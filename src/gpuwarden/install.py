@@ -84,3 +84,22 @@ def install(root: Path, prefix: str, exe: str, man_page: str, completion: str) -
             _config(root / CONFIG),
             _write(share / "man/man1/gpuwarden.1", man_page, 0o644),
             _write(share / "bash-completion/completions/gpuwarden", completion, 0o644)]
+
+
+def placed_paths(root: Path, prefix: str) -> list[Path]:
+    """What `install` places that `uninstall` takes away: everything but the configuration (the admin's, with
+    its tokens) and the state dir (the event store), which are kept."""
+    share = root / prefix.lstrip("/") / "share"
+    return [root / UNIT, share / "man/man1/gpuwarden.1", share / "bash-completion/completions/gpuwarden"]
+
+
+def uninstall(root: Path, prefix: str) -> list[Path]:
+    """The files `install` placed, removed; those that were not there are not listed."""
+    removed = []
+    for path in placed_paths(root, prefix):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed

@@ -35,14 +35,11 @@ def text(value: Any) -> str:
 
 
 def boolean(value: Any) -> bool:
+    """A TOML boolean only. A quoted "yes", "off" or a 1 is text or a number: which of them mean true is a
+    guess (is "n" no? "disabled"?), and a guess wrong turns a switch the other way than the file reads."""
     if isinstance(value, bool):
         return value
-    word = str(value).strip().lower() if isinstance(value, str | int) else None
-    if word in ("true", "yes", "on", "1"):
-        return True
-    if word in ("false", "no", "off", "0"):
-        return False
-    raise ValueError("Input should be a valid boolean")
+    raise ValueError(f"Input should be true or false, without quotes (TOML's booleans), not {value!r}")
 
 
 def integer(ge: int | None = None, le: int | None = None) -> Convert:
@@ -144,6 +141,11 @@ class ListOf:
         self.item = item
 
     def validate(self, value: Any, loc: Loc, problems: list[Problem]) -> Any:
+        if isinstance(value, dict) and isinstance(self.item, type) and issubclass(self.item, Section):
+            name = ".".join(map(str, loc))
+            problems.append((loc, f"[{name}] is one table, where [[{name}]] (double brackets: an array of tables, "
+                                  f"one [[{name}]] for each) is meant"))
+            return _INVALID
         if not isinstance(value, list | tuple):
             problems.append((loc, "Input should be a valid list"))
             return _INVALID
@@ -264,7 +266,8 @@ class Section:
                 values[name] = _checked(f.checks, value, (*loc, name), problems)
         for key in data:
             if key not in self.fields:
-                problems.append(((*loc, key), "unknown key" + hint(str(key), self.fields)))
+                fix = hint(str(key), self.fields) or _known(loc, self.fields)
+                problems.append(((*loc, key), "unknown key" + fix))
         if len(problems) > start:
             return False
         self.__dict__.update(values, fields_set=frozenset(k for k in data if k in self.fields))
@@ -323,6 +326,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Secret):
         return "**********"
     return str(value) if isinstance(value, Path) else value
+
+
+def _known(loc: Loc, fields: Iterable[str]) -> str:
+    """The fix for a key no close name explains: the keys the table has."""
+    table = ".".join(str(p) for p in loc if not isinstance(p, int))
+    shown = f"[[{table}]]" if loc and isinstance(loc[-1], int) else f"[{table}]" if table else "the file"
+    return f": {shown} takes {', '.join(fields)}"
 
 
 def hint(name: str, known: Iterable[str]) -> str:

@@ -22,7 +22,7 @@ def run(*args, stdin=None):
 def test_replay_json_over_a_corpus_file(corpus):
     log = corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log"
     result = run("replay", "--jsonl", str(log))
-    assert result.returncode == 2, result.stderr  # it found a critical event
+    assert result.returncode == 3, result.stderr  # it found a critical event
     events = [json.loads(line) for line in result.stdout.splitlines()]
     xid = next(e for e in events if e["kind"] == "xid")
     assert (xid["xid"], xid["severity"], xid["gpu"], xid["count"]) == (79, "critical", "0000:01:00.0", 1)
@@ -34,7 +34,7 @@ def test_replay_json_over_a_corpus_file(corpus):
 def test_replay_reads_stdin_and_counts_malformed_lines():
     text = '{"MESSAGE": "broken\n[5.0] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19\n'
     result = run("replay", "--jsonl", "-", stdin=text)
-    assert result.returncode == 2  # a failed reset is critical
+    assert result.returncode == 3  # a failed reset is critical
     [event] = [json.loads(line) for line in result.stdout.splitlines()]
     assert (event["kind"], event["gpu"]) == ("reset_failed", "0000:03:00.0")
     assert "1 malformed line(s) skipped" in result.stderr
@@ -130,7 +130,7 @@ def test_a_closed_pipe_ends_replay_quietly(tmp_path):
 def test_replay_exit_code_says_whether_it_found_something_critical(corpus):
     assert run("replay", str(corpus / "kernel/001-amd-sq-intr-wave-errors.log")).returncode == 0  # warnings only
     found = run("replay", "--json", str(corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log"))
-    assert found.returncode == 2
+    assert found.returncode == 3
     assert any(e["kind"] == "xid" for e in json.loads(found.stdout))  # one document
 
 
@@ -224,7 +224,7 @@ def test_jsonl_commands_print_one_object_a_line(store_cfg, corpus, command):
     extra = [str(corpus / "kernel/027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log")] if command == "replay" \
         else []
     out = run("--config", str(store_cfg), command, "--jsonl", *extra)
-    assert out.returncode in (0, 2), out.stderr  # replay: 2, it found something critical
+    assert out.returncode in (0, 3), out.stderr  # replay: 3, it found something critical
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert all(isinstance(row, dict) for row in rows)
     assert rows or command in ("incidents", "conditions")  # the store holds events, no incident or condition

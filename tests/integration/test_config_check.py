@@ -74,7 +74,8 @@ def test_check_refuses_a_value_that_breaks_run_naming_key_and_line(tmp_path, con
 def test_listen_takes_host_and_port(tmp_path):
     path = tmp_path / "ok.toml"
     path.write_text('[exporter]\nlisten = "127.0.0.1:9000"\n')
-    result = subprocess.run([*GPUWARDEN, "check", "--config", str(path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([*GPUWARDEN, "check", "--config", str(path), "--show"], capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     assert '"listen": "127.0.0.1"' in result.stdout and '"port": 9000' in result.stdout
 

@@ -12,7 +12,7 @@ ENGINE = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:1/metrics"\n'
 def check(tmp_path, text: str) -> subprocess.CompletedProcess:
     path = tmp_path / "gw.toml"
     path.write_text(text)
-    return subprocess.run([*GPUWARDEN, "check", str(path)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([*GPUWARDEN, "check", str(path), "--show"], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize(("config", "names"), [
@@ -52,4 +52,4 @@ def test_a_file_kernel_source_is_said_to_be_forgeable(tmp_path):
     log.write_text("")
     result = check(tmp_path, f'[kernel]\nsource = "file"\nfile = "{log}"\n')
     assert result.returncode == 0, result.stderr
-    assert "cannot tell a kernel line from one any user writes with `logger -t kernel`" in result.stdout
+    assert "cannot tell a kernel line from one any user writes with `logger -t kernel`" in result.stderr

@@ -2,8 +2,10 @@
 Prometheus and a real Alertmanager delivering to a webhook receiver on loopback."""
 
 import json
+import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -31,6 +33,57 @@ def test_amtool_accepts_the_alertmanager_example():
     result = run(need("amtool", "prometheus-alertmanager"), "check-config", ALERTMANAGER)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 inhibit rules" in result.stdout
+
+
+def test_alertmanager_holds_back_only_the_lost_gpus_alerts(tmp_path):
+    """The shipped inhibit rules in a real Alertmanager, fed the alerts of an eight-GPU box with GPU 3 lost
+    (its incident, its engine's stall and silence) and, on the same box, GPU 5's engine down in its own
+    incident and GPU 6's engine stalled: only GPU 3's are held back, and GPU 5's engine behind its incident.
+    (Before: `equal: [instance]`, one lost GPU held back every engine's alert of the box.)"""
+    am, port = start_alertmanager(tmp_path, "http://127.0.0.1:9/unused")  # nothing is sent within the test
+    try:
+        box = {"instance": "box:10440", "job": "gpuwarden", "severity": "critical"}
+        alerts = {
+            "lost3": {"alertname": "GpuwardenGpuLost", "gpu": "0000:03:00.0"},
+            "incident3": {"alertname": "GpuwardenIncident", "gpu": "0000:03:00.0", "engine": "e3", "id": "a"},
+            "stalled3": {"alertname": "GpuwardenEngineStalled", "gpu": "0000:03:00.0", "engine": "e3"},
+            "down5": {"alertname": "GpuwardenEngineDown", "gpu": "0000:05:00.0", "engine": "e5"},
+            "incident5": {"alertname": "GpuwardenIncident", "gpu": "0000:05:00.0", "engine": "e5", "id": "b"},
+            "stalled6": {"alertname": "GpuwardenEngineStalled", "gpu": "0000:06:00.0", "engine": "e6"},
+            "unwatched7": {"alertname": "GpuwardenEngineUnwatched", "engine": "e7", "severity": "warning"},
+        }
+        body = json.dumps([{"labels": {**box, **labels}} for labels in alerts.values()]).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v2/alerts", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+
+        def states():
+            got = json.loads(http_get(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=10))
+            if len(got) < len(alerts):
+                return None
+            named = {next(k for k, v in alerts.items() if v.items() <= a["labels"].items()): a for a in got}
+            return {name: bool(a["status"]["inhibitedBy"]) for name, a in named.items()}
+
+        held = wait_for(states, 30, interval=0.2, what="Alertmanager to list the alerts")
+        assert held == {"lost3": False, "incident3": True, "stalled3": True, "down5": True, "incident5": False,
+                        "stalled6": False, "unwatched7": False}
+    finally:
+        am.stop()
+
+
+def test_every_alert_is_documented_as_it_is_in_the_rules():
+    """docs/fleet.md's table lists exactly the rules' alerts, each with its severity and `for:`, and its
+    runbook_url leads to its own section there (the table once listed alerts the rules no longer had)."""
+    rules = {r["alert"]: r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}
+    doc = (ROOT / "docs/fleet.md").read_text()
+    table = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `(Gpuwarden\w+)` \|.*\| (\w+) \| *(\w*) *\|$", doc, re.M)}
+    assert table == {name: (r["labels"]["severity"], r.get("for", "")) for name, r in rules.items()}
+    sections = {m[1] for m in re.finditer(r"^#### (Gpuwarden\w+)$", doc, re.M)}
+    for name, rule in rules.items():
+        assert rule["annotations"].keys() == {"summary", "description", "runbook_url"}, name
+        assert rule["annotations"]["runbook_url"] == f"docs/fleet.md#{name.lower()}" and name in sections, name
+    assert sections == set(rules)
 
 
 class Server:

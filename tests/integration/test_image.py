@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ NSPAWN = Path(os.environ.get("GPUWARDEN_NSPAWN") or Path(os.environ.get("XDG_CAC
               / "gpuwarden-nspawn") / "bookworm"
 TAG = f"gpuwarden:{__version__}"  # what `docker build -t` in the Dockerfile's header makes
 XID = "Dec 02 16:22:28 host kernel: NVRM: Xid (PCI:ffff:fe:1f): 79, pid=1, GPU has fallen off the bus.\n"
+TOKEN = "tk_never_in_an_image_4f1c9a"  # in a user's my.toml beside the checkout's files
 
 
 def _client(*args: str, stdin: bytes | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -66,13 +68,16 @@ def context(into: Path) -> Path:
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, into / name, follow_symlinks=False)
     (into / "wheels").mkdir()
+    (into / "my.toml").write_text(f'[alerts]\nurls = ["ntfys://{TOKEN}@ntfy.sh/box"]\n')
     return into
 
 
 @pytest.fixture(scope="module")
 def image(docker_engine, tmp_path_factory) -> str:
     wheels = context(tmp_path_factory.mktemp("context")) / "wheels"
-    for what in ([str(ROOT)], ["--no-deps", "setuptools>=77"]):  # gpuwarden's dependencies; its build backend
+    # gpuwarden's dependencies with the image's extras (systemd-python built here, where its headers are); the
+    # build backend: what the Dockerfile's header says to put in wheels/
+    for what in ([f"{ROOT}[journal,web]"], ["--no-deps", "setuptools>=77"]):
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), *what],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -80,6 +85,63 @@ def image(docker_engine, tmp_path_factory) -> str:
                     "--build-arg", "PIP_OPTIONS=--no-index --find-links /src/wheels", str(wheels.parent))
     assert built.returncode == 0, (built.stdout + built.stderr).decode()[-5000:]
     return TAG
+
+
+def _layers(image: str, into: Path) -> list[tarfile.TarFile]:
+    """The image's layers as `docker save` writes them, bottom first (the base's first)."""
+    saved = into / "image.tar"
+    done = _client("save", "-o", str(saved), image, timeout=600)
+    assert done.returncode == 0, done.stderr.decode()
+    with tarfile.open(saved) as tar:
+        tar.extractall(into / "saved", filter="data")
+    manifest = json.loads((into / "saved/manifest.json").read_text())[0]
+    return [tarfile.open(into / "saved" / layer) for layer in manifest["Layers"]]
+
+
+def test_no_layer_of_the_image_holds_a_file_of_the_checkout(image, tmp_path):
+    """Every layer the Dockerfile adds above the base holds /opt/gpuwarden and nothing else; no layer of the
+    image holds the user's token (the old Dockerfile's `COPY . /src` then `rm` left the whole checkout,
+    my.toml with it, in a layer)."""
+    base = json.loads(docker("inspect", "--format", "{{json .RootFS.Layers}}", base_image()))
+    ours = json.loads(docker("inspect", "--format", "{{json .RootFS.Layers}}", image))
+    assert ours[:len(base)] == base and len(ours) > len(base)
+    layers = _layers(image, tmp_path)
+    assert len(layers) == len(ours)
+    for tar in layers[len(base):]:
+        names = [n.strip("./") for n in tar.getnames()]
+        stray = [n for n in names if n and n != "opt" and not n.startswith("opt/gpuwarden")]
+        assert not stray, stray[:20]
+    for tar in layers:
+        for member in tar.getmembers():
+            if member.isfile():
+                assert TOKEN.encode() not in tar.extractfile(member).read(), member.name
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image)
+    assert "/src" not in history, history  # the build stage's `COPY . /src` is none of the image's steps
+
+
+def test_the_image_has_the_extras_its_manifests_use(image):
+    """The DaemonSet's source = "auto" reads the journal (systemd-python); its web config needs bcrypt and PyYAML."""
+    done = _client("run", "--rm", "--network", "none", "--entrypoint", "/opt/gpuwarden/bin/python", image, "-c",
+                   "import systemd.journal, bcrypt, yaml; print('ok')", timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == b"ok", done.stderr.decode()
+
+
+def test_a_kernel_log_the_host_does_not_have_is_said_not_run_on(image, tmp_path):
+    """docs/service.md's `-v /var/log/kern.log:…` on a host without that file: Docker makes a directory of it.
+    The daemon ran on it, its kernel source failing in a loop while `check` called the file valid and the status
+    said all components up; now the container stops at once with the reason."""
+    config = tmp_path / "gpuwarden.toml"
+    config.write_text('[exporter]\nlisten = "0.0.0.0"\n[kernel]\nsource = "file"\nfile = "/var/log/kern.log"\n')
+    missing = tmp_path / "no-such-kern.log"
+    name = f"gwtest-image-missing-{os.getpid()}"
+    try:
+        done = _client("run", "--name", name, "--network", "none", "-v", f"{missing}:/var/log/kern.log:ro",
+                       "-v", f"{config}:/etc/gpuwarden/gpuwarden.toml:ro", image, timeout=120)
+        assert missing.is_dir()  # what Docker did with the path the host does not have
+        assert done.returncode == 78, (done.stdout + done.stderr).decode()
+        assert b"kernel.file: '/var/log/kern.log' is a directory, not a log file" in done.stderr, done.stderr
+    finally:
+        docker("rm", "-f", name, check=False)
 
 
 def test_the_image_runs_the_daemon_on_a_mounted_kernel_log(image, tmp_path):

@@ -80,7 +80,7 @@ def test_unreadable_config_exits_78(tmp_path):
 def test_check_prints_the_effective_config_and_usage_errors_exit_2(tmp_path):
     path = tmp_path / "ok.toml"
     path.write_text("[kernel]\nstorm_window = \"3s\"\n")
-    result = subprocess.run([*GPUWARDEN, "--config", str(path), "check"], capture_output=True, text=True)
+    result = subprocess.run([*GPUWARDEN, "--config", str(path), "check", "--show"], capture_output=True, text=True)
     assert result.returncode == 0 and '"storm_window": 3.0' in result.stdout
     assert subprocess.run([*GPUWARDEN, "frobnicate"], capture_output=True).returncode == 2
     assert subprocess.run([*GPUWARDEN, "--version"], capture_output=True, text=True).stdout.startswith("gpuwarden ")

@@ -185,7 +185,8 @@ def test_check_and_probe_show_what_a_kill_would_take(attacker, tmp_path):
     config = tmp_path / "gpuwarden.toml"
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n' + engine_config(engine.url, name="users")
                       + engine_config(engine.url, f'kind = "pidfile"\npidfile = "{pidfile}"', name="one"))
-    check = subprocess.run([*GPUWARDEN, "--config", str(config), "check"], capture_output=True, text=True, timeout=60)
+    check = subprocess.run([*GPUWARDEN, "--config", str(config), "check", "--show"], capture_output=True, text=True,
+                           timeout=60)
     assert check.returncode == 0, check.stderr
     users = check.stdout.split("# engine users: a kill now would take\n")[1].split("# engine one")[0]
     assert sorted(int(line.split()[1]) for line in users.splitlines()) == sorted(engine.pids())

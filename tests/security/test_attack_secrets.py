@@ -28,7 +28,8 @@ def test_check_masks_credentials_in_metrics_url(tmp_path):
     config = tmp_path / "gpuwarden.toml"
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n'
                       + engine_config("http://admin:hunter2@127.0.0.1:1/metrics?api_key=s3cret-api-key"))
-    out = subprocess.run([*GPUWARDEN, "--config", str(config), "check"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*GPUWARDEN, "--config", str(config), "check", "--show"], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert '"metrics_url": "http://***@127.0.0.1:1/metrics?api_key=***"' in out.stdout
     assert not any(s in out.stdout + out.stderr for s in SECRETS)

@@ -89,7 +89,7 @@ def test_an_ambiguous_owner_is_refused_and_shown(attacker, engine_on, corpus, tm
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
                       f'[[engine]]\nname = "e"\nmetrics_url = "http://dual:{engine.port}/metrics"\n')
     out = subprocess.run(["unshare", "-m", "sh", "-c", f'mount --bind {hosts} /etc/hosts && exec "$@"', "--",
-                          *GPUWARDEN, "check", str(config)], capture_output=True, text=True, timeout=60)
+                          *GPUWARDEN, "check", str(config), "--show"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "#   refused the engine's user is ambiguous: dual:" in out.stdout, out.stdout
     assert f"{engine.proc.pid} root" not in out.stdout.split("a kill now would take")[1].split("refused")[0]
