@@ -1,6 +1,8 @@
 """A long prefill is work, not a stall; a hang during one is still caught at the floor. Real engines (tests/peers:
 vLLM's CPU build, llama.cpp's llama-server), random-weight models made big enough, and batches made small
-enough, that one long prompt's prefill lasts several times min_stall; the real daemon watches them.
+enough, that a prefill takes many engine steps; the real daemon watches them. The prompt is sized from the
+engine's prefill rate measured first on this machine (tests/peers/sizing.py), so that its prefill lasts
+several times min_stall on a fast machine as on a slow one.
 
 - vLLM counts a prompt's tokens only when its prefill completes; its KV-cache usage grows chunk by chunk.
 - llama.cpp's n_decode_total counts every prompt batch.
@@ -20,23 +22,27 @@ from test_real_engines import BAD, engine, events, metric, wait_event
 from peers.engines import TINY_LLAMA, LlamaCpp, Vllm
 from peers.freezer import freeze_inside_a_decode
 from peers.load import Load
+from peers.sizing import TooFast, sized
 
 INTERVAL, MIN_STALL, GRACE = 2.0, 3.0, 5.0  # a scrape may take its whole interval (check: timeout <= interval)
-VLLM_PROMPT, LLAMACPP_PROMPT = 7000, 3000  # tokens: 28 chunks of 256; 47 batches of 64
+PREFILL = 5 * MIN_STALL  # seconds a long prompt's prefill is sized to last here (at least 3 x min_stall is checked)
+PROBE = 1024  # tokens of the prompt that measures the rate: 4 chunks of vLLM's 256, 16 batches of llama.cpp's 64
+VLLM_CONTEXT, LLAMACPP_CONTEXT = 32768, 16384  # room for a fast machine's prompt (KV cache: 768 and 512 MiB)
 
 pytestmark = pytest.mark.root  # ptrace, and killing engine trees
 
 
 class BigVllm(Vllm):
     """TINY_LLAMA made about six times the work per token, and chunks of 256 tokens (--max-num-batched-tokens):
-    one 7,000-token prompt takes tens of seconds here, in some 30 engine steps."""
+    a long prompt's prefill takes many engine steps."""
 
     model: ClassVar[dict] = {**TINY_LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 6,
-             "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64, "max_position_embeddings": 8192}
+             "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+             "max_position_embeddings": VLLM_CONTEXT}
 
     def command(self) -> list[str]:
         command = super().command()
-        command[command.index("--max-model-len") + 1] = "8192"
+        command[command.index("--max-model-len") + 1] = str(VLLM_CONTEXT)
         return [*command, "--max-num-batched-tokens", "256"]
 
 
@@ -45,6 +51,17 @@ class SmallBatchLlamaCpp(LlamaCpp):
 
     def command(self) -> list[str]:
         return [*super().command(), "-b", "64", "-ub", "64"]
+
+
+def sized_prompt(server, profile: str, context: int) -> int:
+    """The prompt whose prefill lasts PREFILL seconds on this machine, from the engine's rate (other seeds than
+    the test's prompts: nothing of theirs is cached). Before the daemon starts: it sees none of this."""
+    try:
+        prompt, how = sized(server.url, "prefill", PREFILL, PROBE, context)
+    except TooFast as exc:
+        pytest.skip(f"{profile}: {exc}")  # says why; as root (CI) a skip fails the run
+    print(f"{profile}: {how}")
+    return prompt
 
 
 def prefill_then_hang(d, server, profile: str, prompt: int, hang) -> None:
@@ -75,6 +92,7 @@ def prefill_then_hang(d, server, profile: str, prompt: int, hang) -> None:
 
 def test_a_long_vllm_prefill_is_work_and_a_stopped_engine_core_in_one_is_killed(servers, daemon_factory):
     vllm = servers(BigVllm)
+    prompt = sized_prompt(vllm, "vLLM", VLLM_CONTEXT)
     d = daemon_factory(engine(vllm, scrape_interval=f'"{INTERVAL}s"', scrape_timeout=f'"{INTERVAL}s"',
                               min_stall=f'"{MIN_STALL}s"',
                               kill_grace=f'"{GRACE}s"', canary='"off"')).start()
@@ -88,13 +106,14 @@ def test_a_long_vllm_prefill_is_work_and_a_stopped_engine_core_in_one_is_killed(
         def __exit__(self, *exc):
             pass  # the kill ends it (the fixture's stop sends SIGCONT first)
 
-    prefill_then_hang(d, vllm, "vLLM", VLLM_PROMPT, EngineCoreStopped)
+    prefill_then_hang(d, vllm, "vLLM", prompt, EngineCoreStopped)
     wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
     assert d.stop() == 0
 
 
 def test_a_long_llamacpp_prefill_is_work_and_a_frozen_inference_thread_in_one_is_killed(servers, daemon_factory):
-    server = servers(SmallBatchLlamaCpp, model="slow", slots=1)
+    server = servers(SmallBatchLlamaCpp, model="slow", slots=1, context=LLAMACPP_CONTEXT)
+    prompt = sized_prompt(server, "llama.cpp", LLAMACPP_CONTEXT)
     d = daemon_factory(engine(server, scrape_interval=f'"{INTERVAL}s"', scrape_timeout=f'"{INTERVAL}s"',
                               min_stall=f'"{MIN_STALL}s"',
                               kill_grace=f'"{GRACE}s"', canary='"off"')).start()
@@ -107,6 +126,6 @@ def test_a_long_llamacpp_prefill_is_work_and_a_frozen_inference_thread_in_one_is
         def __exit__(self, *exc):
             self.freezer.thaw()
 
-    prefill_then_hang(d, server, "llama.cpp", LLAMACPP_PROMPT, Frozen)
+    prefill_then_hang(d, server, "llama.cpp", prompt, Frozen)
     wait_for(server.gone, GRACE + 10, what="llama-server to be gone")
     assert d.stop() == 0
