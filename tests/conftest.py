@@ -29,7 +29,7 @@ IS_ROOT = os.geteuid() == 0
 PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # By path under tests/ (a folder ends with "/"). Step 1, `host`: what two tests at once would share: the host's
 # kernel log and journal (a test's lines read by another's daemon, or counted: write_kmsg, the journald fixture),
-# the user gwattacker (created once per worker, its home emptied after each test: the attacker fixtures).
+# the user gwattacker-<random> (created once per worker, its home emptied after each test: the attacker fixtures).
 # Discovery sees every engine-like server of the host: a test daemon discovers only when its test asks
 # (helpers.Daemon), and those tests count only their own engines.
 # Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
