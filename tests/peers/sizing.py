@@ -56,10 +56,13 @@ def timed(url: str, prompt_tokens: int, max_tokens: int, seed: int, timeout: flo
 
 def measured_rate(url: str, what: str, probe: int, seed: int = 10) -> tuple[float, str]:
     """The engine's prefill (prompt tokens) or decode (generated tokens) rate, from a 16-token request and one
-    of `probe` tokens, after a first request that warms it up; and how it was measured, to print."""
-    timed(url, 16, 2, seed)
+    of `probe` tokens, after a first long one that warms it up (what runs first on an engine may pay once for
+    its shapes: that would make it look slow); and how it was measured, to print."""
+    def long_request(seed: int) -> float:
+        return timed(url, probe, 2, seed) if what == "prefill" else timed(url, 16, probe, seed)
+    long_request(seed)
     short = timed(url, 16, 2, seed + 1)
-    long = timed(url, probe, 2, seed + 2) if what == "prefill" else timed(url, 16, probe, seed + 2)
+    long = long_request(seed + 2)
     measured = rate(2 if what == "decode" else 16, short, probe, long)
     return measured, f"{what} {measured:.0f} tokens/s ({probe} tokens in {long:.2f} s, 16 in {short:.2f} s)"
 
