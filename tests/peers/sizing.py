@@ -41,6 +41,16 @@ def tokens_for(rate: float, seconds: float, least: int, most: int, what: str = "
     return tokens
 
 
+def stall_floor(rate: float, step_tokens: int, least: float, multiple: float = 3.0) -> float:
+    """A min_stall that one engine step cannot reach here: `multiple` x the seconds a step of `step_tokens`
+    (a prefill chunk, a prompt batch) takes at `rate`, at least `least`, to the 0.1 s above. The daemon judges the
+    first steps on min_stall alone (it has seen none to learn from), so a floor below a step would call a
+    healthy engine on a slow machine stalled."""
+    if rate <= 0:
+        raise ValueError(f"a rate ({rate}) must be positive")
+    return max(least, math.ceil(multiple * step_tokens / rate * 10) / 10)
+
+
 def timed(url: str, prompt_tokens: int, max_tokens: int, seed: int, timeout: float = 300.0) -> float:
     """Seconds one request takes, alone on the engine (`seed`: its own random prompt, nothing of it cached)."""
     with Load(url, streams=1, requests=1, prompt_tokens=prompt_tokens, max_tokens=max_tokens, timeout=timeout,

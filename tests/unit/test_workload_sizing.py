@@ -3,7 +3,7 @@
 
 import pytest
 
-from peers.sizing import TooFast, rate, tokens_for
+from peers.sizing import TooFast, rate, stall_floor, tokens_for
 
 SECONDS = 15.0  # 5 x a min_stall of 3 s
 
@@ -16,6 +16,16 @@ def test_a_fast_engine_gets_a_longer_prompt_and_a_slow_one_a_shorter_for_the_sam
     assert tokens_for(slow, SECONDS, least=1024, most=32768) == 3218
     for measured in (fast, slow):
         assert tokens_for(measured, SECONDS, least=1024, most=32768) / measured >= SECONDS
+
+
+def test_min_stall_stays_above_an_engine_step_on_a_slow_machine():
+    """256-token chunks: 0.2 s each at 1,186 tokens/s (the floor of 3 s stands), 5.8 s each at 44 tokens/s (a
+    loaded 2-core box, where a 3 s floor called the first chunk a stall): 3 x that."""
+    assert stall_floor(1185.9, 256, least=3.0) == 3.0
+    assert stall_floor(44.0, 256, least=3.0) == 17.5
+    assert stall_floor(44.0, 64, least=3.0) == 4.4
+    with pytest.raises(ValueError, match="a rate"):
+        stall_floor(0.0, 256, least=3.0)
 
 
 def test_the_request_overhead_is_not_taken_for_the_engines_work():
