@@ -92,12 +92,15 @@ class GroupsByModule:
 
 
 def pytest_configure(config):
+    global _worker
+    _worker = hasattr(config, "workerinput")  # not $PYTEST_XDIST_WORKER: a pytest that a worker's test runs has it
     if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` runs everything in one process
         config.pluginmanager.register(GroupsByModule(), "gpuwarden-groups")
 
 
 SKIPPED_AS_ROOT = "skipped while running as root (CI must run every test)"
 _skipped_modules: list[str] = []
+_worker = False  # an xdist worker: its controller hears its reports and ends the run
 
 
 def _reason(report) -> str:
@@ -119,7 +122,7 @@ def pytest_collectreport(report):
     """A whole module skipped (pytest.skip(allow_module_level=True), importorskip): it fails the run at its end,
     not its collection (a collection error would stop every other test). Under xdist the controller hears the
     workers' reports."""
-    if IS_ROOT and report.skipped and "PYTEST_XDIST_WORKER" not in os.environ:
+    if IS_ROOT and report.skipped and not _worker:
         _skipped_modules.append(f"{report.nodeid}: {_reason(report)}")
 
 
