@@ -68,13 +68,17 @@ def measured_rate(url: str, what: str, probe: int, seed: int = 10) -> tuple[floa
     """The engine's prefill (prompt tokens) or decode (generated tokens) rate, from a 16-token request and one
     of `probe` tokens, after a first long one that warms it up (what runs first on an engine may pay once for
     its shapes: that would make it look slow); and how it was measured, to print."""
+    if what not in ("prefill", "decode"):
+        raise ValueError(f"what: 'prefill' or 'decode', not {what!r}")
+
     def long_request(seed: int) -> float:
         return timed(url, probe, 2, seed) if what == "prefill" else timed(url, 16, probe, seed)
     long_request(seed)
-    short = timed(url, 16, 2, seed + 1)
+    short = timed(url, 16, 2, seed + 1)  # a 16-token prompt, 2 tokens generated
     long = long_request(seed + 2)
-    measured = rate(2 if what == "decode" else 16, short, probe, long)
-    return measured, f"{what} {measured:.0f} tokens/s ({probe} tokens in {long:.2f} s, 16 in {short:.2f} s)"
+    measured = rate(16 if what == "prefill" else 2, short, probe, long)
+    return measured, f"{what} {measured:.0f} tokens/s ({probe} tokens in {long:.2f} s, a short request in " \
+                     f"{short:.2f} s)"
 
 
 def sized(url: str, what: str, seconds: float, probe: int, context: int) -> tuple[int, str]:
