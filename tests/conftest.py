@@ -1,5 +1,6 @@
 """Shared test set-up. Tests marked `root` need root: they run in CI (root) and skip elsewhere with the
-reason; as root, a skipped root test fails the run.
+reason; as root, any skipped test fails the run (a test that truly cannot run on a host says why in its skip,
+and CI, which runs as root, must not pass without it).
 
 Tests marked `peers` need what `make test` builds (the real engines of tests/peers, the nspawn root of
 tests/nspawn): `make test` runs the others while those build, then these. A test that uses the `servers`,
@@ -28,7 +29,7 @@ IS_ROOT = os.geteuid() == 0
 PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # By path under tests/ (a folder ends with "/"). Step 1, `host`: what two tests at once would share: the host's
 # kernel log and journal (a test's lines read by another's daemon, or counted: write_kmsg, the journald fixture),
-# the user gwattacker (created once per worker, its home emptied after each test: the attacker fixtures).
+# the user gwattacker-<random> (created once per worker, its home emptied after each test: the attacker fixtures).
 # Discovery sees every engine-like server of the host: a test daemon discovers only when its test asks
 # (helpers.Daemon), and those tests count only their own engines.
 # Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
@@ -58,7 +59,7 @@ def pytest_collection_modifyitems(config, items):
         fixtures = set(getattr(item, "fixturenames", ()))
         if PEERS_FIXTURES & fixtures:
             item.add_marker(pytest.mark.peers)
-        where = group(item.path.relative_to(TESTS).as_posix())
+        where = group(item.path.relative_to(TESTS).as_posix()) if item.path.is_relative_to(TESTS) else None
         if item.get_closest_marker("peers"):
             grouped = where in ("engines", "containers")  # a lane of step 2
         else:  # a module that writes the kernel log imports helpers.write_kmsg
@@ -91,17 +92,50 @@ class GroupsByModule:
 
 
 def pytest_configure(config):
+    global _worker
+    _worker = hasattr(config, "workerinput")  # not $PYTEST_XDIST_WORKER: a pytest that a worker's test runs has it
     if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` runs everything in one process
         config.pluginmanager.register(GroupsByModule(), "gpuwarden-groups")
 
 
+SKIPPED_AS_ROOT = "skipped while running as root (CI must run every test)"
+_skipped_modules: list[str] = []
+_worker = False  # an xdist worker: its controller hears its reports and ends the run
+
+
+def _reason(report) -> str:
+    return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """As root (CI), a skipped test fails, with the reason it gave; an expected failure (xfail, reported as
+    skipped) is no skip."""
     outcome = yield
     report = outcome.get_result()
-    if IS_ROOT and "root" in item.keywords and report.skipped:
+    if IS_ROOT and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
-        report.longrepr = f"root test skipped while running as root: {report.longrepr}"
+        report.longrepr = f"{SKIPPED_AS_ROOT}: {_reason(report)}"
+
+
+def pytest_collectreport(report):
+    """A whole module skipped (pytest.skip(allow_module_level=True), importorskip): it fails the run at its end,
+    not its collection (a collection error would stop every other test). Under xdist the controller hears the
+    workers' reports."""
+    if IS_ROOT and report.skipped and not _worker:
+        _skipped_modules.append(f"{report.nodeid}: {_reason(report)}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _skipped_modules and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _skipped_modules:
+        terminalreporter.section(f"modules {SKIPPED_AS_ROOT}", red=True)
+        for module in _skipped_modules:
+            terminalreporter.write_line(f"FAILED {module}", red=True)
 
 
 @pytest.fixture(scope="session")

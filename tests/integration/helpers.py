@@ -139,6 +139,7 @@ class Daemon:
     def start(self, *prefix: str) -> Daemon:
         """Start it; `prefix` runs it under another command that execs it (e.g. `unshare -m`)."""
         self.stderr = self.stderr_path.open("ab")
+        self.started_at = self.stderr.tell()  # this run's log begins here: a restart appends to the last one's
         self.proc = subprocess.Popen([*prefix, *GPUWARDEN, "--config", str(self.config_path), "run"], env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=self.stderr)
         return self
@@ -146,8 +147,24 @@ class Daemon:
     def log(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
-    def wait_log(self, text: str, timeout: float = 10.0) -> None:
-        wait_for(lambda: text in self.log(), timeout, what=f"{text!r} in the daemon's log")
+    def log_size(self) -> int:
+        """Where the log ends now: a step that waits for a line its own action makes starts reading here."""
+        return self.stderr_path.stat().st_size
+
+    def wait_log(self, text: str, timeout: float = 10.0, after: int | None = None) -> None:
+        """Wait for `text` in what the daemon wrote after offset `after` (default: since its last start), so that
+        a line of an earlier run or step never answers for this one."""
+        start = self.started_at if after is None else after
+
+        def written() -> bool:
+            exited = self.proc.poll() is not None  # before the read: what it wrote before exiting is read
+            with self.stderr_path.open("rb") as f:
+                f.seek(start)
+                if text in f.read().decode(errors="replace"):
+                    return True
+            assert not exited, f"the daemon exited {self.proc.returncode} without writing {text!r}:\n{self.log()}"
+            return False
+        wait_for(written, timeout, what=f"{text!r} in the daemon's log")
 
     def metrics(self) -> str:
         return http_get(f"http://127.0.0.1:{self.port}/metrics")

@@ -1,8 +1,13 @@
-"""The recovery guard on a real PCI device of this machine, inside private mount namespaces (the host's
-sysfs is never changed), and real kernel uevents through pyudev.
+"""The recovery guard, inside private mount namespaces (the host's mounts are never changed), and real kernel
+uevents through pyudev.
 
-No device is ever unbound: every write names an address that does not exist (0000:ff:1f.7), which the kernel
-answers with ENODEV when the guard is absent.
+What it guards is brought by the test, so that it runs on any Linux host (a VM's PCI devices may all be on
+virtio-pci, whose driver has no `unbind`): a sysfs-shaped tree (tests/fakesysfs.py) whose GPU has a driver with
+`bind` and `unbind`, given to the daemon as `[gpu] sysfs_root`, plus the kernel's own
+/sys/bus/pci/drivers_probe, which the tree links to as /sys does (every host with a PCI bus has it). The guard's
+mechanism is the real one on both: bind mounts remounted read-only, found by mount id. On the kernel's file,
+every write names an address no machine has (ffff:fe:1f.7), which the kernel answers with ENODEV when the guard
+is absent; the tree's files simply take the write ("written").
 """
 
 import errno
@@ -13,12 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GPUWARDEN, wait_for
+from helpers import GPUWARDEN, TEST_GPU, wait_for
+
+from fakesysfs import add_gpu
+from gpuwarden.act.guard import DEVICE_FILES
 
 pytestmark = pytest.mark.root
 
-BOGUS = "0000:ff:1f.7"
+BOGUS = TEST_GPU
 PRIVATE = ("unshare", "-m", "--propagation", "private")
+DRIVERS_PROBE = Path("/sys/bus/pci/drivers_probe")
 WRITE = ("import errno, os, sys\n"
          "try:\n"
          "    fd = os.open(sys.argv[1], os.O_WRONLY)\n"
@@ -28,13 +37,24 @@ WRITE = ("import errno, os, sys\n"
          "    print(errno.errorcode[e.errno])\n")
 
 
-def a_real_device() -> tuple[str, Path]:
-    """A PCI device of this machine that has a driver: (address, its driver's unbind file)."""
-    for dev in sorted(Path("/sys/bus/pci/devices").iterdir()):
-        driver = dev / "driver"
-        if driver.exists() and (driver / "unbind").exists():
-            return dev.name, driver.resolve() / "unbind"
-    pytest.fail("this machine has no PCI device with a driver to guard")
+def guarded_tree(root: Path) -> tuple[Path, Path]:
+    """A sysfs tree with one GPU at TEST_GPU, bound to a driver, with every file the guard covers, and the
+    kernel's drivers_probe linked in: (the tree, its driver's unbind)."""
+    if not DRIVERS_PROBE.exists():
+        pytest.skip(f"{DRIVERS_PROBE} is missing: this kernel has no PCI bus, so no GPU to guard")
+    dev = add_gpu(root, TEST_GPU, "rdna3")
+    for name in (*DEVICE_FILES, "resource0_resize"):
+        (dev / name).touch()
+    os.symlink(DRIVERS_PROBE, root / "bus/pci/drivers_probe")
+    return root, (dev / "driver").resolve() / "unbind"
+
+
+def a_pci_device() -> str:
+    """Any PCI device of this machine (a uevent needs a real one; no driver needed)."""
+    devices = sorted(Path("/sys/bus/pci/devices").glob("*"))
+    if not devices:
+        pytest.skip("this machine has no PCI device to ask for a uevent")
+    return devices[0].name
 
 
 def write_bogus(path: Path, *ns_prefix: str) -> str:
@@ -43,42 +63,49 @@ def write_bogus(path: Path, *ns_prefix: str) -> str:
     return result.stdout.strip() or result.stderr
 
 
-def test_guard_blocks_unbind_with_erofs_and_is_reapplied_when_lost(daemon_factory):
-    device, unbind = a_real_device()
-    d = daemon_factory(f'[guard]\nenabled = true\ndevices = ["{device}"]\nverify_interval = "500ms"\n')
+def test_guard_blocks_unbind_with_erofs_and_is_reapplied_when_lost(daemon_factory, tmp_path):
+    sysfs, unbind = guarded_tree(tmp_path / "sys")
+    d = daemon_factory(f'[gpu]\nsysfs_root = "{sysfs}"\nnvml = false\n'
+                       f'[guard]\nenabled = true\ndevices = ["{TEST_GPU}"]\nverify_interval = "500ms"\n')
     d.start(*PRIVATE)
     d.wait_serving()
     inside = ("nsenter", "-t", str(d.proc.pid), "-m")
     wait_for(lambda: write_bogus(unbind, *inside) == "EROFS", 10, what="the guard in the daemon's namespace")
-    via_device = Path("/sys/bus/pci/devices") / device / "driver" / "unbind"
+    via_device = sysfs / "bus/pci/devices" / TEST_GPU / "driver" / "unbind"
     assert write_bogus(via_device, *inside) == "EROFS"  # the symlink path crosses the same mount
-    assert write_bogus(unbind) == errno.errorcode[errno.ENODEV]  # the host namespace: no guard, the kernel ran
-    assert 'gpuwarden_guard_paths{state="intact"}' in d.metrics()
+    assert write_bogus(DRIVERS_PROBE, *inside) == "EROFS"  # the kernel's own file, guarded the same way
+    assert write_bogus(DRIVERS_PROBE) == errno.errorcode[errno.ENODEV]  # the host namespace: no guard, the kernel ran
+    assert write_bogus(unbind) == "written"
+    metrics = d.metrics()
+    assert 'gpuwarden_guard_paths{state="intact"} 8' in metrics  # 4 device files, a resize, bind, unbind, probe
+    assert 'gpuwarden_guard_paths{state="missing"} 0' in metrics
 
     subprocess.run([*inside, "umount", str(unbind)], check=True)  # behind the daemon's back
     lost = wait_for(lambda: next((e for e in d.events() if e["kind"] == "guard_lost"), None), 10,
                     what="guard_lost")
-    assert str(unbind) in lost["evidence"]["paths"]
+    assert lost["evidence"]["paths"] == [str(unbind)]
     wait_for(lambda: write_bogus(unbind, *inside) == "EROFS", 10, what="the guard applied again")
     assert d.stop() == 0
-    assert "recovery guard released from" in d.log()
+    assert "recovery guard released from 8 file(s)" in d.log()
 
 
 def test_guard_cli_apply_status_release_in_a_private_namespace(tmp_path):
-    device, unbind = a_real_device()
+    sysfs, unbind = guarded_tree(tmp_path / "sys")
     cfg = tmp_path / "gw.toml"
-    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[guard]\ndevices = ["{device}"]\n')
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[gpu]\nsysfs_root = "{sysfs}"\n'
+                   f'[guard]\ndevices = ["{TEST_GPU}"]\n')
     gw = " ".join([*GPUWARDEN, "--config", str(cfg)])
     (tmp_path / "write.py").write_text(WRITE)
-    probe = f"{sys.executable} {tmp_path / 'write.py'} {unbind} {BOGUS}"
+    probe = "; ".join(f"{sys.executable} {tmp_path / 'write.py'} {path} {BOGUS}" for path in (unbind, DRIVERS_PROBE))
     script = (f"{gw} guard status; {gw} guard apply > /dev/null; {probe}; {gw} guard status --json; "
               f"{gw} guard release > /dev/null; {probe}")
     out = subprocess.run([*PRIVATE, "sh", "-c", script], capture_output=True, text=True, timeout=60).stdout
     lines = out.splitlines()
-    assert f"missing  {unbind}" in lines
-    assert "EROFS" in lines and lines[-1] == "ENODEV"
-    assert f'{{"path": "{unbind}", "intact": true}}' in out
-    assert write_bogus(unbind) == "ENODEV"  # the host never saw any of it
+    assert f"missing  {unbind}" in lines and f"missing  {DRIVERS_PROBE}" in lines
+    assert lines[-2:] == ["written", "ENODEV"]  # released: the tree takes the write, the kernel answers
+    assert lines[lines.index("EROFS"):][:2] == ["EROFS", "EROFS"]  # applied: both refused
+    assert f'{{"path": "{unbind}", "intact": true}}' in out and f'{{"path": "{DRIVERS_PROBE}", "intact": true}}' in out
+    assert write_bogus(DRIVERS_PROBE) == "ENODEV"  # the host never saw any of it
 
 
 def test_guard_refuses_without_root():
@@ -103,7 +130,7 @@ def test_guard_refuses_without_root():
 
 
 def test_real_kernel_uevents_arrive_through_pyudev(daemon_factory):
-    device, _ = a_real_device()
+    device = a_pci_device()
     d = daemon_factory().start()
     d.wait_serving()
     time.sleep(0.5)

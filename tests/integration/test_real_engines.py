@@ -23,10 +23,12 @@ from fakesysfs import build
 from peers.engines import LlamaCpp, Vllm, is_gone
 from peers.freezer import freeze_inside_a_decode
 from peers.load import Load
+from peers.sizing import TooFast, sized
 
 INTERVAL, MIN_STALL, GRACE = 2.0, 10.0, 10.0
 GPU = "ffff:e2:00.0"  # this file's own impossible GPU: other tests' fault lines name TEST_GPU
 QUIET = 65.0  # a busy engine is watched this long (at least 60 s) and must never be called stalled
+LONG_CONTEXT = 16384  # tokens: room for a request sized to last QUIET + 30 s on a fast machine (KV cache 512 MiB)
 BAD = {"engine_stall", "engine_unresponsive", "engine_killed", "kill_refused"}
 
 pytestmark = pytest.mark.root  # ptrace, and killing engine trees
@@ -59,6 +61,16 @@ def watchers(daemon_factory, tmp_path, server, profile):
         d.wait_serving()
     made[2].wait_log(f"serving on port {server.port}", timeout=30)
     return made
+
+
+def long_request(server, seconds: float) -> int:
+    """The tokens one request generates for `seconds` here, from the engine's measured decode rate."""
+    try:
+        tokens, how = sized(server.url, "decode", seconds, 256, LONG_CONTEXT)
+    except TooFast as exc:
+        pytest.skip(str(exc))  # says why; as root (CI) a skip fails the run
+    print(f"{type(server).__name__}: {how}")
+    return tokens
 
 
 def bad_for(d, server) -> list[dict]:
@@ -190,10 +202,11 @@ def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_makes_a_suspe
 # --- llama.cpp ----------------------------------------------------------------------------------------------
 
 def test_a_long_llamacpp_request_is_never_killed_by_any_profile_or_discovery(servers, daemon_factory, tmp_path):
-    """One request of 3,800 tokens at about 40 tokens/s (over 80 s, longer than the watch): tokens_predicted_total
-    stays flat until it ends, the per-step n_decode_total moves all along."""
-    server = servers(LlamaCpp, model="slow", slots=1)
-    with Load(server.url, streams=1, max_tokens=3800, requests=1, timeout=600) as load:
+    """One request sized to last 30 s longer than the watch at the engine's decode rate measured here:
+    tokens_predicted_total stays flat until it ends, the per-step n_decode_total moves all along."""
+    server = servers(LlamaCpp, model="slow", slots=1, context=LONG_CONTEXT)
+    tokens = long_request(server, QUIET + 30)
+    with Load(server.url, streams=1, max_tokens=tokens, requests=1, timeout=600) as load:
         daemons = watchers(daemon_factory, tmp_path, server, "llamacpp")
         time.sleep(10)
         report = probe(server)

@@ -19,6 +19,7 @@ import urllib.request
 
 import pytest
 from helpers import GPUWARDEN, wait_for
+from test_real_engines import LONG_CONTEXT, long_request
 
 from peers.engines import LlamaCpp, Vllm, is_gone
 from peers.freezer import Freezer
@@ -133,14 +134,15 @@ def test_llamacpp_slots_are_per_step_progress_and_hang_with_a_frozen_loop(server
     """/slots without --metrics: a long request (n_decoded moves every step) is never a stall; frozen, /slots
     either answers with n_decoded standing still (a stall) or hangs with the loop (engine_unresponsive with a
     request running): either way the engine is killed."""
-    server = servers(LlamaCpp, model="slow", slots=1, metrics=False)
+    server = servers(LlamaCpp, model="slow", slots=1, metrics=False, context=LONG_CONTEXT)
+    tokens = long_request(server, 60)  # still running when frozen, 30 s in
     out = subprocess.run([*GPUWARDEN, "probe", "--json", server.metrics_url], capture_output=True, text=True,
                          timeout=30)
     report = json.loads(out.stdout)
     assert out.returncode == 1 and not report["up"] and 'source = "slots"' in report["hint"]  # probe says what to use
     d = daemon_factory(engine(server, source='"slots"')).start()
     d.wait_serving()
-    with Load(server.url, streams=1, max_tokens=3000, requests=1, timeout=600) as load:
+    with Load(server.url, streams=1, max_tokens=tokens, requests=1, timeout=600) as load:
         time.sleep(30)
         assert not events(d, BAD), [e["message"] for e in events(d, BAD)]
         assert not load.results, (load.results, server.log_tail())

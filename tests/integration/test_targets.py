@@ -1,9 +1,11 @@
 """Target resolution and the killer's safety rules, on real processes."""
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -23,15 +25,26 @@ from gpuwarden.model import Event, NullSink, Severity
 
 ME = os.getuid()
 
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", "gpuwarden-test-sleeper"]
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+@contextlib.contextmanager
+def sleeping():
+    """A process named for its test alone (`.name`, a random part): tests beside it run sleepers too."""
+    name = f"gpuwarden-test-sleeper-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*SLEEPER, name], start_new_session=True)
+    proc.name = name
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture
 def sleeper():
-    proc = subprocess.Popen(SLEEPER, start_new_session=True)
-    yield proc
-    proc.kill()
-    proc.wait()
+    with sleeping() as proc:
+        yield proc
 
 
 def test_pidfile_and_cmdline_targets(tmp_path, sleeper):
@@ -41,8 +54,9 @@ def test_pidfile_and_cmdline_targets(tmp_path, sleeper):
     assert [p.pid for p in found.roots] == [sleeper.pid] and not found.refused
     missing = resolve(TargetSpec("pidfile", pidfile=tmp_path / "missing.pid", uid=ME))
     assert missing.roots == [] and "No such file" in missing.refused[0]
-    assert [p.pid for p in resolve(TargetSpec("cmdline", pattern="gpuwarden-test-sleeper", uid=ME)).roots] \
-        == [sleeper.pid]
+    with sleeping():  # another test's, beside this one: its pattern is not this one's
+        assert [p.pid for p in resolve(TargetSpec("cmdline", pattern=sleeper.name, uid=ME)).roots] \
+            == [sleeper.pid]
 
 
 def test_never_pid_1_itself_or_its_ancestors(sleeper):
@@ -58,7 +72,7 @@ def test_never_pid_1_itself_or_its_ancestors(sleeper):
 def test_cgroup_target_kills_every_process_in_the_cgroup(sleeper):
     base = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.procs").exists() \
         else Path("/sys/fs/cgroup")
-    group = base / f"gpuwarden-test-{os.getpid()}"
+    group = base / f"gpuwarden-test-{uuid.uuid4().hex}"
     group.mkdir()
     try:
         other = subprocess.Popen(SLEEPER)

@@ -39,8 +39,8 @@ TINY_LLAMA = {
     "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     "torch_dtype": "bfloat16",
 }
-# llama.cpp models, by name: gguf_model.py arguments and the context each slot gets. "slow" generates about
-# 40 tokens/s on one core, so one request of a few thousand tokens lasts over a minute.
+# llama.cpp models, by name: gguf_model.py arguments and the context each slot gets. "slow" generates some tens
+# of tokens a second on one core: a test that needs a request to last sizes it by measurement (sizing.py).
 GGUF_MODELS = {"tiny": ([], 2048),
                "slow": (["--hidden", "1024", "--layers", "8", "--heads", "16", "--ff", "2816", "--ctx", "4096"], 4096)}
 
@@ -197,12 +197,15 @@ class LlamaCpp(Server):
     name = "llamacpp"
 
     def __init__(self, port: int, run_dir: Path, model: str = "tiny", metrics: bool = True, slots: int = 4,
-                 unit: str | None = None) -> None:
+                 unit: str | None = None, context: int | None = None) -> None:
+        """`context`: tokens in all, beyond what the model was made for if need be (random weights: nothing to
+        lose), for a workload sized to a fast machine (tests/peers/sizing.py)."""
         super().__init__(port, run_dir, unit)
-        self.model, self.metrics, self.slots = model, metrics, slots
+        self.model, self.metrics, self.slots, self.context = model, metrics, slots, context
 
     def command(self) -> list[str]:
-        ctx = GGUF_MODELS[self.model][1] * self.slots  # with several slots the context is split between them
+        # with several slots the context is split between them
+        ctx = self.context or GGUF_MODELS[self.model][1] * self.slots
         return [str(LLAMA_SERVER), "-m", str(gguf_model(self.model)), "--alias", "tiny-llama", "--host", "127.0.0.1",
                 "--port", str(self.port), *(["--metrics"] if self.metrics else []), "--slots", "-t", "1", "-tb", "1",
                 "-c", str(ctx), "-np", str(self.slots)]

@@ -1,4 +1,4 @@
-"""The attack suite's parts: a real unprivileged user `gwattacker` (created here, removed after) who runs
+"""The attack suite's parts: a real unprivileged user `gwattacker-<random>` (created here, removed after) who runs
 processes and plants files, and the real daemon (tests/integration/helpers.py) as the root it attacks."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -19,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from helpers import FAKE_ENGINE, Daemon, free_port, http_get, wait_for
 
-ATTACKER = "gwattacker"
+# A random part: another run of the suite on this machine (its own session, another checkout) has its own
+# attacker, and never deletes this one's under it.
+ATTACKER = f"gwattacker-{uuid.uuid4().hex[:8]}"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the test's own interpreter may live where the attacker cannot read
 
 
@@ -109,16 +112,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def _remove_user() -> None:
-    if subprocess.run(["id", ATTACKER], capture_output=True).returncode == 0:
-        subprocess.run(["userdel", "--force", "--remove", ATTACKER], capture_output=True, check=False)
-
-
 @pytest.fixture(scope="session")
 def attacker_account():
     if os.geteuid() != 0:
-        pytest.skip("needs root: creates the user gwattacker")
-    _remove_user()  # a leftover of an interrupted run
+        pytest.skip("needs root: creates an unprivileged user")
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", ATTACKER], check=True,
                    capture_output=True)
     try:

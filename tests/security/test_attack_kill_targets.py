@@ -83,7 +83,7 @@ def test_a_root_pidfile_naming_a_root_process_is_refused_for_a_users_engine(atta
     d = daemon_factory(engine_config(engine.url, f'kind = "pidfile"\npidfile = "{pidfile}"'))
     stalled(d, engine)
     refused = wait_event(d, "kill_refused")
-    assert "another user than the engine's (gwattacker)" in refused["message"]
+    assert f"another user than the engine's ({attacker.name})" in refused["message"]
     time.sleep(2)
     assert victim.poll() is None and os.path.exists(f"/proc/{child}") and not events_of(d, "engine_killed")
     assert d.stop() == 0
@@ -190,7 +190,7 @@ def test_check_and_probe_show_what_a_kill_would_take(attacker, tmp_path):
     assert check.returncode == 0, check.stderr
     users = check.stdout.split("# engine users: a kill now would take\n")[1].split("# engine one")[0]
     assert sorted(int(line.split()[1]) for line in users.splitlines()) == sorted(engine.pids())
-    assert all(line.split()[2] == "gwattacker" for line in users.splitlines())
+    assert all(line.split()[2] == attacker.name for line in users.splitlines())
     assert "fake_engine.py --port" in users
     one = check.stdout.split("# engine one: a kill now would take\n")[1]
     assert one.startswith("#   refused 1 root ") and "PID 1" in one

@@ -96,7 +96,7 @@ def test_a_component_owned_by_another_user_is_refused(attacker, tmp_path):
     (theirs / "cache" / "empty").touch()
     out = gpuwarden(tmp_path, "quarantine", str(theirs / "cache"))
     assert out.returncode == 1
-    assert f"{theirs} belongs to gwattacker, not root or the cache's owner root" in out.stdout
+    assert f"{theirs} belongs to {attacker.name}, not root or the cache's owner root" in out.stdout
     assert (theirs / "cache" / "empty").exists()
 
 

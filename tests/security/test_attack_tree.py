@@ -32,7 +32,7 @@ def test_the_tree_is_not_expanded_into_another_users_processes(attacker, root_pr
     procs = Tracker().refresh(resolve(TargetSpec("pidfile", pidfile=pidfile, uid=0)))
     users = {p.pid: p.username() for p in [psutil.Process(engine.pid), *psutil.Process(engine.pid).children(True)]}
     assert sorted(p.pid for p in procs) == sorted(pid for pid, user in users.items() if user == "root")
-    assert sum(user == "gwattacker" for user in users.values()) == 2
+    assert sum(user == attacker.name for user in users.values()) == 2
 
 
 @pytest.mark.parametrize("pid", [2, "kworker"])
