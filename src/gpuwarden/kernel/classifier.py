@@ -67,13 +67,13 @@ _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
                        r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
 _ANY_PCI = re.compile(rf"(?<![\w:]){BDF}(?![\w:])")
 _DRIVER_START = re.compile(DRIVER_START)
-_USER_TEXT = re.compile(USER_TEXT)
+_user_text = re.compile(USER_TEXT).search
 # The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
 # report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
 # The literal starts come first and a header after a first word is its own branch: a benign line is refused sooner.
 _HEADER_START = r"BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|Unable to handle"
 _START = re.compile(
-    r"\s*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
+    r"[ \t]*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
     rf"{_HEADER_START}|[\w-]++ [0-9a-fA-F]{{4,8}}:|\S++ (?:{_HEADER_START}))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
@@ -95,6 +95,7 @@ _END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by ch
 # ends in one only in a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS,
 # TRACE_LINE): a frame whose first space follows a colon takes the long way.
 _FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})")
+_FRAME = re.compile(TRACE_LINE)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -212,7 +213,7 @@ class Classifier:
                         # without any rule's literal (within an open report such a line is not part of it either).
                         # An open report past its window is closed by the next line that is, or by flush().
                         continue
-                elif (oops := self._oops) is not None and frame(text):
+                elif (oops := self._oops) is not None and frame(text) and not _user_text(text):
                     # the next frame of an open report, the bulk of a report's lines: straight to it
                     stamp = record.timestamp if record.timestamp is not None else now
                     if stamp - oops.last <= self.storm_window:
@@ -229,7 +230,7 @@ class Classifier:
         out: list[Burst] = []
         if held := self._held:
             self._held = None
-            process = process_named(text) if _DRIVER_START.match(text) and not _USER_TEXT.match(text) \
+            process = process_named(text) if _DRIVER_START.match(text) and not _user_text(text) \
                 and _same_gpu(held.record, record) and _no_less_proven(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
@@ -239,14 +240,16 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
+        user = _user_text(text) is not None  # a line with a user's fields (a task's name): never part of a fault
+        if self._oops is not None and "+0x" in text and not user and (m := _REPORT_LINE.match(text)) \
+                and m.lastgroup == "frame":
             return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
         if gated is None:
             gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
         if gated and (self._oops or _REPORT_LINE.match(text)) \
-                and not _USER_TEXT.match(text) \
+                and not user \
                 and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
@@ -255,7 +258,7 @@ class Classifier:
         if gated and (ghes := _GHES.match(text)):
             return out + self._ghes_line(ghes.group("id"), text, record, stamp, now)
         rule, m = self._match(text, gated)
-        if m and not _USER_TEXT.match(text):  # a driver's prefix in a task's name is no driver's line
+        if m and not user:  # a driver's prefix in a task's name is no driver's line
             if rule.process_follows and process_named(text) is None:
                 self._held = _Held(rule, m, record, stamp, now)
             else:
@@ -462,7 +465,8 @@ class Classifier:
     def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
         """Add a line to the open report `oops`; a report closes at its end line or its length limit."""
         oops.lines.append(text)
-        if " [" in text and "+0x" in text:
+        # a module is read from a stack frame only: a report's header carries a task's name (`INFO: task %s:%d`)
+        if " [" in text and "+0x" in text and _FRAME.match(text):
             oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
         if not oops.dumped and "dump_stack" in text:
             oops.dumped = _DUMP_STACK.search(text) is not None

@@ -79,12 +79,14 @@ DEVICE_PREFIX = rf"(?P<dev_driver>[\w-]+) (?P<dev>{BDF}): "
 # pr_fmt, DRM and NVRM prefixes (printk without a device: no metadata), and the class device kfd
 _DRIVER_START = (r"(?:amdgpu|amdkfd|radeon|drmn\d+|NVRM|nvidia-modeset|nvidia-uvm|kfd kfd|pcieport|AMD-Vi): |"
                  r"\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] ")
-# what drivers put after their first prefix before the message proper
+# what drivers put after their first prefix before the message proper; `{N}` is the event id amdgpu's RAS reports
+# put before their message (amdgpu/amdgpu_ras.c amdgpu_ras_event_log_print: "{%llu}%pV")
 _DRIVER_MORE = (r"(?:amdgpu: |\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] |\*ERROR\* |ERROR: |"
-                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |_?\w+: )")
-DRIVER_PREFIX = rf"^\s*(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*"
+                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |_?\w+: |\{{\d+\}})")
+# Spaces and tabs only before the prefix: a record's text after a newline it carries is never read as a new line
+DRIVER_PREFIX = rf"^[ \t]*(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*"
 # The first characters of a line that may be a driver's: the classifier's cheap gate
-DRIVER_START = rf"^\s*(?:[\w-]+ {BDF}: |{_DRIVER_START})"
+DRIVER_START = rf"^[ \t]*(?:[\w-]+ {BDF}: |{_DRIVER_START})"
 
 
 
@@ -97,19 +99,31 @@ _INLINE_FLAGS = r"^\(\?([aiLmsux]+)\)"
 
 
 def config_anchored(pattern: str) -> str:
-    """A `[[kernel.rule]]` expression, matched at the start of the message or right after a driver's prefix
-    (a config rule may be for a driver that gpuwarden does not know). Leading inline flags (`(?i)`) apply to the
-    rule's own expression only."""
+    """A `[[kernel.rule]]` expression, matched right after a driver's prefix at the start of the message: a device
+    prefix, a prefix the built-in rules know, or the prefix of a driver gpuwarden does not know (its pr_fmt
+    `driver: `, or dev_printk's `driver device: `, `usb 1-3: `). Never at the very start of a line, where the kernel
+    prints a task's name. Leading inline flags (`(?i)`) apply to the rule's own expression only."""
     if m := re.match(_INLINE_FLAGS, pattern):
         pattern = f"(?{m.group(1)}:{pattern[m.end():]})"
-    return rf"^\s*(?:(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*)?(?:{pattern})"
+    return rf"^[ \t]*(?:{DEVICE_PREFIX}|{_DRIVER_START}|[\w.-]+(?: [\w.:-]+)?: )(?:{_DRIVER_MORE})*(?:{pattern})"
 
 
-# Lines the kernel prints with text a user chose at their start: never a rule's line, nor an oops header. Each
-# is also a counter-example of every rule (tests/unit/test_rules.py), and tests/security prints them for real.
-USER_TEXT = (r"^\s*(?:.{0,15}\[\d+\]:? |traps: |[\w.-]+: Unknown parameter '|[\w.-]+: Unrecognized mount option|"
-             r"audit[:(]|.{0,15} \(\d+\): |.{0,15}: page allocation failure|.{0,15} invoked oom-killer|"
-             r"potentially unexpected fatal signal)")
+# Lines the kernel prints with text a user chose in them: never a rule's line, an oops header or frame, a process
+# line, nor a line of an open report. Read by their structure, the user's fields whatever they hold: a task's name
+# (`comm`, 15 bytes, any of them a newline or a control character, which a text log shows escaped: dmesg `\x0a`,
+# rsyslog `#012`) and the file a fault's code was mapped from (any name, newlines too). The fixed words after the
+# name are searched for, never the name: `<comm>[pid]: segfault at …` (arch/x86/mm/fault.c show_signal_msg),
+# `<comm>[pid] bad frame in …`, `traps: <comm>[pid] trap …`/`general protection fault …` (arch/x86/kernel/traps.c),
+# `<comm> (pid): …` (drop_caches, and others), `<comm>: page allocation failure` (mm/page_alloc.c), `<comm> invoked
+# oom-killer` (mm/oom_kill.c), tmpfs/mount options and `audit`; and, as its last field, the mapping a fault's ip is
+# in (mm/memory.c print_vma_addr " in %s[%lx+%lx]", since 6.x "[%lx,%lx+%lx]", then " likely on CPU %d (core %d,
+# socket %d)"): a line a mapped file's name broke in two still ends with it. Each is also a counter-example of every
+# rule (tests/unit/test_rules.py), and tests/security prints them for real. Searched (`re.search`).
+_COMM_TEXT = r"(?:\\x[0-9a-fA-F]{2}|#\d{3}|.){0,15}"
+USER_TEXT = (rf"(?s)^[ \t]*(?:{_COMM_TEXT}\[\d+\]:? |traps: |[\w.-]+: Unknown parameter '|[\w.-]+: Unrecognized mount "
+             rf"option|audit[:(]|{_COMM_TEXT} \(\d+\): |{_COMM_TEXT}: page allocation failure|{_COMM_TEXT} invoked "
+             r"oom-killer|potentially unexpected fatal signal)|"
+             r"\[(?:[0-9a-f]+,)?[0-9a-f]+\+[0-9a-f]+\](?: likely on CPU \d+ \(core \d+, socket \d+\))?\s*\Z")
 FORGED = (
     "ring x timeout[4242]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6 in a.out[401000+1000]",
     "sq_intr: error[4244]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
@@ -119,6 +133,17 @@ FORGED = (
     "BUG: soft locku[77]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
     'audit: type=1400 audit(1700000000.1:4): apparmor="DENIED" comm="NVRM: Xid (PCI:ffff:fe:1f): 79"',
     "GPU reset begin![99]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
+    # issue 37: a newline ends the name (a kmsg record keeps it, `\x0a`), a stack frame for a name, a file named
+    # like a GPU, and the second line of a file name broken by a newline (a text log that splits records)
+    "NVRM: SMU fail\n[4245]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4 in ffff:fe:00.0"
+    "[0,7f0000001000+1000] likely on CPU 0 (core 0, socket 0)",
+    "BUG: \n[4246]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4 in NVRM (PCI:ffff:fe:00.0)"
+    "[0,7f0000001000+1000] likely on CPU 1 (core 1, socket 0)",
+    "a+0x0/0x0 [xe][4247]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4 in ffff:fe:00.0"
+    "[0,7f0000001000+1000] likely on CPU 0 (core 0, socket 0)",
+    "NVRM: Xid (PCI:ffff:fe:1f): 79, x[0,7f0000001000+1000] likely on CPU 0 (core 0, socket 0)",
+    "NVRM: SMU fail\\x0a[4248]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4",
+    "traps: BUG: \n[4249] general protection fault ip:401000 sp:7ffc00000000 error:0 in a.out[401000+1000]",
 )
 
 
