@@ -28,7 +28,8 @@ CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus" / "kernel"
 def classify(text: str) -> list[Event]:
     """What `gpuwarden replay` would report for a saved log."""
     classifier = Classifier()
-    bursts = [b for r in parse_lines(text.splitlines()).records for b in classifier.feed(r, 1000.0)]
+    bursts = [b for r in parse_lines(text.splitlines(), pasted=True).records
+              for b in classifier.feed(r, 1000.0)]
     bursts += classifier.flush(1000.0, everything=True).new
     return [b.final for b in bursts]
 

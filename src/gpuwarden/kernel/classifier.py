@@ -36,8 +36,11 @@ from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
     BDF,
+    BOOT_RESETS,
     CORRELATIONS,
     DRIVER_START,
+    DRM_CORE_MODULES,
+    DRM_CORE_WARNING,
     DUMP_STACK_FRAME,
     GHES_PCIE,
     GHES_RECORD,
@@ -47,11 +50,15 @@ from gpuwarden.kernel.rules import (
     GPU_DRIVERS,
     GPU_MODULES,
     GSP_FRAME,
+    HUNG_AFTER_GPU_FAULT,
+    HUNG_TASK,
     MODULE_FRAME,
+    MODULES_LINE,
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
     PROCESS_FORMATS,
+    RESET_AFTER_FAULT,
     RULES,
     TRACE_LINE,
     USER_TEXT,
@@ -73,7 +80,7 @@ _user_text = re.compile(USER_TEXT).search
 # The literal starts come first and a header after a first word is its own branch: a benign line is refused sooner.
 _HEADER_START = r"BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|Unable to handle"
 _START = re.compile(
-    r"[ \t]*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
+    r"[ \t]*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|Modules|"
     rf"{_HEADER_START}|[\w-]++ [0-9a-fA-F]{{4,8}}:|\S++ (?:{_HEADER_START}))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
@@ -96,6 +103,9 @@ _END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by ch
 # TRACE_LINE): a frame whose first space follows a colon takes the long way.
 _FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})")
 _FRAME = re.compile(TRACE_LINE)
+_HUNG_TASK = re.compile(HUNG_TASK)
+_DRM_CORE_WARNING = re.compile(DRM_CORE_WARNING)
+_MODULES_LINE = re.compile(MODULES_LINE)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -141,8 +151,12 @@ class _Oops:
     """An oops or call trace being read, line by line, until it ends."""
 
     severity: Severity | None  # None: a call trace seen without its header
+    first: float  # log time
     lines: list[str] = field(default_factory=list)
-    gpu_modules: set[str] = field(default_factory=set)
+    modules: set[str] = field(default_factory=set)  # of its stack frames
+    loaded: set[str] = field(default_factory=set)  # the GPU drivers its `Modules linked in:` line names
+    hung: bool = False  # a hung task's report (kernel/hung_task.c)
+    drm_core: bool = False  # a WARNING in a file of the DRM core
     gpu: str | None = None
     dumped: bool = False  # passes through dump_stack: a driver printed it on purpose
     gsp: bool = False  # the stack of NVRM's GSP RPC-timeout report
@@ -192,6 +206,9 @@ class Classifier:
         self._oops: _Oops | None = None
         self._held: _Held | None = None
         self._carry: dict[str, tuple[str, float]] = {}  # vendor -> (the GPU its latest report named, log time)
+        # the latest lines of the GPU drivers' rules: (gpu, log time, severity, vendor), for the context of a hung
+        # task and of a reset (_gpu_line_before)
+        self._gpu_lines: list[tuple[str | None, float, Severity, str]] = []
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
@@ -312,6 +329,12 @@ class Classifier:
                process_line: str | None = None) -> list[Burst]:
         gpu, device = self._attribute(record, rule.vendor, stamp)
         severity, meaning, xid = severity or rule.severity, rule.meaning, None
+        if rule.name in BOOT_RESETS and self._gpu_line_before(gpu, stamp, RESET_AFTER_FAULT, "amd") is None:
+            severity = Severity.INFO
+            meaning = "a full GPU reset with no fault before it: the driver resetting the GPU as it starts it"
+        if rule.vendor in ("amd", "nvidia"):
+            self._gpu_lines.append((gpu, stamp, severity, rule.vendor))
+            del self._gpu_lines[:-16]
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         why_not = unverified(record, m.groupdict().get("dev"))
         evidence["verified"] = why_not is None
@@ -454,10 +477,12 @@ class Classifier:
         if self._oops is None:
             if kind is None:
                 return None
-            self._oops = _Oops(severity=header)
+            self._oops = _Oops(severity=header, first=stamp)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
+            oops.hung = oops.hung or _HUNG_TASK.match(text) is not None
+            oops.drm_core = oops.drm_core or _DRM_CORE_WARNING.match(text) is not None
         if oops.gpu is None and kind != "frame":  # a frame names no device
             oops.gpu = self._attribute(record, "kernel", stamp)[0]
         return self._report_line(oops, text, record, stamp, now)
@@ -467,7 +492,9 @@ class Classifier:
         oops.lines.append(text)
         # a module is read from a stack frame only: a report's header carries a task's name (`INFO: task %s:%d`)
         if " [" in text and "+0x" in text and _FRAME.match(text):
-            oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
+            oops.modules.update(_MODULE_FRAME.findall(text))
+        elif _MODULES_LINE.match(text):  # `name(OE+)`: the module and its taint flags
+            oops.loaded.update(m for m in (w.partition("(")[0] for w in text.split()[3:]) if m in GPU_MODULES)
         if not oops.dumped and "dump_stack" in text:
             oops.dumped = _DUMP_STACK.search(text) is not None
         if not oops.gsp and "kgsp" in text:
@@ -485,17 +512,28 @@ class Classifier:
             return []
         if oops.severity is None and oops.dumped:  # a stack a driver printed on purpose, not a crash
             return self._gsp_stack(oops, now) if oops.gsp and self._gsp_rule else []
-        if oops.gpu_modules:
+        gpu, modules, after = oops.gpu, sorted(oops.modules & GPU_MODULES), None
+        if modules:
             severity = oops.severity if oops.severity is not None else Severity.WARNING
-            what = f"kernel oops in {', '.join(sorted(oops.gpu_modules))}"
+            what = f"kernel oops in {', '.join(modules)}"
+        elif oops.loaded and (oops.drm_core or oops.modules & DRM_CORE_MODULES):
+            severity = oops.severity if oops.severity is not None else Severity.WARNING
+            what = f"kernel oops in the DRM core, with {', '.join(sorted(oops.loaded))} loaded"
+        elif oops.hung and (after := self._gpu_line_before(None, oops.first, HUNG_AFTER_GPU_FAULT)) is not None:
+            severity = Severity.WARNING
+            what = (f"a task hung {oops.first - after[1]:.0f} s after a GPU driver's fault line (no GPU frame in "
+                    f"its trace)")
+            gpu = gpu or after[0]
         elif oops.severity == Severity.CRITICAL:
             severity, what = Severity.WARNING, "kernel oops outside the GPU drivers"
         else:
             return []  # a warning or a stack dump that no GPU driver is part of: not ours
         severity = self._severity_overrides.get("kernel_oops", severity)
-        event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=oops.gpu,
-                      evidence={"line": oops.lines[0], "lines": oops.lines, "runbook": "oops",
-                                "modules": sorted(oops.gpu_modules), "verified": oops.verified})
+        evidence = {"line": oops.lines[0], "lines": oops.lines, "runbook": "oops", "modules": modules,
+                    "verified": oops.verified}
+        if after is not None:
+            evidence["after_gpu_line"] = after[1]
+        event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=gpu, evidence=evidence)
         return [Burst(event, oops.last, oops.last, oops.arrived)]
 
 
@@ -510,6 +548,16 @@ class Classifier:
         elif device is None and (carried := self._carry.get(vendor)) and 0 <= stamp - carried[1] <= self.storm_window:
             gpu = carried[0]
         return gpu, device
+
+    def _gpu_line_before(self, gpu: str | None, stamp: float, within: float,
+                         fault_of: str | None = None) -> tuple[str | None, float, Severity, str] | None:
+        """The latest GPU driver's line of `gpu` (or naming none; any GPU for None) within `within` seconds before
+        `stamp`; with `fault_of` (a vendor), only that vendor's lines at warning or above."""
+        for line in reversed(self._gpu_lines):
+            if 0 <= stamp - line[1] <= within and (gpu is None or line[0] is None or line[0] == gpu) \
+                    and (fault_of is None or (line[3] == fault_of and line[2] >= Severity.WARNING)):
+                return line
+        return None
 
     def _gsp_stack(self, oops: _Oops, now: float) -> list[Burst]:
         """NVRM dumps the stack of _kgspRpcRecvPoll when a GSP RPC times out: part of the GSP timeout report."""

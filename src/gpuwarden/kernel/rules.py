@@ -79,10 +79,11 @@ DEVICE_PREFIX = rf"(?P<dev_driver>[\w-]+) (?P<dev>{BDF}): "
 # pr_fmt, DRM and NVRM prefixes (printk without a device: no metadata), and the class device kfd
 _DRIVER_START = (r"(?:amdgpu|amdkfd|radeon|drmn\d+|NVRM|nvidia-modeset|nvidia-uvm|kfd kfd|pcieport|AMD-Vi): |"
                  r"\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] ")
-# what drivers put after their first prefix before the message proper; `{N}` is the event id amdgpu's RAS reports
-# put before their message (amdgpu/amdgpu_ras.c amdgpu_ras_event_log_print: "{%llu}%pV")
+# what drivers put after their first prefix before the message proper. amdgpu's RAS reports put their event id
+# and the die before it: amdgpu/amdgpu_ras.c amdgpu_ras_event_log_print "{%llu}%pV" with "socket: %d, die: %d, %lld
+# new uncorrectable hardware errors detected in %s block\n", and ras/ (Linux 6.17+) "{%llu} socket: %d, die: %d, ..."
 _DRIVER_MORE = (r"(?:amdgpu: |\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] |\*ERROR\* |ERROR: |"
-                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |_?\w+: |\{{\d+\}})")
+                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |\{{\d+\}} ?|socket: \d+, die: \d+, |_?\w+: )")
 # Spaces and tabs only before the prefix: a record's text after a newline it carries is never read as a new line
 DRIVER_PREFIX = rf"^[ \t]*(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*"
 # The first characters of a line that may be a driver's: the classifier's cheap gate
@@ -223,6 +224,14 @@ RULES: tuple[Rule, ...] = (
                           ":4040")),
        counter_examples=("nvidia-modeset: Loading NVIDIA UNIX Open Kernel Mode Setting Driver for x86_64",
                          "nvidia-modeset: WARNING: GPU:0: Unable to read EDID for display device DP-2")),
+    _r("nv_modeset_channel_state", r"ERROR: GPU:\d+: Failed to query display engine channel state",
+       "ring_timeout", W, "nvidia", "the display engine did not answer nvidia-modeset (its channel state could not be "
+       "read): the GPU stopped answering, often at driver unload after it failed", "gpu_fault",
+       'src/nvidia-modeset/src/nvkms-evo1.c: "Failed to query display engine channel state: 0x%08x:%d:%d:0x%08x"',
+       examples=(template("nvidia-modeset: ERROR: GPU:0: Failed to query display engine channel state: "
+                          "0x0000c57e:4:0:0x0000000f"),),
+       counter_examples=("nvidia-modeset: ERROR: GPU:0: DP-0: Failed to disable DisplayPort audio stream-3",
+                         "nvidia-modeset: WARNING: GPU:0: Lost display notification (0:0x00000000); continuing.")),
     # --- AMD: failed recovery and lost devices (before the generic reset rules) ---------------------
     _r("amd_device_lost", r"device lost from bus!", "device_lost", C, "amd",
        "the GPU fell off the PCIe bus", "device_lost",
@@ -248,14 +257,18 @@ RULES: tuple[Rule, ...] = (
                         "amdgpu 0000:03:00.0: amdgpu: GPU mode1 reset failed")),
        counter_examples=("amdgpu 0000:0c:00.0: Ring gfx_0.0.0 reset failed",
                          "amdgpu 000d:31:00.0: GPU reset(3) succeeded!")),
-    _r("amd_smu_resume_failed", r"resume of IP block <smu> failed|SMC engine is not correctly up",
-       "smu_error", C, "amd", "the power-management firmware (SMU) did not come back: the GPU is unusable",
+    _r("amd_smu_resume_failed", r"resume of IP block <smu> failed|SMC engine is not correctly up|"
+       r"Failed to setup smc hw",
+       "smu_error", C, "amd", "the power-management firmware (SMU) did not start or come back: the GPU is unusable",
        "device_lost",
        'amdgpu/amdgpu_device.c: "resume of IP block <%s> failed %d\\n"',
        'pm/swsmu/amdgpu_smu.c: "SMC engine is not correctly up!\\n"',
+       'pm/swsmu/amdgpu_smu.c (smu_hw_init, smu_resume): "Failed to setup smc hw!\\n"',
        examples=(corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
-                        "amdgpu 0000:03:00.0: amdgpu: resume of IP block <smu> failed -5"),),
-       counter_examples=("amdgpu 0000:83:00.0: amdgpu: SMU is resumed successfully!",)),
+                        "amdgpu 0000:03:00.0: amdgpu: resume of IP block <smu> failed -5"),
+                 template("amdgpu ffff:fe:1f.7: Failed to setup smc hw!")),
+       counter_examples=("amdgpu 0000:83:00.0: amdgpu: SMU is resumed successfully!",
+                         "amdgpu ffff:fe:1f.7: amdgpu: Failed to setup smc table")),
     _r("amd_resume_failed", r"resume of IP block <\w+> failed|amdgpu_device_ip_resume failed",
        "reset_failed", C, "amd", "a GPU block failed to resume after a reset or sleep: the GPU is unusable",
        "device_lost",
@@ -518,6 +531,8 @@ RULES: tuple[Rule, ...] = (
        "ras_error", C, "amd", "uncorrectable hardware error (RAS)", "ras",
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!\\n"',
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "%lld new uncorrectable hardware errors detected in %s block\\n"',
+       'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG, 6.10+): "socket: %d, die: %d, %lld new uncorrectable hardware errors'
+       ' detected in %s block\\n"',
        'amdgpu/amdgpu_kms.c: "RAS Intr triggered, device disabled!!"',
        'amdgpu/amdgpu_ras_eeprom.c: "RAS records:%d exceed threshold:%d"',
        'amdgpu/amdgpu_ras_eeprom.c: "RAS records:%d exceed threshold:%d, GPU will not be initialized. Replace this'
@@ -526,8 +541,10 @@ RULES: tuple[Rule, ...] = (
                         "amdgpu 0000:e3:00.0: amdgpu: uncorrectable hardware"
                         " error(ERREVENT_ATHUB_INTERRUPT) detected!"),
                  corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
-                        "[drm] UVD VCPU state may lost due to RAS ERREVENT_ATHUB_INTERRUPT")),
+                        "[drm] UVD VCPU state may lost due to RAS ERREVENT_ATHUB_INTERRUPT"),
+                 template(A + "{3}socket: 0, die: 1, 2 new uncorrectable hardware errors detected in umc block")),
        counter_examples=("amdgpu 0000:66:00.0: amdgpu: RAS: optional ras ta ucode is not available",
+                         A + "{3}socket: 0, die: 1, 5 uncorrectable hardware errors detected in total in umc block",
                          "amdgpu ffff:fe:1f.7: amdgpu: 0 uncorrectable hardware errors so far")),
     _r("amd_cp_ecc", r"CP ECC ERROR IRQ", "ras_error", W, "amd", "the command processor reported an ECC error",
        "ras",
@@ -563,7 +580,8 @@ RULES: tuple[Rule, ...] = (
                          "[drm] psp gfx command LOAD_TA(0x1) done")),
     _r("amd_smu_failure", r"\bSMU\b.*(?:fail|timeout|[Tt]imed out|not done)|\bsmu_\w+.*(?:failed|timeout)|"
        r"SMC is not ready|\[powerplay\] .*[Ff]ailed|Failed to send message 0x|"
-       r"SMU: (?:I'm very busy|response:|unknown command|valid command, bad prerequisites|I'm debugging)|"
+       r"\s*failed to send (?:pre )?message [0-9a-fA-F]+ ret is -?\d+|"
+       r"SMU: (?:No response|I'm very busy|response:|unknown command|valid command, bad prerequisites|I'm debugging)|"
        r"Fail(?:ed)? to disable (?:dpm|smu) features|"
        r"Failed to \w+ (?:BACO state|gfxoff)!|\[PrepareMp1\] Failed|SMC failed to set mp1 state|"
        r"Fail(?:ed)? to \w+ [^\n]*\b(?:SMU|SMC|smu|metrics table|pptable|PPTable)\b",
@@ -573,6 +591,11 @@ RULES: tuple[Rule, ...] = (
        'pm/swsmu/amdgpu_smu.c: "SMC is not ready\\n"',
        'pm/swsmu/smu13/smu_v13_0_6_ppt.c: "Failed to export SMU metrics table!\\n"',
        'pm/powerplay/smumgr/smu9_smumgr.c: "Failed to send message 0x%x, response 0x%x\\n"',
+       'pm/powerplay/smumgr/smu7_smumgr.c, ci_smumgr.c (before 5.x, pr_info: the message on a line of its own after'
+       ' the prefix): "\\n failed to send message %x ret is %d \\n"',
+       'pm/powerplay/smumgr/smu7_smumgr.c (before 5.x): "\\n failed to send pre message %x ret is %d \\n"',
+       'pm/swsmu/smu_cmn.c (Linux 7.x, __smu_msg_v1_print_err_limited; its %s is "SMU: No response"):'
+       ' "%s msg_reg: %x resp_reg: %x"',
        'pm/swsmu/smu_cmn.c: "SMU: I\'m very busy for your command: index:%d param:0x%08X message:%s"',
        'pm/swsmu/smu_cmn.c: "SMU: response:0x%08X for index:%d param:0x%08X message:%s?"',
        'pm/swsmu/smu_cmn.c: "SMU: unknown command: index:%d param:0x%08X message:%s"',
@@ -588,9 +611,13 @@ RULES: tuple[Rule, ...] = (
        examples=(corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
                         "amdgpu 0000:03:00.0: amdgpu: SMC is not ready"),
                  corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
-                        "amdgpu: [powerplay] Failed to set soft min gfxclk !")),
+                        "amdgpu: [powerplay] Failed to set soft min gfxclk !"),
+                 template("amdgpu ffff:fe:1f.7: SMU: No response msg_reg: 6 resp_reg: 0"),
+                 # one record: the format's own newline follows the prefix (dmesg shows it indented)
+                 template("amdgpu: [powerplay] \n failed to send message 12f ret is 0 ")),
        counter_examples=("amdgpu 0000:66:00.0: amdgpu: SMU is initialized successfully!",
-                         "amdgpu 0000:83:00.0: amdgpu: SMU driver if version not matched")),
+                         "amdgpu 0000:83:00.0: amdgpu: SMU driver if version not matched",
+                         "amdgpu: [powerplay] \n message 146 sent")),
     # --- PCIe AER (drivers/pci/pcie) and APEI/GHES -------------------------------------------------
     _r("aer_no_callback", r"AER: can't recover \(no error_detected callback\)|device has no AER-aware driver",
        "pcie_aer", W, "pcie", "a device on a failing PCIe link has no error recovery", "aer",
@@ -732,7 +759,7 @@ OOPS_HEADERS: tuple[tuple[str, Severity], ...] = (
 )
 OOPS_END = r"---\[ end (?:trace|Kernel panic)"
 OOPS_HINTS = ("+0x", "BUG", "Oops", "panic", "general protection", "Unable to handle", "WARNING: ", "cut here",
-              "end trace", "end Kernel panic", "invalid op", "blocked for more than")
+              "end trace", "end Kernel panic", "invalid op", "blocked for more than", "Modules linked in: ")
 # The module of a stack frame `func+0x12/0x60 [module]` (`[module buildid]` since 5.x), in `RIP:`, `IP:` and trace
 # lines (a frame of the core kernel names none).
 MODULE_FRAME = r"\+0x[0-9a-f]+/0x[0-9a-f]+ \[(\w+)(?: [0-9a-f]+)?\]"
@@ -747,6 +774,24 @@ GSP_FRAME = r"\b_?kgsp\w+\+0x[0-9a-f]+/0x[0-9a-f]+ \[nvidia"
 GPU_MODULES = frozenset({"amdgpu", "amdkfd", "amdxcp", "radeon", "nvidia", "nvidia_uvm", "nvidia_drm",
                          "nvidia_modeset", "nouveau", "i915", "xe"})
 GPU_DRIVERS = frozenset({"amdgpu", "radeon", "nvidia", "nouveau", "i915", "xe"})
+# The DRM core's modules (drivers/gpu/drm/*.c, scheduler, TTM, helpers): a WARNING there, with a GPU driver in the
+# report's `Modules linked in:`, is the GPU stack's (a driver's misuse of the core, or the core on its behalf).
+DRM_CORE_MODULES = frozenset({"drm", "drm_kms_helper", "drm_display_helper", "drm_ttm_helper", "ttm", "gpu_sched",
+                              "drm_buddy", "drm_exec", "drm_suballoc_helper"})
+# lib/bug.c __warn: "WARNING: CPU: %d PID: %d at %pS" (before 6.x: "at %s:%d %pS"): the file is the DRM core's
+DRM_CORE_WARNING = (r"^WARNING: CPU: \d+ PID: \d+ at "
+                    r"(?:drivers/gpu/drm/[\w.-]+\.c:|[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+ \[drm)")
+MODULES_LINE = r"^Modules linked in: "  # kernel/module/main.c print_modules: "Modules linked in:" " %s%s" ...
+HUNG_TASK = r"^INFO: task \S+ blocked for more than"  # kernel/hung_task.c: "INFO: task %s:%d blocked for more than"
+# A task hung this soon after a GPU driver's fault line (any Xid, an Xid 45 cleanup too) is the GPU's even when no
+# GPU frame is in its trace (the trace is cut, or the task waits on a GPU process's teardown): hung_task_timeout_secs
+# (120 by default), up to another timeout until the check sees it, and the time the task took to block.
+HUNG_AFTER_GPU_FAULT = 300.0
+# amdgpu resets the GPU as it starts it (soc15/nv "MODE2 reset" during amdgpu_device_init on APUs, and on resume):
+# a MODE1/MODE2 reset (BOOT_RESETS) with no fault of that GPU before it within this many seconds is that (info),
+# not a recovery.
+BOOT_RESETS = frozenset({"amd_reset_mode12"})
+RESET_AFTER_FAULT = 120.0
 
 
 @plain
