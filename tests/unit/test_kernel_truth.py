@@ -119,6 +119,12 @@ def test_the_line_a_file_name_breaks_off_is_no_line():
     assert events_of([KernelRecord(line, 5.0)]) == []
 
 
+def test_an_indented_line_of_a_text_log_sets_no_device():
+    """dmesg prints a record's next lines indented: a file name's `\\nDEVICE=+pci:…` is text, not kmsg metadata."""
+    [record] = parse_lines(dmesg(5.0, segfault("a", 4290, "x\nDEVICE=+pci:ffff:fe:00.0\ny")).splitlines()).records
+    assert record.device is None and "\nDEVICE=+pci:ffff:fe:00.0\n" in record.text
+
+
 def test_no_line_of_a_record_is_read_as_a_record_of_its_own():
     record = parse_kmsg(kmsg(f"\namdgpu {GPU}: amdgpu: device lost from bus!", 1, 1_000_000, 3))
     assert events_of([record]) == []

@@ -138,15 +138,17 @@ def _rejoin(records: list[KernelRecord], record: KernelRecord) -> KernelRecord:
 
 
 def _continue(result: ParseResult, line: str) -> None:
-    """An indented line: a kmsg dictionary entry, or the rest of the previous multi-line message."""
+    """An indented line: a dictionary entry of a raw /dev/kmsg record, or the rest of the previous multi-line
+    message (dmesg indents a record's next lines: text a user chose, a file name's, may look like an entry)."""
     last = result.records[-1]
     stripped = line.strip()
-    if stripped.startswith("DEVICE="):
+    key = stripped.split("=", 1)[0] if last.seq is not None and "=" in stripped else ""
+    if key == "DEVICE":
         result.records[-1] = replace(last, device=pci_from_device_field(stripped[7:]))
-    elif stripped.startswith("SUBSYSTEM="):
+    elif key == "SUBSYSTEM":
         result.records[-1] = replace(last, subsystem=stripped[10:])
-    elif "=" in stripped and stripped.split("=", 1)[0].isupper() and stripped.split("=", 1)[0].isalpha():
-        pass  # another kmsg dictionary entry (SUBSYSTEM=...)
+    elif key.isupper() and key.isalpha():
+        pass  # another kmsg dictionary entry (SOURCE=...)
     else:
         result.records[-1] = replace(last, text=f"{last.text}\n{stripped}")
 
