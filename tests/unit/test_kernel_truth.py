@@ -249,6 +249,14 @@ def test_a_hung_task_right_after_an_xid_45_storm_is_kept():
     assert [e.kind for e in _classify(storm + _hung(900.0))] == ["xid"]  # long after: not ours either
 
 
+def test_a_line_user_space_wrote_to_kmsg_is_no_context_for_a_hung_task():
+    """Facility 1 (user space wrote it to /dev/kmsg): stored as unproven evidence, it makes no hung task the GPU's."""
+    xid = parse_kmsg("11,1,100000000,-;NVRM: Xid (PCI:ffff:fe:1f): 45, pid=1, name=x, Ch 00000001")
+    hung = [parse_kmsg(kmsg(t, 2 + i, 200_000_000 + i, 3)) for i, t in enumerate(
+        ["INFO: task python3:4242 blocked for more than 120 seconds.", "Call Trace:", " schedule+0x27/0xd0"])]
+    assert [e.kind for e in events_of([xid, *hung])] == ["xid"]
+
+
 def _drm_warning(modules: str) -> list[str]:
     # lib/bug.c __warn "WARNING: CPU: %d PID: %d at %pS" (before 6.x "at %s:%d %pS"), print_modules
     return [f"[ 50.000000] {line}" for line in (

@@ -206,8 +206,9 @@ class Classifier:
         self._oops: _Oops | None = None
         self._held: _Held | None = None
         self._carry: dict[str, tuple[str, float]] = {}  # vendor -> (the GPU its latest report named, log time)
-        # the latest lines of the GPU drivers' rules: (gpu, log time, severity, vendor), for the context of a hung
-        # task and of a reset (_gpu_line_before)
+        # the latest lines of the GPU drivers' rules that their record does not disprove (a kmsg or journal line is
+        # the kernel's; a text log proves nothing either way): (gpu, log time, severity, vendor), for the context of
+        # a hung task and of a reset (_gpu_line_before)
         self._gpu_lines: list[tuple[str | None, float, Severity, str]] = []
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
@@ -257,14 +258,14 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        user = _user_text(text) is not None  # a line with a user's fields (a task's name): never part of a fault
-        if self._oops is not None and "+0x" in text and not user and (m := _REPORT_LINE.match(text)) \
-                and m.lastgroup == "frame":
+        if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) \
+                and m.lastgroup == "frame" and not _user_text(text):
             return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
         if gated is None:
             gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
+        user = _user_text(text) is not None  # a line with a user's fields (a task's name): never part of a fault
         if gated and (self._oops or _REPORT_LINE.match(text)) \
                 and not user \
                 and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
@@ -332,11 +333,11 @@ class Classifier:
         if rule.name in BOOT_RESETS and self._gpu_line_before(gpu, stamp, RESET_AFTER_FAULT, "amd") is None:
             severity = Severity.INFO
             meaning = "a full GPU reset with no fault before it: the driver resetting the GPU as it starts it"
-        if rule.vendor in ("amd", "nvidia"):
-            self._gpu_lines.append((gpu, stamp, severity, rule.vendor))
-            del self._gpu_lines[:-16]
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         why_not = unverified(record, m.groupdict().get("dev"))
+        if rule.vendor in ("amd", "nvidia") and not (why_not and record.metadata):  # context only from proven lines
+            self._gpu_lines.append((gpu, stamp, severity, rule.vendor))
+            del self._gpu_lines[:-16]
         evidence["verified"] = why_not is None
         if why_not:
             evidence["unverified"] = why_not
