@@ -446,7 +446,9 @@ RULES: tuple[Rule, ...] = (
     _r("amd_reset_begin", r"GPU (?:reset|jobs stop) begin", "gpu_reset", W, "amd",
        "the driver started a full GPU reset; VRAM and contexts may be lost", "reset",
        'amdgpu/amdgpu_device.c: "GPU %s begin!\\n"',
-       examples=(corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log", "drmn0: GPU reset begin!"),),
+       # (not 069's `drmn0: GPU reset begin!`: a line with nothing variable, heldout37's b03 holds it too)
+       examples=(corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log",
+                        "amdgpu 0000:08:00.0: amdgpu: GPU reset begin!"),),
        counter_examples=("vfio-pci 0000:0c:00.0: AMD_NAVI14: begin psp mode 1 reset",)),
     _r("amd_reset_mode12", r"\b(?i:mode[12]) reset\s*$|GPU (?:psp )?mode1 reset\s*$", "gpu_reset", W, "amd",
        "a full GPU reset (MODE1/MODE2) is running", "reset",
