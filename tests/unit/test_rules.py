@@ -6,7 +6,7 @@ from functools import cache
 
 import pytest
 
-from gpuwarden.kernel.classifier import Classifier, process_named
+from gpuwarden.kernel.classifier import Classifier, process_named, user_text
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.hints import hints
 from gpuwarden.kernel.records import KernelRecord
@@ -20,7 +20,6 @@ from gpuwarden.kernel.rules import (
     PROCESS_FORMATS,
     RULES,
     TRACE_LINE,
-    USER_TEXT,
     Rule,
     anchored,
 )
@@ -85,7 +84,7 @@ def test_rule_refuses_its_counter_examples(rule):
     regex = re.compile(anchored(rule.pattern))
     assert set(FORGED) <= set(rule.counter_examples)  # the carriers of user text are every rule's counter-examples
     for text in rule.counter_examples:  # refused by the anchoring, or a line read as a user's by its structure
-        assert not regex.match(text) or re.search(USER_TEXT, text), f"{rule.name} matches its counter-example {text!r}"
+        assert not regex.match(text) or user_text(text), f"{rule.name} matches its counter-example {text!r}"
         assert all(e.evidence.get("rule") != rule.name for e in _events(text))
 
 

@@ -37,6 +37,7 @@ from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
     BDF,
     BOOT_RESETS,
+    COMM_LEN,
     CORRELATIONS,
     DRIVER_START,
     DRM_CORE_MODULES,
@@ -54,6 +55,7 @@ from gpuwarden.kernel.rules import (
     HUNG_TASK,
     MODULE_FRAME,
     MODULES_LINE,
+    NAME_ESCAPE,
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
@@ -61,7 +63,10 @@ from gpuwarden.kernel.rules import (
     RESET_AFTER_FAULT,
     RULES,
     TRACE_LINE,
-    USER_TEXT,
+    USER_TEXT_AFTER_NAME,
+    USER_TEXT_SPAN,
+    USER_TEXT_START,
+    USER_TEXT_TAIL,
     Correlation,
     Rule,
     anchored,
@@ -74,7 +79,10 @@ _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
                        r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
 _ANY_PCI = re.compile(rf"(?<![\w:]){BDF}(?![\w:])")
 _DRIVER_START = re.compile(DRIVER_START)
-_user_text = re.compile(USER_TEXT).search
+_AFTER_NAME = re.compile(USER_TEXT_AFTER_NAME).search
+_TEXT_START = re.compile(USER_TEXT_START).match
+_TEXT_TAIL = re.compile(USER_TEXT_TAIL).match
+_NAME_ESCAPE = re.compile(NAME_ESCAPE)
 # The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
 # report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
 # The literal starts come first and a header after a first word is its own branch: a benign line is refused sooner.
@@ -231,7 +239,7 @@ class Classifier:
                         # without any rule's literal (within an open report such a line is not part of it either).
                         # An open report past its window is closed by the next line that is, or by flush().
                         continue
-                elif (oops := self._oops) is not None and frame(text) and not _user_text(text):
+                elif (oops := self._oops) is not None and frame(text) and not user_text(text):
                     # the next frame of an open report, the bulk of a report's lines: straight to it
                     stamp = record.timestamp if record.timestamp is not None else now
                     if stamp - oops.last <= self.storm_window:
@@ -248,7 +256,7 @@ class Classifier:
         out: list[Burst] = []
         if held := self._held:
             self._held = None
-            process = process_named(text) if _DRIVER_START.match(text) and not _user_text(text) \
+            process = process_named(text) if _DRIVER_START.match(text) and not user_text(text) \
                 and _same_gpu(held.record, record) and _no_less_proven(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
@@ -259,13 +267,13 @@ class Classifier:
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
         if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) \
-                and m.lastgroup == "frame" and not _user_text(text):
+                and m.lastgroup == "frame" and not user_text(text):
             return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
         if gated is None:
             gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        user = _user_text(text) is not None  # a line with a user's fields (a task's name): never part of a fault
+        user = user_text(text)  # a line with a user's fields (a task's name): never part of a fault
         if gated and (self._oops or _REPORT_LINE.match(text)) \
                 and not user \
                 and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
@@ -567,6 +575,20 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
+
+
+def user_text(text: str) -> bool:
+    """Whether the kernel printed this line with a user's fields in it (rules.USER_TEXT_*): a task's name before
+    fixed words, a line that starts with the kernel's words and then takes a user's text, or one that ends with the
+    mapping a fault's ip is in (a file name broken by a newline still ends so). Read by the fixed words, never by the
+    name, which may hold anything (15 bytes: a newline, a stack frame)."""
+    if (m := _AFTER_NAME(text, 0, USER_TEXT_SPAN)) is not None \
+            and len(_NAME_ESCAPE.sub(".", text[:m.start()].lstrip(" \t"))) <= COMM_LEN:
+        return True
+    if _TEXT_START(text) is not None:
+        return True
+    last = text.rfind("[")  # a frame's `[module]` holds no `+`: most lines stop here
+    return last >= 0 and "+" in text[last:] and _TEXT_TAIL(text, last) is not None
 
 
 def process_named(text: str) -> dict | None:

@@ -42,7 +42,7 @@ _SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins
 # and so syslog's kern.log, `dmesg -S`), as lines with the same stamp. Two such splits are read back as one record:
 # a driver's prefix alone (old powerplay's "amdgpu: [powerplay] " then "\n failed to send message %x ret is %d"),
 # and the end of a task's name (15 bytes) before the fixed words of a line that carries one (`<comm>[pid]:
-# segfault at`, rules.USER_TEXT): a name with a newline then reads as a name, never as a line of its own.
+# segfault at`, classifier.user_text): a name with a newline then reads as a name, never as a line of its own.
 _BARE_PREFIX = re.compile(rf"{DRIVER_PREFIX}\s*$")
 DRIVER_START = re.compile(DRIVER_START)
 _NAME_END = re.compile(r"^(?P<end>.{0,14}?)(?:\[\d+\]:? | \(\d+\): |: page allocation failure| invoked oom-killer)")

@@ -119,12 +119,19 @@ def config_anchored(pattern: str) -> str:
 # oom-killer` (mm/oom_kill.c), tmpfs/mount options and `audit`; and, as its last field, the mapping a fault's ip is
 # in (mm/memory.c print_vma_addr " in %s[%lx+%lx]", since 6.x "[%lx,%lx+%lx]", then " likely on CPU %d (core %d,
 # socket %d)"): a line a mapped file's name broke in two still ends with it. Each is also a counter-example of every
-# rule (tests/unit/test_rules.py), and tests/security prints them for real. Searched (`re.search`).
-_COMM_TEXT = r"(?:\\x[0-9a-fA-F]{2}|#\d{3}|.){0,15}"
-USER_TEXT = (rf"(?s)^[ \t]*(?:{_COMM_TEXT}\[\d+\]:? |traps: |[\w.-]+: Unknown parameter '|[\w.-]+: Unrecognized mount "
-             rf"option|audit[:(]|{_COMM_TEXT} \(\d+\): |{_COMM_TEXT}: page allocation failure|{_COMM_TEXT} invoked "
-             r"oom-killer|potentially unexpected fatal signal)|"
-             r"\[(?:[0-9a-f]+,)?[0-9a-f]+\+[0-9a-f]+\](?: likely on CPU \d+ \(core \d+, socket \d+\))?\s*\Z")
+# rule (tests/unit/test_rules.py), and tests/security prints them for real
+# (classifier.user_text reads them; the name is never matched, only its length checked)
+COMM_LEN = 15  # TASK_COMM_LEN - 1
+# the fixed words right after a task's name (searched in a line's first USER_TEXT_SPAN characters)
+USER_TEXT_AFTER_NAME = r"\[\d+\]:? | \(\d+\): |: page allocation failure| invoked oom-killer"
+USER_TEXT_SPAN = 4 * COMM_LEN + 16  # a name of 15 escaped characters (`\x0a`), leading spaces, the words
+# lines that start with the kernel's words, a user's text after them
+USER_TEXT_START = (r"[ \t]*(?:traps: |audit[:(]|potentially unexpected fatal signal|"
+                   r"[\w.-]+: (?:Unknown parameter '|Unrecognized mount option))")
+# a text log shows a control character of a name escaped: dmesg `\x0a`, rsyslog `#012`
+NAME_ESCAPE = r"\\x[0-9a-fA-F]{2}|#\d{3}"
+# the end of a line that names the mapping a fault's ip is in: matched at the line's last `[`
+USER_TEXT_TAIL = r"\[(?:[0-9a-f]+,)?[0-9a-f]+\+[0-9a-f]+\](?: likely on CPU \d+ \(core \d+, socket \d+\))?\s*\Z"
 FORGED = (
     "ring x timeout[4242]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6 in a.out[401000+1000]",
     "sq_intr: error[4244]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
