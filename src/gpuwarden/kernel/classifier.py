@@ -88,7 +88,8 @@ _NAME_ESCAPE = re.compile(NAME_ESCAPE)
 # The literal starts come first and a header after a first word is its own branch: a benign line is refused sooner.
 _HEADER_START = r"BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|Unable to handle"
 _START = re.compile(
-    r"[ \t]*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|Modules|"
+    r"[ \t]*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
+    rf"(?P<modules>{MODULES_LINE})|"
     rf"{_HEADER_START}|[\w-]++ [0-9a-fA-F]{{4,8}}:|\S++ (?:{_HEADER_START}))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
@@ -108,12 +109,12 @@ _END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by ch
 # A stack frame that cannot be a report's header too (the header wins), in one match: the bulk of an open report's
 # lines. A header may start with a word that ends in a colon (`watchdog: BUG: soft lockup`); a frame's first word
 # ends in one only in a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS,
-# TRACE_LINE): a frame whose first space follows a colon takes the long way.
-_FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})")
-_FRAME = re.compile(TRACE_LINE)
+# TRACE_LINE): a frame whose first space follows a colon takes the long way. The frame is the whole line (its module
+# after it at most): a line with more after a frame-like start, such as a task named `a+0x0/0x0 [xe]` that
+# segfaulted (`…[xe][42]: segfault at`), takes the long way too, where its user's fields are seen (user_text).
+_FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})(?: \[\w+(?: [0-9a-f]+)?\])?\s*$")
 _HUNG_TASK = re.compile(HUNG_TASK)
 _DRM_CORE_WARNING = re.compile(DRM_CORE_WARNING)
-_MODULES_LINE = re.compile(MODULES_LINE)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -234,16 +235,20 @@ class Classifier:
             gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
             if self._held is None:
                 if "+0x" not in text:
-                    if fast and (not start(text) or not (gated := next(gate(text), None))):
+                    if fast and ((m := start(text)) is None or m.lastgroup is not None
+                                 or not (gated := next(gate(text), None))):
                         # The common case: a line that no driver and no oops report starts, or a driver's line
                         # without any rule's literal (within an open report such a line is not part of it either).
                         # An open report past its window is closed by the next line that is, or by flush().
+                        if m is not None and m.lastgroup and (oops := self._oops) is not None:
+                            oops.lines.append(text)  # its `Modules linked in:` line (long: not scanned by the gate)
+                            oops.loaded.update(_loaded_gpu_drivers(text))
                         continue
-                elif (oops := self._oops) is not None and frame(text) and not user_text(text):
+                elif (oops := self._oops) is not None and frame(text):
                     # the next frame of an open report, the bulk of a report's lines: straight to it
                     stamp = record.timestamp if record.timestamp is not None else now
                     if stamp - oops.last <= self.storm_window:
-                        if started := self._report_line(oops, text, record, stamp, now):
+                        if started := self._report_line(oops, text, record, stamp, now, True):
                             out.append((record, started))
                         continue
             if started := self._classify(record, text, now, gated):
@@ -268,14 +273,14 @@ class Classifier:
             out += self._close_oops(now)
         if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) \
                 and m.lastgroup == "frame" and not user_text(text):
-            return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
+            return out + self._report_line(self._oops, text, record, stamp, now, True)  # a report's next frame
         if gated is None:
             gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
-        user = user_text(text)  # a line with a user's fields (a task's name): never part of a fault
+        # a line with a user's fields (a task's name) is never part of a fault (asked only of a line that could be)
         if gated and (self._oops or _REPORT_LINE.match(text)) \
-                and not user \
+                and not user_text(text) \
                 and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
@@ -284,7 +289,7 @@ class Classifier:
         if gated and (ghes := _GHES.match(text)):
             return out + self._ghes_line(ghes.group("id"), text, record, stamp, now)
         rule, m = self._match(text, gated)
-        if m and not user:  # a driver's prefix in a task's name is no driver's line
+        if m and not user_text(text):  # a driver's prefix in a task's name is no driver's line
             if rule.process_follows and process_named(text) is None:
                 self._held = _Held(rule, m, record, stamp, now)
             else:
@@ -494,16 +499,20 @@ class Classifier:
             oops.drm_core = oops.drm_core or _DRM_CORE_WARNING.match(text) is not None
         if oops.gpu is None and kind != "frame":  # a frame names no device
             oops.gpu = self._attribute(record, "kernel", stamp)[0]
-        return self._report_line(oops, text, record, stamp, now)
+        return self._report_line(oops, text, record, stamp, now, kind == "frame")
 
-    def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
-        """Add a line to the open report `oops`; a report closes at its end line or its length limit."""
+    def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float,
+                     frame: bool) -> list[Burst]:
+        """Add a line to the open report `oops` (`frame`: a stack frame); a report closes at its end line or its
+        length limit."""
         oops.lines.append(text)
-        # a module is read from a stack frame only: a report's header carries a task's name (`INFO: task %s:%d`)
-        if " [" in text and "+0x" in text and _FRAME.match(text):
-            oops.modules.update(_MODULE_FRAME.findall(text))
-        elif _MODULES_LINE.match(text):  # `name(OE+)`: the module and its taint flags
-            oops.loaded.update(m for m in (w.partition("(")[0] for w in text.split()[3:]) if m in GPU_MODULES)
+        # a module is read from a stack frame only: a report's header carries a task's name (`BUG: soft lockup -
+        # CPU#%d stuck for %us! [%s:%d]`)
+        if frame:
+            if " [" in text:
+                oops.modules.update(_MODULE_FRAME.findall(text))
+        elif text.startswith(MODULES_LINE):
+            oops.loaded.update(_loaded_gpu_drivers(text))
         if not oops.dumped and "dump_stack" in text:
             oops.dumped = _DUMP_STACK.search(text) is not None
         if not oops.gsp and "kgsp" in text:
@@ -575,6 +584,11 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
+
+
+def _loaded_gpu_drivers(modules_line: str) -> list[str]:
+    """The GPU drivers a report's `Modules linked in: name(OE+) …` names (each with its taint flags)."""
+    return [m for m in (w.partition("(")[0] for w in modules_line[len(MODULES_LINE):].split()) if m in GPU_MODULES]
 
 
 def user_text(text: str) -> bool:

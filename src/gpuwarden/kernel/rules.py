@@ -790,7 +790,7 @@ DRM_CORE_MODULES = frozenset({"drm", "drm_kms_helper", "drm_display_helper", "dr
 # lib/bug.c __warn: "WARNING: CPU: %d PID: %d at %pS" (before 6.x: "at %s:%d %pS"): the file is the DRM core's
 DRM_CORE_WARNING = (r"^WARNING: CPU: \d+ PID: \d+ at "
                     r"(?:drivers/gpu/drm/[\w.-]+\.c:|[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+ \[drm)")
-MODULES_LINE = r"^Modules linked in: "  # kernel/module/main.c print_modules: "Modules linked in:" " %s%s" ...
+MODULES_LINE = "Modules linked in: "  # kernel/module/main.c print_modules: "Modules linked in:" " %s%s" ...
 HUNG_TASK = r"^INFO: task \S+ blocked for more than"  # kernel/hung_task.c: "INFO: task %s:%d blocked for more than"
 # A task hung this soon after a GPU driver's fault line (any Xid, an Xid 45 cleanup too) is the GPU's even when no
 # GPU frame is in its trace (the trace is cut, or the task waits on a GPU process's teardown): hung_task_timeout_secs
