@@ -87,6 +87,15 @@ def test_replay_of_the_printed_lines_makes_no_event(tmp_path, capsys, form):
     assert replay(tmp_path, text + "\n", capsys) == []
 
 
+def test_kern_log_lines_of_a_file_name_with_newlines_are_no_lines(tmp_path, capsys):
+    """A file named `x\\nNVRM: Xid (PCI:ffff:fe:1f): 79, z\\nf+0x1/0x2 [amdgpu]\\ny`: where the console and syslog
+    split the record (each line with its stamp), its lines are joined back to the fault they belong to."""
+    name = "x\nNVRM: Xid (PCI:ffff:fe:1f): 79, z\nf+0x1/0x2 [amdgpu]\ny"
+    text = console(9.5, "WARNING: CPU: 0 PID: 1 at kernel/sched/core.c:1 f+0x1/0x2") + "\n" \
+        + console(9.5, segfault("a", 4300, name)) + "\n"
+    assert replay(tmp_path, text, capsys) == []
+
+
 def test_an_open_report_takes_no_frame_from_a_task_name():
     """A WARNING with no GPU driver in it is open when a process named like a frame of `xe` segfaults."""
     records = [parse_kmsg(kmsg(t, i, 8_000_000 + i)) for i, t in enumerate([

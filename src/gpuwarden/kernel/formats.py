@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
-from gpuwarden.kernel.rules import DRIVER_PREFIX, DRIVER_START
+from gpuwarden.kernel.rules import DRIVER_PREFIX, DRIVER_START, USER_TEXT_TAIL
 
 _LEVEL_PREFIX = re.compile(
     r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d)\s*:"
@@ -47,6 +47,10 @@ _BARE_PREFIX = re.compile(rf"{DRIVER_PREFIX}\s*$")
 DRIVER_START = re.compile(DRIVER_START)
 _NAME_END = re.compile(r"^(?P<end>.{0,14}?)(?:\[\d+\]:? | \(\d+\): |: page allocation failure| invoked oom-killer)")
 _COMM_LEN = 15
+# and the lines of a file name with newlines, between a fault's head and the mapping that ends its record
+_FAULT_HEAD = re.compile(r"\]:? (?:segfault at |trap |general protection fault )|^traps: ")
+_FAULT_TAIL = re.compile(USER_TEXT_TAIL)
+_SPLIT_LINES = 8  # lines of one record joined back at most
 # Text pasted into a report (`gpuwarden replay`): mail/markdown quotes, and a line the paste wrapped (a long line
 # followed by one that starts like no log line)
 _QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
@@ -128,6 +132,15 @@ def _rejoin(records: list[KernelRecord], record: KernelRecord) -> KernelRecord:
         return record
     if _BARE_PREFIX.match(records[-1].text):
         return replace(record, text=f"{records.pop().text}\n{record.text}")
+    if (last := record.text.rfind("[")) >= 0 and _FAULT_TAIL.match(record.text, last) \
+            and not _FAULT_HEAD.search(record.text):
+        start = len(records)  # back to the fault's head, all of one stamp
+        while start > 0 and len(records) - start < _SPLIT_LINES and records[start - 1].timestamp == record.timestamp:
+            start -= 1
+            if _FAULT_HEAD.search(records[start].text):
+                text = "\n".join([*(r.text for r in records[start:]), record.text])
+                del records[start:]
+                return replace(record, text=text)
     if (m := _NAME_END.match(record.text)) is None:
         return record
     used, text = len(m.group("end")), record.text
