@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHES = [
     ("footprint_bench.py", [], 180),
     ("kernel_bench.py", ["--lines", "300000", "--writes", "200"], 420),
+    ("kernel_eval.py", ["--figures"], 120),
     ("engine_bench.py", ["--kills", "3"], 300),
     ("telemetry_bench.py", ["--seconds", "30"], 300),
     ("target_bench.py", [], 180),

@@ -548,7 +548,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"gpuwarden replay: {name}: {exc.strerror}", file=sys.stderr)
             return EXIT_FAILURE
-        parsed = parse_lines(text.splitlines())
+        parsed = parse_lines(text.splitlines(), pasted=True)  # a saved or pasted log
         malformed += parsed.malformed
         classifier = classifier_for(config.kernel)
         now = time.time()

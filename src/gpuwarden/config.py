@@ -209,6 +209,20 @@ def _regex(value: str) -> str:
     return value
 
 
+# A task's name holds 15 bytes (TASK_COMM_LEN), and the kernel prints it where a user chose it (`<comm>[pid]:
+# segfault at`): a `[[kernel.rule]]` expression that a name can hold whole could be matched by any user's process.
+SPECIFIC = 16
+
+
+def _specific_regex(value: str) -> str:
+    _regex(value)
+    shortest = re._parser.parse(value).getwidth()[0]  # the parser `re` compiles with: the fewest characters a match has
+    if shortest < SPECIFIC:
+        raise ValueError(f"too short to be specific: a match can be {shortest} characters, and a process's name "
+                         f"(15) can hold it; write the driver's message (after its prefix) in {SPECIFIC} or more")
+    return value
+
+
 def _check_kind(value: str) -> str:
     if value not in KINDS:
         raise ValueError(f"unknown event kind {value!r}" + hint(value, KINDS))
@@ -228,7 +242,7 @@ def _known_runbook(value: str) -> str:
 
 
 class KernelRule(Section):
-    pattern: str = field(then(text, _regex))
+    pattern: str = field(then(text, _specific_regex))  # matched after a driver's prefix (kernel/rules.config_anchored)
     kind: str = field(then(text, _check_kind))
     severity: str = field(SeverityName, "warning")
     vendor: str = field(text, "any")

@@ -7,7 +7,8 @@ from gpuwarden.model import Event
 
 def classify_text(text: str, classifier: Classifier | None = None) -> list[Event]:
     classifier = classifier or Classifier()
-    bursts = [b for r in parse_lines(text.splitlines()).records for b in classifier.feed(r, 1000.0)]
+    bursts = [b for r in parse_lines(text.splitlines(), pasted=True).records
+              for b in classifier.feed(r, 1000.0)]
     bursts += classifier.flush(1000.0, everything=True).new
     return [b.final for b in bursts]
 

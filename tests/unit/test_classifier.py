@@ -94,11 +94,11 @@ def test_unknown_xid_is_a_warning():
 
 def test_config_overrides_xid_and_kind_severity_and_adds_rules():
     cfg = parse('[kernel.xid]\n"13" = "critical"\n[kernel.severity]\npage_fault = "critical"\n'
-                '[[kernel.rule]]\npattern = "mydrv: gave up"\nkind = "reset_failed"\nseverity = "critical"\n'
+                '[[kernel.rule]]\npattern = "mydrv: gave up for good"\nkind = "reset_failed"\nseverity = "critical"\n'
                 'vendor = "amd"\n').kernel
     assert one("NVRM: Xid (PCI:0000:01:00): 13, Graphics Exception", classifier_for(cfg)).severity == C
     assert one("amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0)", classifier_for(cfg)).severity == C
-    user = one("amdgpu 0000:03:00.0: mydrv: gave up", classifier_for(cfg))
+    user = one("amdgpu 0000:03:00.0: mydrv: gave up for good", classifier_for(cfg))
     assert (user.kind, user.severity, user.gpu) == ("reset_failed", C, "0000:03:00.0")
 
 

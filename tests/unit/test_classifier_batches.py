@@ -35,7 +35,8 @@ HELD = [ex.text for r in RULES if r.process_follows for ex in r.examples]
 HELD_RULES = {r.name for r in RULES if r.process_follows}
 PROCESS_LINES = [example[0].text for f in PROCESS_FORMATS for example in f.examples]
 PAIRED = PROCESS_LINES[0]  # names no GPU: the process line of whichever held line it follows
-USB_RULE = Rule("config_0", r"usb \d+-\d+: new", "custom", Severity.WARNING, "generic", "a USB device", "custom")
+USB_RULE = Rule("config_0", r"new high-speed USB device", "custom", Severity.WARNING, "generic", "a USB device",
+                "custom")
 
 
 def _events(classifier: Classifier, records: list[KernelRecord], size: int, one_by_one: bool) -> list[tuple]:

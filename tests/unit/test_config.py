@@ -63,7 +63,8 @@ def test_an_alertmanager_resend_at_its_resolve_timeout_is_refused():
 
 
 def test_errors_inside_arrays_of_tables_point_at_the_right_entry():
-    msg = error_of('[[kernel.rule]]\npattern = "a"\nkind = "xid"\n\n[[kernel.rule]]\npattern = "("\nkind = "sq_int"\n')
+    msg = error_of('[[kernel.rule]]\npattern = "mydrv: gave up for good"\nkind = "xid"\n\n'
+                   '[[kernel.rule]]\npattern = "("\nkind = "sq_int"\n')
     lines = msg.splitlines()
     assert lines[0].startswith("gw.toml:6: kernel.rule[1].pattern: not a regular expression")
     assert lines[1] == "gw.toml:7: kernel.rule[1].kind: unknown event kind 'sq_int' (did you mean 'sq_intr'?)"

@@ -56,10 +56,23 @@ def test_held_out_logs_are_read_right(corpus):
     assert report.right >= 0.95 * report.files and report.false_warnings == 0, report.text()
 
 
-def test_no_rule_example_quotes_a_held_out_log(corpus):
+HELD_OUT_37 = "kernel/heldout37"  # issue 37's: expectations committed before the classifier ran on them
+
+
+def test_issue_37_held_out_logs_are_read_right(corpus):
+    """Issue 37's bar on its own unseen logs: at least 97 % fully right, no warning on a benign one (the score is in
+    docs/kernel-rules.md and `make bench`'s table)."""
+    report = kernel_eval.evaluate(corpus / HELD_OUT_37)
+    assert report.files == len(list((corpus / HELD_OUT_37).glob("*.log"))) >= 20 and report.benign >= 7
+    assert report.right >= 0.97 * report.files and report.false_warnings == 0, report.text()
+
+
+@pytest.mark.parametrize("held_out", [HELD_OUT, HELD_OUT_37])
+def test_no_rule_example_quotes_a_held_out_log(corpus, held_out):
     from gpuwarden.kernel.formats import parse_lines
     from gpuwarden.kernel.rules import PROCESS_FORMATS, RULES
 
-    held = {r.text for p in (corpus / HELD_OUT).glob("*.log") for r in parse_lines(p.read_text().splitlines()).records}
+    held = {r.text for p in (corpus / held_out).glob("*.log")
+            for r in parse_lines(p.read_text().splitlines(), pasted=True).records}
     examples = {e.text for r in RULES for e in r.examples} | {e.text for f in PROCESS_FORMATS for e, *_ in f.examples}
-    assert not examples & held
+    assert held and not examples & held

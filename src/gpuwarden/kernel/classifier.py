@@ -36,8 +36,12 @@ from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import (
     BDF,
+    BOOT_RESETS,
+    COMM_LEN,
     CORRELATIONS,
     DRIVER_START,
+    DRM_CORE_MODULES,
+    DRM_CORE_WARNING,
     DUMP_STACK_FRAME,
     GHES_PCIE,
     GHES_RECORD,
@@ -47,14 +51,22 @@ from gpuwarden.kernel.rules import (
     GPU_DRIVERS,
     GPU_MODULES,
     GSP_FRAME,
+    HUNG_AFTER_GPU_FAULT,
+    HUNG_TASK,
     MODULE_FRAME,
+    MODULES_LINE,
+    NAME_ESCAPE,
     OOPS_END,
     OOPS_HEADERS,
     OOPS_HINTS,
     PROCESS_FORMATS,
+    RESET_AFTER_FAULT,
     RULES,
     TRACE_LINE,
-    USER_TEXT,
+    USER_TEXT_AFTER_NAME,
+    USER_TEXT_SPAN,
+    USER_TEXT_START,
+    USER_TEXT_TAIL,
     Correlation,
     Rule,
     anchored,
@@ -67,13 +79,17 @@ _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"
                        r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
 _ANY_PCI = re.compile(rf"(?<![\w:]){BDF}(?![\w:])")
 _DRIVER_START = re.compile(DRIVER_START)
-_USER_TEXT = re.compile(USER_TEXT)
+_AFTER_NAME = re.compile(USER_TEXT_AFTER_NAME).search
+_TEXT_START = re.compile(USER_TEXT_START).match
+_TEXT_TAIL = re.compile(USER_TEXT_TAIL).match
+_NAME_ESCAPE = re.compile(NAME_ESCAPE)
 # The first characters of a line that may matter at all: a superset of a driver's prefix (DRIVER_START), an oops
 # report's header (OOPS_HEADERS), a GHES record and a report's end, cheap to refuse (possessive: no backtracking).
 # The literal starts come first and a header after a first word is its own branch: a benign line is refused sooner.
 _HEADER_START = r"BUG|kernel BUG|Oops|Kernel panic|general protection|invalid op|Unable to handle"
 _START = re.compile(
-    r"\s*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
+    r"[ \t]*+(?:amdgpu|amdkfd|radeon|drmn|NVRM|nvidia|kfd |pcieport|AMD-Vi|\[drm|\{|-|CPU |WARNING|INFO: task|"
+    rf"(?P<modules>{MODULES_LINE})|"
     rf"{_HEADER_START}|[\w-]++ [0-9a-fA-F]{{4,8}}:|\S++ (?:{_HEADER_START}))")
 _MODULE_FRAME = re.compile(MODULE_FRAME)
 _DUMP_STACK = re.compile(DUMP_STACK_FRAME)
@@ -93,8 +109,12 @@ _END_MARK = os.path.commonprefix(literal_hints(OOPS_END))  # noqa: RUF071 (by ch
 # A stack frame that cannot be a report's header too (the header wins), in one match: the bulk of an open report's
 # lines. A header may start with a word that ends in a colon (`watchdog: BUG: soft lockup`); a frame's first word
 # ends in one only in a line such as `f+0x1/0x2: BUG: x`, and no other header can start a frame line (OOPS_HEADERS,
-# TRACE_LINE): a frame whose first space follows a colon takes the long way.
-_FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})")
+# TRACE_LINE): a frame whose first space follows a colon takes the long way. The frame is the whole line (its module
+# after it at most): a line with more after a frame-like start, such as a task named `a+0x0/0x0 [xe]` that
+# segfaulted (`…[xe][42]: segfault at`), takes the long way too, where its user's fields are seen (user_text).
+_FRAME_ONLY = re.compile(rf"(?![^ ]*: )(?:{TRACE_LINE})(?: \[\w+(?: [0-9a-f]+)?\])?\s*$")
+_HUNG_TASK = re.compile(HUNG_TASK)
+_DRM_CORE_WARNING = re.compile(DRM_CORE_WARNING)
 _OOPS_LINES = 120  # an oops report longer than this is cut and judged on what was seen
 _PROCESS = [re.compile(f.pattern) for f in PROCESS_FORMATS]
 # Seconds a fault line waits for its report's process line when it is not in the same read: the driver prints
@@ -140,8 +160,12 @@ class _Oops:
     """An oops or call trace being read, line by line, until it ends."""
 
     severity: Severity | None  # None: a call trace seen without its header
+    first: float  # log time
     lines: list[str] = field(default_factory=list)
-    gpu_modules: set[str] = field(default_factory=set)
+    modules: set[str] = field(default_factory=set)  # of its stack frames
+    loaded: set[str] = field(default_factory=set)  # the GPU drivers its `Modules linked in:` line names
+    hung: bool = False  # a hung task's report (kernel/hung_task.c)
+    drm_core: bool = False  # a WARNING in a file of the DRM core
     gpu: str | None = None
     dumped: bool = False  # passes through dump_stack: a driver printed it on purpose
     gsp: bool = False  # the stack of NVRM's GSP RPC-timeout report
@@ -191,6 +215,10 @@ class Classifier:
         self._oops: _Oops | None = None
         self._held: _Held | None = None
         self._carry: dict[str, tuple[str, float]] = {}  # vendor -> (the GPU its latest report named, log time)
+        # the latest lines of the GPU drivers' rules that their record does not disprove (a kmsg or journal line is
+        # the kernel's; a text log proves nothing either way): (gpu, log time, severity, vendor), for the context of
+        # a hung task and of a reset (_gpu_line_before)
+        self._gpu_lines: list[tuple[str | None, float, Severity, str]] = []
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
@@ -207,16 +235,20 @@ class Classifier:
             gated = None  # whether the line holds a rule's or a report's literal (the Aho-Corasick gate), once known
             if self._held is None:
                 if "+0x" not in text:
-                    if fast and (not start(text) or not (gated := next(gate(text), None))):
+                    if fast and ((m := start(text)) is None or m.lastgroup is not None
+                                 or not (gated := next(gate(text), None))):
                         # The common case: a line that no driver and no oops report starts, or a driver's line
                         # without any rule's literal (within an open report such a line is not part of it either).
                         # An open report past its window is closed by the next line that is, or by flush().
+                        if m is not None and m.lastgroup and (oops := self._oops) is not None:
+                            oops.lines.append(text)  # its `Modules linked in:` line (long: not scanned by the gate)
+                            oops.loaded.update(_loaded_gpu_drivers(text))
                         continue
                 elif (oops := self._oops) is not None and frame(text):
                     # the next frame of an open report, the bulk of a report's lines: straight to it
                     stamp = record.timestamp if record.timestamp is not None else now
                     if stamp - oops.last <= self.storm_window:
-                        if started := self._report_line(oops, text, record, stamp, now):
+                        if started := self._report_line(oops, text, record, stamp, now, True):
                             out.append((record, started))
                         continue
             if started := self._classify(record, text, now, gated):
@@ -229,7 +261,7 @@ class Classifier:
         out: list[Burst] = []
         if held := self._held:
             self._held = None
-            process = process_named(text) if _DRIVER_START.match(text) and not _USER_TEXT.match(text) \
+            process = process_named(text) if _DRIVER_START.match(text) and not user_text(text) \
                 and _same_gpu(held.record, record) and _no_less_proven(held.record, record) else None
             if process is not None and self._is_rule_line(text):
                 process = None  # a fault of its own that names its process inline
@@ -239,14 +271,16 @@ class Classifier:
                 return out
         if self._oops and stamp - self._oops.last > self.storm_window:
             out += self._close_oops(now)
-        if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) and m.lastgroup == "frame":
-            return out + self._report_line(self._oops, text, record, stamp, now)  # the next frame of a report
+        if self._oops is not None and "+0x" in text and (m := _REPORT_LINE.match(text)) \
+                and m.lastgroup == "frame" and not user_text(text):
+            return out + self._report_line(self._oops, text, record, stamp, now, True)  # a report's next frame
         if gated is None:
             gated = next(self._gate.iter(text), None) is not None
         if not gated and not self._unhinted:
             return out
+        # a line with a user's fields (a task's name) is never part of a fault (asked only of a line that could be)
         if gated and (self._oops or _REPORT_LINE.match(text)) \
-                and not _USER_TEXT.match(text) \
+                and not user_text(text) \
                 and not (self._oops and self._is_rule_line(text)):  # a fault printed meanwhile is its own
             oops_done = self._oops_line(text, record, stamp, now)
             if oops_done is not None:
@@ -255,7 +289,7 @@ class Classifier:
         if gated and (ghes := _GHES.match(text)):
             return out + self._ghes_line(ghes.group("id"), text, record, stamp, now)
         rule, m = self._match(text, gated)
-        if m and not _USER_TEXT.match(text):  # a driver's prefix in a task's name is no driver's line
+        if m and not user_text(text):  # a driver's prefix in a task's name is no driver's line
             if rule.process_follows and process_named(text) is None:
                 self._held = _Held(rule, m, record, stamp, now)
             else:
@@ -309,8 +343,14 @@ class Classifier:
                process_line: str | None = None) -> list[Burst]:
         gpu, device = self._attribute(record, rule.vendor, stamp)
         severity, meaning, xid = severity or rule.severity, rule.meaning, None
+        if rule.name in BOOT_RESETS and self._gpu_line_before(gpu, stamp, RESET_AFTER_FAULT, "amd") is None:
+            severity = Severity.INFO
+            meaning = "a full GPU reset with no fault before it: the driver resetting the GPU as it starts it"
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
         why_not = unverified(record, m.groupdict().get("dev"))
+        if rule.vendor in ("amd", "nvidia") and not (why_not and record.metadata):  # context only from proven lines
+            self._gpu_lines.append((gpu, stamp, severity, rule.vendor))
+            del self._gpu_lines[:-16]
         evidence["verified"] = why_not is None
         if why_not:
             evidence["unverified"] = why_not
@@ -451,19 +491,28 @@ class Classifier:
         if self._oops is None:
             if kind is None:
                 return None
-            self._oops = _Oops(severity=header)
+            self._oops = _Oops(severity=header, first=stamp)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
+            oops.hung = oops.hung or _HUNG_TASK.match(text) is not None
+            oops.drm_core = oops.drm_core or _DRM_CORE_WARNING.match(text) is not None
         if oops.gpu is None and kind != "frame":  # a frame names no device
             oops.gpu = self._attribute(record, "kernel", stamp)[0]
-        return self._report_line(oops, text, record, stamp, now)
+        return self._report_line(oops, text, record, stamp, now, kind == "frame")
 
-    def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float) -> list[Burst]:
-        """Add a line to the open report `oops`; a report closes at its end line or its length limit."""
+    def _report_line(self, oops: _Oops, text: str, record: KernelRecord, stamp: float, now: float,
+                     frame: bool) -> list[Burst]:
+        """Add a line to the open report `oops` (`frame`: a stack frame); a report closes at its end line or its
+        length limit."""
         oops.lines.append(text)
-        if " [" in text and "+0x" in text:
-            oops.gpu_modules.update(m for m in _MODULE_FRAME.findall(text) if m in GPU_MODULES)
+        # a module is read from a stack frame only: a report's header carries a task's name (`BUG: soft lockup -
+        # CPU#%d stuck for %us! [%s:%d]`)
+        if frame:
+            if " [" in text:
+                oops.modules.update(_MODULE_FRAME.findall(text))
+        elif text.startswith(MODULES_LINE):
+            oops.loaded.update(_loaded_gpu_drivers(text))
         if not oops.dumped and "dump_stack" in text:
             oops.dumped = _DUMP_STACK.search(text) is not None
         if not oops.gsp and "kgsp" in text:
@@ -481,17 +530,28 @@ class Classifier:
             return []
         if oops.severity is None and oops.dumped:  # a stack a driver printed on purpose, not a crash
             return self._gsp_stack(oops, now) if oops.gsp and self._gsp_rule else []
-        if oops.gpu_modules:
+        gpu, modules, after = oops.gpu, sorted(oops.modules & GPU_MODULES), None
+        if modules:
             severity = oops.severity if oops.severity is not None else Severity.WARNING
-            what = f"kernel oops in {', '.join(sorted(oops.gpu_modules))}"
+            what = f"kernel oops in {', '.join(modules)}"
+        elif oops.loaded and (oops.drm_core or oops.modules & DRM_CORE_MODULES):
+            severity = oops.severity if oops.severity is not None else Severity.WARNING
+            what = f"kernel oops in the DRM core, with {', '.join(sorted(oops.loaded))} loaded"
+        elif oops.hung and (after := self._gpu_line_before(None, oops.first, HUNG_AFTER_GPU_FAULT)) is not None:
+            severity = Severity.WARNING
+            what = (f"a task hung {oops.first - after[1]:.0f} s after a GPU driver's fault line (no GPU frame in "
+                    f"its trace)")
+            gpu = gpu or after[0]
         elif oops.severity == Severity.CRITICAL:
             severity, what = Severity.WARNING, "kernel oops outside the GPU drivers"
         else:
             return []  # a warning or a stack dump that no GPU driver is part of: not ours
         severity = self._severity_overrides.get("kernel_oops", severity)
-        event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=oops.gpu,
-                      evidence={"line": oops.lines[0], "lines": oops.lines, "runbook": "oops",
-                                "modules": sorted(oops.gpu_modules), "verified": oops.verified})
+        evidence = {"line": oops.lines[0], "lines": oops.lines, "runbook": "oops", "modules": modules,
+                    "verified": oops.verified}
+        if after is not None:
+            evidence["after_gpu_line"] = after[1]
+        event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=gpu, evidence=evidence)
         return [Burst(event, oops.last, oops.last, oops.arrived)]
 
 
@@ -507,6 +567,16 @@ class Classifier:
             gpu = carried[0]
         return gpu, device
 
+    def _gpu_line_before(self, gpu: str | None, stamp: float, within: float,
+                         fault_of: str | None = None) -> tuple[str | None, float, Severity, str] | None:
+        """The latest GPU driver's line of `gpu` (or naming none; any GPU for None) within `within` seconds before
+        `stamp`; with `fault_of` (a vendor), only that vendor's lines at warning or above."""
+        for line in reversed(self._gpu_lines):
+            if 0 <= stamp - line[1] <= within and (gpu is None or line[0] is None or line[0] == gpu) \
+                    and (fault_of is None or (line[3] == fault_of and line[2] >= Severity.WARNING)):
+                return line
+        return None
+
     def _gsp_stack(self, oops: _Oops, now: float) -> list[Burst]:
         """NVRM dumps the stack of _kgspRpcRecvPoll when a GSP RPC times out: part of the GSP timeout report."""
         rule = self._gsp_rule
@@ -514,6 +584,25 @@ class Classifier:
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
         burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
         return [burst] if burst else []
+
+
+def _loaded_gpu_drivers(modules_line: str) -> list[str]:
+    """The GPU drivers a report's `Modules linked in: name(OE+) …` names (each with its taint flags)."""
+    return [m for m in (w.partition("(")[0] for w in modules_line[len(MODULES_LINE):].split()) if m in GPU_MODULES]
+
+
+def user_text(text: str) -> bool:
+    """Whether the kernel printed this line with a user's fields in it (rules.USER_TEXT_*): a task's name before
+    fixed words, a line that starts with the kernel's words and then takes a user's text, or one that ends with the
+    mapping a fault's ip is in (a file name broken by a newline still ends so). Read by the fixed words, never by the
+    name, which may hold anything (15 bytes: a newline, a stack frame)."""
+    if (m := _AFTER_NAME(text, 0, USER_TEXT_SPAN)) is not None \
+            and len(_NAME_ESCAPE.sub(".", text[:m.start()].lstrip(" \t"))) <= COMM_LEN:
+        return True
+    if _TEXT_START(text) is not None:
+        return True
+    last = text.rfind("[")  # a frame's `[module]` holds no `+`: most lines stop here
+    return last >= 0 and "+" in text[last:] and _TEXT_TAIL(text, last) is not None
 
 
 def process_named(text: str) -> dict | None:

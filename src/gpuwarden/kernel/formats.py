@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
+from gpuwarden.kernel.rules import DRIVER_PREFIX, DRIVER_START, USER_TEXT_TAIL
 
 _LEVEL_PREFIX = re.compile(
     r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d)\s*:"
@@ -36,6 +38,24 @@ _KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
 # line number): stripped when what follows starts as a log line does
 _GREP_FILE = re.compile(r"^/[^\s:]+:(?:\d+[:-])?(?=\[|\d{4}-|[^\W\d_]{3,10}\.? {1,2}\d|kernel: |<\d>)")
 _SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins at .*|No entries) --$")
+# A kernel record that holds a newline is printed, where each line gets its own prefix (the console, /proc/kmsg
+# and so syslog's kern.log, `dmesg -S`), as lines with the same stamp. Two such splits are read back as one record:
+# a driver's prefix alone (old powerplay's "amdgpu: [powerplay] " then "\n failed to send message %x ret is %d"),
+# and the end of a task's name (15 bytes) before the fixed words of a line that carries one (`<comm>[pid]:
+# segfault at`, classifier.user_text): a name with a newline then reads as a name, never as a line of its own.
+_BARE_PREFIX = re.compile(rf"{DRIVER_PREFIX}\s*$")
+DRIVER_START = re.compile(DRIVER_START)
+_NAME_END = re.compile(r"^(?P<end>.{0,14}?)(?:\[\d+\]:? | \(\d+\): |: page allocation failure| invoked oom-killer)")
+_COMM_LEN = 15
+# and the lines of a file name with newlines, between a fault's head and the mapping that ends its record
+_FAULT_HEAD = re.compile(r"\]:? (?:segfault at |trap |general protection fault )|^traps: ")
+_FAULT_TAIL = re.compile(USER_TEXT_TAIL)
+_SPLIT_LINES = 8  # lines of one record joined back at most
+# Text pasted into a report (`gpuwarden replay`): mail/markdown quotes, and a line the paste wrapped (a long line
+# followed by one that starts like no log line)
+_QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
+_WRAPPED_AT = 76
+_NOT_WRAPPED = re.compile(r"^(?:[\[\].$#>-]|\.\.\.)")
 
 
 @dataclass(eq=False, repr=False)
@@ -47,12 +67,17 @@ class ParseResult:
     skipped: int = 0  # lines from other programs than the kernel
 
 
-def parse_lines(lines: Iterable[str]) -> ParseResult:
-    """All kernel records in a saved log, oldest first."""
+def parse_lines(lines: Iterable[str], *, pasted: bool = False) -> ParseResult:
+    """All kernel records in a saved log, oldest first.
+
+    `pasted`: the text was pasted into a report (`gpuwarden replay`), not written by a logger: `> ` quotes and the
+    block's common indentation are removed, and a long line the paste wrapped is joined again. A followed file
+    (`source = "file"`) is read as its logger wrote it.
+    """
     result = ParseResult()
     relative = 0.0
-    for raw in lines:
-        line = raw.rstrip("\r\n")
+    previous = ""  # the previous line, for a wrap
+    for line in _unpasted(lines) if pasted else (raw.rstrip("\r\n") for raw in lines):
         if not line.strip():
             continue
         if line[0] in " \t" and result.records:
@@ -68,24 +93,75 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
         if record is None:
             result.skipped += 1
             continue
+        if pasted and _wrapped(result.records, previous, record):
+            last = result.records[-1]
+            result.records[-1] = replace(last, text=f"{last.text} {record.text}")
+            previous = line
+            continue
+        previous = line
         if record.timestamp is not None:  # `dmesg -H` deltas count from the previous stamp
             relative = record.timestamp
-        result.records.append(record)
+        result.records.append(_rejoin(result.records, record))
     if _newest_first(result.records):
         result.records.reverse()
     return result
 
 
+def _unpasted(lines: Iterable[str]) -> list[str]:
+    """The lines of a pasted block as the log had them: quotes off, the block's common indentation off (the
+    indentation of dmesg's continuation lines beyond it is kept: they continue a record)."""
+    out = [raw.rstrip("\r\n") for raw in lines]
+    out = [_QUOTE.sub("", line, count=1) if line.lstrip(" \t").startswith(">") else line for line in out]
+    indents = [line[:len(line) - len(line.lstrip(" \t"))] for line in out if line.strip()]
+    cut = len(os.path.commonprefix(indents)) if indents else 0  # noqa: RUF071 (by character: the whitespace)
+    return [line[cut:] for line in out]
+
+
+def _wrapped(records: list[KernelRecord], previous: str, record: KernelRecord) -> bool:
+    """A line the paste wrapped: after a long stamped line, one with no stamp that starts like no log line."""
+    return bool(records) and records[-1].timestamp is not None and record.timestamp is None \
+        and len(previous) >= _WRAPPED_AT and record.text == record.text.lstrip() \
+        and not _NOT_WRAPPED.match(record.text) and not _BARE_PREFIX.match(record.text) \
+        and DRIVER_START.match(record.text) is None
+
+
+def _rejoin(records: list[KernelRecord], record: KernelRecord) -> KernelRecord:
+    """`record` with the lines a split record left before it (same stamp) joined back in, taken off `records`:
+    a driver's prefix printed alone, or the start of a task's name (see _BARE_PREFIX)."""
+    if not records or records[-1].timestamp != record.timestamp:
+        return record
+    if _BARE_PREFIX.match(records[-1].text):
+        return replace(record, text=f"{records.pop().text}\n{record.text}")
+    if (last := record.text.rfind("[")) >= 0 and _FAULT_TAIL.match(record.text, last) \
+            and not _FAULT_HEAD.search(record.text):
+        start = len(records)  # back to the fault's head, all of one stamp
+        while start > 0 and len(records) - start < _SPLIT_LINES and records[start - 1].timestamp == record.timestamp:
+            start -= 1
+            if _FAULT_HEAD.search(records[start].text):
+                text = "\n".join([*(r.text for r in records[start:]), record.text])
+                del records[start:]
+                return replace(record, text=text)
+    if (m := _NAME_END.match(record.text)) is None:
+        return record
+    used, text = len(m.group("end")), record.text
+    while records and records[-1].timestamp == record.timestamp and used + 1 + len(records[-1].text) <= _COMM_LEN:
+        used += 1 + len(records[-1].text)
+        text = f"{records.pop().text}\n{text}"
+    return replace(record, text=text) if text is not record.text else record
+
+
 def _continue(result: ParseResult, line: str) -> None:
-    """An indented line: a kmsg dictionary entry, or the rest of the previous multi-line message."""
+    """An indented line: a dictionary entry of a raw /dev/kmsg record, or the rest of the previous multi-line
+    message (dmesg indents a record's next lines: text a user chose, a file name's, may look like an entry)."""
     last = result.records[-1]
     stripped = line.strip()
-    if stripped.startswith("DEVICE="):
+    key = stripped.split("=", 1)[0] if last.seq is not None and "=" in stripped else ""
+    if key == "DEVICE":
         result.records[-1] = replace(last, device=pci_from_device_field(stripped[7:]))
-    elif stripped.startswith("SUBSYSTEM="):
+    elif key == "SUBSYSTEM":
         result.records[-1] = replace(last, subsystem=stripped[10:])
-    elif "=" in stripped and stripped.split("=", 1)[0].isupper() and stripped.split("=", 1)[0].isalpha():
-        pass  # another kmsg dictionary entry (SUBSYSTEM=...)
+    elif key.isupper() and key.isalpha():
+        pass  # another kmsg dictionary entry (SOURCE=...)
     else:
         result.records[-1] = replace(last, text=f"{last.text}\n{stripped}")
 

@@ -79,12 +79,15 @@ DEVICE_PREFIX = rf"(?P<dev_driver>[\w-]+) (?P<dev>{BDF}): "
 # pr_fmt, DRM and NVRM prefixes (printk without a device: no metadata), and the class device kfd
 _DRIVER_START = (r"(?:amdgpu|amdkfd|radeon|drmn\d+|NVRM|nvidia-modeset|nvidia-uvm|kfd kfd|pcieport|AMD-Vi): |"
                  r"\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] ")
-# what drivers put after their first prefix before the message proper
+# what drivers put after their first prefix before the message proper. amdgpu's RAS reports put their event id
+# and the die before it: amdgpu/amdgpu_ras.c amdgpu_ras_event_log_print "{%llu}%pV" with "socket: %d, die: %d, %lld
+# new uncorrectable hardware errors detected in %s block\n", and ras/ (Linux 6.17+) "{%llu} socket: %d, die: %d, ..."
 _DRIVER_MORE = (r"(?:amdgpu: |\[drm(?::[\w.]+(?: \[\w+\])?| ERROR ?:[\w.]+)?\] |\*ERROR\* |ERROR: |"
-                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |_?\w+: )")
-DRIVER_PREFIX = rf"^\s*(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*"
+                rf"\[powerplay\] |AER: |DPC: |GPU {BDF}: |GPU\d+ |\{{\d+\}} ?|socket: \d+, die: \d+, |_?\w+: )")
+# Spaces and tabs only before the prefix: a record's text after a newline it carries is never read as a new line
+DRIVER_PREFIX = rf"^[ \t]*(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*"
 # The first characters of a line that may be a driver's: the classifier's cheap gate
-DRIVER_START = rf"^\s*(?:[\w-]+ {BDF}: |{_DRIVER_START})"
+DRIVER_START = rf"^[ \t]*(?:[\w-]+ {BDF}: |{_DRIVER_START})"
 
 
 
@@ -97,19 +100,38 @@ _INLINE_FLAGS = r"^\(\?([aiLmsux]+)\)"
 
 
 def config_anchored(pattern: str) -> str:
-    """A `[[kernel.rule]]` expression, matched at the start of the message or right after a driver's prefix
-    (a config rule may be for a driver that gpuwarden does not know). Leading inline flags (`(?i)`) apply to the
-    rule's own expression only."""
+    """A `[[kernel.rule]]` expression, matched right after a driver's prefix at the start of the message: a device
+    prefix, a prefix the built-in rules know, or the prefix of a driver gpuwarden does not know (its pr_fmt
+    `driver: `, or dev_printk's `driver device: `, `usb 1-3: `). Never at the very start of a line, where the kernel
+    prints a task's name. Leading inline flags (`(?i)`) apply to the rule's own expression only."""
     if m := re.match(_INLINE_FLAGS, pattern):
         pattern = f"(?{m.group(1)}:{pattern[m.end():]})"
-    return rf"^\s*(?:(?:{DEVICE_PREFIX}|{_DRIVER_START})(?:{_DRIVER_MORE})*)?(?:{pattern})"
+    return rf"^[ \t]*(?:{DEVICE_PREFIX}|{_DRIVER_START}|[\w.-]+(?: [\w.:-]+)?: )(?:{_DRIVER_MORE})*(?:{pattern})"
 
 
-# Lines the kernel prints with text a user chose at their start: never a rule's line, nor an oops header. Each
-# is also a counter-example of every rule (tests/unit/test_rules.py), and tests/security prints them for real.
-USER_TEXT = (r"^\s*(?:.{0,15}\[\d+\]:? |traps: |[\w.-]+: Unknown parameter '|[\w.-]+: Unrecognized mount option|"
-             r"audit[:(]|.{0,15} \(\d+\): |.{0,15}: page allocation failure|.{0,15} invoked oom-killer|"
-             r"potentially unexpected fatal signal)")
+# Lines the kernel prints with text a user chose in them: never a rule's line, an oops header or frame, a process
+# line, nor a line of an open report. Read by their structure, the user's fields whatever they hold: a task's name
+# (`comm`, 15 bytes, any of them a newline or a control character, which a text log shows escaped: dmesg `\x0a`,
+# rsyslog `#012`) and the file a fault's code was mapped from (any name, newlines too). The fixed words after the
+# name are searched for, never the name: `<comm>[pid]: segfault at …` (arch/x86/mm/fault.c show_signal_msg),
+# `<comm>[pid] bad frame in …`, `traps: <comm>[pid] trap …`/`general protection fault …` (arch/x86/kernel/traps.c),
+# `<comm> (pid): …` (drop_caches, and others), `<comm>: page allocation failure` (mm/page_alloc.c), `<comm> invoked
+# oom-killer` (mm/oom_kill.c), tmpfs/mount options and `audit`; and, as its last field, the mapping a fault's ip is
+# in (mm/memory.c print_vma_addr " in %s[%lx+%lx]", since 6.x "[%lx,%lx+%lx]", then " likely on CPU %d (core %d,
+# socket %d)"): a line a mapped file's name broke in two still ends with it. Each is also a counter-example of every
+# rule (tests/unit/test_rules.py), and tests/security prints them for real
+# (classifier.user_text reads them; the name is never matched, only its length checked)
+COMM_LEN = 15  # TASK_COMM_LEN - 1
+# the fixed words right after a task's name (searched in a line's first USER_TEXT_SPAN characters)
+USER_TEXT_AFTER_NAME = r"\[\d+\]:? | \(\d+\): |: page allocation failure| invoked oom-killer"
+USER_TEXT_SPAN = 4 * COMM_LEN + 16  # a name of 15 escaped characters (`\x0a`), leading spaces, the words
+# lines that start with the kernel's words, a user's text after them
+USER_TEXT_START = (r"[ \t]*(?:traps: |audit[:(]|potentially unexpected fatal signal|"
+                   r"[\w.-]+: (?:Unknown parameter '|Unrecognized mount option))")
+# a text log shows a control character of a name escaped: dmesg `\x0a`, rsyslog `#012`
+NAME_ESCAPE = r"\\x[0-9a-fA-F]{2}|#\d{3}"
+# the end of a line that names the mapping a fault's ip is in: matched at the line's last `[`
+USER_TEXT_TAIL = r"\[(?:[0-9a-f]+,)?[0-9a-f]+\+[0-9a-f]+\](?: likely on CPU \d+ \(core \d+, socket \d+\))?\s*\Z"
 FORGED = (
     "ring x timeout[4242]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6 in a.out[401000+1000]",
     "sq_intr: error[4244]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
@@ -119,6 +141,17 @@ FORGED = (
     "BUG: soft locku[77]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
     'audit: type=1400 audit(1700000000.1:4): apparmor="DENIED" comm="NVRM: Xid (PCI:ffff:fe:1f): 79"',
     "GPU reset begin![99]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 6",
+    # issue 37: a newline ends the name (a kmsg record keeps it, `\x0a`), a stack frame for a name, a file named
+    # like a GPU, and the second line of a file name broken by a newline (a text log that splits records)
+    "NVRM: SMU fail\n[4245]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4 in ffff:fe:00.0"
+    "[0,7f0000001000+1000] likely on CPU 0 (core 0, socket 0)",
+    "BUG: \n[4246]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4 in NVRM (PCI:ffff:fe:00.0)"
+    "[0,7f0000001000+1000] likely on CPU 1 (core 1, socket 0)",
+    "a+0x0/0x0 [xe][4247]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4 in ffff:fe:00.0"
+    "[0,7f0000001000+1000] likely on CPU 0 (core 0, socket 0)",
+    "NVRM: Xid (PCI:ffff:fe:1f): 79, x[0,7f0000001000+1000] likely on CPU 0 (core 0, socket 0)",
+    "NVRM: SMU fail\\x0a[4248]: segfault at 0 ip 00007f0000001000 sp 00007ffc00000000 error 4",
+    "traps: BUG: \n[4249] general protection fault ip:401000 sp:7ffc00000000 error:0 in a.out[401000+1000]",
 )
 
 
@@ -198,6 +231,14 @@ RULES: tuple[Rule, ...] = (
                           ":4040")),
        counter_examples=("nvidia-modeset: Loading NVIDIA UNIX Open Kernel Mode Setting Driver for x86_64",
                          "nvidia-modeset: WARNING: GPU:0: Unable to read EDID for display device DP-2")),
+    _r("nv_modeset_channel_state", r"ERROR: GPU:\d+: Failed to query display engine channel state",
+       "ring_timeout", W, "nvidia", "the display engine did not answer nvidia-modeset (its channel state could not be "
+       "read): the GPU stopped answering, often at driver unload after it failed", "gpu_fault",
+       'src/nvidia-modeset/src/nvkms-evo1.c: "Failed to query display engine channel state: 0x%08x:%d:%d:0x%08x"',
+       examples=(template("nvidia-modeset: ERROR: GPU:0: Failed to query display engine channel state: "
+                          "0x0000c57e:4:0:0x0000000f"),),
+       counter_examples=("nvidia-modeset: ERROR: GPU:0: DP-0: Failed to disable DisplayPort audio stream-3",
+                         "nvidia-modeset: WARNING: GPU:0: Lost display notification (0:0x00000000); continuing.")),
     # --- AMD: failed recovery and lost devices (before the generic reset rules) ---------------------
     _r("amd_device_lost", r"device lost from bus!", "device_lost", C, "amd",
        "the GPU fell off the PCIe bus", "device_lost",
@@ -223,14 +264,18 @@ RULES: tuple[Rule, ...] = (
                         "amdgpu 0000:03:00.0: amdgpu: GPU mode1 reset failed")),
        counter_examples=("amdgpu 0000:0c:00.0: Ring gfx_0.0.0 reset failed",
                          "amdgpu 000d:31:00.0: GPU reset(3) succeeded!")),
-    _r("amd_smu_resume_failed", r"resume of IP block <smu> failed|SMC engine is not correctly up",
-       "smu_error", C, "amd", "the power-management firmware (SMU) did not come back: the GPU is unusable",
+    _r("amd_smu_resume_failed", r"resume of IP block <smu> failed|SMC engine is not correctly up|"
+       r"Failed to setup smc hw",
+       "smu_error", C, "amd", "the power-management firmware (SMU) did not start or come back: the GPU is unusable",
        "device_lost",
        'amdgpu/amdgpu_device.c: "resume of IP block <%s> failed %d\\n"',
        'pm/swsmu/amdgpu_smu.c: "SMC engine is not correctly up!\\n"',
+       'pm/swsmu/amdgpu_smu.c (smu_hw_init, smu_resume): "Failed to setup smc hw!\\n"',
        examples=(corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
-                        "amdgpu 0000:03:00.0: amdgpu: resume of IP block <smu> failed -5"),),
-       counter_examples=("amdgpu 0000:83:00.0: amdgpu: SMU is resumed successfully!",)),
+                        "amdgpu 0000:03:00.0: amdgpu: resume of IP block <smu> failed -5"),
+                 template("amdgpu ffff:fe:1f.7: Failed to setup smc hw!")),
+       counter_examples=("amdgpu 0000:83:00.0: amdgpu: SMU is resumed successfully!",
+                         "amdgpu ffff:fe:1f.7: amdgpu: Failed to setup smc table")),
     _r("amd_resume_failed", r"resume of IP block <\w+> failed|amdgpu_device_ip_resume failed",
        "reset_failed", C, "amd", "a GPU block failed to resume after a reset or sleep: the GPU is unusable",
        "device_lost",
@@ -408,7 +453,9 @@ RULES: tuple[Rule, ...] = (
     _r("amd_reset_begin", r"GPU (?:reset|jobs stop) begin", "gpu_reset", W, "amd",
        "the driver started a full GPU reset; VRAM and contexts may be lost", "reset",
        'amdgpu/amdgpu_device.c: "GPU %s begin!\\n"',
-       examples=(corpus("069-amd-freebsd-illegal-reg-gfx-timeout-psp-unload-mode2.log", "drmn0: GPU reset begin!"),),
+       # (not 069's `drmn0: GPU reset begin!`: a line with nothing variable, heldout37's b03 holds it too)
+       examples=(corpus("012-amd-ring-gfx-timeout-baco-reset2-succeeded.log",
+                        "amdgpu 0000:08:00.0: amdgpu: GPU reset begin!"),),
        counter_examples=("vfio-pci 0000:0c:00.0: AMD_NAVI14: begin psp mode 1 reset",)),
     _r("amd_reset_mode12", r"\b(?i:mode[12]) reset\s*$|GPU (?:psp )?mode1 reset\s*$", "gpu_reset", W, "amd",
        "a full GPU reset (MODE1/MODE2) is running", "reset",
@@ -493,6 +540,8 @@ RULES: tuple[Rule, ...] = (
        "ras_error", C, "amd", "uncorrectable hardware error (RAS)", "ras",
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!\\n"',
        'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG): "%lld new uncorrectable hardware errors detected in %s block\\n"',
+       'amdgpu/amdgpu_ras.c (RAS_EVENT_LOG, 6.10+): "socket: %d, die: %d, %lld new uncorrectable hardware errors'
+       ' detected in %s block\\n"',
        'amdgpu/amdgpu_kms.c: "RAS Intr triggered, device disabled!!"',
        'amdgpu/amdgpu_ras_eeprom.c: "RAS records:%d exceed threshold:%d"',
        'amdgpu/amdgpu_ras_eeprom.c: "RAS records:%d exceed threshold:%d, GPU will not be initialized. Replace this'
@@ -501,8 +550,10 @@ RULES: tuple[Rule, ...] = (
                         "amdgpu 0000:e3:00.0: amdgpu: uncorrectable hardware"
                         " error(ERREVENT_ATHUB_INTERRUPT) detected!"),
                  corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
-                        "[drm] UVD VCPU state may lost due to RAS ERREVENT_ATHUB_INTERRUPT")),
+                        "[drm] UVD VCPU state may lost due to RAS ERREVENT_ATHUB_INTERRUPT"),
+                 template(A + "{3}socket: 0, die: 1, 2 new uncorrectable hardware errors detected in umc block")),
        counter_examples=("amdgpu 0000:66:00.0: amdgpu: RAS: optional ras ta ucode is not available",
+                         A + "{3}socket: 0, die: 1, 5 uncorrectable hardware errors detected in total in umc block",
                          "amdgpu ffff:fe:1f.7: amdgpu: 0 uncorrectable hardware errors so far")),
     _r("amd_cp_ecc", r"CP ECC ERROR IRQ", "ras_error", W, "amd", "the command processor reported an ECC error",
        "ras",
@@ -538,7 +589,8 @@ RULES: tuple[Rule, ...] = (
                          "[drm] psp gfx command LOAD_TA(0x1) done")),
     _r("amd_smu_failure", r"\bSMU\b.*(?:fail|timeout|[Tt]imed out|not done)|\bsmu_\w+.*(?:failed|timeout)|"
        r"SMC is not ready|\[powerplay\] .*[Ff]ailed|Failed to send message 0x|"
-       r"SMU: (?:I'm very busy|response:|unknown command|valid command, bad prerequisites|I'm debugging)|"
+       r"\s*failed to send (?:pre )?message [0-9a-fA-F]+ ret is -?\d+|"
+       r"SMU: (?:No response|I'm very busy|response:|unknown command|valid command, bad prerequisites|I'm debugging)|"
        r"Fail(?:ed)? to disable (?:dpm|smu) features|"
        r"Failed to \w+ (?:BACO state|gfxoff)!|\[PrepareMp1\] Failed|SMC failed to set mp1 state|"
        r"Fail(?:ed)? to \w+ [^\n]*\b(?:SMU|SMC|smu|metrics table|pptable|PPTable)\b",
@@ -548,6 +600,11 @@ RULES: tuple[Rule, ...] = (
        'pm/swsmu/amdgpu_smu.c: "SMC is not ready\\n"',
        'pm/swsmu/smu13/smu_v13_0_6_ppt.c: "Failed to export SMU metrics table!\\n"',
        'pm/powerplay/smumgr/smu9_smumgr.c: "Failed to send message 0x%x, response 0x%x\\n"',
+       'pm/powerplay/smumgr/smu7_smumgr.c, ci_smumgr.c (before 5.x, pr_info: the message on a line of its own after'
+       ' the prefix): "\\n failed to send message %x ret is %d \\n"',
+       'pm/powerplay/smumgr/smu7_smumgr.c (before 5.x): "\\n failed to send pre message %x ret is %d \\n"',
+       'pm/swsmu/smu_cmn.c (Linux 7.x, __smu_msg_v1_print_err_limited; its %s is "SMU: No response"):'
+       ' "%s msg_reg: %x resp_reg: %x"',
        'pm/swsmu/smu_cmn.c: "SMU: I\'m very busy for your command: index:%d param:0x%08X message:%s"',
        'pm/swsmu/smu_cmn.c: "SMU: response:0x%08X for index:%d param:0x%08X message:%s?"',
        'pm/swsmu/smu_cmn.c: "SMU: unknown command: index:%d param:0x%08X message:%s"',
@@ -563,9 +620,13 @@ RULES: tuple[Rule, ...] = (
        examples=(corpus("087-amd-mi100-runtime-pm-smu-resume-failed.log",
                         "amdgpu 0000:03:00.0: amdgpu: SMC is not ready"),
                  corpus("092-amd-mi50-ras-athub-uncorrectable-reset-powerplay-failed.log",
-                        "amdgpu: [powerplay] Failed to set soft min gfxclk !")),
+                        "amdgpu: [powerplay] Failed to set soft min gfxclk !"),
+                 template("amdgpu ffff:fe:1f.7: SMU: No response msg_reg: 6 resp_reg: 0"),
+                 # one record: the format's own newline follows the prefix (dmesg shows it indented)
+                 template("amdgpu: [powerplay] \n failed to send message 12f ret is 0 ")),
        counter_examples=("amdgpu 0000:66:00.0: amdgpu: SMU is initialized successfully!",
-                         "amdgpu 0000:83:00.0: amdgpu: SMU driver if version not matched")),
+                         "amdgpu 0000:83:00.0: amdgpu: SMU driver if version not matched",
+                         "amdgpu: [powerplay] \n message 146 sent")),
     # --- PCIe AER (drivers/pci/pcie) and APEI/GHES -------------------------------------------------
     _r("aer_no_callback", r"AER: can't recover \(no error_detected callback\)|device has no AER-aware driver",
        "pcie_aer", W, "pcie", "a device on a failing PCIe link has no error recovery", "aer",
@@ -707,7 +768,7 @@ OOPS_HEADERS: tuple[tuple[str, Severity], ...] = (
 )
 OOPS_END = r"---\[ end (?:trace|Kernel panic)"
 OOPS_HINTS = ("+0x", "BUG", "Oops", "panic", "general protection", "Unable to handle", "WARNING: ", "cut here",
-              "end trace", "end Kernel panic", "invalid op", "blocked for more than")
+              "end trace", "end Kernel panic", "invalid op", "blocked for more than", "Modules linked in: ")
 # The module of a stack frame `func+0x12/0x60 [module]` (`[module buildid]` since 5.x), in `RIP:`, `IP:` and trace
 # lines (a frame of the core kernel names none).
 MODULE_FRAME = r"\+0x[0-9a-f]+/0x[0-9a-f]+ \[(\w+)(?: [0-9a-f]+)?\]"
@@ -722,6 +783,24 @@ GSP_FRAME = r"\b_?kgsp\w+\+0x[0-9a-f]+/0x[0-9a-f]+ \[nvidia"
 GPU_MODULES = frozenset({"amdgpu", "amdkfd", "amdxcp", "radeon", "nvidia", "nvidia_uvm", "nvidia_drm",
                          "nvidia_modeset", "nouveau", "i915", "xe"})
 GPU_DRIVERS = frozenset({"amdgpu", "radeon", "nvidia", "nouveau", "i915", "xe"})
+# The DRM core's modules (drivers/gpu/drm/*.c, scheduler, TTM, helpers): a WARNING there, with a GPU driver in the
+# report's `Modules linked in:`, is the GPU stack's (a driver's misuse of the core, or the core on its behalf).
+DRM_CORE_MODULES = frozenset({"drm", "drm_kms_helper", "drm_display_helper", "drm_ttm_helper", "ttm", "gpu_sched",
+                              "drm_buddy", "drm_exec", "drm_suballoc_helper"})
+# lib/bug.c __warn: "WARNING: CPU: %d PID: %d at %pS" (before 6.x: "at %s:%d %pS"): the file is the DRM core's
+DRM_CORE_WARNING = (r"^WARNING: CPU: \d+ PID: \d+ at "
+                    r"(?:drivers/gpu/drm/[\w.-]+\.c:|[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+ \[drm)")
+MODULES_LINE = "Modules linked in: "  # kernel/module/main.c print_modules: "Modules linked in:" " %s%s" ...
+HUNG_TASK = r"^INFO: task \S+ blocked for more than"  # kernel/hung_task.c: "INFO: task %s:%d blocked for more than"
+# A task hung this soon after a GPU driver's fault line (any Xid, an Xid 45 cleanup too) is the GPU's even when no
+# GPU frame is in its trace (the trace is cut, or the task waits on a GPU process's teardown): hung_task_timeout_secs
+# (120 by default), up to another timeout until the check sees it, and the time the task took to block.
+HUNG_AFTER_GPU_FAULT = 300.0
+# amdgpu resets the GPU as it starts it (soc15/nv "MODE2 reset" during amdgpu_device_init on APUs, and on resume):
+# a MODE1/MODE2 reset (BOOT_RESETS) with no fault of that GPU before it within this many seconds is that (info),
+# not a recovery.
+BOOT_RESETS = frozenset({"amd_reset_mode12"})
+RESET_AFTER_FAULT = 120.0
 
 
 @plain
