@@ -52,7 +52,7 @@ def test_no_action_says_why_and_never_hedges():
             {"action": "alert_only", "engine": "vllm", "reason": 'on_stall = "alert"', "by_hand": False,
              "dry_run": False}]})
     m = compose(Outgoing("engine vllm", [stall], [1], severity=Severity.CRITICAL), CTX, "gw-n")
-    assert m.title == "box1: engine vllm stalled 90 s with 2 request(s) running — not acted on"
+    assert m.title == "box1: engine vllm stalled 90 s with 2 requests running — not acted on"
     assert 'no action on vllm: on_stall = "alert".' in m.text
     assert 'Restart vllm now: gpuwarden left it running (on_stall = "alert")' in m.text
     assert "or, with" not in m.text

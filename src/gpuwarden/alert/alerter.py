@@ -99,9 +99,10 @@ class Alerter:
     def resolve(self, dedupe_key: str, message: str) -> None:
         """A condition its alert was about ended (the daemon recovers the alerter before anything can end, so
         that the page that told it began is the one that hears it end)."""
-        out = self.storm.resolve(dedupe_key, message)
+        now = time.time()
+        out = self.storm.resolve(dedupe_key, message, now)
         if out:
-            self._enqueue(out, time.time())
+            self._enqueue(out, now)
 
     # --- the component ------------------------------------------------------------------------------
 

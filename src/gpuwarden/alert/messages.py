@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from gpuwarden.alert.context import Context, first, is_lost
+from gpuwarden.alert.sentences import sentence, stall_start
 from gpuwarden.alert.steps import what_to_do
 from gpuwarden.alert.storm import FOLLOW_UP_KINDS, Outgoing
 from gpuwarden.alert.titles import ended, headline, repeats_title
+from gpuwarden.alert.words import clock, figure, plural, span, when
 from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import Event, Severity
 
@@ -45,8 +46,10 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     tags = {e.kind for e in every} | {e.gpu for e in every if e.gpu} | {e.engine for e in every if e.engine}
     tags |= {k.split(":", 1)[0] for k in out.repeats} | ({out.subject.split(" ", 1)[-1]} if not out.incident else set())
     if out.resolved:
-        title = f"{ctx.host}: " + (ended(out.earlier, ctx) if out.earlier else f"resolved: {out.subject}")
+        title = f"{ctx.host}: " + (ended(out.earlier, ctx, out.at) if out.earlier else f"resolved: {out.subject}")
         blocks: list = [("What changed", _sentence(out.resolved))]
+        if lasted := _lasted([*out.earlier, *([out.about] if out.about else [])], out.at, ctx):
+            blocks.insert(0, ("When", lasted))
         if out.earlier:
             blocks.append(("The incident so far", _Code([_line(e, ctx) for e in out.earlier])))
         return _message(alert_id, title, blocks, incident, out, True, tags)
@@ -54,19 +57,19 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     blocks = []
     if out.follow_up:
         paged = out.earlier[0].time
-        blocks.append(("Update on", f"{headline(out.earlier, ctx)} (first paged {_when(paged, ctx)})"))
+        blocks.append(("Update on", f"{headline(out.earlier, ctx)} (first paged {when(paged, ctx.tz)})"))
     if out.events:
-        blocks.append(("When", _when(out.events[0].time, ctx)))
+        blocks.append(("When", when(out.events[0].time, ctx.tz)))
     if happened := _happened(out, ctx):
         blocks.append(("What happened", happened))
     if decisions := _decisions(out.events, ctx):
         blocks.append(("Decision", decisions))
     if lost := sorted({g for e in out.events for g in e.evidence.get("lost") or ()}):
-        blocks.append(("Lost before the reboot", ", ".join(lost)))
+        blocks.append(("Lost before the reboot", ", ".join(ctx.gpu(g) for g in lost)))
     if found := [c for e in out.events if e.kind.startswith("gpus_") for c in e.evidence.get("changes") or
-                 [_sentence(e.message)]]:
+                 [sentence(e, ctx)]]:
         blocks.append(("What gpuwarden found", found))
-    if did := [_sentence(e.message) for e in out.events if e.kind in FOLLOW_UP_KINDS and
+    if did := [_line(e, ctx) for e in out.events if e.kind in FOLLOW_UP_KINDS and
                not e.kind.startswith("gpus_")]:
         outcome = out.ends or first(out.events, "engine_restart_failed")
         blocks.append(("Outcome" if outcome else "What gpuwarden did", did))
@@ -99,12 +102,13 @@ def _message(alert_id: str, title: str, blocks: list, incident: str | None, out:
 def _happened(out: Outgoing, ctx: Context) -> str | list[str]:
     """The faults in a sentence each (what gpuwarden did and found has its own block)."""
     faults = [e for e in out.events if e.kind not in FOLLOW_UP_KINDS]
-    lines = [_sentence(e.message) + (f" ({e.count:,} lines)" if e.count > 1 else "")
+    lines = [sentence(e, ctx) + (f" ({plural(e.count, 'line')})" if e.count > 1 else "")
              + ("" if e.live else " Logged before gpuwarden started: history, never acted on.") for e in faults]
-    lines += [f"And {n:,} more `{key.split(':', 1)[0]}` since {_clock(since, ctx)}."
+    lines += [f"And {n:,} more `{key.split(':', 1)[0]}` since {clock(since, ctx.tz)}."
               for key, (n, since) in out.repeats.items()]
     if out.quiet:
-        lines.append(f"And {out.quiet:,} more event(s) of this incident since the last message (in its report).")
+        lines.append(f"And {plural(out.quiet, 'more event')} of this incident since the last message (in its "
+                     "report).")
     return lines[0] if len(lines) == 1 else lines
 
 
@@ -144,6 +148,8 @@ def _no_action(e: Event, ctx: Context) -> str:
     if is_lost(e):
         return "nothing more to do for a lost GPU: only a reboot brings it back (gpuwarden never resets or " \
                "unbinds it)."
+    if e.kind == "engine_not_answering":
+        return "no action: nothing of it answers, so there is nothing to kill or restart."
     if e.gpu and e.kind not in GPU_LOST_KINDS and not ctx.engines_on(e.gpu) and not ctx.engines_maybe_on(e.gpu):
         return f"no action: none of gpuwarden's engines runs on {ctx.gpu(e.gpu)}."
     return "no action: gpuwarden reports this kind of event and does not act on it."
@@ -155,7 +161,7 @@ def _evidence(events: list[Event]) -> list[str]:
         lines += event.evidence.get("lines") or ([event.evidence["line"]] if "line" in event.evidence else [])
         if process := event.evidence.get("process"):
             lines.append(f"process the kernel named: pid {process.get('pid')} ({process.get('name')})")
-        lines += [f"{k}: {v}" for k, v in (event.evidence.get("figures") or {}).items() if v is not None]
+        lines += [figure(k, v) for k, v in (event.evidence.get("figures") or {}).items() if v is not None]
     lines = list(dict.fromkeys(lines))
     return lines[:_EVIDENCE_LINES] + ([f"... ({len(lines) - _EVIDENCE_LINES} more lines)"]
                                       if len(lines) > _EVIDENCE_LINES else [])
@@ -164,23 +170,20 @@ def _evidence(events: list[Event]) -> list[str]:
 # --- small pieces ------------------------------------------------------------------------------------------
 
 def _line(e: Event, ctx: Context) -> str:
-    return f"{_clock(e.time, ctx)}  {e.message}"
+    return f"{clock(e.time, ctx.tz)}  {sentence(e, ctx)}"
+
+
+def _lasted(events: list[Event], end: float | None, ctx: Context) -> str | None:
+    """How long a condition that ended by itself lasted, from when it began (a stall: its last progress)."""
+    fault = next((e for e in events if e.kind not in FOLLOW_UP_KINDS), None)
+    if fault is None or end is None:
+        return None
+    return span(stall_start(fault) or fault.time, end, ctx.tz)
 
 
 def _sentence(text: str) -> str:
     text = text.strip()  # not capitalised: it may begin with an engine's name
     return text + ("" if text.endswith((".", "!", "?")) else ".")
-
-
-def _when(stamp: float, ctx: Context) -> str:
-    local = datetime.fromtimestamp(stamp, ctx.tz) if ctx.tz else datetime.fromtimestamp(stamp).astimezone()
-    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()} ({datetime.fromtimestamp(stamp, UTC):%H:%M:%S} UTC)"
-
-
-def _clock(stamp: float | None, ctx: Context) -> str:
-    if not stamp:
-        return "?"
-    return f"{datetime.fromtimestamp(stamp, ctx.tz) if ctx.tz else datetime.fromtimestamp(stamp):%H:%M:%S}"
 
 
 def _render(blocks: list, markdown: bool) -> str:

@@ -7,7 +7,9 @@ import re
 
 from gpuwarden.alert.context import Context, first, first_fault, is_lost
 from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
+from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
+from gpuwarden.alert.words import duration, plural
 from gpuwarden.model import Event
 
 _UNSAFE = re.compile(r"[^\w.:/@+=-]")
@@ -17,7 +19,7 @@ _WORDS = {  # what broke, in words, after the GPU's or the engine's name
     "gpu_missing": "missing", "gpu_unresponsive": "not answering", "gpu_wedged": "wedged", "smu_error": "SMU error",
     "ras_error": "uncorrectable memory error", "pcie_aer": "PCIe error", "gsp_error": "firmware (GSP) error",
     "engine_stall": "stalled", "engine_unresponsive": "not answering", "engine_exited": "exited",
-    "engine_crash_loop": "in a crash loop", "engine_suspect": "suspect",
+    "engine_crash_loop": "in a crash loop", "engine_suspect": "suspect", "engine_not_answering": "not answering",
 }
 
 
@@ -43,7 +45,7 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         names = ", ".join(dict.fromkeys(str(e.engine) for e in killed))
         verb = "would be killed (dry run)" if all(e.evidence.get("dry_run") for e in killed) else "killed"
         if survivors := sum(len(e.evidence.get("survivors") or ()) for e in killed):
-            verb += f", {survivors} process(es) survived SIGKILL"
+            verb += f", {plural(survivors, 'process')} survived SIGKILL"
         return f"engine{'s' if len(killed) > 1 else ''} {names} {verb} — {_own(cause, killed[0])}"
     if e := first(events, "kill_refused"):
         return f"engine {e.engine} NOT killed, act by hand — {_own(cause, e)}"
@@ -66,15 +68,20 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
     return cause
 
 
-def ended(earlier: list[Event], ctx: Context) -> str:
-    """The title of an incident's condition that ended by itself: what it was."""
-    return f"resolved: {_cause(first_fault(earlier) or earlier[0], ctx)}"
+def ended(earlier: list[Event], ctx: Context, end: float | None = None) -> str:
+    """The title of an incident's condition that ended by itself (at `end`): what it was."""
+    return f"resolved: {_cause(first_fault(earlier) or earlier[0], ctx, end)}"
 
 
-def _cause(e: Event, ctx: Context) -> str:
+def _cause(e: Event, ctx: Context, end: float | None = None) -> str:
+    """`end`: when a stall ended (its length then runs to there, not to when it was judged a stall)."""
     if e.kind == "engine_stall" and (figures := e.evidence.get("figures")):
-        return (f"engine {e.engine} stalled {figures.get('stalled_seconds', 0):.0f} s with "
-                f"{figures.get('running') or 0:.0f} request(s) running")
+        start = stall_start(e) or e.time
+        return (f"engine {e.engine} stalled {duration((end or e.time) - start)} with "
+                f"{plural(figures.get('running') or 0, 'request')} running")
+    if e.kind == "engine_not_answering" and isinstance(silent := (e.evidence.get("figures") or {}).get(
+            "silent_seconds"), int | float):
+        return f"engine {e.engine} not answering for {duration(silent)}"
     if e.kind.startswith("engine_") and e.kind in _WORDS:
         return f"engine {e.engine} {_WORDS[e.kind]}"
     if e.kind == "xid":
@@ -97,7 +104,7 @@ def _own(cause: str, e: Event) -> str:
 def _back(e: Event) -> str:
     seconds = e.evidence.get("seconds_since_kill")
     if isinstance(seconds, int | float):
-        return f"first completion {seconds:.0f} s after the kill"
+        return f"first completion {duration(seconds)} after the kill"
     return e.message.removeprefix(f"{e.engine} back: ")
 
 
