@@ -17,7 +17,7 @@ from gpuwarden import families, logsetup, reloads, report, snapshot, webconfig
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.alert.context import Context, Runs
+from gpuwarden.alert.context import Context, Runs, gpu_indexes
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError, GuardConfig
 from gpuwarden.engine.watch import EngineWatch
@@ -450,7 +450,7 @@ class AlertContext:
 
     def __call__(self) -> Context:
         self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
-        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
+        gpus = gpu_indexes([*self.inventory.seen, *(g.pci for g in self.inventory.gpus)])
         views = self.evidence.views.values()
         engines = {v.name: v.gpus for v in views}
         now, wall = time.monotonic(), time.time()
@@ -459,7 +459,7 @@ class AlertContext:
         cache = config.cache
         held = 'on_crash_loop = "alert"' if cache.on_crash_loop == "alert" else \
             "[cache] dry_run = true" if cache.dry_run else None
-        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
+        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for pci, i in gpus.items()},
                        engines, runs={e.name: Runs.of(e) for e in config.engine},
                        kills={name: k for name, k in kills.items() if k}, cache_dry_run=held)
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from gpuwarden import families
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
+from gpuwarden.alert.recent import Recent
 from gpuwarden.alert.storm import Outgoing, StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
@@ -58,6 +59,7 @@ class Alerter:
         self.incidents_dir, self.context = incidents_dir, context or (lambda: Context(self.config.hostname))
         self.incident_open = incident_open
         self.storm = StormControl()
+        self.recent = Recent()  # what the status page shows of the recent past
         self._outbox: dict[str, deque[OutboxRow]] = {}  # target -> its rows, oldest first
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
@@ -83,6 +85,7 @@ class Alerter:
             self._early.update(ids)
         now, suppressed = time.time(), []
         for event, event_id in zip(events, ids, strict=True):
+            self.recent.event(event)
             if not self.storm.offer(event, event_id, now):
                 suppressed.append(event_id)
                 self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count)
@@ -216,8 +219,14 @@ class Alerter:
             self._outbox.setdefault(name, deque()).append(
                 OutboxRow(row_id, message.alert_id, name, now, 0, now, str(message.severity), payload))
         log.info("alert %s: %s -> %s", message.alert_id, message.title, ", ".join(wanted) or "no target")
+        self.recent.paged(out.incident, message.alert_id, message.title, list(message.steps), message.resolved,
+                          bool(wanted), now)
         for name in wanted:
             self._wake[name].set()
+
+    def pending(self) -> dict[str, int]:
+        """What waits in the outbox, per target."""
+        return {name: len(rows) for name, rows in self._outbox.items()}
 
     def _export_pending(self) -> None:
         for target in self.targets:
@@ -241,6 +250,7 @@ class Alerter:
             if now - row.created > self.config.give_up_after:
                 log.error("alert %s to %s undeliverable after %d attempts: giving up", row.alert_id,
                           target.name, row.attempts)
+                self.recent.failed(target.name, "undeliverable: gave up", now, True)
                 self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
                 continue
@@ -248,7 +258,9 @@ class Alerter:
             if error is None:
                 self._done(rows, row)
                 self.metrics.inc(families.ALERTS_SENT, target.name, row.severity)
+                self.recent.delivered(target.name, row.alert_id, row.payload["title"], time.time())
             elif not retry:
+                self.recent.failed(target.name, error, time.time(), True)
                 log.error("alert %s to %s refused (%s): undeliverable", row.alert_id, target.name, error)
                 self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
@@ -261,6 +273,7 @@ class Alerter:
                     rows[0] = row._replace(attempts=row.attempts + 1, next_attempt=retry_at)
                 self.store.retry_later(row.id, retry_at)
                 self.metrics.inc(families.ALERTS_FAILED, target.name, row.severity)
+                self.recent.failed(target.name, error, time.time(), False)
                 log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
                             delay)
 

@@ -81,6 +81,12 @@ class Context:
 _UNKNOWN = Runs()
 
 
+def gpu_indexes(pcis) -> dict[str, int]:
+    """Each GPU's number as the pages and the status page name it ("GPU 0"): its place among every GPU seen
+    since start, by PCI address (a lost GPU keeps its number)."""
+    return {pci: i for i, pci in enumerate(sorted(set(pcis)))}
+
+
 def first(events: list[Event], *kinds: str) -> Event | None:
     return next((e for e in events if e.kind in kinds), None)
 

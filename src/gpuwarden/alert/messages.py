@@ -33,6 +33,7 @@ class Message:
     severity: Severity  # routing: a follow-up goes where its incident's first page went
     resolved: bool  # an all-clear: a resolution, or an incident that ended well
     tags: frozenset[str]
+    steps: tuple[str, ...] = ()  # what to do, plain (the status page shows it for the open incident)
 
 
 @dataclass(frozen=True)
@@ -85,16 +86,16 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
         blocks.append(("The incident so far", _Code([_line(e, ctx) for e in every])))
     if steps := what_to_do(out, ctx):
         blocks.append(("What to do", steps))
-    return _message(alert_id, title, blocks, incident, out, out.ends, tags)
+    return _message(alert_id, title, blocks, incident, out, out.ends, tags, steps)
 
 
 def _message(alert_id: str, title: str, blocks: list, incident: str | None, out: Outgoing, resolved: bool,
-             tags: set[str]) -> Message:
+             tags: set[str], steps: list[str] = ()) -> Message:
     if incident:
         blocks.append(("Incident report", f"`{incident}` (incident.json, timeline.svg)"))
     footer = f"\n\nalert id: {alert_id}"
     return Message(alert_id, title, _render(blocks, True) + footer, _render(blocks, False) + footer, out.severity,
-                   resolved, frozenset(tags))
+                   resolved, frozenset(tags), tuple(_plain(s) for s in steps))
 
 
 # --- the body ----------------------------------------------------------------------------------------------
