@@ -85,6 +85,7 @@ def test_the_incident_picture_is_served_and_nothing_else_of_the_state_dir(stalle
     kind, data = wait_for(picture, 60, 0.5, "the timeline picture")
     folder = stalled.state / "incidents" / incident["id"]
     assert kind == mimetypes.guess_type(PICTURE)[0] and data == (folder / PICTURE).read_bytes()
+    assert b"tokens generated per second" in data and b"power (W)" not in data  # the stalled engine's own signal
     (folder / PICTURE).unlink()
     (folder / PICTURE).symlink_to(stalled.state / "gpuwarden.db")  # a link is not followed
     for path in (incident["picture"], "/incidents/../gpuwarden.db", f"/incidents/..%2Fgpuwarden.db/{PICTURE}",
