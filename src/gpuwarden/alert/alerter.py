@@ -80,10 +80,12 @@ class Alerter:
 
     # --- from the daemon (synchronous, on the loop) -----------------------------------------------
 
-    def submit(self, events: list[Event], ids: list[int]) -> None:
+    # `now`: the wall-clock time of the call (a recorded scenario replayed: tests/unit/test_golden_alerts.py)
+
+    def submit(self, events: list[Event], ids: list[int], now: float | None = None) -> None:
         if not self._recovered:
             self._early.update(ids)
-        now, suppressed = time.time(), []
+        now, suppressed = time.time() if now is None else now, []
         for event, event_id in zip(events, ids, strict=True):
             self.recent.event(event)
             if not self.storm.offer(event, event_id, now):
@@ -93,16 +95,16 @@ class Alerter:
         if suppressed:
             self.store.mark_alerted(suppressed)
 
-    def repeated(self, event: Event) -> None:
+    def repeated(self, event: Event, now: float | None = None) -> None:
         """A stored event's storm grew to `event.count` lines."""
-        self.storm.repeated(event.dedupe_key, event.count - 1, time.time())
+        self.storm.repeated(event.dedupe_key, event.count - 1, time.time() if now is None else now)
         self._changed.set()
         self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count - 1)
 
-    def resolve(self, dedupe_key: str, message: str) -> None:
+    def resolve(self, dedupe_key: str, message: str, now: float | None = None) -> None:
         """A condition its alert was about ended (the daemon recovers the alerter before anything can end, so
         that the page that told it began is the one that hears it end)."""
-        now = time.time()
+        now = time.time() if now is None else now
         out = self.storm.resolve(dedupe_key, message, now)
         if out:
             self._enqueue(out, now)
@@ -187,14 +189,18 @@ class Alerter:
         exported = 0.0
         while True:
             now = time.time()
-            for out in self.storm.due(now):
-                self._enqueue(out, now)
+            self.due(now)
             if now - exported >= _EXPORT:
                 self._export_pending()
                 exported = now
             due = self.storm.next_due()
             self._changed.clear()
             await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
+
+    def due(self, now: float) -> None:
+        """Make the messages whose time has come (closed groups, storms' follow-ups) and queue them."""
+        for out in self.storm.due(now):
+            self._enqueue(out, now)
 
     def _enqueue(self, out, now: float) -> None:
         # here, with the first alert: composing one loads its texts' modules (1.5 ms of every start otherwise)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
 from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
@@ -35,12 +35,14 @@ class Runs:
             return f"`systemctl restart {self.unit}`"
         return f"`docker restart {self.container}`" if self.container else None
 
-    def logs(self, since: datetime | None = None) -> str | None:
-        """The command that shows its own log, from `since` (the reader's local time) where given."""
+    def logs(self, since: float | None = None) -> str | None:
+        """The command that shows its own log, from `since` (epoch seconds) where given: in UTC, which both
+        commands read whatever the reader's zone."""
+        at = datetime.fromtimestamp(since, UTC) if since is not None else None
         if self.unit:
-            return f"`journalctl -u {self.unit}" + (f" --since '{since:%Y-%m-%d %H:%M:%S}'`" if since else "`")
-        if self.container:  # docker reads a time without a zone as the client's local time
-            return f"`docker logs {f'--since {since:%Y-%m-%dT%H:%M:%S} ' if since else ''}{self.container}`"
+            return f"`journalctl -u {self.unit}" + (f" --since '{at:%Y-%m-%d %H:%M:%S} UTC'`" if at else "`")
+        if self.container:
+            return f"`docker logs {f'--since {at:%Y-%m-%dT%H:%M:%S}Z ' if at else ''}{self.container}`"
         return f"`less {self.log_file}`" if self.log_file else None
 
 

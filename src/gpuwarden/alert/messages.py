@@ -121,11 +121,11 @@ def _decisions(events: list[Event], ctx: Context) -> list[str]:
         if not e.evidence["decision"]:
             said.append(_no_action(e, ctx))
         for d in e.evidence["decision"]:
-            said.append(_decision(d))
+            said.append(_decision(d, ctx))
     return list(dict.fromkeys(said))
 
 
-def _decision(d: dict) -> str:
+def _decision(d: dict, ctx: Context) -> str:
     engine, reason, action = d.get("engine"), d.get("reason") or "no reason given", d.get("action")
     dry = "dry run, " if d.get("dry_run") else ""
     if action == "kill":
@@ -133,8 +133,9 @@ def _decision(d: dict) -> str:
     if action == "restart":
         return f"{dry}kill and restart {engine}: {reason}."
     if action == "quarantine":
-        return ("dry run: move nothing" if d.get("dry_run") else "move the poisoned compile caches aside") + \
-            f" ({reason.replace('_', ' ')})."
+        if d.get("dry_run"):
+            return f"move no compile cache ({ctx.cache_dry_run or 'dry run'})."
+        return f"move the poisoned compile caches aside ({reason.replace('_', ' ')})."
     if action == "alert_only":
         return f"no action on {engine}: {reason}."
     if action == "refuse":

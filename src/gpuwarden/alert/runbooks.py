@@ -42,8 +42,8 @@ RUNBOOKS: dict[str, str] = {
         "next start. No zero-byte file: its own log says why it dies."),
     "cache_poisoned": (
         "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
-        "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
-        "(the first start takes longer), then delete the BROKEN folder once it runs."),
+        "The cache was renamed (its new name ends in .BROKEN-, with the time and the reason), not deleted: restart "
+        "the engine so it recompiles (the first start takes longer), then delete the BROKEN folder once it runs."),
     "kill_refused": ("gpuwarden did not kill the engine (the page says why): look at it by hand now, and kill or "
                      "restart it yourself if it is stuck."),
     "not_answering": (

@@ -76,9 +76,7 @@ def _killed(e: Event, ctx: Context) -> str | None:
         text += f", {plural(len(killed), 'process')} of them only by SIGKILL"
     if survivors := ev.get("survivors"):
         text += f"; {plural(len(survivors), 'process')} survived SIGKILL (pid {', '.join(map(str, survivors))})"
-    if ev.get("restart"):
-        text += f"; then asked its {_supervisor(e, ctx)} to start it again"
-    return text
+    return text  # a restart that follows is an event of its own (engine_restarting)
 
 
 def _supervisor(e: Event, ctx: Context) -> str:

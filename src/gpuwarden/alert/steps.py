@@ -7,7 +7,7 @@ from gpuwarden.alert import runbooks
 from gpuwarden.alert.context import Context, first, is_lost
 from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
-from gpuwarden.alert.words import local
+from gpuwarden.alert.words import plural
 from gpuwarden.model import Event
 
 
@@ -41,6 +41,18 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                 keys = [k for k in keys if k != "gpu_fault"]  # about the engine's own requests: not this case
             if d.get("action") == "quarantine" and d.get("dry_run"):
                 steps.append(f"gpuwarden moved no cache: {ctx.cache_dry_run or 'a dry run'}.")
+    for e in events:
+        if e.kind == "engine_killed" and (left := e.evidence.get("survivors")):
+            pids = ", ".join(map(str, left))
+            steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL (pid {pids}): "
+                         "stuck in the kernel, most likely in the GPU driver, holding its GPU memory. Look where: "
+                         f"`cat /proc/{left[0]}/wchan`. Only a reboot ends it: drain the box and reboot.")
+    for e in events:  # a refusal whose decision was paged before (a follow-up): said for its engine, by name
+        if e.kind == "kill_refused" and "kill_refused" in keys:
+            how = ctx.runs_of(e.engine).restart()
+            steps.append(f"Look at {e.engine} by hand now: gpuwarden did not kill it ({e.evidence.get('reason')}); "
+                         f"restart it yourself if it is stuck{': ' + how if how else ''}.")
+            keys = [k for k in keys if k != "kill_refused"]
     if "cache_poisoned" in keys:
         keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
     for k in keys:
@@ -58,7 +70,7 @@ def _its_log(key: str, events: list[Event], ctx: Context) -> str:
     for e in events:
         if e.engine and runbooks.key_for(e.kind, e.evidence.get("runbook")) == key:
             since = stall_start(e) if e.kind == "engine_stall" else None
-            if command := ctx.runs_of(e.engine).logs(since and local(since, ctx.tz)):
+            if command := ctx.runs_of(e.engine).logs(since):
                 said.append(f"{e.engine}'s log: {command}")
     return " " + "; ".join(dict.fromkeys(said)) + "." if said else ""
 

@@ -59,10 +59,10 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         names = ", ".join(dict.fromkeys(str(d.get("engine")) for d in acting))
         verb = "killing and restarting" if any(d["action"] == "restart" for d in acting) else "killing"
         return f"{'dry run, would be ' if all(d.get('dry_run') for d in acting) else ''}{verb} engine {names} — " \
-               f"{cause}"
+               f"{cause.removeprefix(f'engine {names} ')}"
     if quarantine := [d for d in decisions if d.get("action") == "quarantine"]:
-        return f"{cause} — " + ("compile caches not moved (dry run)" if all(d.get("dry_run") for d in quarantine)
-                                else "moving compile caches aside")
+        return f"{cause} — " + (f"compile caches not moved ({ctx.cache_dry_run or 'dry run'})"
+                                if all(d.get("dry_run") for d in quarantine) else "moving compile caches aside")
     if any(d.get("action") in ("refuse", "alert_only") for d in decisions):
         return f"{cause} — not acted on"
     return cause
