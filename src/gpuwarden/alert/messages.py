@@ -66,7 +66,7 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     if decisions := _decisions(out.events, ctx):
         blocks.append(("Decision", decisions))
     if lost := sorted({g for e in out.events for g in e.evidence.get("lost") or ()}):
-        blocks.append(("Lost before the reboot", ", ".join(ctx.gpu(g) for g in lost)))
+        blocks.append(("Lost before the reboot", ", ".join(lost)))
     if found := [c for e in out.events if e.kind.startswith("gpus_") for c in e.evidence.get("changes") or
                  [sentence(e, ctx)]]:
         blocks.append(("What gpuwarden found", found))
