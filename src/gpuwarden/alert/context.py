@@ -12,9 +12,10 @@ from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
 from gpuwarden.alert.storm import FOLLOW_UP_KINDS
 from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import Event
+from gpuwarden.plain import plain
 
 
-@dataclass(frozen=True)
+@plain
 class Runs:
     """How an engine runs, as configured: what a person restarts and where its own log is (None: not known)."""
 

@@ -8,7 +8,6 @@ engine_restart_failed) and one that failed to come back (paged as such)."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 
@@ -17,14 +16,16 @@ class Said(enum.Enum):
     ANSWERS = "answers again"  # after a page: its down condition ends
 
 
-@dataclass
 class Answering:
     """Whether an engine answers, for one engine: when its silence began and whether it was paged."""
 
-    bound: float  # seconds of silence before the page (its restart_timeout: what a start may take)
-    silent_since: float | None  # monotonic; None while it answers
-    began: str = "gpuwarden began to watch it"  # what its silence counts from, in words
-    paged: bool = False
+    __slots__ = ("began", "bound", "paged", "silent_since")
+
+    def __init__(self, bound: float, silent_since: float | None = None) -> None:
+        self.bound = bound  # seconds of silence before the page (its restart_timeout: what a start may take)
+        self.silent_since = silent_since  # monotonic; None while it answers
+        self.began = "gpuwarden began to watch it"  # what its silence counts from, in words
+        self.paged = False
 
     def observe(self, answered: bool, now: float, timed_elsewhere: bool) -> Said | None:
         """One look at `now` (monotonic); `timed_elsewhere`: the lifecycle times this silence (a start)."""
