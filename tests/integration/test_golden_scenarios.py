@@ -130,3 +130,28 @@ def test_engine_not_answering(tmp_path, receiver):
     play("engine_not_answering", tmp_path, config(tmp_path, receiver, engine(
         "llama-8b", url, restart_timeout='"4s"')), scenario)
 
+
+
+def test_quarantine(tmp_path, receiver, fake_engine):
+    """An engine that keeps dying (its processes killed under it twice) is a crash loop; its compile cache holds
+    zero-byte files (a write cut by a power loss): gpuwarden moves the cache aside."""
+    cache = tmp_path / "cache" / "torch_compile_cache"
+    cache.mkdir(parents=True)
+    for name in ("fx_graph_0.py", "fx_graph_1.py"):
+        (cache / name).touch()  # zero bytes
+    (cache / "index.json").write_text("{}")
+    fake = fake_engine("progress")
+    port = fake.port
+
+    async def scenario(recorder, daemon):
+        await asyncio.sleep(2)
+        fake.kill()
+        await until("the first exit", lambda: "engine_exited" in kinds(recorder))
+        again = fake_engine("progress", port=port)
+        await asyncio.sleep(3)
+        again.kill()
+        await until("the crash loop", lambda: "engine_crash_loop" in kinds(recorder))
+        await until("the caches moved", lambda: "cache_poisoned" in kinds(recorder))
+
+    play("quarantine", tmp_path, config(tmp_path, receiver, engine("llama-8b", fake.url, crash_loop_exits="2")),
+         scenario)

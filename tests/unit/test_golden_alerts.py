@@ -131,15 +131,6 @@ SITUATIONS = {
            incident="20261204-031207-engine_crash_loop", evidence={"exits": 5, "decision": [
                decision("quarantine", None, "crash_loop", dry_run=True)]}),
     ],
-    "quarantine": [
-        ev(0, "engine_crash_loop", C, "llama-8b exited 5 times within 600 s", engine="llama-8b",
-           incident="20261204-031207-engine_crash_loop", evidence={"exits": 5, "decision": [
-               decision("quarantine", None, "crash_loop")]}),
-        ev(1, "cache_poisoned", W, "moved 1 poisoned compile cache aside: /home/llm/.cache/vllm/torch_compile_cache "
-                                   "-> /home/llm/.cache/vllm/torch_compile_cache.BROKEN-20261204T031208-crash_loop "
-                                   "(14 zero-byte files)", engine="llama-8b",
-           incident="20261204-031207-engine_crash_loop"),
-    ],
     # after the reboot, the verdicts as recovery.py makes them (the incident that lost GPU 0 in the last boot)
     "gpus_back": [(0, recovery.verdict_event(recovery.compare(BEFORE, BEFORE), LOST, [GPU0], T0,
                                                             BEFORE))],

@@ -90,10 +90,23 @@ def _restarting(e: Event, ctx: Context) -> str:
 
 
 def _back(e: Event, ctx: Context) -> str | None:
-    seconds = e.evidence.get("seconds_since_kill")
-    if not isinstance(seconds, int | float):
+    killed, started = e.evidence.get("seconds_since_kill"), e.evidence.get("seconds_since_start")
+    if isinstance(killed, int | float):
+        return f"{e.engine} back: its first real completion came {duration(killed)} after the kill"
+    if isinstance(started, int | float):
+        return f"{e.engine} back: its first real completion came {duration(started)} after it started again"
+    return None
+
+
+def _caches(e: Event, ctx: Context) -> str | None:
+    moved, failed = e.evidence.get("moved"), e.evidence.get("failed") or []
+    if moved is None:
         return None
-    return f"{e.engine} back: its first real completion came {duration(seconds)} after the kill"
+    verb = "would have moved" if e.evidence.get("dry_run") else "moved"
+    said = [f"{verb} {m['dir']} aside to {m['to']} ({plural(m.get('zero_byte_files') or 0, 'zero-byte file')})"
+            for m in moved]
+    said += [f"could not move {f['dir']} ({f['error']})" for f in failed]
+    return "; ".join(said) or f"{verb} nothing"
 
 
 def _refused(e: Event, ctx: Context) -> str:
@@ -123,5 +136,6 @@ SENTENCES: dict[str, Callable[[Event, Context], str | None]] = {
     "engine_killed": _killed,
     "engine_restarting": _restarting,
     "engine_back": _back,
+    "cache_poisoned": _caches,
     "kill_refused": _refused,
 }

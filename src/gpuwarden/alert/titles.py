@@ -26,7 +26,8 @@ _WORDS = {  # what broke, in words, after the GPU's or the engine's name
 def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> str:
     """What broke and what gpuwarden did, in one line."""
     fault = first_fault([*earlier, *events])  # none: an outcome alone (its fault was told apart, or by no one)
-    cause = _cause(fault, ctx) if fault else str(events[0].evidence.get("reason") or events[0].message)
+    cause = _cause(fault, ctx) if fault else str(events[0].evidence.get("reason") or events[0].message).replace(
+        "_", " ")  # an outcome's reason is a word of the code's (crash_loop)
     if e := first(events, "gpus_back", "gpus_changed"):
         return e.message
     if lost := next((e for e in events if is_lost(e) and e.live), None):
