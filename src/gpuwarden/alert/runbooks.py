@@ -130,7 +130,7 @@ def engine_step(decision: dict, gpu_gone: bool, restart: str | None = None) -> s
     if action == "alert_only":
         return f"Restart {engine} now{how}. gpuwarden left it running ({reason})."
     if action == "refuse" and decision.get("by_hand"):
-        return f"Look at {engine} by hand now: gpuwarden did not kill it because {reason}."
+        return f"Look at {engine} by hand now, and restart it yourself if it is stuck{how}: gpuwarden did not kill it."
     if action == "suspect":
         return f"Watch {engine}: gpuwarden is checking it closely ({reason}) and kills it only on proof."
     return None

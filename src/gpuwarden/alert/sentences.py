@@ -110,12 +110,13 @@ def _caches(e: Event, ctx: Context) -> str | None:
 
 
 def _refused(e: Event, ctx: Context) -> str:
-    """A kill not done: why, and, for a spent budget, the kills that spent it."""
-    text = e.message.removesuffix(": act by hand")
-    if kills := ctx.kills.get(e.engine or ""):
-        text += (f". The kills that spent its budget: {', '.join(clock(t, ctx.tz) for t in kills)}"
-                 if "budget" in text else "")
-    return text + ". gpuwarden did not kill it: act by hand"
+    """A kill not done: why (the actuator's words after "but"), and, for a spent budget, the kills that spent
+    it."""
+    _, but, refusal = e.message.removesuffix(": act by hand").partition(" but ")
+    text = f"did not kill {e.engine} ({e.evidence.get('reason') or 'as decided'}): {refusal}" if but else e.message
+    if "budget" in text and (kills := ctx.kills.get(e.engine or "")):
+        text += f", by the kills at {', '.join(clock(t, ctx.tz) for t in kills)}"
+    return text
 
 
 def _not_answering(e: Event, ctx: Context) -> str | None:

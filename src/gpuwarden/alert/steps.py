@@ -50,8 +50,7 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
     for e in events:  # a refusal whose decision was paged before (a follow-up): said for its engine, by name
         if e.kind == "kill_refused" and "kill_refused" in keys:
             how = ctx.runs_of(e.engine).restart()
-            steps.append(f"Look at {e.engine} by hand now: gpuwarden did not kill it ({e.evidence.get('reason')}); "
-                         f"restart it yourself if it is stuck{': ' + how if how else ''}.")
+            steps.append(runbooks.engine_step({"action": "refuse", "by_hand": True, "engine": e.engine}, gone, how))
             keys = [k for k in keys if k != "kill_refused"]
     if "cache_poisoned" in keys:
         keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
