@@ -73,7 +73,7 @@ def _killed(e: Event, ctx: Context) -> str | None:
         return f"dry run: would have killed {e.engine}'s {plural(procs, 'process')}"
     text = f"killed {e.engine}: {plural(procs, 'process')}"
     if killed := ev.get("killed"):
-        text += f", {plural(len(killed), 'process')} of them only by SIGKILL"
+        text += f", {len(killed)} of them only by SIGKILL"
     if survivors := ev.get("survivors"):
         text += f"; {plural(len(survivors), 'process')} survived SIGKILL (pid {', '.join(map(str, survivors))})"
     return text  # a restart that follows is an event of its own (engine_restarting)
