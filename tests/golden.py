@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import tzinfo
 from pathlib import Path
 from typing import Any
@@ -38,15 +39,15 @@ class Recorder:
         enqueue = alerter.store.enqueue_alert
 
         def on_submit(events, ids, now=None):
-            self.calls.append({"at": _now(), "submit": [report.row(e, i) for e, i in zip(events, ids, strict=True)]})
+            self.calls.append({"at": time.time(), "submit": [report.row(e, i) for e, i in zip(events, ids, strict=True)]})
             submit(events, ids, self.calls[-1]["at"])
 
         def on_resolve(key, message, now=None):
-            self.calls.append({"at": _now(), "resolve": [key, message]})
+            self.calls.append({"at": time.time(), "resolve": [key, message]})
             resolve(key, message, self.calls[-1]["at"])
 
         def on_repeated(event, now=None):
-            self.calls.append({"at": _now(), "repeated": report.row(event, 0)})
+            self.calls.append({"at": time.time(), "repeated": report.row(event, 0)})
             repeated(event, self.calls[-1]["at"])
 
         def on_context():
@@ -66,12 +67,6 @@ class Recorder:
         return {"alerts": {"group_window": config.group_window, "cooldown": config.cooldown},
                 "incidents_dir": str(self.alerter.incidents_dir), "end": end, "calls": self.calls,
                 "contexts": [context_row(c) for c in self.contexts]}
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
 
 
 def page(severity: str, payload: dict[str, Any]) -> dict[str, Any]:
