@@ -39,7 +39,8 @@ class Recorder:
         enqueue = alerter.store.enqueue_alert
 
         def on_submit(events, ids, now=None):
-            self.calls.append({"at": time.time(), "submit": [report.row(e, i) for e, i in zip(events, ids, strict=True)]})
+            rows = [report.row(e, i) for e, i in zip(events, ids, strict=True)]
+            self.calls.append({"at": time.time(), "submit": rows})
             submit(events, ids, self.calls[-1]["at"])
 
         def on_resolve(key, message, now=None):
