@@ -95,6 +95,7 @@ RAISES: dict[str, tuple[Kind, ...]] = {
     "engine_killed": (Kind.ENGINE_DOWN,),
     "engine_exited": (Kind.ENGINE_DOWN,),
     "engine_crash_loop": (Kind.ENGINE_DOWN,),
+    "engine_not_answering": (Kind.ENGINE_DOWN,),
     "engine_restart_failed": (Kind.ENGINE_DOWN,),
     "engine_restarting": (Kind.ENGINE_RESTARTING,),
     "store_unwritable": (Kind.STORE_UNWRITABLE,),

@@ -17,7 +17,7 @@ from gpuwarden import families, logsetup, reloads, report, snapshot, webconfig
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.alert.context import Context
+from gpuwarden.alert.context import Context, Runs, gpu_indexes
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError, GuardConfig
 from gpuwarden.engine.watch import EngineWatch
@@ -129,7 +129,7 @@ class Daemon:
         incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
                                      keep=cfg.daemon.incidents_keep)
         self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
-                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence),
+                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence, self.settings),
                                incidents.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run(), self.engines)
@@ -440,18 +440,28 @@ class PciChanged:
 
 
 class AlertContext:
-    """What an alert names besides its events: each GPU's index and model, the engines on each GPU."""
+    """What an alert names besides its events: each GPU's index and model, the engines on each GPU, how each
+    configured engine runs (its unit, container, log), the kills its budget still counts."""
 
-    def __init__(self, recorder: FlightRecorder, inventory: GpuInventory, evidence: Evidence) -> None:
-        self.recorder, self.inventory, self.evidence = recorder, inventory, evidence
+    def __init__(self, recorder: FlightRecorder, inventory: GpuInventory, evidence: Evidence,
+                 settings: Settings) -> None:
+        self.recorder, self.inventory, self.evidence, self.settings = recorder, inventory, evidence, settings
         self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
 
     def __call__(self) -> Context:
         self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
-        gpus = sorted({*self.inventory.seen, *(g.pci for g in self.inventory.gpus)})
-        engines = {v.name: v.gpus for v in self.evidence.views.values()}
-        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for i, pci in enumerate(gpus)},
-                       engines)
+        gpus = gpu_indexes([*self.inventory.seen, *(g.pci for g in self.inventory.gpus)])
+        views = self.evidence.views.values()
+        engines = {v.name: v.gpus for v in views}
+        now, wall = time.monotonic(), time.time()
+        kills = {v.name: tuple(wall - (now - t) for t in v.kills if now - t <= v.kill_budget_window) for v in views}
+        config = self.settings.config
+        cache = config.cache
+        held = 'on_crash_loop = "alert"' if cache.on_crash_loop == "alert" else \
+            "[cache] dry_run = true" if cache.dry_run else None
+        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for pci, i in gpus.items()},
+                       engines, runs={e.name: Runs.of(e) for e in config.engine},
+                       kills={name: k for name, k in kills.items() if k}, cache_dry_run=held)
 
 
 def _exit_now(why: str) -> None:

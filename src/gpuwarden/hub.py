@@ -29,6 +29,7 @@ from gpuwarden.store import QueuedStore, Store
 log = logging.getLogger("gpuwarden")
 
 _ROWS_KEPT = 10_000  # reported events whose row a later storm count may name
+_ENGINE_POINTS = 1200  # an engine's scrapes kept for its incident's picture (at 0.5 s: 5 minutes before, 5 after)
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.CRITICAL: logging.ERROR}
 
 
@@ -51,6 +52,7 @@ class Evidence:
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
         self.views: dict[str, policy.EngineView] = {v.name: v for v in views or []}
         self.samples: dict[str, dict] = {}
+        self.history: dict[str, deque[dict]] = {}  # each engine's recent scrapes: its incident's picture
 
     def engines(self, views: list[policy.EngineView], samples: dict[str, dict], whole: bool) -> None:
         """The engines the watch looked at (each poll reports its own); a whole set replaces every one."""
@@ -58,6 +60,13 @@ class Evidence:
             self.views, self.samples = {}, {}
         self.views.update((v.name, v) for v in views)
         self.samples.update(samples)
+        now = time.time()
+        for name, sample in samples.items():
+            self.history.setdefault(name, deque(maxlen=_ENGINE_POINTS)).append(
+                {"time": now, "state": "ok" if sample else "no answer",
+                 **{k: (sample or {}).get(k) for k in ("running", "waiting", "generated", "progress")}})
+        for name in set(self.history) - {*self.views, *self.samples}:
+            del self.history[name]  # an engine no longer watched
 
     def save(self, row: dict, open_incidents: Iterable[incidents.Incident]) -> None:
         """An incident opened, changed or closed: stored, and the gauge of the open ones (one alert each)."""
@@ -76,6 +85,8 @@ class Evidence:
         recorded = self.recorder.frozen()
         content["telemetry"] = lambda: report.points({gpu: recorded.history(gpu) for gpu in recorded.latest()})
         content["conditions"] = self.store.condition_changes(since)  # what was wrong, and when it ended
+        content["engine_history"] = {name: [p for p in points if p["time"] >= since]
+                                     for name, points in self.history.items()}
         return content
 
 

@@ -52,6 +52,8 @@ CATALOG: dict[str, Kind] = {
     "engine_unresponsive": Kind("stall", condition="engine"),
     "engine_exited": Kind("crash_loop"),
     "engine_crash_loop": Kind("crash_loop", condition="engine"),
+    # a configured engine silent for its restart_timeout since gpuwarden began to watch it or since its last answer
+    "engine_not_answering": Kind("not_answering", condition="engine"),
     # a fault with no owner on the engine's GPU: gpuwarden watches it closely (threshold at its floor, a canary)
     "engine_suspect": Kind("gpu_fault"),
     "log_refused": Kind("refused_file"),  # an engine's log file that is not a regular file of its user

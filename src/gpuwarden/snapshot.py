@@ -13,6 +13,8 @@ from typing import Any
 
 from gpuwarden import __version__, report
 from gpuwarden import families as f
+from gpuwarden.alert.context import gpu_indexes
+from gpuwarden.gpu.rules import device_limits
 from gpuwarden.logsetup import redact
 
 
@@ -34,7 +36,16 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
         "gpus": _gpus(daemon),
         "engines": _engines(daemon, now),
         "incidents": [{**i, "picture": f"/incidents/{i['id']}/{report.PICTURE}"} for i in open_incidents(daemon.hub)],
+        **_alerts(getattr(daemon.hub, "alerter", None)),
     }
+
+
+def _alerts(alerter: Any) -> dict[str, Any]:
+    """What the alerter holds of the recent past (alert/alerter.py's Recent): the last events, each incident's
+    pages (what they told to do, whether the all-clear went out), each target's deliveries."""
+    if alerter is None:
+        return {"recent_events": [], "paged": {}, "targets": []}
+    return alerter.recent.snapshot([t.name for t in alerter.targets], alerter.pending())
 
 
 def open_incidents(hub: Any) -> list[dict[str, Any]]:
@@ -71,10 +82,13 @@ def _gpus(daemon: Any) -> list[dict[str, Any]]:
     limits_c = {"edge": (cfg.edge_warn_celsius, cfg.edge_critical_celsius),
                 "junction": (cfg.junction_warn_celsius, cfg.junction_critical_celsius),
                 "mem": (cfg.mem_warn_celsius, cfg.mem_critical_celsius)}
+    # numbered as the pages number them (daemon.AlertContext): every GPU seen since start, by PCI address
+    index = gpu_indexes([*daemon.inventory.seen, *(g.pci for g in daemon.inventory.gpus)])
     rows = []
     for gpu in daemon.inventory.gpus:
         s = latest.get(gpu.pci)
-        row: dict[str, Any] = {"gpu": gpu.pci, "vendor": gpu.vendor, "driver": gpu.driver, "model": None,
+        row: dict[str, Any] = {"gpu": gpu.pci, "index": index.get(gpu.pci), "vendor": gpu.vendor,
+                               "driver": gpu.driver, "model": None,
                                "state": "no reading" if gpu.driver else "no driver", "read_at": None,
                                "sensors": {}, "limits": {}, "problems": {}, "throttle": []}
         if s is not None:
@@ -89,8 +103,12 @@ def _gpus(daemon: Any) -> list[dict[str, Any]]:
                 "power_cap_watts": s.power_cap_watts, "power_cap_max_watts": s.power_cap_max_watts,
                 "sclk_max_hz": s.sclk_max_hz, "vram_total_bytes": s.vram_total_bytes,
                 "pcie_max_speed_gts": s.pcie_max_speed_gts, "pcie_max_width": s.pcie_max_width,
-                **{f"temperature_{k}_{level}_celsius": limit for k in s.temperatures if k in limits_c
-                   for level, limit in zip(("warn", "critical"), limits_c[k], strict=True)}})
+                # the limits the GPU watch judges by: the card's own where it reports them (an NVIDIA core's
+                # slowdown and shutdown), else the configured ones
+                **{f"temperature_{k}_{level}_celsius": limit for k in s.temperatures
+                   for level, limit in zip(("warn", "critical"), device_limits(
+                       limits_c.get(k, (None, None)), s.temperature_limits.get(k)), strict=True)
+                   if limit is not None}})
         rows.append(row)
     return rows
 

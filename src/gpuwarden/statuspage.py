@@ -23,17 +23,22 @@ h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-b
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.1em .8em;margin:0}dt{color:var(--dim)}
 dd{margin:0;overflow-wrap:anywhere}.pill{border-radius:1em;padding:0 .5em;color:#fff;font-size:.85em;white-space:nowrap}
 .ok{background:var(--ok)}.warn{background:var(--warn)}.bad{background:var(--bad)}.none{background:var(--dim)}
-.critical{border-left:.3em solid var(--bad)}img{max-width:100%;max-height:14em;display:block;margin-top:.4em}
-ul{margin:.2em 0;padding-left:1.2em}.empty{color:var(--dim)}
+.critical{border-left:.3em solid var(--bad)}img{max-width:100%;display:block;margin-top:.4em}
+ul,ol{margin:.2em 0;padding-left:1.2em}.empty{color:var(--dim)}.wide{flex-basis:100%}
 """
 
+_SEVERITY_TONE = {"critical": "bad", "warning": "warn", "info": "none"}
 _ENGINE_TONE = {"running": "ok", "idle": "ok", "starting": "none", "unknown": "none", "stalled": "bad",
                 "unresponsive": "bad", "restart failed": "bad", "down": "bad", "not answering": "warn"}
 
 
 def render(snap: dict[str, Any]) -> str:
     now = snap["time"]
-    incidents = snap["incidents"]
+    paged = snap.get("paged", {})
+    # green once an incident's all-clear went out: the incident itself closes a minute or two later
+    incidents = [i for i in snap["incidents"] if not (paged.get(i["id"]) or {}).get("all_clear")]
+    past = [(k, v) for k, v in reversed(paged.items()) if v.get("all_clear") or k not in
+            {i["id"] for i in incidents}]
     title = f"gpuwarden on {snap['host']}"
     headline = (f"{len(incidents)} open incident{'s' if len(incidents) != 1 else ''}" if incidents
                 else "no open incident")
@@ -48,9 +53,13 @@ def render(snap: dict[str, Any]) -> str:
         f"; as of {escape(_clock(now))}, reloads every {REFRESH} s. "
         "<a href=\"/metrics\">metrics</a> · <a href=\"/status.json\">json</a></div>",
         f"<p>{escape(snap['summary'])}</p>",
-        _section("Open incidents", [_incident(i, now) for i in incidents], "no open incident"),
+        _section("Open incidents", [_incident(i, paged.get(i["id"]), now) for i in incidents], "no open incident"),
         _section("Engines", [_engine(e, now) for e in snap["engines"]], "no engine watched"),
         _section("GPUs", [_gpu(g, now) for g in snap["gpus"]], "no GPU found"),
+        _section("Recent incidents", [_past(k, v, now) for k, v in past], "none since gpuwarden started"),
+        _section("Alert targets", [_target(t, now) for t in snap.get("targets", [])], "no alert target configured"),
+        _section("Recent events", [_events(snap.get("recent_events", []), now)] if snap.get("recent_events") else [],
+                 "none since gpuwarden started"),
         _section("Sources and components", [_sources(snap, now)], ""),
         "</body></html>\n",
     ))
@@ -75,8 +84,10 @@ def _card(title: str, pill: str, rows: list[tuple[str, str]], extra: str = "", c
     return f"<div class=\"{cls}\"><h3>{escape(title)} {pill}</h3><dl>{items}</dl>{extra}</div>"
 
 
-def _incident(i: dict[str, Any], now: float) -> str:
+def _incident(i: dict[str, Any], page: dict[str, Any] | None, now: float) -> str:
     rows = [("opened", escape(ago(i["opened"], now))), ("what", escape(i["message"] or i["kind"]))]
+    if page:
+        rows.append(("paged", escape(f"{page['title']} ({ago(page['last_paged'], now)})")))
     if i["engines"] or i["gpus"]:
         rows.append(("about", escape(", ".join([*i["engines"], *i["gpus"]]))))
     if i["conditions"]:
@@ -86,10 +97,38 @@ def _incident(i: dict[str, Any], now: float) -> str:
              else "<div class=\"empty\">no decision recorded</div>")
     if i["done"]:
         extra += f"<div>done:<ul>{''.join(f'<li>{escape(d)}</li>' for d in i['done'])}</ul></div>"
+    if page and page.get("steps"):
+        extra += f"<div>what to do:<ol>{''.join(f'<li>{escape(step)}</li>' for step in page['steps'])}</ol></div>"
     if i.get("picture"):  # a path of this server; drawn a few seconds after the incident opened
         extra += (f"<a href=\"{escape(i['picture'])}\"><img src=\"{escape(i['picture'])}\" loading=\"lazy\" "
                   "alt=\"the timeline picture (drawn a few seconds after the incident opens)\"></a>")
-    return _card(i["id"], _pill(i["kind"], "bad"), rows, extra, "card critical")
+    return _card(i["id"], _pill(i["kind"], "bad"), rows, extra, "card critical wide")  # its picture readable
+
+
+def _past(incident: str, page: dict[str, Any], now: float) -> str:
+    ended = page.get("all_clear")
+    rows = [("paged", escape(page["title"])), ("first paged", escape(ago(page["first_paged"], now))),
+            ("all-clear", escape(ago(ended, now) if ended else "none sent: it closed without one"))]
+    return _card(incident, _pill("all-clear sent" if ended else "closed", "ok" if ended else "none"), rows)
+
+
+def _target(t: dict[str, Any], now: float) -> str:
+    rows = [("last delivered", escape(f"{t['last_title']} ({ago(t['last_sent'], now)})" if t["last_sent"]
+                                      else "nothing yet"))]
+    if t["failures"]:
+        rows.append(("failures", escape(f"{t['failures']} ({t['undeliverable']} given up); the last "
+                                        f"{ago(t['last_failure'], now)}: {t['last_error']}")))
+    rows.append(("waiting", escape(f"{t['pending']} alert{'s' if t['pending'] != 1 else ''}")))
+    failing = t["last_failure"] is not None and (t["last_sent"] is None or t["last_failure"] > t["last_sent"])
+    tone, word = ("bad", "failing") if failing else ("warn", "sending") if t["pending"] else ("ok", "ok")
+    return _card(t["name"], _pill(word, tone), rows)
+
+
+def _events(events: list[dict[str, Any]], now: float) -> str:
+    items = "".join(
+        f"<li>{escape(_clock(e['time']))} {_pill(e['severity'], _SEVERITY_TONE.get(e['severity'], 'none'))} "
+        f"<b>{escape(e['kind'])}</b> {escape(e['message'])}</li>" for e in events)
+    return f"<div class=\"card wide\"><ul>{items}</ul></div>"
 
 
 def _decision(d: dict[str, Any]) -> str:
@@ -103,7 +142,7 @@ def _decision(d: dict[str, Any]) -> str:
 def _engine(e: dict[str, Any], now: float) -> str:
     tone = _ENGINE_TONE.get(e["state"], "none")
     rows = [("requests", escape(f"{_num(e['running'])} running, {_num(e['waiting'])} waiting")),
-            ("last progress", escape(ago(e["last_progress"], now) if e["state"] != "idle" else "idle")),
+            ("last progress", escape(_progress(e, now))),
             ("stall after", escape(duration(e["stall_threshold_seconds"]))),
             ("last answer", escape(ago(e["last_answer"], now))),
             ("tokens", escape(_num(e["generated_tokens"]))),
@@ -111,6 +150,16 @@ def _engine(e: dict[str, Any], now: float) -> str:
             ("processes", escape(f"{e['processes']}; GPUs {', '.join(e['gpus']) or 'unknown'}")),
             ("metrics", escape(e["url"]))]
     return _card(e["name"], _pill(e["state"], tone), rows)
+
+
+def _progress(e: dict[str, Any], now: float) -> str:
+    """When it last made progress; for an engine that is down or does not answer, that first."""
+    if e["state"] == "idle":
+        return "idle"
+    last = f"the last {ago(e['last_progress'], now)}" if e["last_progress"] is not None else "none seen"
+    if e["state"] in ("down", "restart failed", "not answering"):
+        return f"none: it is {e['state']} ({last})"
+    return last if e["last_progress"] is not None else "none seen yet"
 
 
 def _gpu(g: dict[str, Any], now: float) -> str:
@@ -145,7 +194,8 @@ def _gpu(g: dict[str, Any], now: float) -> str:
     if g["problems"]:
         rows.append(("unreadable", escape(", ".join(f"{k}: {v}" for k, v in g["problems"].items()))))
     rows.append(("read", escape(ago(g["read_at"], now))))
-    return _card(g["gpu"], _pill(g["state"], "ok" if g["state"] == "ok" else "bad"), rows)
+    name = f"GPU {g['index']} ({g['gpu']})" if g.get("index") is not None else g["gpu"]  # as the pages name it
+    return _card(name, _pill(g["state"], "ok" if g["state"] == "ok" else "bad"), rows)
 
 
 def _sources(snap: dict[str, Any], now: float) -> str:
@@ -204,4 +254,4 @@ def ago(then: float | None, now: float) -> str:
 
 
 def _clock(t: float) -> str:
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(t).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -1,10 +1,13 @@
 """An incident's timeline picture as SVG text, written directly (no plotting library: matplotlib and what it
 pulls in were 169 MB of the 209 MB installed, for this one picture).
 
-Pure: an incident bundle in (report.bundle's dict), the SVG document out. Three panels share the time axis:
-power, hottest sensor and shader clock per GPU; unreadable samples are crosses on the axis; each event is a
-vertical line across all panels (red: the trigger, orange: other events, green dashed: what gpuwarden did;
-solid when critical), labelled with its kinds.
+Pure: an incident bundle in (report.bundle's dict), the SVG document out. The panels share the time axis and
+plot the signal that broke: for an engine's trouble (a stall, no answer) the engine's own tokens per second and
+requests running and waiting, from its scrapes; for a GPU's, its power, hottest sensor and shader clock (the
+faulted GPU's, where the recorder has it; every GPU's otherwise). Unreadable samples are crosses on the axis;
+each event is a vertical line across all panels (red: the trigger, orange: other events, green dashed: what
+gpuwarden did; solid when critical), labelled with its kinds. The axis runs to the incident's end: the last
+event (the kill, the restart, "back") or its close, whichever is later.
 """
 
 from __future__ import annotations
@@ -19,31 +22,35 @@ GPU_COLOURS = ("#1f77b4", "#9467bd", "#8c564b", "#7f7f7f", "#bcbd22", "#17becf",
 RED, ORANGE, GREEN, GRID = "#d62728", "#ff7f0e", "#2ca02c", "#e6e6e6"
 PANELS = (("power_watts", "power (W)", 1.0), ("temperature_celsius", "hottest sensor (°C)", 1.0),
           ("sclk_hz", "shader clock (MHz)", 1e-6))
+ENGINE_PANELS = (("tokens_per_second", "tokens generated per second", 1.0),
+                 ("running", "requests running", 1.0), ("waiting", "requests waiting", 1.0))
 _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 
 
 def svg(content: dict[str, Any]) -> str:
     trigger = content["trigger"]
-    telemetry = sorted(content["telemetry"].items())
+    telemetry, panels, nothing = _signal(content)
     marks = _marks(content)
     times = [p["time"] for _, points in telemetry for p in points] + [second for (second, _), _, _ in marks]
+    closed = (content.get("incident") or {}).get("closed")
     start = min([*times, trigger["time"] - 60])
-    end = max([*times, trigger["time"] + 30])  # never a zero-width axis
-    height = (HEIGHT - TOP - BOTTOM - GAP * (len(PANELS) - 1)) / len(PANELS)
+    end = max([*times, trigger["time"] + 30, *([closed] if closed else [])])  # never a zero-width axis
+    height = (HEIGHT - TOP - BOTTOM - GAP * (len(panels) - 1)) / len(panels)
     x = _scale(start, end, LEFT, WIDTH - RIGHT)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="DejaVu Sans, Arial, sans-serif" font-size="11">',
            f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>']
-    when = datetime.fromtimestamp(trigger["time"]).strftime("%Y-%m-%d %H:%M:%S")
+    when = datetime.fromtimestamp(trigger["time"]).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     subject = trigger["gpu"] or trigger["engine"] or content["host"]
     out.append(_text(WIDTH / 2, 24, f"{trigger['kind']} on {subject} at {when} ({content['host']})", size=14,
                      anchor="middle"))
-    out.append(_text(WIDTH / 2, 44, "red: the event; orange: other events; green: what gpuwarden did", size=12,
-                     anchor="middle"))
-    for i, (key, label, factor) in enumerate(PANELS):
+    zone = datetime.fromtimestamp(trigger["time"]).astimezone().strftime("%Z")
+    out.append(_text(WIDTH / 2, 44, f"red: the event; orange: other events; green: what gpuwarden did; times {zone}",
+                     size=12, anchor="middle"))
+    for i, (key, label, factor) in enumerate(panels):
         top = TOP + i * (height + GAP)
-        out += _panel(telemetry, key, label, factor, x, top, height, last=i == len(PANELS) - 1, start=start, end=end)
-    bottom = TOP + len(PANELS) * height + GAP * (len(PANELS) - 1)
+        out += _panel(telemetry, key, label, factor, x, top, height, last=i == len(panels) - 1, start=start, end=end)
+    bottom = TOP + len(panels) * height + GAP * (len(panels) - 1)
     placed: list[tuple[float, float]] = []  # (x, lowest y) of the labels so far
     for (second, colour), kinds, critical in marks:
         dash = ' stroke-dasharray="6,4"' if colour == GREEN else "" if critical else ' stroke-dasharray="2,3"'
@@ -60,11 +67,35 @@ def svg(content: dict[str, Any]) -> str:
                    f'transform="rotate(-90 {base:.1f} {start:.1f})">{escape(label)}</text>')
     if not any(points for _, points in telemetry):
         middle = TOP + height + GAP + height / 2
-        out.append(_text((LEFT + WIDTH - RIGHT) / 2, middle, "no GPU telemetry recorded", colour="#808080",
-                         anchor="middle"))
+        out.append(_text((LEFT + WIDTH - RIGHT) / 2, middle, nothing, colour="#808080", anchor="middle"))
     out += _legend(telemetry)
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _signal(content: dict[str, Any]) -> tuple[list, tuple, str]:
+    """What to plot: the series, its panels, and what to say when it holds nothing."""
+    trigger = content["trigger"]
+    engine, history = trigger.get("engine"), content.get("engine_history") or {}
+    if engine and trigger["kind"].startswith("engine_") and history.get(engine):
+        return [(engine, _rates(history[engine]))], ENGINE_PANELS, "no scrape of the engine recorded"
+    telemetry = sorted(content["telemetry"].items())
+    faulted = [(gpu, points) for gpu, points in telemetry if gpu == trigger.get("gpu")]
+    return faulted or telemetry, PANELS, "no GPU telemetry recorded"
+
+
+def _rates(points: list[dict]) -> list[dict]:
+    """An engine's scrapes with its tokens per second between each and the one before (a counter that went
+    down is a new instance: no rate across it)."""
+    out, before = [], None
+    for p in points:
+        rate = None
+        counter = p.get("generated") if p.get("generated") is not None else p.get("progress")
+        if before is not None and counter is not None and p["time"] > before[0] and counter >= before[1]:
+            rate = (counter - before[1]) / (p["time"] - before[0])
+        out.append({**p, "tokens_per_second": rate})
+        before = (p["time"], counter) if counter is not None else None
+    return out
 
 
 def _marks(content: dict[str, Any]) -> list[tuple[tuple[int, str], list[str], bool]]:

@@ -5,7 +5,6 @@ import signal
 import sqlite3
 import subprocess
 import time
-import urllib.parse
 
 from helpers import GPUWARDEN, wait_for
 
@@ -50,9 +49,13 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     assert "**What to do**\n1. Reboot, then wait" in hook["message"]  # apprise's JSON plugin takes Markdown
 
     [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
-    assert ntfy["raw"].startswith(b"<svg ")  # the incident's timeline.svg; title and message go in the query
-    ntfy_text = urllib.parse.unquote_plus(ntfy["path"])
-    assert "GPU 0000:03:00.0 fell off the bus" in ntfy_text and "device lost from bus!" in ntfy_text
+    # a critical page rings through Do Not Disturb (ntfy's max priority), tagged; no SVG (a phone shows none), so
+    # the message goes in the JSON body, not in the URL's query
+    assert ntfy["headers"]["X-Priority"] == "max" and "rotating_light" in ntfy["headers"]["X-Tags"]
+    assert "?" not in ntfy["path"] and not ntfy["raw"].startswith(b"<svg ")
+    ntfy_text = json.loads(ntfy["body"])["message"]
+    assert "device lost from bus!" in ntfy_text and "GPU 0000:03:00.0 fell off the bus" in json.loads(
+        ntfy["body"])["title"]
     assert "What to do:\n  1. Reboot, then wait" in ntfy_text and "**" not in ntfy_text  # ntfy takes plain text
     wait_for(lambda: 'gpuwarden_alerts_sent_total{severity="critical",target="1:json://127.0.0.1:' in d.metrics(),
              5, what="the sent counter")

@@ -63,13 +63,17 @@ def test_a_stall_kill_restart_and_back_is_one_page_and_its_follow_ups(tmp_path, 
     assert len(receiver.received) == 6, [r["path"] for r in receiver.received]
     pager = receiver.json_bodies("/pager")
     assert [(b["title"], b["type"]) for b in pager] == [
-        ("vm: engine qwen-72b killed — stalled 120 s with 4 request(s) running", "failure"),
-        ("vm: engine qwen-72b restarting — stalled 120 s with 4 request(s) running", "warning"),
+        ("vm: engine qwen-72b killed — stalled 2 min with 4 requests running", "failure"),
+        ("vm: engine qwen-72b restarting — stalled 2 min with 4 requests running", "warning"),
         ("vm: engine qwen-72b back — first completion 41 s after the kill", "success")]
     assert "**Decision**\n- kill and restart qwen-72b: stalled." in pager[0]["message"]
-    assert "And 1 more event(s) of this incident" in pager[1]["message"]  # the repeat, counted, not paged
+    assert "And 1 more event of this incident" in pager[1]["message"]  # the repeat, counted, not paged
     assert f"**Incident report**: `{tmp_path / 'incidents' / INCIDENT}` (" in pager[2]["message"]
-    phone = [json.loads(r["body"])["message"] for r in receiver.received if not r["path"].startswith("/pager")]
+    phones = [r for r in receiver.received if not r["path"].startswith("/pager")]
+    phone = [json.loads(r["body"])["message"] for r in phones]
+    # each page rings as urgently as it is: the kill through Do Not Disturb, "restarting" high, "back" as usual
+    assert [(r["headers"].get("X-Priority"), r["headers"].get("X-Tags")) for r in phones] == [
+        ("max", "rotating_light"), ("high", "warning"), (None, "white_check_mark")]
     assert len(phone) == 3 and all("**" not in text and "`" not in text for text in phone)
     assert "Decision:\n  - kill and restart qwen-72b: stalled." in phone[0]
     store.close()

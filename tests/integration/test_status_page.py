@@ -85,6 +85,7 @@ def test_the_incident_picture_is_served_and_nothing_else_of_the_state_dir(stalle
     kind, data = wait_for(picture, 60, 0.5, "the timeline picture")
     folder = stalled.state / "incidents" / incident["id"]
     assert kind == mimetypes.guess_type(PICTURE)[0] and data == (folder / PICTURE).read_bytes()
+    assert b"tokens generated per second" in data and b"power (W)" not in data  # the stalled engine's own signal
     (folder / PICTURE).unlink()
     (folder / PICTURE).symlink_to(stalled.state / "gpuwarden.db")  # a link is not followed
     for path in (incident["picture"], "/incidents/../gpuwarden.db", f"/incidents/..%2Fgpuwarden.db/{PICTURE}",
@@ -138,3 +139,46 @@ def test_status_without_a_daemon_reads_the_gpus_itself(tmp_path):
     document = json.loads(out.stdout)
     assert document["daemon"] is None and "Connection refused" in document["error"]
     assert [r["gpu"] for r in document["readings"]] == [TEST_GPU]
+
+
+def test_after_an_incident_ended_the_page_is_green_and_lists_it_with_its_pages(daemon_factory, fake_engine,
+                                                                               receiver, tmp_path):
+    """A stall on an engine gpuwarden only alerts on, which then makes progress again: its all-clear goes out,
+    the page turns green at once (the incident itself closes a little later) and lists the incident that ended,
+    the alert target's last delivery and the recent events, as a real headless browser shows them."""
+    chromium = need("chromium", "chromium")
+    engine = fake_engine("progress")
+    root = build(tmp_path / "sys", {TEST_GPU: "rdna3"})
+    d = daemon_factory(
+        f'[gpu]\nsysfs_root = "{root}"\nnvml = false\n[guard]\nenabled = false\n'
+        f'[alerts]\ngroup_window = "300ms"\nhostname = "box1"\n'
+        f'[[alerts.target]]\nname = "pager"\nurl = "json://127.0.0.1:{receiver.port}/pager"\n'
+        f'[[engine]]\nname = "vllm-a"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+        f'min_stall = "2s"\non_stall = "alert"\ngpus = ["{TEST_GPU}"]\n').start()
+    d.wait_serving()
+    engine.set_mode("stall")
+    wait_for(lambda: any(e["kind"] == "engine_stall" for e in d.events()), 20, 0.2, "the engine_stall event")
+    engine.set_mode("progress")
+    wait_for(lambda: any(b["type"] == "success" for b in receiver.json_bodies("/pager")), 30, 0.2, "the all-clear")
+    snap = json.loads(http_get(f"http://127.0.0.1:{d.port}/status.json"))
+    [(incident, page)] = snap["paged"].items()
+    assert "engine_stall" in incident and page["all_clear"] is not None
+    assert page["steps"] and "Restart vllm-a now" in page["steps"][0]  # what its page told to do
+    [target] = snap["targets"]
+    assert target["name"] == "pager" and target["last_title"].startswith("box1: resolved: engine vllm-a stalled")
+    assert [e["kind"] for e in snap["recent_events"]][-1:] == ["engine_stall"]
+    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'c'}"]
+    with heavy_lock():
+        dom = subprocess.run([*base, "--dump-dom", f"http://127.0.0.1:{d.port}/"], capture_output=True, text=True,
+                             timeout=60)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page_html = dom.stdout
+    assert '<span class="pill ok">no open incident</span>' in page_html  # green
+    recent = page_html.split("<h2>Recent incidents</h2>", 1)[1].split("<h2>", 1)[0]
+    assert incident in recent and "all-clear sent" in recent
+    assert f"GPU 0 ({TEST_GPU})" in page_html  # as the pages name it
+    targets = page_html.split("<h2>Alert targets</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "pager" in targets and "box1: resolved: engine vllm-a stalled" in targets
+    assert "engine_stall" in page_html.split("<h2>Recent events</h2>", 1)[1]
+    d.stop()

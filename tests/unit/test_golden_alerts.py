@@ -1,24 +1,35 @@
 """Golden messages: what the person woken at 3 a.m. reads, one file per situation (tests/data/golden/alerts/).
 
-Each situation's events go through the real storm control (group window, one page per incident, follow-ups)
-and are composed as the alerter does; the plain text (`.txt`, what ntfy, SMS and e-mail show) and the Markdown
-(`.md`) of every message are compared with the files. After a deliberate change of the text, regenerate them
-with `GPUWARDEN_REGEN_GOLDEN=1 pytest tests/unit/test_golden_alerts.py` and read every changed file as the person
-woken by it before committing.
+Where a situation could be played here by the real daemon (a stall and its kill, a hung /metrics, a spent kill
+budget, an engine that never answers), its golden text is made by the real path: the scenario recorded from the
+running daemon (tests/integration/test_golden_scenarios.py, tests/data/golden/scenarios/) is replayed through a
+real alerter (tests/golden.py), read in the CET zone. The others (a GPU lost, a restart through systemd or
+Docker, a reboot...) cannot happen on this box: their events are written as their makers write them and go
+through the real storm control and composer, as the alerter does. The plain text (`.txt`, what ntfy, SMS and
+e-mail show) and the Markdown (`.md`) of every message are compared with the files. After a deliberate change of
+the text, regenerate them with `GPUWARDEN_REGEN_GOLDEN=1 pytest tests/unit/test_golden_alerts.py` and read every
+changed file as the person woken by it before committing.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
+import golden
 from gpuwarden import recovery
-from gpuwarden.alert.context import Context
+from gpuwarden.alert.context import Context, Runs
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
+from gpuwarden.config import KernelConfig
+from gpuwarden.kernel.formats import parse_lines
+from gpuwarden.kernel.watch import classifier_for
 from gpuwarden.model import Event, Severity
 from paths import ROOT
 
@@ -26,8 +37,13 @@ GOLDEN = ROOT / "tests" / "data" / "golden" / "alerts"
 REGEN = os.environ.get("GPUWARDEN_REGEN_GOLDEN") == "1"
 T0 = datetime(2026, 12, 4, 2, 12, 7, tzinfo=UTC).timestamp()  # 03:12:07 in the reader's zone
 GPU0, GPU1 = "ffff:03:00.0", "ffff:04:00.0"
+CET = timezone(timedelta(hours=1), "CET")
+INCIDENTS = "/var/lib/gpuwarden/incidents"
+# qwen-72b runs as a systemd unit, llama-8b in a Docker container: the pages name them and their commands
 CTX = Context("vm", {GPU0: (0, "Radeon AI PRO R9700"), GPU1: (1, "Radeon AI PRO R9700")},
-              {"qwen-72b": frozenset({GPU0}), "llama-8b": frozenset({GPU1})}, timezone(timedelta(hours=1), "CET"))
+              {"qwen-72b": frozenset({GPU0}), "llama-8b": frozenset({GPU1})}, CET,
+              {"qwen-72b": Runs(unit="vllm-qwen.service"), "llama-8b": Runs(container="llama-8b")},
+              cache_dry_run='on_crash_loop = "alert"')
 C, W, I = Severity.CRITICAL, Severity.WARNING, Severity.INFO
 
 
@@ -56,12 +72,21 @@ KILLED = ev(2, "engine_killed", C, "killed qwen-72b: 3 processes (stalled)", eng
 RESTARTING = ev(4, "engine_restarting", W, "qwen-72b: asking its systemd unit to start it again; back once a real "
                 "completion returns", engine="qwen-72b", gpu=GPU0, evidence={"supervisor": "systemd unit"})
 
+def xid_event() -> Event:
+    """An Xid 13 of a driver's line, as the real classifier makes it (the real kernel watch's classifier)."""
+    line = ("kern  :warn  : 2026-12-04T02:12:07,283302+00:00 NVRM: Xid (PCI:ffff:03:00): 13, pid=4301, name=python3, "
+            "Graphics SM Warp Exception on (GPC 8, TPC 5, SM 1): Out Of Range Address")
+    classifier = classifier_for(KernelConfig())
+    [burst] = [b for r in parse_lines([line]).records for b in classifier.feed(r, T0)] + \
+        classifier.flush(T0, everything=True).new
+    return replace(burst.final, time=T0)
+
+
 BEFORE = {gpu: recovery.GpuState(gpu, "amd", "Radeon AI PRO R9700", "amdgpu", ((0, 32 << 30), (2, 2 << 20)),
                                   ((gpu, 16.0, 16),), True) for gpu in (GPU0, GPU1)}
 LOST = "20261204-031207-reset_failed"
 
 SITUATIONS = {
-    "stall_kill": [STALL, KILLED],
     "restart_back": [STALL_RESTART, KILLED, RESTARTING, ev(
         43, "engine_back", I, "qwen-72b back: first completion 41 s after the kill", engine="qwen-72b", gpu=GPU0,
         evidence={"seconds_since_kill": 41.2, "canary": {"outcome": "ok", "seconds": 0.4}})],
@@ -106,15 +131,6 @@ SITUATIONS = {
            incident="20261204-031207-engine_crash_loop", evidence={"exits": 5, "decision": [
                decision("quarantine", None, "crash_loop", dry_run=True)]}),
     ],
-    "quarantine": [
-        ev(0, "engine_crash_loop", C, "llama-8b exited 5 times within 600 s", engine="llama-8b",
-           incident="20261204-031207-engine_crash_loop", evidence={"exits": 5, "decision": [
-               decision("quarantine", None, "crash_loop")]}),
-        ev(1, "cache_poisoned", W, "moved 1 poisoned compile cache aside: /home/llm/.cache/vllm/torch_compile_cache "
-                                   "-> /home/llm/.cache/vllm/torch_compile_cache.BROKEN-20261204T031208-crash_loop "
-                                   "(14 zero-byte files)", engine="llama-8b",
-           incident="20261204-031207-engine_crash_loop"),
-    ],
     # after the reboot, the verdicts as recovery.py makes them (the incident that lost GPU 0 in the last boot)
     "gpus_back": [(0, recovery.verdict_event(recovery.compare(BEFORE, BEFORE), LOST, [GPU0], T0,
                                                             BEFORE))],
@@ -126,13 +142,38 @@ SITUATIONS = {
             decision("alert_only", "qwen-72b", 'on_stall = "alert"')]})),
         (95, ("resolve", STALL[1].dedupe_key, "qwen-72b makes progress again: 1,250 tokens in the last 5 s")),
     ],
-    "kill_refused": [
-        (0, replace(STALL[1], evidence={**STALL[1].evidence, "decision": [
-            decision("refuse", "qwen-72b", "its kill budget (3 per 3600 s) is spent", by_hand=True)]})),
-        ev(1, "kill_refused", C, "qwen-72b should be killed (stalled) but its kill budget (3 per 3600 s) is spent: "
-                                 "act by hand", engine="qwen-72b", evidence={"reason": "stalled"}),
+    # Docker restarts llama-8b: the words as the actuator and the engine watch make them, through the container
+    "docker_restart": [
+        ev(0, "engine_stall", C, "llama-8b: 3 request(s) running and no token processed for 95 s (threshold 60 s)",
+           engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall", evidence={
+               "figures": {"running": 3.0, "waiting": 1.0, "tokens_processed": 7910.0, "generated_tokens": 7910.0,
+                           "stalled_seconds": 95.2, "threshold_seconds": 60.0, "typical_token_seconds": 0.042,
+                           "cpu_percent": 0.13106514859271545},
+               "spinning": False, "source": "metrics", "decision": [decision("restart", "llama-8b", "stalled")]}),
+        ev(2, "engine_killed", C, "killed llama-8b: 2 processes (stalled); restarting it through its Docker "
+                                  "container", engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall",
+           evidence={"reason": "stalled", "terminated": ["5101", "5102"], "killed": [], "survivors": [],
+                     "dry_run": False, "refused": [], "restart": True}),
+        ev(3, "engine_restarting", W, "llama-8b: asking its Docker container to start it again; back once a real "
+                                      "completion returns", engine="llama-8b", gpu=GPU1,
+           incident="20261204-031207-engine_stall", evidence={"supervisor": "Docker container"}),
+        ev(75, "engine_back", I, "llama-8b back: first completion 73 s after the kill", engine="llama-8b", gpu=GPU1,
+           incident="20261204-031207-engine_stall", evidence={"seconds_since_kill": 73.4}),
     ],
+    # a process stuck in the driver survives SIGKILL: the engine is still stuck, said with the pids
+    "kill_survivors": [STALL, ev(
+        12, "engine_killed", C, "killed qwen-72b: 3 processes (1 needed SIGKILL); 1 survived SIGKILL: 4303 (stalled)",
+        engine="qwen-72b", gpu=GPU0, evidence={"reason": "stalled", "terminated": ["4301", "4302", "4303"],
+                                               "killed": ["4303"], "survivors": ["4303"], "dry_run": False,
+                                               "refused": [], "restart": False})],
+    # an NVIDIA Xid as the real classifier makes it of a driver's line, on qwen-72b's GPU
+    "xid": [(0, replace(xid_event(), evidence={**xid_event().evidence, "incident": "20261204-031207-xid",
+                                                "decision": [decision("kill", "qwen-72b", "kernel reported xid 13 "
+                                                                                          "on ffff:03:00.0")]}))],
 }
+
+
+RECORDED = sorted(p.stem for p in golden.SCENARIOS.glob("*.json"))
 
 
 def messages(events):
@@ -140,19 +181,29 @@ def messages(events):
     for at, event in [*events, (10_000, None)]:
         sent += storm.due(T0 + at)
         if isinstance(event, tuple):  # a condition that ended by itself
-            sent += [out for out in [storm.resolve(*event[1:])] if out]
+            sent += [out for out in [storm.resolve(*event[1:], T0 + at)] if out]
         elif event is not None:
             storm.offer(event, len(sent), T0 + at)
-    return [compose(out, CTX, f"gw-{n:04d}", out.incident and f"/var/lib/gpuwarden/incidents/{out.incident}")
+    return [compose(out, CTX, f"gw-{n:04d}", out.incident and f"{INCIDENTS}/{out.incident}")
             for n, out in enumerate(sent, 1)]
+
+
+def pages(situation) -> list[dict]:
+    if situation in RECORDED:
+        with tempfile.TemporaryDirectory() as folder:
+            made = golden.replay(golden.load(situation), Path(folder) / "replay.db", CET, INCIDENTS)
+        return [{**p, **{k: p[k].replace("alert id: gw-?", f"alert id: gw-{n:04d}") for k in ("body", "text")}}
+                for n, p in enumerate(made, 1)]
+    return [{"severity": str(m.severity), "resolved": m.resolved, "title": m.title, "body": m.body, "text": m.text}
+            for m in messages(SITUATIONS[situation])]
 
 
 def render(situation, markdown):
     parts = []
-    for n, m in enumerate(messages(SITUATIONS[situation]), 1):
-        parts.append(f"===== message {n} ({'all-clear, ' if m.resolved else ''}routed as {m.severity}) =====\n"
-                     f"{m.title}\n\n"
-                     + (m.body if markdown else m.text))
+    for n, m in enumerate(pages(situation), 1):
+        parts.append(f"===== message {n} ({'all-clear, ' if m['resolved'] else ''}routed as {m['severity']}) =====\n"
+                     f"{m['title']}\n\n"
+                     + (m["body"] if markdown else m["text"]))
     return "\n\n".join(parts) + "\n"
 
 
@@ -165,7 +216,7 @@ def test_the_docs_show_golden_messages_as_they_are():
         assert render(situation, False).rstrip() in readme, f"README.md shows an old {situation} message"
 
 
-@pytest.mark.parametrize("situation", sorted(SITUATIONS))
+@pytest.mark.parametrize("situation", sorted({*SITUATIONS, *RECORDED}))
 @pytest.mark.parametrize("suffix", [".txt", ".md"])
 def test_golden(situation, suffix):
     text = render(situation, suffix == ".md")
@@ -175,3 +226,39 @@ def test_golden(situation, suffix):
         path.write_text(text)
     assert path.exists(), f"{path} is missing: run with GPUWARDEN_REGEN_GOLDEN=1 and read it"
     assert text == path.read_text(), f"{path} differs (a deliberate change: GPUWARDEN_REGEN_GOLDEN=1, then read it)"
+
+
+# what a page must never show: a count as a float, a placeholder for a name the daemon knows, a time of day
+# without its zone (a quoted kernel line keeps its own stamp), one zone said twice, "(s)" or "1 processes"
+# 2.0, 7910.0 as a word of its own (not a PCI address's .0, an IP address; a PCIe speed is written 16.0 GT/s)
+_FLOAT = re.compile(r"(?:(?<=\s)|(?<=\())\d[\d,]*\.0(?![.\d])(?! GT/s)")
+_PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")  # <its unit>, <container>
+_TIME = re.compile(r"(?<![\dT:])\d{2}:\d{2}:\d{2}(?![\d,])")
+_ZONED = re.compile(r"\d{2}:\d{2}:\d{2}(?: [A-Z]{3,5}\b| to \d{2}:\d{2}:\d{2} [A-Z]{3,5}\b)")
+_TWICE = re.compile(r"(\d{2}:\d{2}:\d{2}) (\w+) \(\1 \2\)")
+_PLURAL = re.compile(r"\(s\)|\b1 (?:processes|requests|tokens|tries|lines|events|kills)\b")
+
+
+def faults(text: str) -> list[str]:
+    found = [f"a count as a float: {m.group()!r}" for m in _FLOAT.finditer(text)]
+    found += [f"a placeholder: {m.group()!r}" for m in _PLACEHOLDER.finditer(text)]
+    found += [f"a time without its zone: {text[m.start():m.end() + 8]!r}" for m in _TIME.finditer(text)
+              if not _ZONED.match(text, m.start())]
+    found += [f"a zone said twice: {m.group()!r}" for m in _TWICE.finditer(text)]
+    found += [f"a plural not made: {m.group()!r}" for m in _PLURAL.finditer(text)]
+    return found
+
+
+@pytest.mark.parametrize("situation", sorted({*SITUATIONS, *RECORDED}))
+def test_no_page_shows_a_float_count_a_placeholder_or_a_time_without_its_zone(situation):
+    for page in pages(situation):
+        assert not faults(f"{page['title']}\n{page['text']}"), (page["title"], faults(page["text"]))
+
+
+def test_the_check_catches_what_pages_used_to_show():
+    """The old words, as pages printed them before (issue 39): each is caught."""
+    for old in ("running: 2.0", "tokens_processed: 7910.0", "1 processes", "4 request(s) running",
+                "When: 2026-12-04 02:12:07 UTC (02:12:07 UTC)", "(`systemctl restart <its unit>`)",
+                "`docker logs <container>`", "03:12:07  killed qwen-72b"):
+        assert faults(old), old
+    assert not faults("When: 2026-12-04 03:12:07 CET (02:12:07 UTC); from 03:10:07 to 03:12:07 CET; 16.0 GT/s x16")

@@ -56,4 +56,4 @@ def test_actions_are_outcomes_and_no_outcome_is_a_gpu_fault():
 def test_the_node_conditions_kinds():
     assert {"device_lost", "reset_failed", "gpu_wedged", "gpu_missing", "gpu_unresponsive", "xid"} == GPU_LOST_KINDS
     assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "engine_killed",
-            "engine_restarting", "engine_back", "engine_restart_failed"} == ENGINE_KINDS
+            "engine_restarting", "engine_back", "engine_restart_failed", "engine_not_answering"} == ENGINE_KINDS

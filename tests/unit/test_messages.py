@@ -1,3 +1,5 @@
+from datetime import UTC
+
 import apprise
 
 from gpuwarden.alert.apprise_channel import AppriseChannel
@@ -7,7 +9,7 @@ from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.targets import Target, safe_name
 from gpuwarden.model import Event, Severity
 
-CTX = Context("box1", {"0000:03:00.0": (0, "Radeon AI PRO R9700")}, {"vllm": frozenset({"0000:03:00.0"})})
+CTX = Context("box1", {"0000:03:00.0": (0, "Radeon AI PRO R9700")}, {"vllm": frozenset({"0000:03:00.0"})}, UTC)
 
 
 def test_message_has_what_happened_evidence_actions_runbook_and_id():
@@ -24,7 +26,7 @@ def test_message_has_what_happened_evidence_actions_runbook_and_id():
     assert "the GPU fell off the PCIe bus" in m.body
     assert "`sq_intr` since" in m.body and "41 more" in m.body
     assert "device lost from bus!" in m.body.split("**Evidence**")[1]
-    assert "**What gpuwarden did**\n- killed vllm: 3 processes" in m.body
+    assert "**What gpuwarden did**\n- 00:00:01 UTC  killed vllm: 3 processes" in m.body
     steps = m.body.split("**What to do**")[1]
     assert steps.startswith("\n1. Reboot, then wait a full 10 minutes")  # first, not third
     assert "Never unbind/bind" in steps and "resource\\*\\_resize" in steps and "Start vllm again" not in steps
@@ -52,9 +54,9 @@ def test_no_action_says_why_and_never_hedges():
             {"action": "alert_only", "engine": "vllm", "reason": 'on_stall = "alert"', "by_hand": False,
              "dry_run": False}]})
     m = compose(Outgoing("engine vllm", [stall], [1], severity=Severity.CRITICAL), CTX, "gw-n")
-    assert m.title == "box1: engine vllm stalled 90 s with 2 request(s) running — not acted on"
+    assert m.title == "box1: engine vllm stalled 90 s with 2 requests running — not acted on"
     assert 'no action on vllm: on_stall = "alert".' in m.text
-    assert 'Restart vllm now: gpuwarden left it running (on_stall = "alert")' in m.text
+    assert 'Restart vllm now. gpuwarden left it running (on_stall = "alert")' in m.text
     assert "or, with" not in m.text
 
 

@@ -79,7 +79,8 @@ def test_the_timeline_picture_is_a_real_chart(tmp_path):
     texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
     assert "device_lost on 0000:03:00.0" in texts and "(box1)" in texts
     assert all(kind in texts for kind in ("sq_intr", "reset_failed", "engine_killed", "hottest sensor"))
-    assert "0000:03:00.0 unreadable" in texts and "0000:06:00.0" in texts
+    assert "0000:03:00.0 unreadable" in texts
+    assert "0000:06:00.0" not in texts  # a GPU's fault: that GPU's readings, not the box's
     image = rasterised(out, tmp_path)
     assert image.size == (1100, 800)
     rgb = image.convert("RGB")
@@ -89,8 +90,36 @@ def test_the_timeline_picture_is_a_real_chart(tmp_path):
     assert background == (255, 255, 255) and max(colours)[0] < 0.95 * 1100 * 800
     red = sum(n for n, (r, g, b) in colours if r > 180 and g < 80 and b < 80)  # the trigger's line
     assert red > 500
-    purple = sum(n for n, (r, g, b) in colours if (r, g, b) == (0x94, 0x67, 0xBD))  # the second GPU's lines
-    assert purple > 500
+
+
+def test_an_engine_stall_plots_the_engines_tokens_and_requests_to_its_end(tmp_path):
+    """A stall: the engine's own signal (tokens per second, requests), not the GPU's, and the axis runs past the
+    kill and the restart to "back" and the incident's close."""
+    content = incident()
+    stall = row(7, "engine_stall", "critical", T0, engine="vllm")
+    content["trigger"] = stall
+    content["events"] = [stall]
+    content["actions"] = [row(9, "engine_killed", "critical", T0 + 2, engine="vllm"),
+                          row(10, "engine_restarting", "warning", T0 + 3, engine="vllm"),
+                          row(11, "engine_back", "info", T0 + 200, engine="vllm")]
+    content["incident"] = {"closed": T0 + 260}
+    tokens = [2000.0 * i for i in range(60)] + [118_000.0] * 61 + [0.0] * 70 + [1500.0 * i for i in range(40)]
+    content["engine_history"] = {"vllm": [
+        {"time": T0 - 120 + i * 2, "state": "ok", "running": 0.0 if 120 <= i < 190 else 4.0, "waiting": 1.0,
+         "generated": t, "progress": t} for i, t in enumerate(tokens)]}
+    out = tmp_path / "timeline.svg"
+    out.write_text(timeline.svg(content))
+    root = ElementTree.parse(out).getroot()
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert {"tokens generated per second", "requests running", "requests waiting"} <= set(texts)
+    assert not {"power (W)", "hottest sensor (°C)"} & set(texts)  # not the GPU's readings
+    assert all(k in " ".join(texts) for k in ("engine_killed", "engine_restarting", "engine_back"))
+    line = [float(p.split(",")[1]) for p in next(root.iter("{http://www.w3.org/2000/svg}polyline")).get(
+        "points").split()]
+    assert max(line) - min(line) > 100  # the tokens per second fall to nothing in the stall: drawn, not flat
+    ticks = [t for t in texts if t.count(":") == 2 and len(t) == 8]  # the time axis
+    assert ticks[-1] >= time.strftime("%H:%M:%S", time.localtime(T0 + 240))  # to the incident's end
+    assert rasterised(out, tmp_path).size == (1100, 800)
 
 
 def test_a_picture_of_odd_names_and_no_telemetry_is_still_valid_svg(tmp_path):

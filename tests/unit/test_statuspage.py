@@ -64,3 +64,47 @@ def test_an_empty_box_and_a_broken_store_say_so():
 def test_the_page_without_a_snapshot_says_why():
     page = statuspage.unavailable("the daemon's event loop did not answer within 2 s <b>")
     assert "did not answer" in page and "&lt;b&gt;" in page and 'content="5"' in page
+
+
+def test_an_nvidia_gpu_is_named_as_the_pages_name_it_with_its_own_core_limits():
+    """The snapshot of an H100 as gpu/nvidia.py reads it through NVML (no NVIDIA GPU here: the sample is made as
+    that reader makes it): its core temperature is shown against the card's own slowdown and shutdown."""
+    from types import SimpleNamespace
+
+    from gpuwarden import snapshot as snap_module
+    from gpuwarden.config import GpuConfig
+    from gpuwarden.model import GpuSample
+
+    sample = GpuSample("ffff:fe:1f.7", "nvidia", "NVIDIA H100 80GB HBM3", NOW, temperatures={"gpu": 71.0},
+                       temperature_limits={"gpu": (87.0, 92.0)}, power_watts=300.0, power_cap_watts=700.0)
+    daemon = SimpleNamespace(
+        recorder=SimpleNamespace(latest=lambda: {"ffff:fe:1f.7": sample}), config=SimpleNamespace(gpu=GpuConfig()),
+        inventory=SimpleNamespace(seen={"ffff:fe:1e.0", "ffff:fe:1f.7"}, gpus=[SimpleNamespace(
+            pci="ffff:fe:1f.7", vendor="nvidia", driver="nvidia")]))
+    [row] = snap_module._gpus(daemon)
+    assert row["index"] == 1 and row["limits"]["temperature_gpu_warn_celsius"] == 87.0
+    assert row["limits"]["temperature_gpu_critical_celsius"] == 89.0  # 3 °C under its shutdown, as the rules judge
+    page = statuspage.render(snapshot(gpus=[row]))
+    assert "GPU 1 (ffff:fe:1f.7)" in page and "71 (warn 87, critical 89)" in page
+
+
+def test_the_recent_past_is_shown_and_an_incident_whose_all_clear_went_out_is_green():
+    paged = {"20270115-080000-engine_stall": {"title": "box-1: engine vllm back", "first_paged": NOW - 300,
+                                              "last_paged": NOW - 30, "all_clear": NOW - 29, "steps": ["x"]}}
+    targets = [{"name": "pager", "last_sent": NOW - 29, "last_title": "box-1: engine vllm back", "last_failure":
+                NOW - 200, "last_error": "HTTP 503", "failures": 2, "undeliverable": 0, "pending": 0}]
+    events = [{"time": NOW - 31, "kind": "engine_back", "severity": "info", "gpu": None, "engine": "vllm",
+               "message": "vllm back", "incident": "20270115-080000-engine_stall"}]
+    page = statuspage.render(snapshot(paged=paged, targets=targets, recent_events=events))
+    assert '<span class="pill ok">no open incident</span>' in page  # the incident still open, its all-clear sent
+    recent = page.split("<h2>Recent incidents</h2>")[1]
+    assert "20270115-080000-engine_stall" in recent and "all-clear sent" in recent
+    assert "2 (0 given up); the last 3.3 min ago" in page and "HTTP 503" in page
+    assert "engine_back" in page.split("<h2>Recent events</h2>")[1]
+
+
+def test_a_down_engine_says_it_is_down_not_never():
+    engine = {**snapshot()["engines"][0], "state": "down", "last_progress": None}
+    page = statuspage.render(snapshot(engines=[engine]))
+    assert "none: it is down (none seen)" in page and "never" not in page.split("<h2>Engines</h2>")[1].split(
+        "<h2>")[0].split("last answer")[0]

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from gpuwarden import families
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
+from gpuwarden.alert.recent import Recent
 from gpuwarden.alert.storm import Outgoing, StormControl
 from gpuwarden.alert.targets import Target
 from gpuwarden.config import AlertsConfig
@@ -58,6 +59,7 @@ class Alerter:
         self.incidents_dir, self.context = incidents_dir, context or (lambda: Context(self.config.hostname))
         self.incident_open = incident_open
         self.storm = StormControl()
+        self.recent = Recent()  # what the status page shows of the recent past
         self._outbox: dict[str, deque[OutboxRow]] = {}  # target -> its rows, oldest first
         self._changed = asyncio.Event()  # something was offered: the next due time may be sooner
         self._recovered = False
@@ -78,11 +80,14 @@ class Alerter:
 
     # --- from the daemon (synchronous, on the loop) -----------------------------------------------
 
-    def submit(self, events: list[Event], ids: list[int]) -> None:
+    # `now`: the wall-clock time of the call (a recorded scenario replayed: tests/unit/test_golden_alerts.py)
+
+    def submit(self, events: list[Event], ids: list[int], now: float | None = None) -> None:
         if not self._recovered:
             self._early.update(ids)
-        now, suppressed = time.time(), []
+        now, suppressed = time.time() if now is None else now, []
         for event, event_id in zip(events, ids, strict=True):
+            self.recent.event(event)
             if not self.storm.offer(event, event_id, now):
                 suppressed.append(event_id)
                 self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count)
@@ -90,18 +95,19 @@ class Alerter:
         if suppressed:
             self.store.mark_alerted(suppressed)
 
-    def repeated(self, event: Event) -> None:
+    def repeated(self, event: Event, now: float | None = None) -> None:
         """A stored event's storm grew to `event.count` lines."""
-        self.storm.repeated(event.dedupe_key, event.count - 1, time.time())
+        self.storm.repeated(event.dedupe_key, event.count - 1, time.time() if now is None else now)
         self._changed.set()
         self.metrics.inc(families.ALERTS_SUPPRESSED, str(event.severity), by=event.count - 1)
 
-    def resolve(self, dedupe_key: str, message: str) -> None:
+    def resolve(self, dedupe_key: str, message: str, now: float | None = None) -> None:
         """A condition its alert was about ended (the daemon recovers the alerter before anything can end, so
         that the page that told it began is the one that hears it end)."""
-        out = self.storm.resolve(dedupe_key, message)
+        now = time.time() if now is None else now
+        out = self.storm.resolve(dedupe_key, message, now)
         if out:
-            self._enqueue(out, time.time())
+            self._enqueue(out, now)
 
     # --- the component ------------------------------------------------------------------------------
 
@@ -183,14 +189,18 @@ class Alerter:
         exported = 0.0
         while True:
             now = time.time()
-            for out in self.storm.due(now):
-                self._enqueue(out, now)
+            self.due(now)
             if now - exported >= _EXPORT:
                 self._export_pending()
                 exported = now
             due = self.storm.next_due()
             self._changed.clear()
             await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
+
+    def due(self, now: float) -> None:
+        """Make the messages whose time has come (closed groups, storms' follow-ups) and queue them."""
+        for out in self.storm.due(now):
+            self._enqueue(out, now)
 
     def _enqueue(self, out, now: float) -> None:
         # here, with the first alert: composing one loads its texts' modules (1.5 ms of every start otherwise)
@@ -215,8 +225,14 @@ class Alerter:
             self._outbox.setdefault(name, deque()).append(
                 OutboxRow(row_id, message.alert_id, name, now, 0, now, str(message.severity), payload))
         log.info("alert %s: %s -> %s", message.alert_id, message.title, ", ".join(wanted) or "no target")
+        self.recent.paged(out.incident, message.alert_id, message.title, list(message.steps), message.resolved,
+                          bool(wanted), now)
         for name in wanted:
             self._wake[name].set()
+
+    def pending(self) -> dict[str, int]:
+        """What waits in the outbox, per target."""
+        return {name: len(rows) for name, rows in self._outbox.items()}
 
     def _export_pending(self) -> None:
         for target in self.targets:
@@ -240,6 +256,7 @@ class Alerter:
             if now - row.created > self.config.give_up_after:
                 log.error("alert %s to %s undeliverable after %d attempts: giving up", row.alert_id,
                           target.name, row.attempts)
+                self.recent.failed(target.name, "undeliverable: gave up", now, True)
                 self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
                 continue
@@ -247,7 +264,9 @@ class Alerter:
             if error is None:
                 self._done(rows, row)
                 self.metrics.inc(families.ALERTS_SENT, target.name, row.severity)
+                self.recent.delivered(target.name, row.alert_id, row.payload["title"], time.time())
             elif not retry:
+                self.recent.failed(target.name, error, time.time(), True)
                 log.error("alert %s to %s refused (%s): undeliverable", row.alert_id, target.name, error)
                 self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
@@ -260,6 +279,7 @@ class Alerter:
                     rows[0] = row._replace(attempts=row.attempts + 1, next_attempt=retry_at)
                 self.store.retry_later(row.id, retry_at)
                 self.metrics.inc(families.ALERTS_FAILED, target.name, row.severity)
+                self.recent.failed(target.name, error, time.time(), False)
                 log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
                             delay)
 

@@ -1,9 +1,15 @@
 """The apprise channel: one apprise object (one URL or one service of an apprise config file) per target. A
-message is sent once: nothing to re-send, resume or carry over."""
+message is sent once: nothing to re-send, resume or carry over.
+
+Each message rings as urgently as it is: its tone sets the service's own urgency (ntfy's priority and tags,
+Pushover's and Gotify's priority), unless the target's URL sets one itself. The incident's picture (an SVG) goes
+only to a service that shows it as a file (e-mail, webhooks): a phone app shows no SVG, and ntfy, given a file,
+would put the whole message in the URL's query."""
 
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from collections.abc import Callable
 
 import apprise
@@ -13,15 +19,32 @@ from gpuwarden.offloop import Busy, OffLoop
 
 _FORMATS = {True: apprise.NotifyFormat.MARKDOWN, False: apprise.NotifyFormat.TEXT}
 _SENDS = OffLoop("apprise", limit=16)  # one send in flight per target; a hung one holds one thread, not more
+# each service's urgency per tone (failure: a critical page), as URL parameters of its own: ntfy's "max" rings
+# through Do Not Disturb, Pushover's and Gotify's "high" through quiet hours; an all-clear is normal
+_URGENCY: dict[str, dict[str, dict[str, str]]] = {
+    "NotifyNtfy": {"failure": {"priority": "max", "tags": "rotating_light"},
+                   "warning": {"priority": "high", "tags": "warning"},
+                   "info": {"priority": "low", "tags": "information_source"},
+                   "success": {"priority": "default", "tags": "white_check_mark"}},
+    "NotifyPushover": {"failure": {"priority": "high"}, "warning": {"priority": "normal"},
+                       "info": {"priority": "low"}, "success": {"priority": "normal"}},
+    "NotifyGotify": {"failure": {"priority": "high"}, "warning": {"priority": "normal"},
+                     "info": {"priority": "low"}, "success": {"priority": "normal"}},
+}
+_DEFAULT_URGENCY = {"priority": ("default", "normal", "0", "5"), "tags": ("",), "xtags": ("",)}  # as apprise writes
+# the services that show an SVG file to the reader (a mail client, a webhook's receiver)
+_SHOWS_SVG = frozenset({"NotifyEmail", "NotifyJSON", "NotifyXML", "NotifyForm"})
 
 
 class AppriseChannel:
     def __init__(self, name: str, obj: apprise.Apprise) -> None:
         self.name, self.apprise = name, obj  # the name keys the off-loop slot: one send per target at a time
+        self._tones = {tone: _urgent(obj, tone) for tone in ("failure", "warning", "info", "success")}
 
     @property
     def takes_pictures(self) -> bool:
-        return all(getattr(server, "attachment_support", False) for server in self.apprise)
+        return all(getattr(server, "attachment_support", False) and type(server).__name__ in _SHOWS_SVG
+                   for server in self.apprise)
 
     @property
     def markdown(self) -> bool:
@@ -35,13 +58,14 @@ class AppriseChannel:
         The whole send (every retry and attachment of apprise's) ends within `timeout` + 5 s; while an
         abandoned send of the target still runs, no other starts."""
         said: list[str] = []
-        markdown = self.markdown
+        markdown, services = self.markdown, self._tones.get(alert.tone, self.apprise)
+        picture = alert.picture if self.takes_pictures else None
 
         def notify():
-            return self.apprise.notify(body=alert.body if markdown else alert.text, title=alert.title,
-                                       notify_type=alert.tone, body_format=_FORMATS[markdown], timeout=timeout,
-                                       attach=alert.picture, log_level=logging.WARNING,
-                                       log_callback=lambda entry, _: said.append(str(entry.message)))
+            return services.notify(body=alert.body if markdown else alert.text, title=alert.title,
+                                   notify_type=alert.tone, body_format=_FORMATS[markdown], timeout=timeout,
+                                   attach=picture, log_level=logging.WARNING,
+                                   log_callback=lambda entry, _: said.append(str(entry.message)))
         try:
             result = await _SENDS.run(self.name, timeout + 5, notify)
         except TimeoutError:
@@ -61,3 +85,23 @@ class AppriseChannel:
 
     def carry(self, earlier: object) -> None:
         pass
+
+
+def _urgent(obj: apprise.Apprise, tone: str) -> apprise.Apprise:
+    """The target's services as they send a message of this tone: each with its urgency for it, where the
+    service has one and the target's URL left it at its default (a URL that sets it keeps it)."""
+    urgent = apprise.Apprise()
+    for server in obj:
+        wanted = _URGENCY.get(type(server).__name__, {}).get(tone)
+        url = server.url(privacy=False) if wanted else None
+        if url is None:
+            urgent.add(server)
+            continue
+        parts = urllib.parse.urlsplit(url)
+        query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+        if "tags" in wanted and query.get("xtags", query.get("tags", "")):
+            wanted = {k: v for k, v in wanted.items() if k != "tags"}  # the URL's own tags
+        query.update({k: v for k, v in wanted.items() if query.get(k, "") in _DEFAULT_URGENCY[k]})
+        variant = apprise.Apprise.instantiate(parts._replace(query=urllib.parse.urlencode(query)).geturl())
+        urgent.add(variant if variant else server)  # a URL apprise would not take again: as configured
+    return urgent

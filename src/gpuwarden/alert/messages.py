@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from gpuwarden.alert.context import Context, first, is_lost
+from gpuwarden.alert.sentences import sentence, stall_start
 from gpuwarden.alert.steps import what_to_do
 from gpuwarden.alert.storm import FOLLOW_UP_KINDS, Outgoing
 from gpuwarden.alert.titles import ended, headline, repeats_title
+from gpuwarden.alert.words import clock, figure, plural, span, when
 from gpuwarden.kinds import GPU_LOST_KINDS
 from gpuwarden.model import Event, Severity
 
@@ -32,6 +33,7 @@ class Message:
     severity: Severity  # routing: a follow-up goes where its incident's first page went
     resolved: bool  # an all-clear: a resolution, or an incident that ended well
     tags: frozenset[str]
+    steps: tuple[str, ...] = ()  # what to do, plain (the status page shows it for the open incident)
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,10 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     tags = {e.kind for e in every} | {e.gpu for e in every if e.gpu} | {e.engine for e in every if e.engine}
     tags |= {k.split(":", 1)[0] for k in out.repeats} | ({out.subject.split(" ", 1)[-1]} if not out.incident else set())
     if out.resolved:
-        title = f"{ctx.host}: " + (ended(out.earlier, ctx) if out.earlier else f"resolved: {out.subject}")
+        title = f"{ctx.host}: " + (ended(out.earlier, ctx, out.at) if out.earlier else f"resolved: {out.subject}")
         blocks: list = [("What changed", _sentence(out.resolved))]
+        if lasted := _lasted([*out.earlier, *([out.about] if out.about else [])], out.at, ctx):
+            blocks.insert(0, ("When", lasted))
         if out.earlier:
             blocks.append(("The incident so far", _Code([_line(e, ctx) for e in out.earlier])))
         return _message(alert_id, title, blocks, incident, out, True, tags)
@@ -54,9 +58,9 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     blocks = []
     if out.follow_up:
         paged = out.earlier[0].time
-        blocks.append(("Update on", f"{headline(out.earlier, ctx)} (first paged {_when(paged, ctx)})"))
+        blocks.append(("Update on", f"{headline(out.earlier, ctx)} (first paged {when(paged, ctx.tz)})"))
     if out.events:
-        blocks.append(("When", _when(out.events[0].time, ctx)))
+        blocks.append(("When", when(out.events[0].time, ctx.tz)))
     if happened := _happened(out, ctx):
         blocks.append(("What happened", happened))
     if decisions := _decisions(out.events, ctx):
@@ -64,9 +68,9 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     if lost := sorted({g for e in out.events for g in e.evidence.get("lost") or ()}):
         blocks.append(("Lost before the reboot", ", ".join(lost)))
     if found := [c for e in out.events if e.kind.startswith("gpus_") for c in e.evidence.get("changes") or
-                 [_sentence(e.message)]]:
+                 [sentence(e, ctx)]]:
         blocks.append(("What gpuwarden found", found))
-    if did := [_sentence(e.message) for e in out.events if e.kind in FOLLOW_UP_KINDS and
+    if did := [_line(e, ctx) for e in out.events if e.kind in FOLLOW_UP_KINDS and
                not e.kind.startswith("gpus_")]:
         outcome = out.ends or first(out.events, "engine_restart_failed")
         blocks.append(("Outcome" if outcome else "What gpuwarden did", did))
@@ -82,16 +86,16 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
         blocks.append(("The incident so far", _Code([_line(e, ctx) for e in every])))
     if steps := what_to_do(out, ctx):
         blocks.append(("What to do", steps))
-    return _message(alert_id, title, blocks, incident, out, out.ends, tags)
+    return _message(alert_id, title, blocks, incident, out, out.ends, tags, steps)
 
 
 def _message(alert_id: str, title: str, blocks: list, incident: str | None, out: Outgoing, resolved: bool,
-             tags: set[str]) -> Message:
+             tags: set[str], steps: list[str] = ()) -> Message:
     if incident:
         blocks.append(("Incident report", f"`{incident}` (incident.json, timeline.svg)"))
     footer = f"\n\nalert id: {alert_id}"
     return Message(alert_id, title, _render(blocks, True) + footer, _render(blocks, False) + footer, out.severity,
-                   resolved, frozenset(tags))
+                   resolved, frozenset(tags), tuple(_plain(s) for s in steps))
 
 
 # --- the body ----------------------------------------------------------------------------------------------
@@ -99,12 +103,13 @@ def _message(alert_id: str, title: str, blocks: list, incident: str | None, out:
 def _happened(out: Outgoing, ctx: Context) -> str | list[str]:
     """The faults in a sentence each (what gpuwarden did and found has its own block)."""
     faults = [e for e in out.events if e.kind not in FOLLOW_UP_KINDS]
-    lines = [_sentence(e.message) + (f" ({e.count:,} lines)" if e.count > 1 else "")
+    lines = [sentence(e, ctx) + (f" ({plural(e.count, 'line')})" if e.count > 1 else "")
              + ("" if e.live else " Logged before gpuwarden started: history, never acted on.") for e in faults]
-    lines += [f"And {n:,} more `{key.split(':', 1)[0]}` since {_clock(since, ctx)}."
+    lines += [f"And {n:,} more `{key.split(':', 1)[0]}` since {clock(since, ctx.tz)}."
               for key, (n, since) in out.repeats.items()]
     if out.quiet:
-        lines.append(f"And {out.quiet:,} more event(s) of this incident since the last message (in its report).")
+        lines.append(f"And {plural(out.quiet, 'more event')} of this incident since the last message (in its "
+                     "report).")
     return lines[0] if len(lines) == 1 else lines
 
 
@@ -116,11 +121,11 @@ def _decisions(events: list[Event], ctx: Context) -> list[str]:
         if not e.evidence["decision"]:
             said.append(_no_action(e, ctx))
         for d in e.evidence["decision"]:
-            said.append(_decision(d))
+            said.append(_decision(d, ctx))
     return list(dict.fromkeys(said))
 
 
-def _decision(d: dict) -> str:
+def _decision(d: dict, ctx: Context) -> str:
     engine, reason, action = d.get("engine"), d.get("reason") or "no reason given", d.get("action")
     dry = "dry run, " if d.get("dry_run") else ""
     if action == "kill":
@@ -128,8 +133,9 @@ def _decision(d: dict) -> str:
     if action == "restart":
         return f"{dry}kill and restart {engine}: {reason}."
     if action == "quarantine":
-        return ("dry run: move nothing" if d.get("dry_run") else "move the poisoned compile caches aside") + \
-            f" ({reason.replace('_', ' ')})."
+        if d.get("dry_run"):
+            return f"move no compile cache ({ctx.cache_dry_run or 'dry run'})."
+        return f"move the poisoned compile caches aside ({reason.replace('_', ' ')})."
     if action == "alert_only":
         return f"no action on {engine}: {reason}."
     if action == "refuse":
@@ -144,6 +150,8 @@ def _no_action(e: Event, ctx: Context) -> str:
     if is_lost(e):
         return "nothing more to do for a lost GPU: only a reboot brings it back (gpuwarden never resets or " \
                "unbinds it)."
+    if e.kind == "engine_not_answering":
+        return "no action: nothing of it answers, so there is nothing to kill or restart."
     if e.gpu and e.kind not in GPU_LOST_KINDS and not ctx.engines_on(e.gpu) and not ctx.engines_maybe_on(e.gpu):
         return f"no action: none of gpuwarden's engines runs on {ctx.gpu(e.gpu)}."
     return "no action: gpuwarden reports this kind of event and does not act on it."
@@ -155,7 +163,7 @@ def _evidence(events: list[Event]) -> list[str]:
         lines += event.evidence.get("lines") or ([event.evidence["line"]] if "line" in event.evidence else [])
         if process := event.evidence.get("process"):
             lines.append(f"process the kernel named: pid {process.get('pid')} ({process.get('name')})")
-        lines += [f"{k}: {v}" for k, v in (event.evidence.get("figures") or {}).items() if v is not None]
+        lines += [figure(k, v) for k, v in (event.evidence.get("figures") or {}).items() if v is not None]
     lines = list(dict.fromkeys(lines))
     return lines[:_EVIDENCE_LINES] + ([f"... ({len(lines) - _EVIDENCE_LINES} more lines)"]
                                       if len(lines) > _EVIDENCE_LINES else [])
@@ -164,23 +172,20 @@ def _evidence(events: list[Event]) -> list[str]:
 # --- small pieces ------------------------------------------------------------------------------------------
 
 def _line(e: Event, ctx: Context) -> str:
-    return f"{_clock(e.time, ctx)}  {e.message}"
+    return f"{clock(e.time, ctx.tz)}  {sentence(e, ctx)}"
+
+
+def _lasted(events: list[Event], end: float | None, ctx: Context) -> str | None:
+    """How long a condition that ended by itself lasted, from when it began (a stall: its last progress)."""
+    fault = next((e for e in events if e.kind not in FOLLOW_UP_KINDS), None)
+    if fault is None or end is None:
+        return None
+    return span(stall_start(fault) or fault.time, end, ctx.tz)
 
 
 def _sentence(text: str) -> str:
     text = text.strip()  # not capitalised: it may begin with an engine's name
     return text + ("" if text.endswith((".", "!", "?")) else ".")
-
-
-def _when(stamp: float, ctx: Context) -> str:
-    local = datetime.fromtimestamp(stamp, ctx.tz) if ctx.tz else datetime.fromtimestamp(stamp).astimezone()
-    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()} ({datetime.fromtimestamp(stamp, UTC):%H:%M:%S} UTC)"
-
-
-def _clock(stamp: float | None, ctx: Context) -> str:
-    if not stamp:
-        return "?"
-    return f"{datetime.fromtimestamp(stamp, ctx.tz) if ctx.tz else datetime.fromtimestamp(stamp):%H:%M:%S}"
 
 
 def _render(blocks: list, markdown: bool) -> str:

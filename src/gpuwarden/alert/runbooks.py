@@ -37,18 +37,23 @@ RUNBOOKS: dict[str, str] = {
         "engine again. If the GPU faults after a stall, lower min_stall so that the kill comes sooner."),
     "crash_loop": (
         "The engine keeps dying. A power cut during its first compile leaves zero-byte files in the torch, "
-        "inductor or triton caches: look for them (find ~/.cache -size 0 -type f), move the cache aside (do not "
-        "delete it) and let the engine recompile: `gpuwarden quarantine` does that for the configured caches."),
+        "inductor or triton caches, and the engine dies on them: `gpuwarden quarantine` finds them in the "
+        "configured caches and moves each such cache aside (renamed, never deleted); the engine recompiles at its "
+        "next start. No zero-byte file: its own log says why it dies."),
     "cache_poisoned": (
         "Zero-byte files in a compile cache are the mark of a write cut by a power loss; the engine dies on them. "
-        "The cache was renamed to <dir>.BROKEN-<time>-<reason>, not deleted: restart the engine so it recompiles "
-        "(the first start takes longer), then delete the BROKEN folder once it runs."),
-    "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
-                     "may not kill (the event says which and why). Look at it by hand now."),
+        "The cache was renamed (its new name ends in .BROKEN-, with the time and the reason), not deleted: restart "
+        "the engine so it recompiles (the first start takes longer), then delete the BROKEN folder once it runs."),
+    "kill_refused": ("gpuwarden did not kill the engine (the page says why): look at it by hand now, and kill or "
+                     "restart it yourself if it is stuck."),
+    "not_answering": (
+        "The engine does not answer where gpuwarden reads it. Is it running? A unit or container that is stopped "
+        "or failed: start it and read its own log for why it stopped. Running: is metrics_url's port the one it "
+        "listens on (`ss -ltnp`)? `gpuwarden check` reads the configuration."),
     "restart_failed": (
         "The engine did not come back after it was started again: no real completion within restart_timeout. "
-        "Read its own log for why it does not load (`journalctl -u <unit>`, `docker logs <container>`), and "
-        "check its GPU (`gpuwarden doctor`) before starting it by hand; gpuwarden will not restart it again."),
+        "Read its own log for why it does not load, and check its GPU (`gpuwarden doctor`) before starting it by "
+        "hand; gpuwarden will not restart it again."),
     "gpus_missing": (
         "A GPU is still missing after the reboot. Shut down, switch the PSU off for 30-60 s, power on (a warm "
         "reboot does not always bring a card back). Still missing: reseat the card, check its power cables and "
@@ -78,7 +83,7 @@ register_runbooks(RUNBOOKS)  # config checks runbook names against these (regist
 
 # The order in which runbooks apply when several do: the worst state of the hardware first.
 _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "xid", "reset", "restart_failed",
-          "kill_refused", "crash_loop", "cache_poisoned", "gpu_fault", "stall"]
+          "kill_refused", "not_answering", "crash_loop", "cache_poisoned", "gpu_fault", "stall"]
 # Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
 _LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
 # Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back
@@ -105,25 +110,27 @@ def ordered(keys: list[str]) -> list[str]:
     return sorted(keys, key=lambda k: _ORDER.index(k) if k in _ORDER else len(_ORDER))
 
 
-def engine_step(decision: dict, gpu_gone: bool) -> str | None:
-    """What the person must do about one engine, after what gpuwarden decided about it (None: nothing)."""
+def engine_step(decision: dict, gpu_gone: bool, restart: str | None = None) -> str | None:
+    """What the person must do about one engine, after what gpuwarden decided about it (None: nothing);
+    `restart`: the command that starts it again, where the daemon knows it (context.Runs)."""
     engine, reason, action = decision.get("engine") or "the engine", decision.get("reason") or "", \
         decision.get("action")
+    how = f": {restart}" if restart else ""
     if gpu_gone and action in ("kill", "restart", "alert_only"):
         return None  # nothing runs on that GPU before the reboot; the reboot step says what follows
     if decision.get("dry_run") and action in ("kill", "restart"):
-        return f"Restart {engine} yourself if it is stuck: this is a dry run, gpuwarden killed nothing."
+        return f"Restart {engine} yourself if it is stuck{how}. This is a dry run: gpuwarden killed nothing."
     if action == "kill":
-        return (f"Check that {engine} runs again, and start it if not: gpuwarden killed it and does not start it, "
-                "and a systemd unit with Restart=on-failure stays down after SIGTERM (`systemctl restart <its unit>`, "
-                "`docker restart <its container>`).")
+        unit = " (a systemd unit with Restart=on-failure stays down after SIGTERM)" if "systemctl" in how else ""
+        return (f"Check that {engine} runs again, and start it if not{how}. gpuwarden killed it and does not "
+                f"start it{unit}.")
     if action == "restart":
         return (f"Nothing to do for {engine} yet: gpuwarden is restarting it and follows up on this incident when "
                 "a real completion succeeds, or pages again if it does not come back.")
     if action == "alert_only":
-        return f"Restart {engine} now: gpuwarden left it running ({reason})."
+        return f"Restart {engine} now{how}. gpuwarden left it running ({reason})."
     if action == "refuse" and decision.get("by_hand"):
-        return f"Look at {engine} by hand now: gpuwarden did not kill it because {reason}."
+        return f"Look at {engine} by hand now, and restart it yourself if it is stuck{how}: gpuwarden did not kill it."
     if action == "suspect":
         return f"Watch {engine}: gpuwarden is checking it closely ({reason}) and kills it only on proof."
     return None

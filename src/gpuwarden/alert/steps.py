@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from gpuwarden.alert import runbooks
 from gpuwarden.alert.context import Context, first, is_lost
+from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
+from gpuwarden.alert.words import plural
 from gpuwarden.model import Event
 
 
@@ -13,8 +15,8 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
     """What to do, in the order it applies: the hardware's worst state first, then each engine, then the rest."""
     events = out.events
     if out.ends:
-        return ["Nothing to do now." + (" Check that the engines came back: `gpuwarden status`."
-                                        if first(events, "gpus_back") else "")]
+        return ["Nothing to do now." + (" gpuwarden watches the engines as they start: one that does not answer "
+                                        "is paged (engine not answering)." if first(events, "gpus_back") else "")]
     gone = any(is_lost(e) for e in [*out.earlier, *events]) and not first(events, "gpus_back")
     keys = runbooks.ordered([k for e in events for k in _keys(e)])
     refused = {e.engine for e in events if e.kind == "kill_refused"}  # the decision was kill; the kill was not
@@ -28,7 +30,7 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
         for d in e.evidence.get("decision") or ():
             if d.get("engine") in refused and d.get("action") in ("kill", "restart"):
                 d = {**d, "action": "refuse", "by_hand": True, "reason": "the kill was refused (see above)"}
-            steps.append(runbooks.engine_step(d, gone) or "")
+            steps.append(runbooks.engine_step(d, gone, ctx.runs_of(d.get("engine")).restart()) or "")
             if d.get("action") == "refuse" and d.get("by_hand"):
                 keys = [k for k in keys if k != "kill_refused"]  # said for this engine, by name
             if d.get("action") == "refuse" and not d.get("by_hand") and (p := e.evidence.get("process")):
@@ -38,12 +40,38 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                              "hangs next, the engines on it go with it: a reset or a device lost follows.")
                 keys = [k for k in keys if k != "gpu_fault"]  # about the engine's own requests: not this case
             if d.get("action") == "quarantine" and d.get("dry_run"):
-                steps.append("gpuwarden moved nothing ([cache] dry_run, or on_crash_loop = \"alert\"): look for "
-                             "the zero-byte files yourself, as the next step says.")
+                steps.append(f"gpuwarden moved no cache: {ctx.cache_dry_run or 'a dry run'}.")
+    for e in events:
+        if e.kind == "engine_killed" and (left := e.evidence.get("survivors")):
+            pids = ", ".join(map(str, left))
+            steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL (pid {pids}): "
+                         "stuck in the kernel, most likely in the GPU driver, holding its GPU memory. Look where: "
+                         f"`cat /proc/{left[0]}/wchan`. Only a reboot ends it: drain the box and reboot.")
+    for e in events:  # a refusal whose decision was paged before (a follow-up): said for its engine, by name
+        if e.kind == "kill_refused" and "kill_refused" in keys:
+            how = ctx.runs_of(e.engine).restart()
+            steps.append(runbooks.engine_step({"action": "refuse", "by_hand": True, "engine": e.engine}, gone, how))
+            keys = [k for k in keys if k != "kill_refused"]
     if "cache_poisoned" in keys:
         keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
-    steps += [runbooks.RUNBOOKS[k] for k in keys if k not in runbooks.HARDWARE]
+    for k in keys:
+        if k not in runbooks.HARDWARE:
+            steps.append(runbooks.RUNBOOKS[k] + _its_log(k, events, ctx))
     return list(dict.fromkeys(s for s in steps if s))
+
+
+def _its_log(key: str, events: list[Event], ctx: Context) -> str:
+    """For a runbook that sends the reader to an engine's own log: the command that shows it, from when the
+    trouble began, where the daemon knows how the engine runs."""
+    if key not in ("stall", "restart_failed", "crash_loop", "not_answering"):
+        return ""
+    said = []
+    for e in events:
+        if e.engine and runbooks.key_for(e.kind, e.evidence.get("runbook")) == key:
+            since = stall_start(e) if e.kind == "engine_stall" else None
+            if command := ctx.runs_of(e.engine).logs(since):
+                said.append(f"{e.engine}'s log: {command}")
+    return " " + "; ".join(dict.fromkeys(said)) + "." if said else ""
 
 
 def _keys(e: Event) -> list[str]:

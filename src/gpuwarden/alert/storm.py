@@ -43,6 +43,7 @@ class Outgoing:
     earlier: list[Event] = field(default_factory=list)  # what this incident's earlier messages reported
     quiet: int = 0  # events of the incident since its last message that were not news
     about: Event | None = None  # of a resolution: the event whose alert it ends
+    at: float | None = None  # of a resolution: when the condition ended
 
     @property
     def follow_up(self) -> bool:
@@ -146,7 +147,7 @@ class StormControl:
             key.suppressed += count
             key.since = key.since or now
 
-    def resolve(self, dedupe_key: str, message: str) -> Outgoing | None:
+    def resolve(self, dedupe_key: str, message: str, now: float | None = None) -> Outgoing | None:
         key = self._keys.get(dedupe_key)
         if not key or not key.open:
             return None
@@ -156,8 +157,8 @@ class StormControl:
             if state is None or not state.sent or _acted(state.sent):
                 return None
             return Outgoing(key.subject, resolved=message, severity=state.severity, incident=key.incident,
-                            earlier=list(state.sent))
-        return Outgoing(key.subject, resolved=message, severity=key.severity, about=key.event)
+                            earlier=list(state.sent), at=now)
+        return Outgoing(key.subject, resolved=message, severity=key.severity, about=key.event, at=now)
 
     def due(self, now: float) -> list[Outgoing]:
         """Messages whose time has come: closed groups, then follow-ups for storms whose cooldown ended."""

@@ -7,7 +7,9 @@ import re
 
 from gpuwarden.alert.context import Context, first, first_fault, is_lost
 from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
+from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
+from gpuwarden.alert.words import duration, plural
 from gpuwarden.model import Event
 
 _UNSAFE = re.compile(r"[^\w.:/@+=-]")
@@ -17,14 +19,15 @@ _WORDS = {  # what broke, in words, after the GPU's or the engine's name
     "gpu_missing": "missing", "gpu_unresponsive": "not answering", "gpu_wedged": "wedged", "smu_error": "SMU error",
     "ras_error": "uncorrectable memory error", "pcie_aer": "PCIe error", "gsp_error": "firmware (GSP) error",
     "engine_stall": "stalled", "engine_unresponsive": "not answering", "engine_exited": "exited",
-    "engine_crash_loop": "in a crash loop", "engine_suspect": "suspect",
+    "engine_crash_loop": "in a crash loop", "engine_suspect": "suspect", "engine_not_answering": "not answering",
 }
 
 
 def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> str:
     """What broke and what gpuwarden did, in one line."""
     fault = first_fault([*earlier, *events])  # none: an outcome alone (its fault was told apart, or by no one)
-    cause = _cause(fault, ctx) if fault else str(events[0].evidence.get("reason") or events[0].message)
+    cause = _cause(fault, ctx) if fault else str(events[0].evidence.get("reason") or events[0].message).replace(
+        "_", " ")  # an outcome's reason is a word of the code's (crash_loop)
     if e := first(events, "gpus_back", "gpus_changed"):
         return e.message
     if lost := next((e for e in events if is_lost(e) and e.live), None):
@@ -43,7 +46,7 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         names = ", ".join(dict.fromkeys(str(e.engine) for e in killed))
         verb = "would be killed (dry run)" if all(e.evidence.get("dry_run") for e in killed) else "killed"
         if survivors := sum(len(e.evidence.get("survivors") or ()) for e in killed):
-            verb += f", {survivors} process(es) survived SIGKILL"
+            verb += f", {plural(survivors, 'process')} survived SIGKILL"
         return f"engine{'s' if len(killed) > 1 else ''} {names} {verb} — {_own(cause, killed[0])}"
     if e := first(events, "kill_refused"):
         return f"engine {e.engine} NOT killed, act by hand — {_own(cause, e)}"
@@ -57,24 +60,29 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         names = ", ".join(dict.fromkeys(str(d.get("engine")) for d in acting))
         verb = "killing and restarting" if any(d["action"] == "restart" for d in acting) else "killing"
         return f"{'dry run, would be ' if all(d.get('dry_run') for d in acting) else ''}{verb} engine {names} — " \
-               f"{cause}"
+               f"{cause.removeprefix(f'engine {names} ')}"
     if quarantine := [d for d in decisions if d.get("action") == "quarantine"]:
-        return f"{cause} — " + ("compile caches not moved (dry run)" if all(d.get("dry_run") for d in quarantine)
-                                else "moving compile caches aside")
+        return f"{cause} — " + (f"compile caches not moved ({ctx.cache_dry_run or 'dry run'})"
+                                if all(d.get("dry_run") for d in quarantine) else "moving compile caches aside")
     if any(d.get("action") in ("refuse", "alert_only") for d in decisions):
         return f"{cause} — not acted on"
     return cause
 
 
-def ended(earlier: list[Event], ctx: Context) -> str:
-    """The title of an incident's condition that ended by itself: what it was."""
-    return f"resolved: {_cause(first_fault(earlier) or earlier[0], ctx)}"
+def ended(earlier: list[Event], ctx: Context, end: float | None = None) -> str:
+    """The title of an incident's condition that ended by itself (at `end`): what it was."""
+    return f"resolved: {_cause(first_fault(earlier) or earlier[0], ctx, end)}"
 
 
-def _cause(e: Event, ctx: Context) -> str:
+def _cause(e: Event, ctx: Context, end: float | None = None) -> str:
+    """`end`: when a stall ended (its length then runs to there, not to when it was judged a stall)."""
     if e.kind == "engine_stall" and (figures := e.evidence.get("figures")):
-        return (f"engine {e.engine} stalled {figures.get('stalled_seconds', 0):.0f} s with "
-                f"{figures.get('running') or 0:.0f} request(s) running")
+        start = stall_start(e) or e.time
+        return (f"engine {e.engine} stalled {duration((end or e.time) - start)} with "
+                f"{plural(figures.get('running') or 0, 'request')} running")
+    if e.kind == "engine_not_answering" and isinstance(silent := (e.evidence.get("figures") or {}).get(
+            "silent_seconds"), int | float):
+        return f"engine {e.engine} not answering for {duration(silent)}"
     if e.kind.startswith("engine_") and e.kind in _WORDS:
         return f"engine {e.engine} {_WORDS[e.kind]}"
     if e.kind == "xid":
@@ -97,7 +105,7 @@ def _own(cause: str, e: Event) -> str:
 def _back(e: Event) -> str:
     seconds = e.evidence.get("seconds_since_kill")
     if isinstance(seconds, int | float):
-        return f"first completion {seconds:.0f} s after the kill"
+        return f"first completion {duration(seconds)} after the kill"
     return e.message.removeprefix(f"{e.engine} back: ")
 
 

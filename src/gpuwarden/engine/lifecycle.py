@@ -355,6 +355,11 @@ class Lifecycle:
         return self._unresponsive
 
     @property
+    def awaits_start(self) -> bool:
+        """A start is being timed (a restart of ours, or its supervisor's): not back by then is restart_failed."""
+        return self._deadline is not None
+
+    @property
     def in_grace(self) -> bool:
         """Down or starting: no figure of the dead instance counts, and none of the new one yet."""
         return self.phase in ("down", "starting")

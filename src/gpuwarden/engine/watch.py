@@ -23,6 +23,7 @@ from gpuwarden import conditions, families
 from gpuwarden.config import EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine import targets
+from gpuwarden.engine.answering import Answering, Said, where
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.finder import Discovery
 from gpuwarden.engine.logs import LogRefused
@@ -66,6 +67,7 @@ class EngineState:
     pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
     log_refused: str | None = None  # why its log file was last refused (said once)
     lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
+    answering: Answering | None = None  # whether it answers at all (engine_not_answering)
 
     @property
     def name(self) -> str:
@@ -105,7 +107,8 @@ def new_state(config: EngineConfig) -> EngineState:
     tracker = Tracker()
     configured = user_id(config.target.user) if config.target.user else None
     return EngineState(config, source_of(config, lambda: configured if configured is not None else tracker.uid),
-                       lifecycle_of(config), tracker=tracker, gpus=frozenset(config.gpus) if config.gpus else None)
+                       lifecycle_of(config), tracker=tracker, gpus=frozenset(config.gpus) if config.gpus else None,
+                       answering=Answering(config.restart_timeout, None))
 
 
 class EngineWatch:
@@ -262,6 +265,7 @@ class EngineWatch:
         (sample, error, answered), looked = await asyncio.gather(self._scrape(state), self.inspect(state))
         look = lc.Look(answered, sample, state.instance if looked else None, is_spinning(state.cpus))
         changes = state.lifecycle.observe(look)
+        self._answering(state, sample is not None, answered, error)
         self._export(state, sample)
         # the hub's situation for the events that follow: this engine's view only (all of them from each
         # engine's poll would cost engines² per interval)
@@ -285,6 +289,17 @@ class EngineWatch:
             return None, error, answered
         answered, state.log_refused = time.monotonic(), None
         return sample, "", answered
+
+    def _answering(self, state: EngineState, answered: bool, now: float, error: str) -> None:
+        """A configured engine silent past its bound: one page per silence, its end said when it answers."""
+        life = state.lifecycle
+        if state.answering is None or state.lookalike:
+            return
+        said = state.answering.observe(answered, now, life.awaits_start or life.phase == "failed")
+        if said is Said.ANSWERS:
+            self.sink.resolve(conditions.down(state.name), f"{state.name} answers {_ENDPOINT[state.config.source]}")
+        elif said is Said.NOT_ANSWERING:
+            self._record(self._not_answering_event(state, error, state.answering.silent_for(now)))
 
     async def _carry_out(self, state: EngineState, changes: list[lc.Transition], error: str) -> None:
         """Each transition its lifecycle returned: an event, a resolution, a gauge, a log line, or a canary
@@ -491,6 +506,18 @@ class EngineWatch:
         return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
                      engine=state.name, gpu=state.gpu,
                      evidence={"error": error, "figures": figures, "requests_running": running or 0})
+
+    def _not_answering_event(self, state: EngineState, error: str, silent: float) -> Event:
+        cfg, answering = state.config, state.answering
+        address = where(cfg.metrics_url) if cfg.source == "metrics" else where(cfg.url or cfg.metrics_url) \
+            if cfg.source == "slots" else "its log"
+        processes = f"{len(state.procs)} process(es) of it live" if state.procs else "no process of it was found"
+        message = (f"{state.name} has not answered at {address} for {silent:.0f} s, since {answering.began} "
+                   f"(last error: {error or 'none'}); {processes}")
+        return Event("engine_not_answering", Severity.CRITICAL, message, time.time(), engine=state.name,
+                     gpu=state.gpu, evidence={"error": error, "where": address, "since": answering.began,
+                                              "figures": {"silent_seconds": round(silent, 1),
+                                                          "processes": len(state.procs)}})
 
     def _back_event(self, state: EngineState, back: lc.Back) -> Event:
         name, result = state.name, back.canary
