@@ -414,6 +414,8 @@ class EngineWatch:
         state.gpus, state.pasids, state.seen_at = seen.gpus, seen.pasids, time.monotonic()
         if state.cpus:
             self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
+        elif not state.procs:  # none of its processes lives: not the dead instance's last figure
+            self.sink.metric(families.ENGINE_CPU, 0, state.name)
         return True
 
     def _export(self, state: EngineState, sample: EngineSample | None) -> None:
