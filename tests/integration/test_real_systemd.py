@@ -167,6 +167,23 @@ def test_metrics_answer(box):
     assert 'gpuwarden_source_up{source="kernel"} 1.0' in http_get(f"http://127.0.0.1:{box.port}/metrics")
 
 
+def test_the_daemon_runs_at_the_watchdog_s_priority(box):
+    """Issue 36: scheduling, I/O and OOM priority as the kernel applies them to the running daemon (the unit's
+    settings: test_install_config.py)."""
+    pid = box.show("gpuwarden", "MainPID")["MainPID"]
+    assert box.run(f"cat /proc/{pid}/oom_score_adj").stdout.strip() == "-900"
+    assert box.run(f"ps -o ni= -p {pid}").stdout.strip() == "-10"
+    assert box.run(f"ionice -p {pid}").stdout.strip() == "best-effort: prio 0"
+    shown = box.show("gpuwarden", "CPUWeight", "IOWeight", "MemoryLow")
+    assert shown == {"CPUWeight": "1000", "IOWeight": "1000", "MemoryLow": str(64 << 20)}, shown
+    # the weight reaches the kernel: cpu.weight (cgroup v2) or the cpu.shares systemd maps it to (v1: 1000 -> 10240)
+    cgroup = box.run(f"cat /proc/{pid}/cgroup").stdout
+    path = next(line.split(":", 2)[2] for line in cgroup.splitlines() if line.split(":")[1] in ("", "cpu,cpuacct"))
+    weight = box.run(f"cat /sys/fs/cgroup{path}/cpu.weight 2>/dev/null || "
+                     f"cat /sys/fs/cgroup/cpu,cpuacct{path}/cpu.shares", check=False).stdout.strip()
+    assert weight in ("1000", "10240"), (cgroup, weight)
+
+
 def test_state_is_private_and_a_first_start_claims_no_backlog(box):
     modes = box.run("stat -c '%n %a' /var/lib/gpuwarden /var/lib/gpuwarden/gpuwarden.db*").stdout.split("\n")
     modes = dict(line.split() for line in modes if line)
