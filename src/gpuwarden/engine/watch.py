@@ -166,9 +166,13 @@ class EngineWatch:
         for change in state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
             self._record(self._exit_event(state, change))  # on the hub's turn: said now, awaiting nothing
 
-    def restart_failed(self, name: str) -> None:
-        if state := self.engines.get(name):
-            state.lifecycle.restart_failed()
+    def restart_failed(self, name: str) -> bool:
+        """Asking its supervisor failed for good; False when its lifecycle had said the restart failed already
+        (its own deadline, seen at a look just before): said once."""
+        if (state := self.engines.get(name)) is None or state.lifecycle.phase == "failed":
+            return False
+        state.lifecycle.restart_failed()
+        return True
 
     def resume(self, state: conditions.State, now: float, kills: Iterable[tuple[str, float]] = ()) -> None:
         """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
