@@ -68,6 +68,7 @@ CATALOG: dict[str, Kind] = {
     # gpuwarden itself
     "guard_lost": Kind(None),
     "watchdog_error": Kind("daemon"),
+    "clock_step": Kind(None),  # the wall clock stepped (health.py): times before and after it do not compare
     "store_unwritable": Kind("store"),
     # the confirmation after a reboot that followed a lost GPU (recovery.py)
     "gpus_back": Kind(None),
