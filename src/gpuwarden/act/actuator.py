@@ -172,7 +172,8 @@ class Actuator:
                 log.warning("%s: not started again: %s", name, exc)
                 return
             self.sink.record([Event("engine_restart_failed", Severity.CRITICAL, f"{name} could not be started "
-                                    f"again: {exc}; gpuwarden will not restart it again", time.time(), engine=name,
+                                    f"again within restart_timeout ({cfg.restart_timeout:.0f} s after the kill): "
+                                    f"{exc}; gpuwarden will not restart it again", time.time(), engine=name,
                                     gpu=target.gpu, evidence={**evidence, "error": str(exc), "started": False,
                                                               "by_gpuwarden": True, "runbook": "restart_not_started"})])
 

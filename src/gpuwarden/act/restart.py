@@ -31,6 +31,7 @@ DEADLINE = 30.0  # one ask: systemctl --no-block returns once the job is queued;
 SEEN_DEAD = 15.0  # how long the supervisor may take to see its main process gone
 JOB_SEEN = 10.0  # how long a queued systemd start job may take to run its main process, or fail
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0)  # seconds between asks, then the last one again until the deadline
+MIN_ASK = 0.5  # an ask needs this much of the deadline left (the last pause ends at the deadline itself)
 _STARTS = OffLoop("engine start", limit=8)
 
 
@@ -54,12 +55,12 @@ async def start(name: str, target: EngineTarget, dead: frozenset[int], until: fl
                 retrying: Callable[[str], None] | None = None) -> str:
     """Ask its supervisor to start it, once it no longer names one of the `dead` (killed) processes as its
     main one; an ask that fails is made again with backoff until `until` (monotonic). `retrying(error)` is
-    called once, at the first failure that leaves time to ask again. What happened, for people; or
-    RestartError once the time is spent, saying what was tried."""
+    called once, at the first failure. What happened, for people; or RestartError once the time is spent,
+    saying what was tried."""
     asks, first_ask, last = 0, time.monotonic(), ""
     for pause in itertools.chain(BACKOFF, itertools.repeat(BACKOFF[-1])):
         left = until - time.monotonic()
-        if left <= 0:
+        if left < MIN_ASK:
             break
         asks += 1
         try:
@@ -70,14 +71,11 @@ async def start(name: str, target: EngineTarget, dead: frozenset[int], until: fl
             last = str(exc)
         else:
             return done if asks == 1 else f"{done} (ask {asks}, {time.monotonic() - first_ask:.0f} s after the first)"
-        if until - time.monotonic() <= pause:
-            break  # no time for another ask after the pause: said now, not after a wait for nothing
         if retrying and asks == 1:
             retrying(last)
-        await asyncio.sleep(pause)
-    spent = time.monotonic() - first_ask
-    raise RestartError(f"its {supervisor(target)} was asked {asks} time(s) over {spent:.0f} s "
-                       f"(`{command(target)}`) and did not start it; the last answer: {last}")
+        await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
+    raise RestartError(f"its {supervisor(target)} was asked {asks} time(s) (`{command(target)}`) and did not start "
+                       f"it; the last answer: {last}")
 
 
 def _start(target: EngineTarget, dead: frozenset[int]) -> str:
@@ -110,22 +108,23 @@ _PROPS = ("MainPID", "ActiveState", "Result", "ExecMainStartTimestampMonotonic",
 
 
 def _unit_state(unit: str) -> dict:
-    """The unit's properties that say whether a start ran (numbers as ints); empty when systemctl did not
-    answer."""
+    """The unit's properties that say whether a start ran (numbers as ints); RestartError when systemd does not
+    answer (no bus, a hung manager), with what systemctl said."""
     try:
-        out = subprocess.run(["systemctl", "show", *(f"--property={p}" for p in _PROPS), "--", unit],
-                             capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        done = subprocess.run(["systemctl", "show", *(f"--property={p}" for p in _PROPS), "--", unit],
+                              capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RestartError(f"systemctl show {unit}: {exc}") from None
+    if done.returncode:
+        raise RestartError(f"systemctl show {unit}: {' '.join((done.stderr or done.stdout).split())[:300]}")
+    state = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return {k: int(v) if v.isdigit() else v for k, v in state.items()}
 
 
 def _start_unit(unit: str, dead: frozenset[int]) -> str:
     """`systemctl --no-block start`, then the job's outcome: its main process started (the lifecycle judges the
     rest), or the job failed before it (a failing ExecStartPre=, a dependency): a refusal, asked again."""
-    if not (before := _unit_state(unit)):
-        raise RestartError(f"systemctl show {unit}: no answer within 5 s")
+    before = _unit_state(unit)
     # --no-block: the start job is queued and systemctl returns; a unit of Type=notify that loads a model for
     # minutes must not hold a thread for them (the lifecycle waits for it to serve)
     try:
@@ -134,17 +133,15 @@ def _start_unit(unit: str, dead: frozenset[int]) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RestartError(f"systemctl start {unit}: {exc}") from None
     if done.returncode:
-        raise RestartError(f"systemctl start {unit}: {(done.stderr or done.stdout).strip()[:300]}")
+        raise RestartError(f"systemctl start {unit}: {' '.join((done.stderr or done.stdout).split())[:300]}")
     deadline = time.monotonic() + JOB_SEEN
     while True:
         now = _unit_state(unit)
         main = now.get("MainPID", 0)
-        if not now:
-            pass  # no answer this time: looked at again until the deadline
-        elif now.get("ExecMainStartTimestampMonotonic") != before.get("ExecMainStartTimestampMonotonic") or \
+        if now.get("ExecMainStartTimestampMonotonic") != before.get("ExecMainStartTimestampMonotonic") or \
                 (now.get("ActiveState") == "active" and main and main not in dead):
             return f"systemd started {unit}" + (f" (main process {main})" if main else "")
-        left = now and now.get("InactiveExitTimestampMonotonic") != before.get("InactiveExitTimestampMonotonic")
+        left = now.get("InactiveExitTimestampMonotonic") != before.get("InactiveExitTimestampMonotonic")
         if left and now.get("ActiveState") in ("failed", "inactive"):
             raise RestartError(f"systemctl start {unit}: its start job failed before its main process ran "
                                f"(Result={now.get('Result') or '?'})")
