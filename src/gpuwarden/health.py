@@ -1,6 +1,6 @@
 """gpuwarden's own health: the event loop's lag, systemd's STATUS line and WATCHDOG pings, components that
 fail, and a store that cannot be written. Its loops are supervised components like the others; what goes wrong
-is reported through the sink as events (watchdog_error, store_unwritable)."""
+is reported through the sink as events (watchdog_error, store_unwritable, clock_step)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,32 @@ from gpuwarden.ticks import next_tick
 log = logging.getLogger("gpuwarden")
 
 LAG_PROBE = 0.5  # a block longer than loop_lag_warn + this is always seen
+CLOCK_STEP = 5.0  # the wall clock moving this much against the boot clock between two looks is a step
+
+
+class WallClock:
+    """Steps of the wall clock (a time sync that steps it, someone setting the date, a dead RTC fixed at boot):
+    its offset from CLOCK_BOOTTIME, which nothing sets and which runs on through a suspend (CLOCK_MONOTONIC
+    stops: a resume would read as a step), moving between two looks. NTP's slewing moves it by milliseconds."""
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 boot: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME)) -> None:
+        self._wall, self._boot = wall, boot
+        self._offset = wall() - boot()
+
+    def step(self) -> Event | None:
+        """A clock_step event when the wall clock stepped since the last look, else None."""
+        now = self._wall()
+        offset = now - self._boot()
+        step, self._offset = offset - self._offset, offset
+        if abs(step) < CLOCK_STEP:
+            return None
+        size = f"{abs(step):.0f} s" + (f" ({abs(step) / 3600:.1f} h)" if abs(step) >= 3600 else "")
+        return Event("clock_step", Severity.WARNING, f"the wall clock stepped {'back' if step < 0 else 'forward'} "
+                     f"{size}: times before and after it do not compare (events, pages and incident folders keep "
+                     "the time the clock said; incident bundles are kept in the order they were written). Check "
+                     "that the clock is synchronised (`timedatectl`)", now,
+                     evidence={"step_seconds": round(step, 3)})
 
 
 class Loop:
@@ -98,6 +124,7 @@ class Health:
         self.supervisor = supervisor  # the watchdog pings only while the supervisor is healthy
         self.store, self.store_health = store, store_health
         self.loop_lag = LoopLag()  # its own object: the metrics hold it, and it holds nothing back
+        self.clock = WallClock()
         metrics.live(families.LOOP_LAG, self.loop_lag)
 
     def configure(self, config: DaemonConfig) -> None:
@@ -137,6 +164,8 @@ class Health:
             except TimeoutError:
                 pass
             self.store_health.changed.clear()
+            if stepped := self.clock.step():
+                self.sink.record([stepped])
             self.notifier.status(self.summary())
             self.metrics.set(families.STORE_PENDING_WRITES, self.store.pending)
             self.metrics.set(families.STORE_DROPPED_WRITES, self.store.dropped)

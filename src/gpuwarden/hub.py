@@ -240,9 +240,11 @@ class Hub:
             if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:
                 self.metrics.set(families.ENGINE_STALLED, 0, key.subject)
             elif key.kind == conditions.Kind.ENGINE_DOWN and change.raised:
-                # a dead engine runs nothing: 0, as the engine watch says while it restarts (not absent: one
-                # would drop the series the other sets, and a query could not tell "none" from "not known")
-                for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING):
+                # a dead engine runs nothing and uses no CPU: 0, as the engine watch says while it restarts (not
+                # absent: one would drop the series the other sets, and a query could not tell "none" from "not
+                # known"); never the dead instance's last figure
+                for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING,
+                               families.ENGINE_CPU):
                     self.metrics.set(family, 0, key.subject)
 
     def _export_conditions(self) -> None:

@@ -65,9 +65,12 @@ CATALOG: dict[str, Kind] = {
     "engine_restarting": Kind(None, action=True, outcome=True, condition="engine"),  # asked its supervisor
     "engine_back": Kind(None, outcome=True, condition="engine"),  # a real completion returned
     "engine_restart_failed": Kind("restart_failed", outcome=True, condition="engine"),
+    # its supervisor did not start it when asked (no answer, a failed start job): asked again until restart_timeout
+    "engine_restart_retrying": Kind("restart_retrying", outcome=True, condition="engine"),
     # gpuwarden itself
     "guard_lost": Kind(None),
     "watchdog_error": Kind("daemon"),
+    "clock_step": Kind(None),  # the wall clock stepped (health.py): times before and after it do not compare
     "store_unwritable": Kind("store"),
     # the confirmation after a reboot that followed a lost GPU (recovery.py)
     "gpus_back": Kind(None),

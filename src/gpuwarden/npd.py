@@ -11,7 +11,8 @@ be read in time, or at all, is unknown rather than a hang or a guess.
   `reset_failed`, `gpu_wedged`, `gpu_missing`, `gpu_unresponsive` or Xid, seen live); it clears at the next boot
   (the condition stays open in the store until gpuwarden sees the GPU back).
 - engine: a problem while an engine is stalled or hung and was not killed cleanly (or could not be), or is
-  down by no doing of gpuwarden's (it exited, crash-looped, a restart failed): what it could not fix by itself.
+  down and not being restarted by gpuwarden (it exited, crash-looped, a restart failed, or it was killed with
+  no restart asked: nobody but its own supervisor, if any, brings it back): what it could not fix by itself.
 - daemon: a problem while gpuwarden does not answer, a component keeps failing, or its store cannot be written.
 """
 
@@ -58,17 +59,22 @@ def judge_gpu(rows: Iterable[Row], boot: float) -> Verdict:
 
 
 def judge_engine(rows: Iterable[Row]) -> Verdict:
-    """Open engine conditions that gpuwarden could not fix by itself: a stall or a hang not (cleanly) killed, an
-    engine down that gpuwarden did not take down itself (it exited, crash-looped, a restart failed). An engine
-    down only by gpuwarden's own kill, or being restarted, is being dealt with."""
+    """Open engine conditions that gpuwarden is not fixing by itself: a stall or a hang not (cleanly) killed, an
+    engine down that gpuwarden is not restarting (it exited, crash-looped, a restart failed, or it was killed
+    and nothing was asked to start it). Only an engine down by gpuwarden's own kill and being restarted (an
+    open engine_restarting condition, which a failed restart ends) is being dealt with."""
+    rows = list(rows)
+    restarting = {r["subject"] for r in rows if r["condition"] == Kind.ENGINE_RESTARTING}
     unfixed = [r for r in rows if r["condition"] in (Kind.ENGINE_STALLED, Kind.ENGINE_UNRESPONSIVE)
-               or (r["condition"] == Kind.ENGINE_DOWN and set(r["causes"]) - {"engine_killed"})]
+               or (r["condition"] == Kind.ENGINE_DOWN and (set(r["causes"]) - {"engine_killed"}
+                                                           or r["subject"] not in restarting))]
     if not unfixed:
         return OK, "no engine problem left unfixed"
     r = max(unfixed, key=lambda r: r["time"])
     others = {u["subject"] for u in unfixed} - {r["subject"]}
     more = f" (+{len(others)} more)" if others else ""
-    return PROBLEM, f"engine {r['subject']}: {r['condition']} at {_clock(r['time'])}, not fixed{more}"
+    how = "not restarted" if r["condition"] == Kind.ENGINE_DOWN else "not fixed"
+    return PROBLEM, f"engine {r['subject']}: {r['condition']} at {_clock(r['time'])}, {how}{more}"
 
 
 def _cause(row: Row) -> str:

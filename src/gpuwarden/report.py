@@ -38,6 +38,10 @@ SETTLE = 2.0  # the first write waits this long, so the lines that follow the tr
 WINDOW = 60.0  # the incident stays open this long: critical events join it, and it is written again at the end
 KERNEL_LINES = 2000  # the daemon keeps this many recent kernel lines for the bundles
 PICTURE, BUNDLE, FAILED = "timeline.svg", "incident.json", "render-error.txt"
+# In each bundle: its place in the order bundles were written, and the wall-clock time then. Pruning and the
+# listing go by it: a folder's name is its trigger's wall-clock time, which a clock stepped back a day puts
+# before every bundle written the day before (each new bundle then deleted the one before it).
+ORDER = "order.json"
 _TELEMETRY = ("power_watts", "sclk_hz", "busy_ratio", "state")
 KEEP = 100  # bundles kept ([daemon] incidents_keep): one a minute, forever, would fill the state disk
 _NAMED = re.compile(r"\d{8}-\d{6}-[a-z_]{1,64}(?:-\d{1,9})?")  # what folder_name and _unique make
@@ -190,6 +194,9 @@ class Incidents:
             content["telemetry"] = content["telemetry"]()
         new = not path.exists()
         path.mkdir(exist_ok=True)
+        if new:
+            last = max((_written(p)[0] for p in path.parent.iterdir() if p != path), default=0)
+            _atomic(path / ORDER, json.dumps({"sequence": max(last, 0) + 1, "written": time.time()}).encode())
         (path / FAILED).unlink(missing_ok=True)
         _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
         log.info("incident report written: %s", path)
@@ -206,14 +213,16 @@ class Incidents:
 
 
 def prune(folder: Path, keep: int, spare: Path | None = None) -> list[str]:
-    """Delete the oldest bundles beyond the newest `keep` (names start with their time, so they sort by it).
-    Only real folders named like a bundle count; a link, a file or another name is left as it is, and
-    rmtree removes a link inside a bundle without following it. `spare` (the bundle being written) stays."""
+    """Delete the oldest bundles beyond the newest `keep`, in the order they were written (ORDER; those of an
+    older gpuwarden, which have none, come first, by name). Only real folders named like a bundle count; a
+    link, a file or another name is left as it is, and rmtree removes a link inside a bundle without following
+    it. `spare` (the bundle being written) stays."""
     bundles = []
     for entry in os.scandir(folder):
         if _NAMED.fullmatch(entry.name) and stat.S_ISDIR(entry.stat(follow_symlinks=False).st_mode):
             bundles.append(entry.name)
-    old = [n for n in sorted(bundles, reverse=True)[keep:] if spare is None or n != spare.name]
+    newest = sorted(bundles, key=lambda name: _written(folder / name), reverse=True)
+    old = [n for n in newest[keep:] if spare is None or n != spare.name]
     import shutil  # here: shutil loads bz2 and lzma, 1.5 ms of every start for a prune that comes with incidents
 
     for name in old:
@@ -221,6 +230,14 @@ def prune(folder: Path, keep: int, spare: Path | None = None) -> list[str]:
     if old:
         log.info("deleted %d old incident report(s) in %s, keeping the newest %d", len(old), folder, keep)
     return old
+
+
+def _written(path: Path) -> tuple[int, str]:
+    """A bundle's place in the order bundles were written; -1 (then its name) for one written before ORDER."""
+    try:
+        return int(json.loads((path / ORDER).read_text())["sequence"]), path.name
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1, path.name
 
 
 def _unique(path: Path, taken: Iterable[str] = ()) -> Path:
@@ -257,9 +274,10 @@ def picture(path: Path) -> Path | bool | None:
 
 
 def listing(folder: Path) -> list[dict[str, Any]]:
-    """Every incident under `folder`, oldest first; an unreadable bundle is listed as such, not skipped."""
+    """Every incident under `folder`, oldest first (as written: a wall-clock step does not reorder them); an
+    unreadable bundle is listed as such, not skipped."""
     rows = []
-    for path in sorted(p for p in folder.glob("*") if p.is_dir()):
+    for path in sorted((p for p in folder.glob("*") if p.is_dir()), key=_written):
         try:
             content = json.loads((path / BUNDLE).read_text())
             trigger = content["trigger"]

@@ -4,6 +4,11 @@
 writer thread and never waits on the disk; what is not written yet (a database locked by another process, a
 full disk) stays in memory, in order, and is retried until it is written. WAL with synchronous=NORMAL survives
 a crash of the daemon; on a power cut the last commits may roll back.
+
+What is still not written at a stop (the state disk full, the database locked) goes to the spool, a file
+beside the database whose space is reserved at start (`posix_fallocate`): writing into reserved blocks needs
+no free space, so the events of an outage that filled the disk outlive the stop and a reboot. The next start
+queues them first (events, conditions, incidents, alert marks) and empties the spool once they are stored.
 """
 
 from __future__ import annotations
@@ -403,6 +408,65 @@ def _truncated(path: Path) -> str | None:
 
 _BATCH = 500  # writes per transaction
 _RETRY_MAX = 30.0  # seconds between attempts while the store cannot be written
+SPOOL_BYTES = 1 << 20  # reserved for what a stop could not store: a few hundred events with their evidence
+
+
+class Spool:
+    """The reserved file of writes a stop could not store: JSON lines, ended by a NUL, written in place into
+    its reserved space (a full disk has no block to give a new file, nor to a file that grows)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reserved = False
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            self._fd = -1
+            log.warning("%s: no spool for writes a stop cannot store: %s", path, exc.strerror or exc)
+            return
+        try:
+            if os.fstat(self._fd).st_size < SPOOL_BYTES:
+                os.posix_fallocate(self._fd, 0, SPOOL_BYTES)
+            self.reserved = True
+        except OSError as exc:  # a disk full at start: what a stop cannot store then is lost, as before (said)
+            log.warning("%s: cannot reserve %d bytes for the spool (%s): writes a stop cannot store would be "
+                        "lost", path, SPOOL_BYTES, exc.strerror or exc)
+
+    def read(self) -> list[dict]:
+        if self._fd < 0:
+            return []
+        data = os.pread(self._fd, max(os.fstat(self._fd).st_size, 0), 0).split(b"\0", 1)[0]
+        records = []
+        for line in data.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                log.error("%s: an unreadable spooled record (%d bytes) skipped", self.path, len(line))
+        return records
+
+    def write(self, records: list[dict]) -> int:
+        """Write `records` (the newest that fit when not all do), replacing what was there; how many were
+        left out."""
+        if self._fd < 0 or not self.reserved:
+            return len(records)
+        lines = [json.dumps(r, default=str).encode() + b"\n" for r in records]
+        size, kept = 1, 0  # the final NUL
+        while kept < len(lines) and size + len(lines[-1 - kept]) <= SPOOL_BYTES:
+            size += len(lines[-1 - kept])
+            kept += 1
+        os.pwrite(self._fd, b"".join(lines[len(lines) - kept:]) + b"\0", 0)
+        os.fsync(self._fd)
+        return len(lines) - kept
+
+    def clear(self) -> None:
+        if self._fd >= 0:
+            os.pwrite(self._fd, b"\0", 0)
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class QueuedStore:
@@ -431,8 +495,80 @@ class QueuedStore:
         self._cond = threading.Condition()
         self._closing = False
         self.error: str | None = None
+        self._spool = Spool(path.with_name(path.name.removesuffix(".db") + ".spool"))
+        self._unspool()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
+
+    # --- the spool: what the last stop could not store, first ------------------------------------
+
+    def _unspool(self) -> None:
+        """Store what the last stop spooled, before anything reads the store (its open conditions, the kernel
+        source's cursor): events with ids of this process (one already stored, by a stop killed between its
+        commit and the spool's clearing, is not stored twice), and what refers to them with those ids. A store
+        that still cannot be written gets them queued ahead of everything, and spooled again at this stop."""
+        records = self._spool.read()
+        if not records:
+            return
+        new: dict[int, int] = {}
+        ops: list[tuple] = []
+        for r in records:
+            if "event" in r:
+                e = Event(r["kind"], Severity.parse(r["severity"]), r["message"], r["time"], r["gpu"], r["engine"],
+                          r["evidence"], r["count"])
+                if not self._stored(e):
+                    [new[r["event"]]] = self._ids("events", 1)
+                    ops.append(("events", [(new[r["event"]], e)], tuple(r["cursor"]) if r.get("cursor") else None))
+            elif "conditions" in r:
+                ops.append(("condition_rows", [(*c[:-1], new.get(c[-1], c[-1]) if c[-1] else None)
+                                               for c in r["conditions"]]))
+            elif "incident" in r:
+                ops.append(("incident", r["incident"]))
+            elif "alerted" in r:
+                ops.append(("alerted", [new.get(i, i) for i in r["alerted"]]))
+        try:
+            self._moved.update(self._apply(ops))
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            log.error("%s: %d event(s) the last stop could not store cannot be stored yet (%s): queued first",
+                      self._spool.path, len(new), exc)
+            for op in [*ops, ("unspooled",)]:
+                self._queue(op)
+                if op[0] == "events":
+                    self._unwritten.update(op[1])
+                    if op[2]:
+                        self._cursors[op[2][0]] = op[2][1]
+            return
+        self._clear_spool()
+        log.warning("%s: stored %d event(s) the last stop could not store", self._spool.path, len(new))
+
+    def _stored(self, e: Event) -> bool:
+        try:
+            return self._writer._db.execute("SELECT 1 FROM events WHERE time = ? AND kind = ? AND message = ?",
+                                            (e.time, e.kind, e.message)).fetchone() is not None
+        except sqlite3.Error:
+            return False
+
+    def _spooled(self, ops: list[tuple]) -> list[dict]:
+        """The writes left at a stop, as spool records, with the ids their rows have (or will have)."""
+        def real(table: str, i: int) -> int:
+            return self._moved.get((table, i), i)
+
+        records: list[dict] = []
+        for op in ops:
+            if op[0] == "events":
+                records += [{"event": i, "kind": e.kind, "severity": str(e.severity), "message": e.message,
+                             "time": e.time, "gpu": e.gpu, "engine": e.engine, "evidence": e.evidence,
+                             "count": e.count, "cursor": op[2]} for i, e in op[1]]
+            elif op[0] in ("conditions", "condition_rows"):
+                rows = [condition_values(c) for c in op[1]] if op[0] == "conditions" else op[1]
+                records.append({"conditions": [(*r[:-1], r[-1] and real("events", r[-1])) for r in rows]})
+            elif op[0] == "incident":
+                records.append({"incident": op[1]})
+            elif op[0] == "alerted":
+                records.append({"alerted": [real("events", i) for i in op[1]]})
+            elif op[0] == "outbox":  # the alert itself is gone with this process; its events were alerted
+                records.append({"alerted": [real("events", i) for i in op[2]]})
+        return records
 
     # --- writes: queued, never waiting ------------------------------------------------------------
 
@@ -587,6 +723,8 @@ class QueuedStore:
                 delay = min(delay * 2, _RETRY_MAX)
                 continue
             delay = 0.5
+            if any(op[0] == "unspooled" for op in batch):
+                self._clear_spool()
             with self._cond:
                 self._moved.update(moved)
                 for op in batch:
@@ -626,8 +764,8 @@ class QueuedStore:
                                    (*op[2], time.time()))
                 elif kind == "count":
                     db.execute("UPDATE events SET count = ? WHERE id = ?", (op[2], row_id("events", op[1])))
-                elif kind == "conditions":
-                    rows = [condition_values(c) for c in op[1]]
+                elif kind in ("conditions", "condition_rows"):
+                    rows = [condition_values(c) for c in op[1]] if kind == "conditions" else op[1]
                     db.executemany(_CONDITION_INSERT, [(*r[:-1], r[-1] and row_id("events", r[-1])) for r in rows])
                 elif kind == "incident":
                     db.execute(_INCIDENT_UPSERT, incident_values(op[1]))
@@ -669,13 +807,32 @@ class QueuedStore:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout)
-        if self._ops:
-            events = sum(len(op[1]) for op in list(self._ops) if op[0] == "events")
-            log.error("%s: %d write(s) (%d event(s)) could not be stored before the stop; the events were "
-                      "logged", self.path, len(self._ops), events)
+        with self._cond:
+            left = list(self._ops)
+        if left:
+            events = sum(len(op[1]) for op in left if op[0] == "events")
+            try:
+                lost = self._spool.write(self._spooled(left))
+            except OSError as exc:
+                lost, why = len(left), exc.strerror or str(exc)
+            else:
+                why = "the spool is full" if self._spool.reserved else "no spool could be reserved at start"
+            if lost:
+                log.error("%s: %d write(s) (%d event(s)) could not be stored before the stop, %d of them not "
+                          "spooled either (%s); the events were logged", self.path, len(left), events, lost, why)
+            else:
+                log.error("%s: %d write(s) (%d event(s)) could not be stored before the stop: kept in %s, stored "
+                          "at the next start", self.path, len(left), events, self._spool.path)
+        self._spool.close()
         if not self._thread.is_alive():
             self._writer.close()
         self._reader.close()
+
+    def _clear_spool(self) -> None:
+        try:
+            self._spool.clear()
+        except OSError as exc:  # stored already: a next start finds them stored and skips them
+            log.warning("%s: cannot clear the spool: %s", self._spool.path, exc.strerror or exc)
 
 
 def _insert(db: sqlite3.Connection, sql: str, row_id: int, values: tuple) -> int:

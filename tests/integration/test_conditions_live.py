@@ -82,3 +82,25 @@ def test_a_lost_gpu_keeps_its_label_across_a_daemon_restart_and_npd_check_sees_i
                            text=True, timeout=15).stdout
     assert f"gpu_lost            {TEST_GPU}  by device_lost" in shown, shown
     assert again.stop() == 0
+
+
+def test_a_killed_engine_keeps_no_gauge_of_its_dead_instance(daemon_factory, fake_engine):
+    """Issue 36: after a kill, gpuwarden_engine_cpu_ratio kept the dead process's last value (a spinning hang
+    reads as still spinning). Every engine gauge of the dead instance reads 0 once it is down."""
+    engine = fake_engine("progress", "--spin")
+    d = daemon_factory(f'[[engine]]\nname = "spun"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+                       'min_stall = "2s"\nkill_grace = "1s"\n').start()
+    d.wait_serving()
+    engine.set_mode("stall")  # its child spins a core while the counters are frozen
+    cpu = ("gpuwarden_engine_cpu_ratio", (("engine", "spun"),))
+    wait_for(lambda: samples(d.metrics(), cpu[0]).get(cpu[1], 0) > 0, 30, interval=0.1, what="its CPU on the gauge")
+    wait_for(lambda: events_of(d, "engine_killed"), 30, interval=0.2, what="the kill")
+    # down, and no look since finds a process of it: the gauges must say so (the old code kept the last CPU)
+    def down_and_idle():
+        m = d.metrics()
+        return m if "engine_down" in m and samples(m, cpu[0]).get(cpu[1]) == 0 else None
+
+    after = wait_for(down_and_idle, 10, interval=0.2, what="its CPU gauge at 0 once it is down")
+    for family in ("gpuwarden_engine_cpu_ratio", "gpuwarden_engine_requests_running",
+                   "gpuwarden_engine_requests_waiting", "gpuwarden_engine_stalled"):
+        assert samples(after, family).get((("engine", "spun"),), 0) == 0, (family, after)

@@ -209,3 +209,69 @@ def test_on_stall_restart_kills_the_container_starts_it_through_the_engine_api_a
     assert [len(events(d, {k})) for k in ("engine_killed", "engine_restarting", "engine_restart_failed",
                                            "engine_back")] == [2, 2, 1, 1]
     assert box.running() and not serves(box.url)
+
+
+def _dockerd() -> psutil.Process:
+    """The dockerd that answers on the test socket (started by the fixture, adopted, or another's)."""
+    found = [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "dockerd"]
+    serving = [p for p in found if f"unix://{SOCKET}" in " ".join(p.info["cmdline"] or ())] or found
+    assert len(serving) == 1, [p.info for p in found]
+    return serving[0]
+
+
+PAUSE = 18.0  # dockerd stopped this long during the restart (issue 36)
+
+
+def test_a_restart_outlives_dockerd_stopped_for_18_s_and_its_pages_never_contradict(containers, daemon_factory,
+                                                                                    receiver):
+    """Issue 36: one Engine API timeout (~1.5 s) while dockerd was paused became engine_restart_failed "will not
+    restart it again", the container left Exited (137), and the page said both "Nothing to do yet: restarting
+    it" and "did not come back within restart_timeout". Now: asked again with backoff, the container is started
+    once dockerd resumes, back is confirmed by a real completion, and no page says it failed."""
+    box = containers()
+    alerts = (f'[alerts]\ngroup_window = "300ms"\nretry_initial = "200ms"\nretry_max = "500ms"\nhostname = "box1"\n'
+              f'urls = ["json://127.0.0.1:{receiver.port}/hook"]\n')
+    d = daemon_factory(
+        alerts + f'[[engine]]\nname = "engine"\nmetrics_url = "{box.metrics_url}"\nprofile = "llamacpp"\n'
+        f'scrape_interval = "1s"\nmin_stall = "5s"\nkill_grace = "2s"\ncanary_timeout = "5s"\n'
+        f'on_stall = "restart"\non_unresponsive = "restart"\nrestart_timeout = "90s"\n'
+        f'[engine.target]\nkind = "docker"\ncontainer = "{box.name}"\n').start()
+    d.wait_serving()
+    dockerd = _dockerd()
+    pid = box.engine_pid()
+    with Load(box.url, streams=2, max_tokens=300, deadline=120, timeout=120):
+        wait_for(lambda: requests_running(d) >= 1, 30, interval=0.5, what="requests running")
+        freezer = Freezer(pid).__enter__()
+        try:
+            # the moment the stall is said (its gauge, read over loopback: faster than the store), dockerd stops:
+            # the kill's target is the stall's own look, and the restart that follows meets a paused dockerd
+            wait_for(lambda: 'gpuwarden_engine_stalled{engine="engine"} 1.0' in d.metrics(), MIN_STALL + 60,
+                     interval=0.02, what="the stall")
+            dockerd.suspend()
+            paused = time.monotonic()
+            try:
+                wait_event(d, "engine_killed", 30)
+                retrying = wait_event(d, "engine_restart_retrying", PAUSE - 2)
+                time.sleep(max(0.0, PAUSE - (time.monotonic() - paused)))
+            finally:
+                dockerd.resume()
+        finally:
+            freezer.thaw()
+    back = wait_event(d, "engine_back", 90)
+    assert box.running() and serves(box.url)
+    assert f"its Docker container {box.name} did not start it" in retrying["message"], retrying["message"]
+    assert retrying["evidence"]["command"] == f"docker start {box.name}"
+    assert back["message"].startswith("engine back: first completion ")
+    counts = [len(events(d, {k})) for k in ("engine_killed", "engine_restarting", "engine_restart_failed")]
+    assert counts == [1, 1, 0], [e["message"] for e in d.events()]
+    print(f"llama.cpp in a container, dockerd stopped {PAUSE:.0f} s: back {back['evidence']['seconds_since_kill']} "
+          "s after the kill")
+
+    wait_for(lambda: any("back" in b["title"] for b in receiver.json_bodies("/hook")), 20, interval=0.2,
+             what="the page that says it is back")
+    pages = receiver.json_bodies("/hook")
+    text = "\n".join(b["title"] + "\n" + b["message"] for b in pages)
+    for false in ("NOT back", "did not come back", "will not restart it again", "could not be started",
+                  "<container>", "<unit>"):
+        assert false not in text, (false, text)
+    assert pages[-1]["title"].startswith("box1: engine engine back"), [b["title"] for b in pages]

@@ -318,3 +318,55 @@ def test_a_retry_waits_its_backoff_after_a_slow_failed_send(daemon_factory):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.root
+def test_what_a_full_disk_kept_from_the_store_at_the_stop_is_stored_at_the_next_start(daemon_factory, tmp_path):
+    """Issue 36: the state disk full when the daemon stops: the events not yet stored were dropped (a GPU lost in
+    the outage gone after the reboot). A real full filesystem (tmpfs): the faults of the last seconds are in the
+    store after the next start, live (never re-read as history), each once, with the conditions they raised."""
+    from gpuwarden.store import Store
+
+    d = daemon_factory()
+    d.state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(d.state)], check=True)
+    try:
+        d.start()
+        d.wait_serving()
+        filler = d.state / "filler"
+        with filler.open("wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+            while True:  # every free byte of the tmpfs
+                f.write(b"\0" * 4096)
+        lost = "amdgpu {gpu}: amdgpu: device lost from bus!"
+        for gpu in FAULTING:
+            append(d, driver_record(RING_TEXT.format(gpu=gpu), gpu))
+        append(d, driver_record(lost.format(gpu=FAULTING[0]), FAULTING[0]))
+        for gpu in FAULTING:
+            wait_for(lambda gpu=gpu: re.search(rf"warning ring_timeout: .* on {gpu}", d.log()), 20,
+                     what=f"the ring timeout on {gpu} logged")
+        wait_for(lambda: "critical device_lost" in d.log(), 20, what="the GPU lost logged")
+        wait_for(lambda: "gpuwarden_store_writable 0.0" in d.metrics(), 20, what="the store unwritable")
+        assert d.stop() == 0
+        spooled = "could not be stored before the stop: kept in" in d.log()
+        filler.unlink()  # the disk has room again (at the next boot, say)
+
+        again = daemon_factory(tmp=tmp_path).start()  # the same state folder and kernel log
+        again.wait_serving()
+        time.sleep(1)  # its start stores the spool before anything reads the store: long done by now
+        store = Store(d.state / "gpuwarden.db")
+        faults = [e for e in store.events() if e["kind"] in ("ring_timeout", "device_lost")]
+        lost_gpus = {c.key.subject for c in store.open_conditions() if c.key.kind == "gpu_lost"}
+        store.close()
+        assert sorted((e["kind"], e["gpu"]) for e in faults) == sorted(
+            [("ring_timeout", gpu) for gpu in FAULTING] + [("device_lost", FAULTING[0])]), faults
+        assert not any("history" in e["evidence"] for e in faults)  # as seen live, not read again from the log
+        assert again.log().count("critical device_lost") == 1  # the first daemon's: not read again, not said again
+        assert lost_gpus == {FAULTING[0]}  # its condition too
+        assert spooled and re.search(r"stored \d+ event\(s\) the last stop could not store", again.log())
+        assert again.stop() == 0
+    finally:
+        for daemon in (d, locals().get("again")):
+            if daemon and daemon.proc and daemon.proc.poll() is None:
+                daemon.proc.kill()
+                daemon.proc.wait()
+        subprocess.run(["umount", str(d.state)], check=True)

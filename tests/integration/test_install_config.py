@@ -91,3 +91,17 @@ def test_make_install_honours_destdir_and_prefix(tmp_path):
     assert f"ExecStart={prefix}/bin/gpuwarden run\n" in unit and str(stage) not in unit
     assert mode(stage / "etc/gpuwarden/gpuwarden.toml") == 0o600
     assert (stage / "usr/share/bash-completion/completions/gpuwarden").is_file()
+
+
+def test_the_placed_unit_serves_the_watchdog_first(tmp_path):
+    """Issue 36: on a loaded box the watchdog must not queue behind the load it watches: scheduling, I/O and
+    OOM priority in the unit (docs/service.md "Priority"; the running daemon's values: test_real_systemd.py)."""
+    assert install(tmp_path).returncode == 0
+    lines = (tmp_path / "etc/systemd/system/gpuwarden.service").read_text().splitlines()
+    service = lines[lines.index("[Service]"):lines.index("[Install]")]
+    settings = dict(line.split("=", 1) for line in service if "=" in line and not line.startswith("#"))
+    assert {k: settings.get(k) for k in ("Nice", "CPUWeight", "IOWeight", "IOSchedulingClass", "IOSchedulingPriority",
+                                          "MemoryLow", "OOMScoreAdjust")} == {
+        "Nice": "-10", "CPUWeight": "1000", "IOWeight": "1000", "IOSchedulingClass": "best-effort",
+        "IOSchedulingPriority": "0", "MemoryLow": "64M", "OOMScoreAdjust": "-900"}
+    assert "CPUSchedulingPolicy" not in settings and "CPUQuota" not in settings  # never real-time, never throttled

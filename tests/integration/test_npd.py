@@ -76,11 +76,14 @@ def test_npd_check_reports_gpu_engine_and_daemon_from_a_real_daemon(daemon_facto
 
     fixed.set_mode("stall")
     event("engine_killed", "fixed")
-    assert npd_check(cfg, "engine") == (0, "no engine problem left unfixed")  # gpuwarden fixed it itself
+    # killed (on_stall = "kill"), and nothing of gpuwarden's starts it again: down, and NPD hears it (issue 36)
+    code, text = npd_check(cfg, "engine")
+    assert code == 1 and text.startswith("engine fixed: engine_down at ") and text.endswith(", not restarted"), text
     stuck.set_mode("stall")
     event("engine_stall", "stuck")
     code, text = npd_check(cfg, "engine")
-    assert code == 1 and text.startswith("engine stuck: engine_stalled at ") and text.endswith(", not fixed"), text
+    assert code == 1 and text.startswith("engine stuck: engine_stalled at "), text
+    assert text.endswith(", not fixed (+1 more)"), text  # and the killed one, down
 
     with d.log_file.open("a") as log:
         log.write(LOST)

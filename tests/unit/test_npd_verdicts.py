@@ -29,7 +29,9 @@ def test_only_gpu_lost_counts_for_the_gpu():
 
 def test_an_engine_problem_counts_while_gpuwarden_could_not_fix_it():
     assert npd.judge_engine([]) == (npd.OK, "no engine problem left unfixed")
-    assert npd.judge_engine([row("engine_down", "vllm", "engine_killed")])[0] == npd.OK  # our own kill
+    being_restarted = [row("engine_down", "vllm", "engine_killed"),
+                       row("engine_restarting", "vllm", "engine_restarting")]
+    assert npd.judge_engine(being_restarted)[0] == npd.OK  # our own kill, and its restart under way
     assert npd.judge_engine([row("engine_restarting", "vllm", "engine_restarting")])[0] == npd.OK
     assert npd.judge_engine([row("engine_stalled", "vllm", "engine_stall")])[0] == npd.PROBLEM
     assert npd.judge_engine([row("engine_down", "vllm", "engine_killed", "engine_crash_loop")])[0] == npd.PROBLEM
@@ -38,9 +40,21 @@ def test_an_engine_problem_counts_while_gpuwarden_could_not_fix_it():
     assert code == npd.PROBLEM and text.startswith("engine vllm: engine_down at ") and text.endswith("(+1 more)")
 
 
+def test_an_engine_killed_and_not_being_restarted_is_a_problem():
+    """Issue 36: killed with on_stall = "kill" (or its restart refused), nothing of gpuwarden's brings it back,
+    while `gpuwarden conditions` lists it down: NPD must hear it."""
+    killed = row("engine_down", "qwen-72b", "engine_killed", t=BOOT + 70)
+    code, text = npd.judge_engine([killed])
+    assert code == npd.PROBLEM and text.startswith("engine qwen-72b: engine_down at ")
+    assert text.endswith(", not restarted")
+    # another engine's restart under way does not count for this one
+    assert npd.judge_engine([killed, row("engine_restarting", "vllm", "engine_restarting")])[0] == npd.PROBLEM
+
+
 def test_a_failed_restart_is_a_problem_until_the_engine_is_back():
-    killed = row("engine_down", "vllm", "engine_killed", t=BOOT + 70)  # our own kill: being dealt with
-    assert npd.judge_engine([killed])[0] == npd.OK
+    killed = [row("engine_down", "vllm", "engine_killed", t=BOOT + 70),
+              row("engine_restarting", "vllm", "engine_restarting", t=BOOT + 71)]  # being dealt with
+    assert npd.judge_engine(killed)[0] == npd.OK
     failed = row("engine_down", "vllm", "engine_killed", "engine_restart_failed", t=BOOT + 80)
     assert npd.judge_engine([failed])[0] == npd.PROBLEM
     assert npd.judge_engine([])[0] == npd.OK  # engine_back resolved the condition: it is no longer open
@@ -99,4 +113,4 @@ def test_the_open_conditions_are_read_from_the_daemon_s_store(tmp_path):
     rows = npd.read_conditions(db, 1.0)
     assert [(r["condition"], r["subject"], r["causes"]) for r in rows] == [
         ("gpu_lost", "0000:03:00.0", ["device_lost"]), ("engine_down", "vllm", ["engine_killed"])]
-    assert npd.judge_gpu(rows, BOOT)[0] == npd.PROBLEM and npd.judge_engine(rows)[0] == npd.OK
+    assert npd.judge_gpu(rows, BOOT)[0] == npd.PROBLEM and npd.judge_engine(rows)[0] == npd.PROBLEM

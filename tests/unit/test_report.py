@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
@@ -178,9 +179,29 @@ def test_only_the_newest_bundles_are_kept_and_nothing_else_is_touched(tmp_path):
 
 
 def test_the_bundle_being_written_is_never_deleted_even_when_older(tmp_path):
+    """Bundles of an older gpuwarden (no order.json) come before any written now, by name among themselves."""
     incidents = tmp_path / "incidents"
     for name in ("20261203-000000-device_lost", "20261204-000000-device_lost"):
         (incidents / name).mkdir(parents=True)
     spare = incidents / "20261201-000000-gpu_reset"
-    report.Incidents._write(spare, incident(), keep=1)
+    report.Incidents._write(spare, incident(), keep=2)
     assert sorted(p.name for p in incidents.iterdir()) == [spare.name, "20261204-000000-device_lost"]
+    report.prune(incidents, 1, spare)
+    assert [p.name for p in incidents.iterdir()] == [spare.name]
+
+
+def test_bundles_are_pruned_in_the_order_they_were_written_whatever_the_wall_clock_said(tmp_path):
+    """Issue 36: the wall clock stepped back a day (the host's clock cannot be stepped in a test on a shared
+    machine: the events' times are what a stepped clock gives, and they name the folders). Each new bundle,
+    named a day before the ones already there, deleted the one written just before it; the newest kept are
+    the last written, and the listing shows them in that order."""
+    incidents = tmp_path / "incidents"
+    before = [Event("device_lost", Severity.CRITICAL, "x", T0 + 60 * i, gpu=GPUS[0]) for i in range(3)]
+    after = [Event("gpu_reset", Severity.CRITICAL, "x", T0 - 86400 + 60 * i, gpu=GPUS[0]) for i in range(3)]
+    for event in before + after:
+        report.Incidents._write(incidents / report.folder_name(event), incident(), keep=3)
+    written = [report.folder_name(e) for e in after]
+    assert sorted(p.name for p in incidents.iterdir()) == written
+    assert [Path(r["folder"]).name for r in report.listing(incidents)] == written
+    orders = [json.loads((incidents / name / report.ORDER).read_text()) for name in written]
+    assert [o["sequence"] for o in orders] == [4, 5, 6] and all(o["written"] > T0 for o in orders)

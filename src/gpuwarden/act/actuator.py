@@ -36,7 +36,7 @@ class Engines(Protocol):
 
     async def take(self, name: str, restart: bool, dry_run: bool) -> KillTarget | Refused | None: ...
 
-    def restart_failed(self, name: str) -> None: ...
+    def restart_failed(self, name: str) -> bool: ...
 
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None: ...
 
@@ -94,7 +94,7 @@ class Actuator:
         """Kill only what the engine's target was judged to be on a look taken for this kill (the stall's own,
         or a fresh one), as many as it may, once at a time; then, when asked, start it again through its
         supervisor."""
-        engines, name = self.engines, action.engine
+        engines, name, since = self.engines, action.engine, time.monotonic()
         if engines is None or name in self._acting:
             return
         self._acting.add(name)
@@ -109,7 +109,7 @@ class Actuator:
             elif not target.procs:
                 log.warning("%s should be killed (%s) but none of its processes was found", name, action.reason)
             elif await self._killed(action, target) and action.restart and not action.dry_run:
-                await self._restart(name, target)
+                await self._restart(name, target, since)
         finally:
             self._acting.discard(name)
 
@@ -148,19 +148,34 @@ class Actuator:
                                           "restart": action.restart})])
         return True
 
-    async def _restart(self, name: str, target: KillTarget) -> None:
-        supervisor = restart.supervisor(target.config.target)
+    async def _restart(self, name: str, target: KillTarget, since: float) -> None:
+        """Ask its supervisor until `restart_timeout` from `since` (the kill's start, as the lifecycle's own
+        deadline): a supervisor's blip is asked again (one page says so), and only a deadline spent fails."""
+        supervisor, cfg = restart.supervisor(target.config.target), target.config
+        evidence = {"supervisor": supervisor, "command": restart.command(cfg.target)}
         self.sink.record([Event("engine_restarting", Severity.WARNING, f"{name}: asking its {supervisor} to start "
                                 "it again; back once a real completion returns", time.time(), engine=name,
-                                gpu=target.gpu, evidence={"supervisor": supervisor})])
+                                gpu=target.gpu, evidence=evidence)])
+
+        def retrying(error: str) -> None:
+            self.sink.record([Event("engine_restart_retrying", Severity.WARNING, f"{name}: its {supervisor} did "
+                                    f"not start it ({error}); asking again with backoff until restart_timeout "
+                                    f"({cfg.restart_timeout:.0f} s after the kill)", time.time(), engine=name,
+                                    gpu=target.gpu, evidence={**evidence, "error": error, "runbook":
+                                                              "restart_retrying"})])
         try:
             dead = frozenset(p.pid for p in target.procs)
-            log.info("%s: %s", name, await restart.start(name, target.config.target, dead))
+            log.info("%s: %s", name, await restart.start(name, cfg.target, dead, since + cfg.restart_timeout,
+                                                         retrying))
         except restart.RestartError as exc:
-            self.engines.restart_failed(name)
+            if not self.engines.restart_failed(name):  # its lifecycle said it first (its deadline, at a look)
+                log.warning("%s: not started again: %s", name, exc)
+                return
             self.sink.record([Event("engine_restart_failed", Severity.CRITICAL, f"{name} could not be started "
-                                    f"again: {exc}; gpuwarden will not restart it again", time.time(), engine=name,
-                                    gpu=target.gpu, evidence={"supervisor": supervisor, "error": str(exc)})])
+                                    f"again within restart_timeout ({cfg.restart_timeout:.0f} s after the kill): "
+                                    f"{exc}; gpuwarden will not restart it again", time.time(), engine=name,
+                                    gpu=target.gpu, evidence={**evidence, "error": str(exc), "started": False,
+                                                              "by_gpuwarden": True, "runbook": "restart_not_started"})])
 
     async def _quarantine(self, action: policy.Quarantine) -> None:
         """Move the engine's user's poisoned compile caches aside (a scan can take a while: off the loop)."""

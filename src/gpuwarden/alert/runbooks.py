@@ -54,6 +54,16 @@ RUNBOOKS: dict[str, str] = {
         "The engine did not come back after it was started again: no real completion within restart_timeout. "
         "Read its own log for why it does not load, and check its GPU (`gpuwarden doctor`) before starting it by "
         "hand; gpuwarden will not restart it again."),
+    "restart_retrying": (
+        "The engine's supervisor did not start it when asked (dockerd or systemd did not answer, or its start "
+        "failed: the page says which, and the exact command). Nothing to do yet: gpuwarden asks again with "
+        "backoff until restart_timeout and pages again either way. If it goes on, look at the supervisor itself "
+        "(`systemctl status docker` and `journalctl -u docker` for dockerd; the unit's `systemctl status`)."),
+    "restart_not_started": (
+        "The engine's supervisor never started it within restart_timeout, however often gpuwarden asked (the "
+        "page says how often, the last answer and the command). Look at the supervisor first (`systemctl status "
+        "docker` and `journalctl -u docker` for dockerd; the unit's `systemctl status` and `journalctl -u`), then "
+        "start the engine by hand with the command on the page; gpuwarden will not restart it again."),
     "gpus_missing": (
         "A GPU is still missing after the reboot. Shut down, switch the PSU off for 30-60 s, power on (a warm "
         "reboot does not always bring a card back). Still missing: reseat the card, check its power cables and "
@@ -83,11 +93,12 @@ register_runbooks(RUNBOOKS)  # config checks runbook names against these (regist
 
 # The order in which runbooks apply when several do: the worst state of the hardware first.
 _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "xid", "reset", "restart_failed",
-          "kill_refused", "not_answering", "crash_loop", "cache_poisoned", "gpu_fault", "stall"]
+          "restart_not_started", "restart_retrying", "kill_refused", "not_answering", "crash_loop", "cache_poisoned",
+          "gpu_fault", "stall"]
 # Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
 _LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
 # Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back
-SITUATIONAL = frozenset({"gpus_missing"})
+SITUATIONAL = frozenset({"gpus_missing", "restart_not_started"})  # the latter: a restart never started (actuator)
 HARDWARE = frozenset(_ORDER[:_ORDER.index("restart_failed")])  # these come before the steps for each engine
 OFF_THE_BUS_XIDS = frozenset({79})  # "GPU has fallen off the bus": a reboot, never nvidia-smi -r
 

@@ -39,6 +39,8 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         return f"engine {e.engine} NOT back after the restart — {_own(cause, e)}"
     if e := first(events, "engine_back"):
         return f"engine {e.engine} back — {_back(e)}"
+    if e := first(events, "engine_restart_retrying"):
+        return f"engine {e.engine} not started yet, asking again — {_own(cause, e)}"
     if e := first(events, "engine_restarting"):
         verb = "killed, restarting" if first(events, "engine_killed") else "restarting"
         return f"engine {e.engine} {verb} — {_own(cause, e)}"

@@ -169,9 +169,13 @@ class EngineWatch:
         for change in state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
             self._record(self._exit_event(state, change))  # on the hub's turn: said now, awaiting nothing
 
-    def restart_failed(self, name: str) -> None:
-        if state := self.engines.get(name):
-            state.lifecycle.restart_failed()
+    def restart_failed(self, name: str) -> bool:
+        """Asking its supervisor failed for good; False when its lifecycle had said the restart failed already
+        (its own deadline, seen at a look just before): said once."""
+        if (state := self.engines.get(name)) is None or state.lifecycle.phase == "failed":
+            return False
+        state.lifecycle.restart_failed()
+        return True
 
     def resume(self, state: conditions.State, now: float, kills: Iterable[tuple[str, float]] = ()) -> None:
         """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
@@ -429,6 +433,8 @@ class EngineWatch:
         state.gpus, state.pasids, state.seen_at = seen.gpus, seen.pasids, time.monotonic()
         if state.cpus:
             self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
+        elif not state.procs:  # none of its processes lives: not the dead instance's last figure
+            self.sink.metric(families.ENGINE_CPU, 0, state.name)
         return True
 
     def _export(self, state: EngineState, sample: EngineSample | None) -> None:
