@@ -176,7 +176,7 @@ SITUATIONS = {
 RECORDED = sorted(p.stem for p in golden.SCENARIOS.glob("*.json"))
 
 
-def messages(events):
+def messages(events, ctx=CTX):
     storm, sent = StormControl(cooldown=600, group_window=5), []
     for at, event in [*events, (10_000, None)]:
         sent += storm.due(T0 + at)
@@ -184,7 +184,7 @@ def messages(events):
             sent += [out for out in [storm.resolve(*event[1:], T0 + at)] if out]
         elif event is not None:
             storm.offer(event, len(sent), T0 + at)
-    return [compose(out, CTX, f"gw-{n:04d}", out.incident and f"{INCIDENTS}/{out.incident}")
+    return [compose(out, ctx, f"gw-{n:04d}", out.incident and f"{INCIDENTS}/{out.incident}")
             for n, out in enumerate(sent, 1)]
 
 

@@ -15,9 +15,10 @@ from dataclasses import replace
 from functools import cache
 
 import pytest
-from test_golden_alerts import GOLDEN, GPU0, KILLED, REGEN, STALL_RESTART, T0, I, ev, messages
+from test_golden_alerts import CTX, GOLDEN, GPU0, KILLED, REGEN, STALL_RESTART, T0, I, ev, messages
 
 from gpuwarden.act.actuator import Actuator
+from gpuwarden.alert.context import Runs
 from gpuwarden.config import parse
 from gpuwarden.model import NullSink
 
@@ -32,6 +33,10 @@ kind = "docker"
 container = "qwen-72b"
 docker_socket = "{SOCKET}"
 """
+
+
+# here qwen-72b runs in the Docker container of CONFIG: the pages name it, never test_golden_alerts' unit
+DOCKER_CTX = replace(CTX, runs={**CTX.runs, "qwen-72b": Runs(container="qwen-72b")})
 
 
 class Recorded(NullSink):
@@ -92,7 +97,7 @@ def test_the_real_restart_retries_then_fails_saying_what_it_tried():
 @pytest.mark.parametrize("suffix", [".txt", ".md"])
 def test_golden_restart(name, suffix):
     parts = []
-    for n, m in enumerate(messages(situation(name)), 1):
+    for n, m in enumerate(messages(situation(name), DOCKER_CTX), 1):
         parts.append(f"===== message {n} ({'all-clear, ' if m.resolved else ''}routed as {m.severity}) =====\n"
                      f"{m.title}\n\n" + (m.body if suffix == ".md" else m.text))
     text = "\n\n".join(parts) + "\n"
