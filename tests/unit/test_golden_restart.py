@@ -89,7 +89,7 @@ def test_the_real_restart_retries_then_fails_saying_what_it_tried():
     assert retrying.evidence["command"] == failed.evidence["command"] == "docker start qwen-72b"
     assert failed.message == (
         "qwen-72b could not be started again within restart_timeout (600 s after the kill): its Docker container "
-        "qwen-72b was asked 2 time(s) (`docker start qwen-72b`) and did not start it; the last answer: no Docker "
+        "qwen-72b was asked 2 times (`docker start qwen-72b`) and did not start it; the last answer: no Docker "
         f"daemon: {SOCKET} does not exist; gpuwarden will not restart it again")
 
 

@@ -74,7 +74,7 @@ async def start(name: str, target: EngineTarget, dead: frozenset[int], until: fl
         if retrying and asks == 1:
             retrying(last)
         await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
-    raise RestartError(f"its {supervisor(target)} was asked {"once" if asks == 1 else f"{asks} times"} (`{command(target)}`) and did not start "
+    raise RestartError(f"its {supervisor(target)} was asked {'once' if asks == 1 else f'{asks} times'} (`{command(target)}`) and did not start "
                        f"it; the last answer: {last}")
 
 
