@@ -74,8 +74,9 @@ async def start(name: str, target: EngineTarget, dead: frozenset[int], until: fl
         if retrying and asks == 1:
             retrying(last)
         await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
-    raise RestartError(f"its {supervisor(target)} was asked {'once' if asks == 1 else f'{asks} times'} (`{command(target)}`) and did not start "
-                       f"it; the last answer: {last}")
+    times = "once" if asks == 1 else f"{asks} times"
+    raise RestartError(f"its {supervisor(target)} was asked {times} (`{command(target)}`) and did not start it; the "
+                       f"last answer: {last}")
 
 
 def _start(target: EngineTarget, dead: frozenset[int]) -> str:
