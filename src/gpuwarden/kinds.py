@@ -67,6 +67,7 @@ CATALOG: dict[str, Kind] = {
     "guard_lost": Kind(None),
     "watchdog_error": Kind("daemon"),
     "store_unwritable": Kind("store"),
+    "exporter_port_taken": Kind(None),  # another user serves on the exporter's port: Prometheus scrapes it
     # the confirmation after a reboot that followed a lost GPU (recovery.py)
     "gpus_back": Kind(None),
     "gpus_changed": Kind("gpus_changed"),
