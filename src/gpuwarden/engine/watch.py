@@ -34,7 +34,7 @@ from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.engine.stall import next_look
 from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.logsetup import redact
-from gpuwarden.model import Event, Severity, Sink
+from gpuwarden.model import CROWD, Event, Severity, Sink
 from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class EngineState:
     pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
     log_refused: str | None = None  # why its log file was last refused (said once)
     lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
+    crowd: str | None = None  # discovered: its user's servers page together (model.CROWD)
 
     @property
     def name(self) -> str:
@@ -217,9 +218,9 @@ class EngineWatch:
 
     # --- discovery's port: the engines it found -----------------------------------------------------------
 
-    def adopt(self, config: EngineConfig, lookalike: bool) -> None:
+    def adopt(self, config: EngineConfig, lookalike: bool, crowd: str | None = None) -> None:
         state = self.engines[config.name] = new_state(config)
-        state.lookalike = lookalike
+        state.lookalike, state.crowd = lookalike, crowd
         self._watching[config.name] = self._tasks.create_task(self._watch(state))
 
     def drop(self, name: str) -> None:
@@ -524,8 +525,12 @@ class EngineWatch:
         self._record(event)
 
     def _record(self, event: Event) -> None:
-        """A discovered server that only looks like an engine (anyone can start one) is never a page."""
+        """A discovered server that only looks like an engine (anyone can start one) is never a page; those of
+        one user are alerted together (a user can start sixteen of root's own llama-server and stall them)."""
         state = self.engines.get(event.engine or "")
+        if state is not None and state.crowd:
+            event = replace(event, message=f"{event.message} (one of the {state.crowd}, alerted together)",
+                            evidence={**event.evidence, CROWD: state.crowd})
         if state is not None and state.lookalike:
             event = replace(event, severity=min(event.severity, Severity.WARNING),
                             message=f"{event.message} (a discovered server not installed as an engine)",
