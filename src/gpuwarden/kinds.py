@@ -52,6 +52,8 @@ CATALOG: dict[str, Kind] = {
     "engine_unresponsive": Kind("stall", condition="engine"),
     "engine_exited": Kind("crash_loop"),
     "engine_crash_loop": Kind("crash_loop", condition="engine"),
+    # it cannot accept a connection (a full accept queue, no descriptor left) while it idles: never killed for it
+    "engine_saturated": Kind(None),
     # a fault with no owner on the engine's GPU: gpuwarden watches it closely (threshold at its floor, a canary)
     "engine_suspect": Kind("gpu_fault"),
     "log_refused": Kind("refused_file"),  # an engine's log file that is not a regular file of its user
