@@ -1,9 +1,13 @@
 """Saturated is not frozen. Any client of an engine's port can open connections that never finish a request head
 (1,100 of them ran a llama-server out of descriptors): then the engine cannot accept the canary's connection,
-nor a scrape's, though it is healthy and idle. What the kernel shows tells that apart from a hang: the engine's
-listening socket has a full accept queue, or a process holding it has every descriptor its limit allows, while
-no process of it is stopped or frozen. Then a failed canary or scrape is `engine_saturated` (a warning naming who
-holds the connections), never a reason to kill. An engine that accepted and did not answer is not saturated.
+nor a scrape's, though it is healthy and idle. What the kernel shows tells that apart from a hang: a process
+holding the engine's listening socket has every descriptor its limit allows (so it cannot accept: the kernel
+queues the connections it cannot take), while no process of it is stopped or frozen. Then a failed canary or
+scrape is `engine_saturated` (a warning naming who holds the connections), never a reason to kill. An engine
+that accepted and did not answer is not saturated.
+
+A full accept queue alone is not taken for saturation: an accept loop that hangs fills it the same (and
+/proc/net/tcp shows a listener's queue, not its bound). It is said beside the descriptors.
 
 Synchronous /proc reads (the caller runs them off the loop), each file read whole once: no loop over a user's
 numbers beyond the rows of /proc/net/tcp{,6} and the engine's own descriptors."""
@@ -43,16 +47,14 @@ def saturation(port: int, pids: list[int], proc: Path = Path("/proc")) -> Satura
     listeners = {r[9]: r for r in rows if r[3] == _LISTEN and _port(r[1]) == port}
     if not listeners:
         return None
-    reason = None
-    for row in listeners.values():
-        queued, backlog = (int(x, 16) for x in row[4].split(":"))
-        if backlog and queued >= backlog:
-            reason = f"its accept queue on port {port} is full ({queued} waiting, backlog {backlog})"
+    # a listener's tx_queue:rx_queue column: rx_queue is the connections waiting to be accepted
+    queued = sum(int(row[4].split(":")[1], 16) for row in listeners.values())
     for pid in pids:
         held, limit = _descriptors(pid, proc, {f"socket:[{inode}]" for inode in listeners})
         if held is not None and limit and held >= limit - _SPARE:
-            reason = f"pid {pid} holds {held} of the {limit} descriptors its limit allows"
-    return Saturation(reason, _peers(rows, port)) if reason else None
+            return Saturation(f"pid {pid} holds {held} of the {limit} descriptors its limit allows, "
+                              f"{queued} connection(s) wait to be accepted", _peers(rows, port))
+    return None
 
 
 def _rows(proc_net: Path) -> list[list[str]]:
