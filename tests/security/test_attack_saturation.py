@@ -25,23 +25,36 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 CONNECTIONS = 1100
 HOLDER = """
 import socket, sys, time
-held = []
-for _ in range(int(sys.argv[2])):
+port, count = int(sys.argv[1]), int(sys.argv[2])
+HEAD = b"GET /health HTTP/1.1\\r\\nHost: x\\r\\n"  # a head that never ends
+
+def opened():
     s = socket.socket()
     s.setblocking(False)
     try:
-        s.connect(("127.0.0.1", int(sys.argv[1])))
+        s.connect(("127.0.0.1", port))
     except BlockingIOError:
         pass
-    held.append(s)
-time.sleep(1)
-for s in held:
-    try:
-        s.send(b"GET /health HTTP/1.1\\r\\nHost: x\\r\\n")  # a head that never ends
-    except OSError:
-        pass
-print("held", flush=True)
-time.sleep(600)
+    return s
+
+held = {}
+while True:  # as many as `count` open, each sent a head that never ends; one the server closes is opened again
+    while len(held) < count:
+        s = opened()
+        held[s] = False
+    time.sleep(0.2)
+    for s in list(held):
+        try:
+            if not held[s]:
+                s.send(HEAD)
+                held[s] = True
+            elif not s.recv(4096):  # closed by the server (a read timeout)
+                raise ConnectionResetError
+        except BlockingIOError:
+            pass
+        except OSError:
+            del held[s]
+            s.close()
 """
 
 

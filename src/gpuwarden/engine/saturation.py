@@ -30,6 +30,7 @@ _SPARE = 2  # descriptors short of the limit that still count as none left (a li
 class Saturation:
     """Why the engine cannot accept now, and the connections to its port by peer (most first)."""
 
+    port: int
     reason: str
     peers: dict[str, int]
 
@@ -52,7 +53,7 @@ def saturation(port: int, pids: list[int], proc: Path = Path("/proc")) -> Satura
     for pid in pids:
         held, limit = _descriptors(pid, proc, {f"socket:[{inode}]" for inode in listeners})
         if held is not None and limit and held >= limit - _SPARE:
-            return Saturation(f"pid {pid} holds {held} of the {limit} descriptors its limit allows, "
+            return Saturation(port, f"pid {pid} holds {held} of the {limit} descriptors its limit allows, "
                               f"{queued} connection(s) wait to be accepted", _peers(rows, port))
     return None
 

@@ -402,8 +402,11 @@ class EngineWatch:
         if cfg.canary == "off":
             return CanaryResult("off", 0.0, "the canary is off")
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
+        # looked at before and after: an engine frees places now and then (a client's read timeout) and a crowd
+        # takes them again, so the one look at the end may fall in such a gap
+        before = await self._saturation(state)
         result = await canary(base_url(cfg), api, cfg.canary_timeout)
-        if result.outcome == "timeout" and (full := await self._saturated(state)):
+        if result.outcome == "timeout" and (full := await self._saturated(state, before)):
             # not a completion that did not return: one that could not be asked (the lifecycle judges nothing by it)
             result = CanaryResult("saturated", result.seconds, f"{result.detail}: it cannot accept: {full.reason}")
         elif result.outcome == "ok":
@@ -411,23 +414,27 @@ class EngineWatch:
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
 
-    async def _saturated(self, state: EngineState) -> Saturation | None:
-        """Whether a canary or scrape failed because the engine cannot accept a connection while it idles (its
-        last figures show no request running or waiting): then it is `engine_saturated`, said once, and never
-        unresponsive for it. An engine that was working when it stopped answering is judged as before."""
+    async def _saturation(self, state: EngineState) -> Saturation | None:
+        """The engine cannot accept a connection now while it idles (its last figures show no request running or
+        waiting). One that was working when it stopped answering is not asked about: judged as before."""
         last, port = state.sample, urlsplit(base_url(state.config)).port
         if last is None or last.running != 0 or last.waiting or port is None:
             return None
         try:
-            found = await _SATURATION.run(state.name, 5.0, saturation, port, [p.pid for p in state.procs])
+            return await _SATURATION.run(state.name, 5.0, saturation, port, [p.pid for p in state.procs])
         except (Busy, TimeoutError):
             return None
+
+    async def _saturated(self, state: EngineState, before: Saturation | None = None) -> Saturation | None:
+        """Whether a canary or scrape failed because the engine cannot accept (now, or `before` it began): then
+        it is `engine_saturated`, said once an episode, and never unresponsive for it."""
+        found = await self._saturation(state) or before
         if found and not state.saturated:
             self._record(Event("engine_saturated", Severity.WARNING,
                                f"{state.name} cannot accept a connection while it idles: {found.describe()}. Not "
-                               "killed for it: a full queue is not a hang (the canary and the scrapes need a "
-                               "free connection)", time.time(), engine=state.name,
-                               evidence={"reason": found.reason, "peers": found.peers, "port": port}))
+                               "killed for it: clients holding every connection it can take are not a hang (the "
+                               "canary and the scrapes need one)", time.time(), engine=state.name,
+                               evidence={"reason": found.reason, "peers": found.peers, "port": found.port}))
         state.saturated = found
         return found
 
