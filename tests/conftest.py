@@ -37,7 +37,8 @@ PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # in the nspawn systemd (about 5 minutes, then the first lane runs alone); their kernel lines name different
 # GPUs, and a discovering daemon counts only its own engine's events. test_restart.py's frozen llama.cpp runs
 # last in the first lane: beside the other it was once judged unresponsive (its /metrics hung) before stalled.
-GROUPS = {"security/": "host", "integration/test_kernel_handover.py": "host",
+GROUPS = {"security/": "host", "security/test_attack_saturation.py": "engines",
+          "integration/test_kernel_handover.py": "host",
           "integration/test_kernel_sources.py": "host", "integration/test_kernel_clock.py": "host",
           "integration/test_systemd.py": "host",
           "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",

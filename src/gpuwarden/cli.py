@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from datetime import datetime, timedelta
@@ -421,6 +422,11 @@ def _warnings(config: configuration.Config) -> list[tuple[tuple, str]]:
                 found.append((("engine", i, "gpus", j), f"GPU {gpu} is not on this box ({here}): a fault of "
                               f"the GPU {engine.name} really uses would not be matched to it. Fix the address, or "
                               "leave gpus out (learned from the device files the engine holds)"))
+    if config.exporter.enabled and config.exporter.port >= (start := _unprivileged_ports()):
+        found.append((("exporter", "port"), f"{config.exporter.port} is unprivileged here: while gpuwarden is down (a "
+                      "restart, a boot) any local user may take it, and Prometheus then scrapes that user's answers "
+                      f"and sends it its password. A port below {start} (net.ipv4.ip_unprivileged_port_start) only "
+                      "root can take: docs/security.md"))
     for j, gpu in enumerate(config.guard.devices):
         if gpu not in present:
             found.append((("guard", "devices", j), f"GPU {gpu} is not on this box ({here}): nothing to guard there"))
@@ -444,6 +450,14 @@ def _effective(config: configuration.Config, targets) -> dict:
             return {k: set_only(v) for k, v in value.items() if v is not None}
         return [set_only(v) for v in value] if isinstance(value, list) else value
     return set_only(shown)
+
+
+def _unprivileged_ports() -> int:
+    """The first port any user may bind (Linux's default 1024; a container runtime may lower it, even to 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        return 1024
 
 
 def _resolution(spec) -> tuple[list[str], list[str]]:
@@ -753,10 +767,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpuwarden.gpu.watch import read_once
 
     config, _ = configuration.load(args.config)
-    snap, error = _daemon_status(config.exporter, args.timeout)
-    if snap is not None:
-        print(json.dumps({"daemon": snap, "error": None, "readings": None}) if args.json else _status_text(snap))
+    snap, error = _daemon_status(config, args.timeout)
+    if snap is not None:  # JSON escapes control characters; the text has them escaped
+        print(json.dumps({"daemon": snap, "error": None, "readings": None}) if args.json
+              else _status_text(_printable(snap)))
         return EXIT_OK
+    error = _printable(error)
     print(f"gpuwarden status: no daemon answers ({error}); a fresh reading of the GPUs instead", file=sys.stderr)
     gpus = discover(config.gpu.sysfs_root)
     samples = read_once(config.gpu, gpus)
@@ -789,20 +805,90 @@ def _w(watts: float | None) -> str:
     return f"{watts:.0f} W" if watts is not None else "-"
 
 
-def _daemon_status(exporter, timeout: float) -> tuple[dict | None, str | None]:
-    """The running daemon's /status.json, at the address its configuration gives the exporter."""
-    import httpx
+def _daemon_status(config: configuration.Config, timeout: float) -> tuple[dict | None, str | None]:
+    """The running daemon's snapshot: through its Unix socket in the state directory (exporter.LocalStatus: only
+    the daemon's user can make it there), else at the exporter's address once its listener is proved root's or
+    ours (/proc/net/tcp). The port is unprivileged: a user who holds it would answer root's `status` as the
+    daemon. Never a reading from anyone else."""
+    import socket
+    import struct
 
-    if not exporter.enabled:
-        return None, "the exporter is off ([exporter] enabled = false)"
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(exporter.listen, exporter.listen)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{exporter.port}/status.json"
+    from gpuwarden.exporter import STATUS_SOCKET
+    from gpuwarden.sockets import peer_uid
+
+    trusted = {0, os.geteuid()}
+    path = config.daemon.state_dir / STATUS_SOCKET
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
     try:
-        response = httpx.get(url, timeout=timeout)
-        response.raise_for_status()
-        return response.json(), None
-    except (httpx.HTTPError, ValueError) as exc:
-        return None, f"{url}: {exc}"
+        sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        local = f"{path}: {exc.strerror or exc}"
+    else:
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid not in trusted:
+            sock.close()
+            return None, f"{path} is served by uid {uid}, not by root: not read"
+        return _ask_status(sock, "localhost", str(path))
+    exporter = config.exporter
+    if not exporter.enabled:
+        return None, f"{local}; the exporter is off ([exporter] enabled = false)"
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(exporter.listen, exporter.listen)
+    where = f"{f'[{host}]' if ':' in host else host}:{exporter.port}"
+    try:
+        sock = socket.create_connection((host, exporter.port), timeout)
+    except OSError as exc:
+        return None, f"{local}; {where}: {exc.strerror or exc}"
+    if (uid := peer_uid(sock)) not in trusted:
+        sock.close()
+        holder = "cannot be told" if uid is None else f"is uid {uid}"
+        return None, f"{local}; the listener on {where} {holder}, not the daemon (root): not read"
+    return _ask_status(sock, host, f"http://{where}/status.json")
+
+
+_MAX_STATUS = 16 << 20  # a snapshot's JSON is tens of KB
+
+
+def _ask_status(sock, host: str, where: str) -> tuple[dict | None, str | None]:
+    """GET /status.json over `sock`, which is connected to a peer proved to be the daemon (its timeout bounds
+    each read)."""
+    import http.client
+
+    connection = http.client.HTTPConnection(host)
+    connection.sock = sock
+    try:
+        connection.request("GET", "/status.json")
+        response = connection.getresponse()
+        body = response.read(_MAX_STATUS)
+        if response.status == 401:
+            return None, f"{where}: the exporter asks for a password; run as root, which reads the daemon's socket"
+        if response.status != 200:
+            return None, f"{where}: HTTP {response.status}"
+        snap = json.loads(body)
+        return (snap, None) if isinstance(snap, dict) else (None, f"{where}: not a snapshot")
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return None, f"{where}: {exc}"
+    finally:
+        connection.close()
+
+
+# C0 (newline included: a line of its own would pass for the daemon's), DEL, C1, and the bidirectional overrides
+# that reorder what a line shows
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(value):
+    """`value` (a snapshot, a message) with every string's control characters escaped: what the daemon passes on
+    is partly users' text (an engine's log, a command line), and an escape sequence printed raw to root's
+    terminal can write its clipboard (OSC 52), retitle it or hide lines."""
+    if isinstance(value, str):
+        return _UNPRINTABLE.sub(lambda m: repr(m[0])[1:-1], value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _status_text(snap: dict) -> str:

@@ -21,7 +21,7 @@ from gpuwarden.alert.context import Context, Runs, gpu_indexes
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError, GuardConfig
 from gpuwarden.engine.watch import EngineWatch
-from gpuwarden.exporter import Exporter, SelfMetrics
+from gpuwarden.exporter import STATUS_SOCKET, Exporter, LocalStatus, SelfMetrics
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
@@ -32,7 +32,7 @@ from gpuwarden.health import Components, Health, Loop, StoreHealth
 from gpuwarden.hub import Evidence, Hub
 from gpuwarden.kernel.clock import printk_now
 from gpuwarden.kernel.watch import KernelWatch
-from gpuwarden.model import ConditionKind
+from gpuwarden.model import ConditionKind, Event, Severity
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.recovery import Recovery
 from gpuwarden.reports import Outbox, Report
@@ -82,6 +82,7 @@ class Daemon:
         self.alerter: Alerter | None = None
         self.hub: Hub | None = None
         self.exporter: Exporter | None = None
+        self.local_status: LocalStatus | None = None  # `gpuwarden status` reads the daemon here, not on the port
         self.status: Status | None = None
         self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
@@ -153,6 +154,7 @@ class Daemon:
         self.telemetry.resume(k.subject for k in self.hub.conditions if k.kind == ConditionKind.GPU_DEGRADED)
         self.hub.evidence.engines(self.engines.views(), {}, whole=True)  # a fault may come before their report
         self._start_exporter()
+        self._start_local_status(state_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_signal)
         loop.add_signal_handler(signal.SIGHUP, self._reload_signal)
@@ -176,6 +178,8 @@ class Daemon:
         self.hub.incidents.stop()
         if self.exporter:
             self.exporter.stop()
+        if self.local_status:
+            self.local_status.stop()
         self.store.close(timeout=min(5.0, _STOP_DEADLINE - _STOP_GRACE - 1))
         deadline.cancel()  # stopped in time (a daemon run in a test's process must not end that process later)
         return 0
@@ -222,12 +226,34 @@ class Daemon:
             uid = holder(cfg.listen, cfg.port)
             if uid is None or uid in (0, os.geteuid()):
                 raise  # another gpuwarden, or this configuration's mistake: not a user's doing
-            log.error("%s: uid %d holds it; running on without metrics, trying again every %.0f s", exc, uid,
-                      self.config.daemon.status_interval)
+            self._exporter_port_taken(exc, uid)
             return
         self.exporter = exporter
         host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen  # an IPv6 address goes in brackets in a URL
         log.info("serving metrics on http://%s:%d/metrics", host, self.exporter.port)
+
+    def _exporter_port_taken(self, exc: OSError, uid: int) -> None:
+        """Another user serves on the exporter's port: Prometheus scrapes that user's answers (and sends it its
+        basic-auth password) and sees no exporter down. An event and an alert, not a log line alone."""
+        cfg = self.config.exporter
+        who = _listener(cfg.port, uid)
+        interval = self.config.daemon.status_interval
+        log.error("%s: %s holds it; running on without metrics, trying again every %.0f s", exc, who, interval)
+        self._outbox("exporter").record([Event(
+            "exporter_port_taken", Severity.WARNING,
+            f"the exporter's port {cfg.port} is held by another user ({who}): Prometheus scrapes that process, not "
+            f"gpuwarden, and sends it its credentials, until the port is free (tried every {interval:.0f} s). "
+            "gpuwarden watches and acts as ever; a port below 1024 cannot be taken (docs/security.md)", time.time(),
+            evidence={"port": cfg.port, "listen": cfg.listen, "uid": uid, "holder": who})])
+
+    def _start_local_status(self, state_dir: Path) -> None:
+        local = LocalStatus(self.metrics, state_dir / STATUS_SOCKET, self.status, self.hub.incidents.folder)
+        try:
+            local.start()
+        except OSError as exc:  # `status` then says no daemon answers: the watch matters more
+            log.error("`gpuwarden status` cannot reach this daemon: %s: %s", local.path, exc.strerror or exc)
+            return
+        self.local_status = local
 
     async def _start_components(self) -> None:
         gpus = await self.inventory.refresh()
@@ -331,6 +357,20 @@ class Daemon:
             await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
         except (OSError, TimeoutError, Busy) as exc:
             log.error("cannot confirm the reload in %s: %s", state_dir, exc)
+
+
+def _listener(port: int, uid: int) -> str:
+    """`pid user command` of the process listening on `port` (secrets masked), else the uid."""
+    import psutil
+
+    from gpuwarden.engine.processes import describe
+
+    try:
+        pids = {c.pid for c in psutil.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+        return ", ".join(describe(psutil.Process(pid)) for pid in sorted(pids)) or f"uid {uid}"
+    except psutil.Error:
+        return f"uid {uid}"
 
 
 class Settings:

@@ -121,6 +121,50 @@ class Exporter:
             self._serving = False
 
 
+STATUS_SOCKET = "status.sock"  # in the state directory
+
+
+class LocalStatus:
+    """The daemon's pages on a Unix socket in its state directory, for `gpuwarden status`: the exporter's TCP port
+    is unprivileged, and any local user who holds it while gpuwarden restarts would answer root's `status` as the
+    daemon. Only the daemon's user can make this file (the state directory is its own, 0700), it is 0600, and
+    the client checks the peer's credentials too (SO_PEERCRED). No basic auth here: the file's mode is the
+    access control."""
+
+    def __init__(self, metrics: SelfMetrics, path: Path, status: Callable[[], dict],
+                 incidents: Path | None) -> None:
+        self.path = path
+        self._server = Server(_Pages(metrics, status, incidents, WebConfig()), None)
+        self._serving = False
+
+    def start(self) -> None:
+        """Binds the socket, replacing a socket left by a daemon that did not stop (anything else there is an
+        error: never unlinked)."""
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(self.path))
+            os.chmod(self.path, 0o600)
+        except BaseException:
+            sock.close()
+            raise
+        self._server.serve(sock)
+        self._serving = True
+
+    def stop(self) -> None:
+        if self._serving:
+            self._server.stop()
+            self._serving = False
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
 class _Pages:
     """The server's app (its own object: the server holds it, and it holds nothing of the server). /metrics is
     answered at once, from the server's loop; what may block (a snapshot from a busy daemon loop, a picture on a

@@ -54,6 +54,8 @@ CATALOG: dict[str, Kind] = {
     "engine_crash_loop": Kind("crash_loop", condition="engine"),
     # a configured engine silent for its restart_timeout since gpuwarden began to watch it or since its last answer
     "engine_not_answering": Kind("not_answering", condition="engine"),
+    # it cannot accept a connection (a full accept queue, no descriptor left) while it idles: never killed for it
+    "engine_saturated": Kind(None),
     # a fault with no owner on the engine's GPU: gpuwarden watches it closely (threshold at its floor, a canary)
     "engine_suspect": Kind("gpu_fault"),
     "log_refused": Kind("refused_file"),  # an engine's log file that is not a regular file of its user
@@ -72,6 +74,7 @@ CATALOG: dict[str, Kind] = {
     "watchdog_error": Kind("daemon"),
     "clock_step": Kind(None),  # the wall clock stepped (health.py): times before and after it do not compare
     "store_unwritable": Kind("store"),
+    "exporter_port_taken": Kind(None),  # another user serves on the exporter's port: Prometheus scrapes it
     # the confirmation after a reboot that followed a lost GPU (recovery.py)
     "gpus_back": Kind(None),
     "gpus_changed": Kind("gpus_changed"),

@@ -26,6 +26,7 @@ class Severity(enum.IntEnum):
 
 HISTORY = "history"  # evidence key of an event that is history, not live
 CONDITION = "condition"  # evidence key of a telemetry condition's own identity (one GPU can have several)
+CROWD = "crowd"  # evidence key: the user whose discovered servers are alerted as one ("discovered engines of u")
 
 
 class ConditionKind(enum.StrEnum):
@@ -80,6 +81,8 @@ class Event:
         (a power spike that ends must not resolve the over-cap condition of the same GPU)."""
         if condition := self.evidence.get(CONDITION):
             return condition
+        if crowd := self.evidence.get(CROWD):  # one user's servers: the second one's stall is a repeat, not news
+            return f"{self.kind}:{crowd}"
         subject = self.gpu or self.engine or "host"
         xid = self.evidence.get("xid")
         return f"{self.kind}:{subject}" + (f":xid{xid}" if xid is not None else "")

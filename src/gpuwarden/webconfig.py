@@ -23,6 +23,7 @@ from typing import Any
 
 _TLS_KEYS = {"cert_file", "key_file"}
 _BCRYPT = re.compile(r"\$2[abxy]\$\d\d\$[./A-Za-z0-9]{53}")
+MAX_PASSWORD = 72  # bytes: all that bcrypt reads of a password
 _CACHE = 64  # credentials proved lately, kept as a digest: a scrape every 15 s pays one bcrypt, not one each
 
 
@@ -40,6 +41,8 @@ class WebConfig:
         if (known := self.cached(authorization)) is not None:
             return known
         user, password = _basic(authorization or "")
+        if len(password.encode()) > MAX_PASSWORD:
+            return False  # bcrypt reads no more (5.x raises: a 500 before), as node_exporter's Go bcrypt refuses it
         import bcrypt  # load() made sure it is there
         known_hash = self.users.get(user)
         # an unknown user costs a bcrypt too: the answer's time does not tell which names exist

@@ -61,12 +61,20 @@ class Server:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds while old ones TIME_WAIT
             sock.bind((listen, port))
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self.serve(sock)
+
+    def serve(self, sock: socket.socket) -> None:
+        """Serves a bound socket (TCP, or the daemon's Unix socket for `gpuwarden status`), which it then owns."""
+        try:
             sock.listen(MAX_CONNECTIONS)
             sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
-        self.port = sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, args=(self._loop, sock), name="exporter", daemon=True)
         self._thread.start()

@@ -3,6 +3,7 @@ processes and plants files, and the real daemon (tests/integration/helpers.py) a
 
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import shutil
@@ -141,6 +142,31 @@ def attacker(attacker_account, corpus):
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+_USERS = itertools.count()
+
+
+@pytest.fixture
+def lone_attacker(corpus):
+    """A real unprivileged user of this test alone (a unique name: tests on other workers, or other runs on this
+    host, never share it), removed with its home and processes after."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates a user")
+    name = f"gwa{os.getpid()}x{next(_USERS)}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name], check=True,
+                   capture_output=True)
+    user = Attacker(pwd.getpwnam(name))
+    engines: list[AttackerEngine] = []
+    user.start_engine = lambda *a, **kw: engines.append(user.engine(corpus, *a, **kw)) or engines[-1]
+    try:
+        yield user
+    finally:
+        for engine in engines:
+            engine.end()
+        user.end()
+        time.sleep(0.2)  # let them be reaped
+        subprocess.run(["userdel", "--force", "--remove", name], capture_output=True, check=False)
 
 
 @pytest.fixture

@@ -8,6 +8,9 @@
   joins the first's incident, so it never pages twice.
 - Events with no incident, about one subject (a GPU, an engine, or the host), that arrive within `group_window`
   of the first become one message, sent when the window closes.
+- A discovered server's event (`evidence["crowd"]`, its user) pages with its user's other servers, not as an
+  incident of its own: its subject and key are the crowd's, so a user who starts sixteen servers and stalls them
+  makes one page, the other fifteen counted into it.
 - An event with no incident whose dedupe key was sent less than `cooldown` ago is not sent but counted; the next
   message for that key says "and N more since ...", and if none comes, a follow-up with the count goes out when
   the cooldown ends.
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwarden.kinds import GPU_LOST_KINDS, OUTCOMES
-from gpuwarden.model import Event, Severity
+from gpuwarden.model import CROWD, Event, Severity
 
 # Outcomes of an incident worth a follow-up of their own, besides gpuwarden's own actions (OUTCOMES)
 FOLLOW_UP_KINDS = frozenset({"engine_restarting", "engine_back", "engine_restart_failed", "gpus_back",
@@ -183,6 +186,8 @@ class StormControl:
     # --- inside ---------------------------------------------------------------------------------------------
 
     def _incident_of(self, event: Event) -> str | None:
+        if event.evidence.get(CROWD):
+            return None  # a user's discovered servers page as one crowd, not as an incident each
         incident = event.evidence.get("incident")
         if event.gpu and event.kind in GPU_LOST_KINDS:
             if event.gpu in self._lost:
@@ -257,6 +262,8 @@ def _acted(events: list[Event]) -> bool:
 
 
 def subject_of(event: Event) -> str:
+    if crowd := event.evidence.get(CROWD):
+        return crowd
     if event.gpu:
         return f"GPU {event.gpu}"
     if event.engine:

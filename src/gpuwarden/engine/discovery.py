@@ -36,6 +36,17 @@ class Found:
     container: str | None = None  # the Docker container it runs in (its name)
     log_container: str | None = None  # source "log" from that container's log
     installed: bool = False  # runs an engine's program that only root could have put there (`installed`)
+    unit: str | None = None  # the system service it runs in (system_unit): root made it
+    gpu: bool = False  # it, or a process it started, holds a GPU's device file open (holds_gpu)
+    uid: int | None = None  # its user
+
+    @property
+    def rank(self) -> int:
+        """What vouches for it, strongest first: a GPU held (3); a system unit or a container, which only root
+        makes (2); root's installed program (1: any user may run it, 16 times over); only words on a command
+        line (0, a look-alike). When [engines] max_discovered is reached, a server of a higher rank takes the
+        place of one of a lower: a user's crowd never pushes out an engine the host vouches for more."""
+        return 3 if self.gpu else 2 if self.unit or self.container else 1 if self.installed else 0
 
     @property
     def name(self) -> str:
@@ -79,7 +90,8 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
             container = container_of(pid)
             found.append(Found(profile[0], pid, min(ports), profile[1],
                                container=container and name_of(docker_socket, container),
-                               installed=any(installed(p, profile[0]) for p in (pid, _parent(pid)) if p)))
+                               installed=any(installed(p, profile[0]) for p in (pid, _parent(pid)) if p),
+                               unit=system_unit(pid), gpu=holds_gpu(pid), uid=_uid(pid)))
     seen = {f.pid for f in found}
     by_container: dict[str, list[int]] = {}
     for port, name in published(docker_socket).items():
@@ -87,16 +99,17 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
     for name, ports in by_container.items():
         for pid in container_pids(docker_socket, name)[0]:
             if pid not in seen and listens(pid) and (profile := _profile(pid)) is not None:
-                found.append(Found(profile[0], pid, min(ports), profile[1], container=name))
+                found.append(Found(profile[0], pid, min(ports), profile[1], container=name, gpu=holds_gpu(pid),
+                                   uid=_uid(pid)))
                 break
     return sorted(found, key=lambda f: f.port)
 
 
 def probe_order(new: list[Found], probed: dict[str, float]) -> list[Found]:
-    """The servers not watched yet: installed engines first, then the longest unprobed: with at most [engines]
-    max_discovered probed a round, a crowd of look-alikes, or of servers that never answer, cannot keep a real
-    engine from its turn."""
-    return sorted(new, key=lambda f: (not f.installed, probed.get(f.name, float("-inf"))))
+    """The servers not watched yet: the highest rank first (Found.rank), then the longest unprobed: with at most
+    [engines] max_discovered probed a round, a crowd (of look-alikes, of root's own program run by a user, of
+    servers that never answer) cannot keep an engine the host vouches for more from its turn."""
+    return sorted(new, key=lambda f: (-f.rank, probed.get(f.name, float("-inf"))))
 
 
 def programs(name: str) -> set[str]:
@@ -187,6 +200,53 @@ def with_source(found: Found) -> Found:
     return Found(**{**_fields(found), "source": "none"})
 
 
+def system_unit(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The system service a process runs in: a `.service` under system.slice, which only root makes. A user's
+    own units (systemd --user: user.slice/user-N.slice/user@N.service/…) are not one."""
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)[-1].split("/")
+        if len(parts) > 2 and parts[1] == "system.slice" and parts[2].endswith(".service"):
+            return parts[2]
+    return None
+
+
+_GPU_FILE = re.compile(r"/dev/(nvidia\d+|dri/(renderD|card)\d+|kfd)")
+_TREE = 64  # processes of a server's tree looked at for a GPU: its user may start thousands
+
+
+def holds_gpu(pid: int, proc: Path = Path("/proc")) -> bool:
+    """The server, or one of the first processes it started (vLLM's engine core holds the GPU, its API server
+    does not), holds a GPU's device file open: something only a process that really runs on it does."""
+    try:
+        pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True)[:_TREE])]
+    except psutil.Error:
+        return False
+    for each in pids:
+        fds = proc / str(each) / "fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                if _GPU_FILE.fullmatch(os.readlink(fds / name)):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).uids().real
+    except psutil.Error:
+        return None
+
+
 def unit_of(pid: int, proc: Path = Path("/proc")) -> str | None:
     """The systemd service a process runs in, from its cgroup path (…/name.service[/…])."""
     try:
@@ -216,7 +276,8 @@ def _answers(url: str) -> bool:
 
 def _fields(found: Found) -> dict:
     return {"profile": found.profile, "pid": found.pid, "port": found.port, "command": found.command,
-            "container": found.container, "installed": found.installed}
+            "container": found.container, "installed": found.installed, "unit": found.unit, "gpu": found.gpu,
+            "uid": found.uid}
 
 
 def hint(metrics_url: str) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pwd
 import time
 from typing import Protocol
 
@@ -25,7 +26,7 @@ _DEADLINE = 30.0
 class Watched(Protocol):
     """What discovery tells the engines component (engine/watch.py's EngineWatch)."""
 
-    def adopt(self, config: EngineConfig, lookalike: bool) -> None: ...
+    def adopt(self, config: EngineConfig, lookalike: bool, crowd: str | None = None) -> None: ...
 
     def drop(self, name: str) -> None: ...
 
@@ -38,12 +39,26 @@ def config_of(found: Found) -> EngineConfig:
                         on_gpu_fault="alert", on_unresponsive="alert", target=found.target)
 
 
+_RANKS = ("a server that only looks like an engine", "root's installed program, run by anyone",
+          "in a system unit or a container", "holding a GPU")
+
+
+def crowd_of(found: Found) -> str:
+    """The user whose discovered servers page together: anyone can start many (alert/storm.py groups them)."""
+    if found.uid is None:
+        return "discovered engines of an unknown user"
+    try:
+        return f"discovered engines of {pwd.getpwuid(found.uid).pw_name}"
+    except KeyError:
+        return f"discovered engines of uid {found.uid}"
+
+
 class Discovery:
     name = "discovery"
 
     def __init__(self, settings: EnginesConfig, engines: Watched, sink: Sink) -> None:
         self.settings, self.engines, self.sink = settings, engines, sink
-        self._watched: dict[str, bool] = {}  # what it handed over: name → a look-alike (not an installed engine)
+        self._watched: dict[str, int] = {}  # what it handed over: name → its rank (Found.rank)
         self._unwatchable: set[str] = set()  # already said to offer no source
         self._skipped: set[str] = set()  # already said to be past max_discovered
         self._probed: dict[str, float] = {}  # when each server was last probed for a source
@@ -68,8 +83,8 @@ class Discovery:
         # Anyone can start servers that look like engines: root watches (and probes) a bounded number.
         cap = self.settings.max_discovered
         for f in probe_order([f for f in found if f.name not in self._watched], self._probed)[:cap]:
-            if len(self._watched) >= cap and not (f.installed and self._make_room()):
-                break
+            if len(self._watched) >= cap and not self._make_room(f.rank):
+                break  # the rest rank no higher
             self._probed[f.name] = time.monotonic()
             try:
                 f = await _DISCOVERY.run("probe", _DEADLINE, with_source, f)
@@ -78,8 +93,8 @@ class Discovery:
             if f.source != "none":
                 log.info("discovered %s serving on port %d (%s): watching it through %s, alerts only; for more: "
                          "%s", f.profile, f.port, f.place, f.through, f.more)
-                self._watched[f.name] = not f.installed
-                self.engines.adopt(config_of(f), lookalike=not f.installed)
+                self._watched[f.name] = f.rank
+                self.engines.adopt(config_of(f), lookalike=not f.rank, crowd=crowd_of(f))
             elif f.name not in self._unwatchable:
                 self._unwatchable.add(f.name)
                 log.warning("discovered %s serving on port %d (%s), but no source to watch it through answers: %s",
@@ -87,15 +102,14 @@ class Discovery:
         self._say_skipped([f for f in found if f.name not in self._watched] if len(self._watched) >= cap else [],
                           cap)
 
-    def _make_room(self) -> bool:
-        """Stop watching one look-alike, for an installed engine; False when none is watched."""
-        name = next((n for n, lookalike in self._watched.items() if lookalike), None)
-        if name is None:
+    def _make_room(self, rank: int) -> bool:
+        """Stop watching the lowest-ranked server, for one of a higher `rank`; False when none ranks lower."""
+        name = min(self._watched, key=self._watched.__getitem__, default=None)
+        if name is None or self._watched[name] >= rank:
             return False
-        del self._watched[name]
+        lower = self._watched.pop(name)
         self.engines.drop(name)
-        log.info("no longer watching %s, a server that only looks like an engine: an installed engine needs its place",
-                 name)
+        log.info("no longer watching %s, %s: a server with more to vouch for it needs its place", name, _RANKS[lower])
         return True
 
     def _say_skipped(self, skipped: list[Found], cap: int) -> None:

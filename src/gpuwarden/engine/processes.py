@@ -402,13 +402,27 @@ def _protected() -> set[int]:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A secret's name: --api-key, --hf-token, --password, --client-secret, OPENAI_API_KEY, DB_PASSWD...
+_SECRET_NAME = r"[\w.-]*(?:key|token(?!s|iz)|secret|passw(?:or)?d|credentials?|auth)[\w.-]*"
+# its value, as a flag's next word (not another flag) or after `=`; a variable's after `=` (`env K=v cmd`)
+_SECRET_FLAG = re.compile(rf"(?i)(?<!\S)(--?{_SECRET_NAME})(=|\s+)(?!-)(\S+)")
+_SECRET_VARIABLE = re.compile(rf"(?i)(?<!\S)([A-Za-z_]{_SECRET_NAME})=(\S+)")
+
+
+def redact_command(command: str) -> str:
+    """A command line fit to leave the host (events, pages, status): the values of secret flags and variables
+    (`--api-key K`, `--token=T`, `HF_TOKEN=T`) and the credentials of URLs masked, control characters escaped (it
+    is the user's text). Over-masking is the safe side: `--key-file PATH` loses its path too."""
+    command = _SECRET_FLAG.sub(lambda m: f"{m[1]}{m[2]}***", redact(command))
+    command = _SECRET_VARIABLE.sub(r"\1=***", command)
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], command)
 
 
 def describe(proc: psutil.Process) -> str:
-    """`pid user command` for people, on one line (a command line's control characters are escaped: it is the
-    user's text) and with the secrets of URLs in it masked (it goes into events and alerts)."""
+    """`pid user command` for people, on one line and with its secrets masked (redact_command: it goes into
+    events and alerts)."""
     try:
-        command = _CONTROL.sub(lambda m: repr(m[0])[1:-1], redact(" ".join(proc.cmdline()) or f"[{proc.name()}]"))
+        command = redact_command(" ".join(proc.cmdline()) or f"[{proc.name()}]")
         return f"{proc.pid} {proc.username()} {command[:120]}"
     except psutil.Error:
         return str(proc.pid)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -31,11 +32,13 @@ from gpuwarden.engine.looks import Looker
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of
 from gpuwarden.engine.processes import Tracker
+from gpuwarden.engine.saturation import Saturation, saturation
 from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.engine.stall import next_look
 from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.logsetup import redact
-from gpuwarden.model import Event, Severity, Sink
+from gpuwarden.model import CROWD, Event, Severity, Sink
+from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
 
 log = logging.getLogger(__name__)
@@ -66,8 +69,10 @@ class EngineState:
     seen_at: float = -1e18  # when its processes were last looked at (monotonic)
     pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
     log_refused: str | None = None  # why its log file was last refused (said once)
+    saturated: Saturation | None = None  # it cannot accept, while it idles (engine_saturated said once)
     lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
     answering: Answering | None = None  # whether it answers at all (engine_not_answering)
+    crowd: str | None = None  # discovered: its user's servers page together (model.CROWD)
 
     @property
     def name(self) -> str:
@@ -224,9 +229,9 @@ class EngineWatch:
 
     # --- discovery's port: the engines it found -----------------------------------------------------------
 
-    def adopt(self, config: EngineConfig, lookalike: bool) -> None:
+    def adopt(self, config: EngineConfig, lookalike: bool, crowd: str | None = None) -> None:
         state = self.engines[config.name] = new_state(config)
-        state.lookalike = lookalike
+        state.lookalike, state.crowd = lookalike, crowd
         self._watching[config.name] = self._tasks.create_task(self._watch(state))
 
     def drop(self, name: str) -> None:
@@ -267,6 +272,9 @@ class EngineWatch:
         was done too, each stall's clock started that much late and its kill came that much later. Returns the
         look's date."""
         (sample, error, answered), looked = await asyncio.gather(self._scrape(state), self.inspect(state))
+        if sample is None and state.config.source != "log" and await self._saturated(state):
+            self._export(state, sample)
+            return answered  # it cannot accept while it idles: no failure counts toward unresponsive
         look = lc.Look(answered, sample, state.instance if looked else None, is_spinning(state.cpus))
         changes = state.lifecycle.observe(look)
         self._answering(state, sample is not None, answered, error)
@@ -413,9 +421,41 @@ class EngineWatch:
         if cfg.canary == "off":
             return CanaryResult("off", 0.0, "the canary is off")
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
+        # looked at before and after: an engine frees places now and then (a client's read timeout) and a crowd
+        # takes them again, so the one look at the end may fall in such a gap
+        before = await self._saturation(state)
         result = await canary(base_url(cfg), api, cfg.canary_timeout)
+        if result.outcome == "timeout" and (full := await self._saturated(state, before)):
+            # not a completion that did not return: one that could not be asked (the lifecycle judges nothing by it)
+            result = CanaryResult("saturated", result.seconds, f"{result.detail}: it cannot accept: {full.reason}")
+        elif result.outcome == "ok":
+            state.saturated = None
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
         return result
+
+    async def _saturation(self, state: EngineState) -> Saturation | None:
+        """The engine cannot accept a connection now while it idles (its last figures show no request running or
+        waiting). One that was working when it stopped answering is not asked about: judged as before."""
+        last, port = state.sample, urlsplit(base_url(state.config)).port
+        if last is None or last.running != 0 or last.waiting or port is None:
+            return None
+        try:
+            return await _SATURATION.run(state.name, 5.0, saturation, port, [p.pid for p in state.procs])
+        except (Busy, TimeoutError):
+            return None
+
+    async def _saturated(self, state: EngineState, before: Saturation | None = None) -> Saturation | None:
+        """Whether a canary or scrape failed because the engine cannot accept (now, or `before` it began): then
+        it is `engine_saturated`, said once an episode, and never unresponsive for it."""
+        found = await self._saturation(state) or before
+        if found and not state.saturated:
+            self._record(Event("engine_saturated", Severity.WARNING,
+                               f"{state.name} cannot accept a connection while it idles: {found.describe()}. Not "
+                               "killed for it: clients holding every connection it can take are not a hang (the "
+                               "canary and the scrapes need one)", time.time(), engine=state.name,
+                               evidence={"reason": found.reason, "peers": found.peers, "port": found.port}))
+        state.saturated = found
+        return found
 
     async def inspect(self, state: EngineState) -> bool:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline; False when the
@@ -557,13 +597,20 @@ class EngineWatch:
         self._record(event)
 
     def _record(self, event: Event) -> None:
-        """A discovered server that only looks like an engine (anyone can start one) is never a page."""
+        """A discovered server that only looks like an engine (anyone can start one) is never a page; those of
+        one user are alerted together (a user can start sixteen of root's own llama-server and stall them)."""
         state = self.engines.get(event.engine or "")
+        if state is not None and state.crowd:
+            event = replace(event, message=f"{event.message} (one of the {state.crowd}, alerted together)",
+                            evidence={**event.evidence, CROWD: state.crowd})
         if state is not None and state.lookalike:
             event = replace(event, severity=min(event.severity, Severity.WARNING),
                             message=f"{event.message} (a discovered server not installed as an engine)",
                             evidence={**event.evidence, "lookalike": True})
         self.sink.record([event])
+
+
+_SATURATION = OffLoop("saturation", limit=2)  # /proc/net/tcp and an engine's descriptors
 
 
 def is_spinning(cpus: list[float]) -> bool:
