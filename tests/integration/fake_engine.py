@@ -11,6 +11,9 @@ It serves a one-token completion (/v1/models, /v1/completions: the canary) while
 holds it forever while stalled or hung. --loading SECONDS answers every request 503 "Loading model" for that
 long after its start, as an engine that loads its model (llama.cpp does so; vLLM does not listen yet).
 
+With $VLLM_API_KEY set (as vLLM reads it; not on the command line, where the canary would find it), /v1/*
+answers 401 to a request without `Authorization: Bearer <key>`, as `vllm serve --api-key` does.
+
 --orphans forks a child that forks a grandchild and exits (the grandchild is orphaned); --ignore-term makes
 every process of the tree ignore SIGTERM; --pids FILE records the pids of the whole tree.
 """
@@ -123,6 +126,7 @@ def main():
                 f.write(f"{engine.spinner.pid}\n")
 
     loaded_at = time.monotonic() + args.loading
+    key = os.environ.get("VLLM_API_KEY")
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def answer(self, status, body, kind="application/json"):
@@ -132,6 +136,12 @@ def main():
             self.end_headers()
             self.wfile.write(body)
 
+        def refused(self):
+            if key and self.path.startswith("/v1/") and self.headers.get("Authorization") != f"Bearer {key}":
+                self.answer(401, b'{"error": "Unauthorized"}')
+                return True
+            return False
+
         def loading(self):
             if time.monotonic() < loaded_at:
                 self.answer(503, b'{"error": {"code": 503, "message": "Loading model"}}')
@@ -139,7 +149,7 @@ def main():
             return False
 
         def do_GET(self):
-            if self.loading():
+            if self.loading() or self.refused():
                 return
             if engine.mode == "hang":
                 time.sleep(3600)
@@ -154,7 +164,7 @@ def main():
                 self.answer(204, b"")
                 return
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.loading():
+            if self.loading() or self.refused():
                 return
             if engine.mode in ("stall", "hang"):
                 time.sleep(3600)  # a stuck engine's completion never returns

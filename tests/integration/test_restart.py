@@ -11,6 +11,7 @@ the kill takes the engine and never the supervisor.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -158,5 +159,48 @@ def test_a_real_llamacpp_loading_for_60_s_after_a_kill_answers_503_is_never_kill
         assert "Loading model" in body, body
         back = check_back(d, loading, "llama")
         print(f"llama.cpp back {back['evidence']['seconds_since_kill']} s after the kill (loading {loading} s)")
+    finally:
+        supervised.stop()
+
+
+def post(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=2).read()
+
+
+def test_a_new_instance_whose_canary_gets_401_is_back_by_its_tokens_and_its_stall_is_killed_on_time(
+        daemon_factory, corpus, tmp_path):
+    """Each instance wants an API key (from $VLLM_API_KEY, as vLLM reads it: not on its command line, so the
+    canary has none) and its supervisor starts it again after each kill. The canary's 401 is one
+    canary_misconfigured warning; the new instance's own tokens prove it back; its stall is killed within
+    threshold + one scrape + 2 s, as the first instance's was."""
+    interval, port = 0.5, free_port()
+    engine = ["env", "VLLM_API_KEY=gwtest-key", sys.executable, str(FAKE_ENGINE), "--port", str(port), "--dump",
+              str(corpus / "metrics" / "vllm-01.prom")]
+    supervised = Supervised(engine, engine, tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: status_of(f"{url}/metrics")[0] == 200, 30, what="the first instance to serve")
+        assert status_of(f"{url}/v1/models")[0] == 401
+        d = daemon_factory(
+            f'[[engine]]\nname = "keyed"\nmetrics_url = "{url}/metrics"\nscrape_interval = "{interval}s"\n'
+            f'min_stall = "2s"\nkill_grace = "1s"\ncanary_timeout = "3s"\n').start()
+        d.wait_serving()
+        for count in (1, 2):
+            time.sleep(3)  # progress
+            post(f"{url}/mode/stall")
+            stalled_at = time.time()
+            killed = wait_event(d, "engine_killed", 30, count=count)
+            stall = events(d, {"engine_stall"})[count - 1]
+            threshold = stall["evidence"]["figures"]["threshold_seconds"]
+            took = killed["time"] - stalled_at
+            print(f"instance {count}: stall to kill {took:.2f} s (threshold {threshold} s, scrape {interval} s)")
+            assert took <= threshold + interval + 2, (took, threshold)
+        for back in (wait_event(d, "engine_back", 30, count=count) for count in (1, 2)):
+            assert back["evidence"]["proof"] == "tokens" and back["evidence"]["tokens"] > 0, back
+            assert re.fullmatch(r"keyed back: \d+ tokens in its first \d+ s \(\d+ s after the kill\)",
+                                back["message"]), back["message"]
+        [refused] = events(d, {"canary_misconfigured"})  # one configuration problem, said once
+        assert "HTTP 401" in refused["message"] and "canary_api_key_file" in refused["message"], refused
+        assert not events(d, {"engine_restart_failed", "engine_unresponsive", "kill_refused"})
     finally:
         supervised.stop()
