@@ -419,7 +419,7 @@ class EngineWatch:
         if cfg.canary == "off":
             return CanaryResult("off", 0.0, "the canary is off")
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
-        client = _client(state)
+        client = client_of(cfg, state.procs)
         result = client if isinstance(client, CanaryResult) else await canary(base_url(cfg), api,
                                                                               cfg.canary_timeout, client)
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
@@ -568,11 +568,10 @@ class EngineWatch:
         self.sink.record([event])
 
 
-def _client(state: EngineState) -> Client | CanaryResult:
+def client_of(cfg: EngineConfig, procs: list[psutil.Process]) -> Client | CanaryResult:
     """What the canary sends as the engine's clients do; a key file it may not use is a misconfigured canary.
-    Without a key file, the `--api-key` on the command line of the engine's own processes (those serving
-    metrics_url) is sent back to that same server only: never to a `url` elsewhere."""
-    cfg = state.config
+    Without a key file, the `--api-key` on the command line of the engine's own processes (`procs`: those
+    serving metrics_url) is sent back to that same server only: never to a `url` elsewhere."""
     headers = tuple(cfg.canary_headers.items())
     if cfg.canary_api_key_file is not None:
         try:
@@ -582,7 +581,7 @@ def _client(state: EngineState) -> Client | CanaryResult:
         return Client(key, headers, cfg.canary_model, cfg.canary_route, f"from {cfg.canary_api_key_file}")
     key = None
     if urlsplit(base_url(cfg)).netloc == urlsplit(pinned(cfg.metrics_url)).netloc:
-        for proc in state.procs:
+        for proc in procs:
             try:
                 if proc.is_running() and (key := key_in(proc.cmdline())):  # is_running: the pid not reused
                     break
