@@ -554,3 +554,5 @@ def test_an_engines_first_start_counts_its_tries_from_when_its_process_appeared(
     out = looks(lc, 50, 70, None, processes=OLD)
     [unresponsive] = [t for t in out if isinstance(t, Unresponsive)]
     assert unresponsive.silent_for == 10 and unresponsive.failures == 11
+    assert kinds(out) == [Unresponsive]  # its silence was said once already, before it existed
+    assert kinds(lc.observe(Look(70, sample(0, 0), OLD))) == [Answers]

@@ -245,6 +245,7 @@ class Lifecycle:
         self._since: float | None = None  # when this instance was first seen (or watching began)
         self._answered: float | None = None
         self._failures = 0
+        self._silent = False  # Silent was said: its answer is said too (Answers)
         self._unresponsive = False
         self._exits: tuple[float, ...] = ()
         self._killed_at: float | None = None
@@ -556,13 +557,14 @@ class Lifecycle:
     def _forget(self) -> None:
         """Nothing of the dead instance is held against the next one."""
         self.detector, self.sample, self._answered = self._new_detector(), None, None
-        self._failures, self._unresponsive, self._first_answer = 0, False, None
+        self._failures, self._unresponsive, self._first_answer, self._silent = 0, False, None, False
 
     def _failed(self, look: Look, out: list[Transition]) -> None:
         if self.in_grace:
             return  # loading: 503, no /metrics yet
         self._failures += 1
-        if self._failures == self.rules.unresponsive_after:
+        if self._failures >= self.rules.unresponsive_after and not self._silent:
+            self._silent = True
             out.append(Silent(self._failures))
         silent_for = look.now - (self._answered if self._answered is not None else self._since)
         if (self._failures >= self.rules.unresponsive_after and self._instance and not self._unresponsive
@@ -571,9 +573,9 @@ class Lifecycle:
             out.append(self._said(Unresponsive(silent_for, self._failures, self.sample), look.now))
 
     def _answered_with(self, look: Look, out: list[Transition]) -> None:
-        if self._failures >= self.rules.unresponsive_after or self._unresponsive:
+        if self._silent or self._unresponsive:
             out.append(Answers(self._unresponsive))
-        self._failures, self._unresponsive, self._answered = 0, False, look.now
+        self._failures, self._unresponsive, self._silent, self._answered = 0, False, False, look.now
         if self.phase in _UNPROVEN:
             self.sample = look.sample  # its own figures; judged once it is back (failed, unproven: as ever)
             if back := self._progressed(look):
