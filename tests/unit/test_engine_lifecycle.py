@@ -556,3 +556,13 @@ def test_an_engines_first_start_counts_its_tries_from_when_its_process_appeared(
     assert unresponsive.silent_for == 10 and unresponsive.failures == 11
     assert kinds(out) == [Unresponsive]  # its silence was said once already, before it existed
     assert kinds(lc.observe(Look(70, sample(0, 0), OLD))) == [Answers]
+
+
+def test_progress_read_from_a_log_never_proves_a_new_instance_back():
+    """The log is the engine's word alone (and the dead instance's last lines may come late): only a completion."""
+    lc = life(confirm_stall=True)
+    restarted(lc)
+    [due] = lc.observe(Look(23, sample(2, 0), NEW))
+    assert kinds(looks(lc, 24, 30, sample(2, 40), processes=NEW)) == [] and lc.phase == "starting"
+    [back] = lc.canaried(OK, 30.5, due)
+    assert back.canary is OK and lc.phase == "watching"

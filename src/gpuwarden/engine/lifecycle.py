@@ -594,9 +594,11 @@ class Lifecycle:
 
     def _progressed(self, look: Look) -> Back | None:
         """Back, when its progress counter moved since it first answered: tokens it processed are proof that it
-        serves (a canary that cannot authenticate, an engine whose users keep it busy, need nothing else)."""
+        serves (a canary that cannot authenticate, an engine whose users keep it busy, need nothing else). Not
+        where progress is read from its log: that is the engine's word alone, and lines of the dead instance
+        read late would pass for the new one's; there only a completion proves it."""
         progress = look.sample.progress
-        if progress is None:
+        if progress is None or self.rules.confirm_stall:
             return None
         first = self._first_answer
         if first is None or progress < first[0]:  # a counter that went down counts again from there
