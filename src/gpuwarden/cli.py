@@ -153,8 +153,13 @@ def _parser() -> argparse.ArgumentParser:
     _json_forms(replay)
     replay.set_defaults(handler=cmd_replay)
 
-    probe = command("probe", help="scrape an engine's /metrics once and say what it shows")
-    probe.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
+    probe = command("probe", help="scrape an engine's /metrics once and say what it shows; --canary: ask it for a "
+                                   "token as the daemon's canary does, and say what is missing")
+    probe.add_argument("url", nargs="?", help="e.g. http://127.0.0.1:8000/metrics (or --engine)")
+    probe.add_argument("--engine", help="a configured engine: its metrics_url, and its canary's settings")
+    probe.add_argument("--canary", action="store_true",
+                       help="also send one real one-token completion, with the key, headers, model and route the "
+                            "daemon's canary would use (exit 1 when it does not complete)")
     probe.add_argument("--json", action="store_true", help="one JSON document")
     probe.add_argument("--profile", default="auto", choices=("auto", *enginekinds.names()),
                        help="the engine kind whose metrics to read (default: the one the body shows)")
@@ -462,10 +467,16 @@ def _unprivileged_ports() -> int:
 
 def _resolution(spec) -> tuple[list[str], list[str]]:
     """What a target resolves to now, as a kill would take it ("pid user command"), and what it refuses."""
+    return _resolved(spec)[1:]
+
+
+def _resolved(spec):
+    """The processes a target resolves to now, those described ("pid user command"), and what it refuses."""
     from gpuwarden.engine.processes import Tracker, describe, resolve
 
     found = resolve(spec)
-    return [describe(p) for p in Tracker().refresh(found)], found.refused
+    procs = Tracker().refresh(found)
+    return procs, [describe(p) for p in procs], found.refused
 
 
 def _print_processes(procs: list[str], refused: list[str]) -> None:
@@ -615,6 +626,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from gpuwarden.engine.parts import target_spec
     from gpuwarden.engine.scraper import ScrapeError, Scraper
 
+    engine = configuration.EngineConfig(name="probe", metrics_url=args.url) if args.url else None
+    if args.engine:
+        config, _ = configuration.load(args.config)
+        engine = next((e for e in config.engine if e.name == args.engine), None)
+        if engine is None:
+            print(f"gpuwarden probe: no [[engine]] named {args.engine!r} in the configuration", file=sys.stderr)
+            return EXIT_USAGE
+        args.url = args.url or engine.metrics_url
+    if engine is None:
+        print("gpuwarden probe: give the engine's metrics URL, or --engine NAME", file=sys.stderr)
+        return EXIT_USAGE
     try:
         check_metrics_url(args.url)
     except ValueError as exc:
@@ -637,8 +659,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
               "tokens_processed": sample and sample.progress,
               "progress": sample and ("per step" if sample.per_step else "per finished request"),
               "spec_acceptance": sample and sample.spec_acceptance, "families": sample and list(sample.families)}
-    report["processes"], report["refused"] = _resolution(
-        target_spec(configuration.EngineConfig(name="probe", metrics_url=args.url)))
+    procs, report["processes"], report["refused"] = _resolved(target_spec(engine))
+    if args.canary:
+        report["canary"], report["canary_detail"] = _probe_canary(engine, procs, sample)
     if sample is None:
         from gpuwarden.engine.discovery import hint
         report["hint"] = hint(args.url)
@@ -652,12 +675,30 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 return ", ".join(value)
             return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else str(value)
         for key in ("up", "profile", "running", "waiting", "generated_tokens", "tokens_processed", "progress",
-                    "spec_acceptance", "families", "error", "hint"):
-            if key not in ("error", "hint") or report.get(key):
+                    "spec_acceptance", "families", "error", "hint", "canary", "canary_detail"):
+            if key not in ("error", "hint", "canary", "canary_detail") or report.get(key):
                 print(f"{key:<17} {show(report[key])}")
-        print(f"# the processes serving {redact(args.url)}, as a port target would kill them:")
+        print(f"# the processes serving {redact(args.url)}, as a {engine.target.kind} target would kill them:")
         _print_processes(report["processes"], report["refused"])
-    return EXIT_OK if sample else EXIT_FAILURE
+    return EXIT_OK if sample and report.get("canary", "ok") in ("ok", "off") else EXIT_FAILURE
+
+
+def _probe_canary(engine, procs, sample) -> tuple[str, str]:
+    """The daemon's canary, once: its outcome and what it said (a refusal names what to set; never the key)."""
+    from gpuwarden.engine.canary import CanaryResult, api_for, canary
+    from gpuwarden.engine.parts import base_url
+    from gpuwarden.engine.watch import client_of
+
+    if engine.canary == "off":
+        return "off", "the canary is off"
+    client = client_of(engine, procs)
+    if isinstance(client, CanaryResult):
+        return client.outcome, client.detail
+    api = api_for(engine.canary, sample.profile.split()[0] if sample else engine.profile)
+    result = asyncio.run(canary(base_url(engine), api, engine.canary_timeout, client))
+    said = f"{result.detail} (sent the API key {client.key_from})" if client.key and result.outcome == "ok" \
+        else result.detail
+    return result.outcome, said
 
 
 def cmd_guard(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import os
 import pwd
 import re
 import socket
+import stat
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -421,6 +422,61 @@ def _canary_api(name: str) -> str:
 
 
 RESTARTABLE = ("unit", "docker")  # target kinds whose supervisor gpuwarden can ask to start the engine again
+MAX_KEY_BYTES = 4096
+
+
+def api_key(path: Path) -> Secret:
+    """The API key a canary sends, from `path`: a regular file of gpuwarden's own user (root, as a service) that
+    no one else may read or write. Read at each canary (a key rotated is picked up); never in the TOML, and no
+    error says it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO put there must not block
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{path} belongs to uid {st.st_uid}: only gpuwarden's own user (uid {os.geteuid()}) "
+                             "may hold its key")
+        if st.st_mode & 0o077:
+            raise ValueError(f"{path} is open to others (mode {stat.S_IMODE(st.st_mode):o}): an API key must be "
+                             f"readable only by its owner (chmod 600 {path})")
+        data = os.read(fd, MAX_KEY_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    key = data.decode("utf-8", "replace").strip()
+    if len(data) > MAX_KEY_BYTES or not key or "\n" in key:
+        raise ValueError(f"{path} does not hold one API key (one line, at most {MAX_KEY_BYTES} bytes)")
+    return Secret(key)
+
+
+def _key_file(path: Path | None) -> Path | None:
+    if path is not None:
+        api_key(path)  # read now: `run` must not be the first to find it unreadable or open to others
+    return path
+
+
+_CREDENTIALS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"})
+
+
+def _headers(value: dict[str, str]) -> dict[str, str]:
+    for name in value:
+        if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+            raise ValueError(f"{name!r} is not an HTTP header name")
+        if name.lower() in _CREDENTIALS:  # the TOML is readable, and `check` prints it
+            raise ValueError(f"{name!r} carries a credential: put the key in canary_api_key_file (a file readable "
+                             "only by root), not in the TOML")
+    return value
+
+
+def _route(value: str) -> str:
+    if not value.startswith("/") or any(c in value for c in "?#") or any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} is not a path such as \"/v1/completions\" or \"/v1/chat/completions\"")
+    return value
 
 
 def _masked(url: str | None) -> str | None:
@@ -456,6 +512,13 @@ class EngineConfig(Section):
     canary: str = field(then(text, _canary_api), "auto")
     canary_interval: float = field(Duration, 0.0)
     canary_timeout: float = field(Interval, 30.0)
+    # what the canary sends as a client does: the engine's API key (Authorization: Bearer) from a file readable
+    # only by root (else: `--api-key` from the engine's own command line), extra headers (no credential), and to
+    # ask through an OpenAI-compatible route, the model and the route
+    canary_api_key_file: Path | None = field(AbsolutePath, None, check=_key_file)
+    canary_headers: dict[str, str] = field(DictOf(text, text), {}, check=_headers)
+    canary_model: str | None = field(text, None)
+    canary_route: str | None = field(then(text, _route), None)
     gpus: list[str] = field(ListOf(PciAddress), [])  # PCI addresses; empty: learned from the device files it holds
     scrape_interval: float = field(Interval, 5.0)
     # the whole scrape: connect, every byte of the body, and the parse; never above scrape_interval

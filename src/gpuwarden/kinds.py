@@ -59,6 +59,8 @@ CATALOG: dict[str, Kind] = {
     # a fault with no owner on the engine's GPU: gpuwarden watches it closely (threshold at its floor, a canary)
     "engine_suspect": Kind("gpu_fault"),
     "log_refused": Kind("refused_file"),  # an engine's log file that is not a regular file of its user
+    # the canary was refused (401, 403) or found no route or model (404): a configuration problem, said once
+    "canary_misconfigured": Kind(None),
     "discovery_flood": Kind(None),  # more engine-like servers than max_discovered: one alert for the crowd
     # what gpuwarden did, or was not allowed to do
     "engine_killed": Kind(None, action=True, outcome=True, condition="engine"),

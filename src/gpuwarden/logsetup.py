@@ -13,14 +13,16 @@ QUIET = ("httpx", "httpcore", "apprise", "urllib3")
 
 _URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]*@)?(?P<rest>[^\s\"'<>]*)")
 _QUERY_VALUE = re.compile(r"([?&;][^=&;#\s]*=)[^&;#\s]*")
+# an engine's command line (a kill's target, described in events) carries its API key so
+_KEY_FLAG = re.compile(r"(--api[-_]key(?:=|\s+))[^\s\"']+")
 
 
 def redact(text: str) -> str:
-    """`text` with the userinfo and the query values of every URL in it masked:
-    `http://u:p@h/m?api_key=k` -> `http://***@h/m?api_key=***`."""
+    """`text` with the userinfo and the query values of every URL in it masked, and the value of an `--api-key`
+    option: `http://u:p@h/m?api_key=k` -> `http://***@h/m?api_key=***`, `--api-key k` -> `--api-key ***`."""
     def mask(m: re.Match[str]) -> str:
         return m["scheme"] + ("***@" if m["userinfo"] else "") + _QUERY_VALUE.sub(r"\1***", m["rest"])
-    return _URL.sub(mask, text)
+    return _KEY_FLAG.sub(r"\1***", _URL.sub(mask, text))
 
 
 class RedactingFormatter(logging.Formatter):

@@ -11,6 +11,9 @@ It serves a one-token completion (/v1/models, /v1/completions: the canary) while
 holds it forever while stalled or hung. --loading SECONDS answers every request 503 "Loading model" for that
 long after its start, as an engine that loads its model (llama.cpp does so; vLLM does not listen yet).
 
+With --api-key KEY, or $VLLM_API_KEY set (as vLLM reads it: not on the command line, where the canary finds
+it), /v1/* answers 401 to a request without `Authorization: Bearer <key>`, as `vllm serve --api-key` does.
+
 --orphans forks a child that forks a grandchild and exits (the grandchild is orphaned); --ignore-term makes
 every process of the tree ignore SIGTERM; --pids FILE records the pids of the whole tree.
 """
@@ -88,6 +91,7 @@ def main():
     p.add_argument("--pids")
     p.add_argument("--host", default="127.0.0.1")  # "::1", "::" (IPv6 only), "0.0.0.0"
     p.add_argument("--loading", type=float, default=0.0)
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     p.add_argument("rest", nargs="*")  # e.g. "vllm serve": what discovery looks for in the command line
     args = p.parse_args()
     if args.ignore_term:
@@ -123,6 +127,7 @@ def main():
                 f.write(f"{engine.spinner.pid}\n")
 
     loaded_at = time.monotonic() + args.loading
+    key = args.api_key
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def answer(self, status, body, kind="application/json"):
@@ -132,6 +137,12 @@ def main():
             self.end_headers()
             self.wfile.write(body)
 
+        def refused(self):
+            if key and self.path.startswith("/v1/") and self.headers.get("Authorization") != f"Bearer {key}":
+                self.answer(401, b'{"error": "Unauthorized"}')
+                return True
+            return False
+
         def loading(self):
             if time.monotonic() < loaded_at:
                 self.answer(503, b'{"error": {"code": 503, "message": "Loading model"}}')
@@ -139,7 +150,7 @@ def main():
             return False
 
         def do_GET(self):
-            if self.loading():
+            if self.loading() or self.refused():
                 return
             if engine.mode == "hang":
                 time.sleep(3600)
@@ -154,7 +165,7 @@ def main():
                 self.answer(204, b"")
                 return
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.loading():
+            if self.loading() or self.refused():
                 return
             if engine.mode in ("stall", "hang"):
                 time.sleep(3600)  # a stuck engine's completion never returns

@@ -300,3 +300,35 @@ def test_discovery_watches_at_most_max_discovered_and_says_once_which_it_skips(d
     skipped = [e.port for e in engines if f"vllm-{e.port}" not in watched()]
     assert skipped and all(d.log().count(f"vllm-{port} (pid ") == 1 for port in skipped)  # once, not each round
     assert d.stop() == 0
+
+
+def probe_canary(*args: str) -> tuple[int, dict, str]:
+    out = subprocess.run([*GPUWARDEN, *args, "--json", "--canary"], capture_output=True, text=True, timeout=30)
+    return out.returncode, json.loads(out.stdout) if out.returncode != 78 else {}, out.stdout + out.stderr
+
+
+def test_probe_canary_says_what_a_keyed_engine_needs_and_never_prints_the_key(fake_engine, tmp_path,
+                                                                               monkeypatch):
+    key = f"gwtest-probe-{time.time_ns()}"
+    on_its_command_line = fake_engine("progress", "--api-key", key)
+    code, report, said = probe_canary("probe", on_its_command_line.url)
+    assert code == 0 and report["canary"] == "ok", report
+    assert "from its command line (--api-key)" in report["canary_detail"] and key not in said
+
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    in_its_environment = fake_engine("progress")  # as vLLM reads $VLLM_API_KEY: nothing the canary can see
+    code, report, said = probe_canary("probe", in_its_environment.url)
+    assert code == 1 and report["canary"] == "misconfigured", report
+    assert "HTTP 401" in report["canary_detail"] and "canary_api_key_file" in report["canary_detail"], report
+
+    key_file = tmp_path / "keyed.key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o644)
+    config = tmp_path / "gpuwarden.toml"
+    config.write_text(f'[[engine]]\nname = "keyed"\nmetrics_url = "{in_its_environment.url}"\n'
+                      f'canary_api_key_file = "{key_file}"\n')
+    code, _, said = probe_canary("--config", str(config), "probe", "--engine", "keyed")
+    assert code == 78 and "open to others (mode 644)" in said and key not in said, said  # others may read it
+    key_file.chmod(0o600)
+    code, report, said = probe_canary("--config", str(config), "probe", "--engine", "keyed")
+    assert code == 0 and report["canary"] == "ok" and key not in said, report

@@ -24,14 +24,17 @@ class Result:
 
 class Load:
     def __init__(self, url: str, streams: int = 4, max_tokens: int = 500, prompt_tokens: int = 16,
-                 deadline: float = 300.0, timeout: float = 300.0, requests: int | None = None, seed: int = 0) -> None:
-        """`seed`: where each stream's random prompts start (another seed, other prompts: no cached prefix)."""
+                 deadline: float = 300.0, timeout: float = 300.0, requests: int | None = None, seed: int = 0,
+                 key: str | None = None) -> None:
+        """`seed`: where each stream's random prompts start (another seed, other prompts: no cached prefix);
+        `key`: the engine's API key, sent as its clients do (Authorization: Bearer)."""
         host = urlsplit(url).hostname or ""
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"load goes to loopback only, not {host}")
         self.url = url.rstrip("/") + "/v1/completions"
         self.streams, self.max_tokens, self.prompt_tokens = streams, max_tokens, prompt_tokens
         self.deadline, self.timeout, self.requests, self.seed = deadline, timeout, requests, seed
+        self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         self.results: list[Result] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -72,7 +75,7 @@ class Load:
         while self._more():
             body = {"model": "tiny-llama", "prompt": [rng.randrange(3, 1000) for _ in range(self.prompt_tokens)],
                     "max_tokens": self.max_tokens, "ignore_eos": True, "temperature": 0}
-            request = urllib.request.Request(self.url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+            request = urllib.request.Request(self.url, json.dumps(body).encode(), self.headers)
             start = time.monotonic()
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:

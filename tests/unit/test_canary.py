@@ -151,3 +151,85 @@ def test_sglang_canary_is_its_own_health_generation(monkeypatch, answer, waited,
     assert result.outcome == outcome, result
     if outcome == "timeout":
         assert "got no token back: HTTP 503" in result.detail
+
+
+class FakeOpenAI(Loopback):
+    """An OpenAI-compatible server that wants `key` (401 without it, as `vllm serve --api-key`), serves the model
+    `tiny` at /v1/completions and /v1/chat/completions, and 404 for anything else."""
+
+    def __init__(self, key="k3y"):
+        fake = self
+        self.asked = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self._answer(None)
+
+            def do_POST(self):
+                self._answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+            def _answer(self, body):
+                fake.asked.append((self.path, body, self.headers.get("X-Tenant")))
+                if self.headers.get("Authorization") != f"Bearer {key}":
+                    status, out = 401, {"error": "Unauthorized"}
+                elif self.path == "/v1/models":
+                    status, out = 200, {"data": [{"id": "tiny"}]}
+                elif self.path in ("/v1/completions", "/v1/chat/completions") and body["model"] == "tiny":
+                    status, out = 200, {"choices": [{"text": "x"}]}
+                else:
+                    status, out = 404, {"error": "not found"}
+                data = json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.serve(Handler)
+
+
+@pytest.fixture
+def openai():
+    fake = FakeOpenAI()
+    yield fake
+    fake.close()
+
+
+def test_a_canary_without_the_engines_key_is_misconfigured_and_says_what_to_set(openai):
+    from gpuwarden.engine.canary import Client
+    from gpuwarden.schema import Secret
+
+    result = asyncio.run(canary(openai.url, api_for("auto", "vllm"), 5))
+    assert result.outcome == "misconfigured"
+    assert result.detail.startswith("HTTP 401 at /v1/models: the engine wants an API key; set canary_api_key_file")
+    wrong = Client(Secret("nope"), key_from="from /etc/gpuwarden/x.key")
+    result = asyncio.run(canary(openai.url, api_for("auto", "vllm"), 5, wrong))
+    assert result.outcome == "misconfigured" and "refused the API key from /etc/gpuwarden/x.key" in result.detail
+    assert "nope" not in result.detail
+    right = Client(Secret("k3y"), (("X-Tenant", "ops"),))
+    assert asyncio.run(canary(openai.url, api_for("auto", "vllm"), 5, right)).outcome == "ok"
+    assert openai.asked[-1] == ("/v1/completions", {"model": "tiny", "prompt": [1], "max_tokens": 1}, "ops")
+
+
+def test_a_canary_speaks_the_model_and_route_it_is_given_and_a_404_names_them(openai):
+    from gpuwarden.engine.canary import Client
+    from gpuwarden.schema import Secret
+
+    chat = Client(Secret("k3y"), model="tiny", route="/v1/chat/completions")
+    assert asyncio.run(canary(openai.url, api_for("auto", "llamacpp"), 5, chat)).outcome == "ok"
+    path, body, _ = openai.asked[-1]
+    assert len(openai.asked) == 1 and path == "/v1/chat/completions" and body["messages"] and body["max_tokens"] == 1
+    unknown = Client(Secret("k3y"), model="qwen-72b")
+    result = asyncio.run(canary(openai.url, api_for("auto", "vllm"), 5, unknown))
+    assert result.outcome == "misconfigured" and result.detail.startswith(
+        "HTTP 404 at /v1/completions: the engine has no such route or model; set canary_model")
+
+
+def test_the_key_on_an_engines_command_line_is_found_and_never_shown():
+    from gpuwarden.engine.canary import key_in
+    from gpuwarden.logsetup import redact
+
+    assert key_in(["vllm", "serve", "m", "--api-key", "s3cret"]) == "s3cret"
+    assert key_in(["llama-server", "--api-key=s3cret"]) == "s3cret"
+    assert key_in(["vllm", "serve", "m", "--api-key-file", "/k"]) is None and key_in(["x", "--api-key"]) is None
+    assert redact("1 root vllm serve m --api-key s3cret --port 8000") == "1 root vllm serve m --api-key *** --port 8000"
+    assert redact("llama-server --api-key=s3cret") == "llama-server --api-key=***"

@@ -1,3 +1,6 @@
+import json
+import os
+import re
 import sys
 
 import pytest
@@ -247,3 +250,39 @@ def test_reading_the_journal_without_systemd_python_is_refused(monkeypatch, text
     with pytest.raises(ConfigError, match=r"systemd-python.*gpuwarden\[journal\]") as info:
         parse(text)
     assert key in str(info.value)
+
+
+def test_the_canarys_key_file_must_be_gpuwardens_own_and_no_one_elses_and_is_never_shown(tmp_path):
+    key = tmp_path / "vllm.key"
+    key.write_text("s3cret-key\n")
+    engine = f'[[engine]]\nname = "v"\nmetrics_url = "http://127.0.0.1:8000/metrics"\ncanary_api_key_file = "{key}"\n'
+    for mode, why in ((0o644, "open to others (mode 644)"), (0o640, "open to others (mode 640)")):
+        key.chmod(mode)
+        with pytest.raises(ConfigError, match=re.escape(why)) as refused:
+            parse(engine)
+        assert "s3cret" not in str(refused.value)
+    key.chmod(0o600)
+    config = parse(engine)
+    assert config.engine[0].canary_api_key_file == key and "s3cret" not in json.dumps(config.dump())
+    os.chown(key, 65534, 65534)  # nobody's: not gpuwarden's own
+    with pytest.raises(ConfigError, match="belongs to uid 65534"):
+        parse(engine)
+    for bad, why in ((tmp_path, "is not a regular file"), (tmp_path / "none", "No such file")):
+        with pytest.raises(ConfigError, match=why):
+            parse(engine.replace(str(key), str(bad)))
+    two = tmp_path / "two.key"
+    two.write_text("a\nb\n")
+    two.chmod(0o600)
+    with pytest.raises(ConfigError, match="does not hold one API key"):
+        parse(engine.replace(str(key), str(two)))
+
+
+@pytest.mark.parametrize(("setting", "why"), [
+    ('canary_headers = { Authorization = "Bearer k" }', "carries a credential: put the key in canary_api_key_file"),
+    ('canary_headers = { "X-Api-Key" = "k" }', "carries a credential"),
+    ('canary_headers = { "a b" = "k" }', "is not an HTTP header name"),
+    ('canary_route = "v1/completions"', "is not a path such as"),
+])
+def test_canary_settings_that_would_leak_a_key_or_ask_nowhere_are_refused(setting, why):
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        parse(f'[[engine]]\nname = "v"\nmetrics_url = "http://127.0.0.1:8000/metrics"\n{setting}\n')

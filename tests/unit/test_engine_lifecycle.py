@@ -8,6 +8,7 @@ from gpuwarden.engine.lifecycle import (
     Answers,
     Back,
     CanaryDue,
+    CanaryMisconfigured,
     CompletesAgain,
     ConfirmStall,
     CrashLoop,
@@ -23,6 +24,7 @@ from gpuwarden.engine.lifecycle import (
     Stalled,
     Starting,
     SuspectCanaryDue,
+    Unproven,
     Unresponsive,
 )
 from gpuwarden.engine.metrics import EngineSample
@@ -32,6 +34,7 @@ OLD = frozenset({(100, 1.0), (101, 1.5)})  # the first instance: pids and start 
 NEW = frozenset({(200, 500.0)})
 SAME_PID_NEW_START = frozenset({(100, 600.0)})  # a pid reused by a new process is a new instance
 OK = CanaryResult("ok", 0.4, "a token in 0.4 s")
+REFUSED = CanaryResult("misconfigured", 0.01, "HTTP 401: set canary_api_key_file")
 
 
 def sample(running, progress):
@@ -444,3 +447,122 @@ def test_a_silent_engines_kill_is_awaited_too():
     assert kinds(looks(lc, 1, 30, None)) == [Silent, Unresponsive]
     assert kinds(lc.observe(Look(30, None, frozenset()))) == []
     assert kinds(lc.learned(False, restart=False, now=31)) == [Exited]
+
+
+def restarted(lc, at=20.0):
+    """Stalled, killed for a restart at `at`, and a new instance seen a second later."""
+    stalled_engine(lc, at)
+    lc.killing(at, restart=True)
+    lc.observe(Look(at + 1, None, frozenset()))
+    assert kinds(lc.observe(Look(at + 2, None, NEW))) == [Starting]
+
+
+def answered(lc, start, end, sample_, result):
+    """A look a second from `start` to `end`, each canary it asks for answered `result` at once."""
+    out = []
+    for t in range(start, end):
+        for change in lc.observe(Look(t, sample_, NEW)):
+            out.append(change)
+            if isinstance(change, CanaryDue):
+                out += lc.canaried(result, t + 0.1, change)
+    return out
+
+
+def test_a_new_instance_whose_canary_is_refused_is_back_by_its_tokens_and_its_stall_is_a_stall():
+    """The canary gets 401 (an engine started with --api-key): said once, never "not back"; its own tokens
+    prove it back, and from then it is judged as any instance."""
+    lc = life()
+    restarted(lc)
+    [due] = lc.observe(Look(23, sample(2, 0), NEW))
+    assert isinstance(due, CanaryDue)
+    assert kinds(lc.canaried(REFUSED, 23.1, due)) == [CanaryMisconfigured]
+    [back] = [t for t in lc.observe(Look(24, sample(2, 40), NEW)) if not isinstance(t, Judged)]
+    assert isinstance(back, Back) and back.canary is None and back.tokens == 40 and back.serving == 1
+    assert back.since_kill == 4 and lc.phase == "watching"
+    out = [*looks(lc, 25, 31, sample(2, 80), processes=NEW)]  # moved at 25, then nothing with 2 running
+    assert kinds(out) == []
+    assert kinds(looks(lc, 31, 37, sample(2, 80), processes=NEW)) == [Stalled]  # threshold 10 s from 25
+    # a later refusal (another instance) is not said again: one warning for one configuration problem
+    lc.killing(37, restart=True)
+    lc.observe(Look(38, None, frozenset()))
+    lc.observe(Look(39, None, NEW | {(300, 39.0)}))
+    [due] = lc.observe(Look(40, sample(0, 0), NEW | {(300, 39.0)}))
+    assert lc.canaried(REFUSED, 40.1, due) == []
+
+
+def test_a_starting_instance_that_answers_but_never_serves_is_reported_at_restart_timeout():
+    lc = life()
+    restarted(lc)
+    # running, never a token, no completion: no stall while starting, and reported at restart_timeout
+    out = answered(lc, 23, 130, sample(2, 0), CanaryResult("timeout", 3.0, "no token"))
+    assert kinds(out).count(RestartFailed) == 1 and Stalled not in kinds(out)
+    assert kinds(out).count(CanaryDue) > 10
+    assert lc.restart_refused and lc.phase == "failed"
+
+
+def test_a_refused_canary_and_no_progress_is_unproven_at_restart_timeout_never_a_failed_restart():
+    lc = life()
+    restarted(lc)
+    out = answered(lc, 23, 130, sample(0, 0), REFUSED)  # idle: nothing proves it, nothing disproves it
+    assert kinds(out).count(CanaryMisconfigured) == 1 and RestartFailed not in kinds(out)
+    [unproven] = [t for t in out if isinstance(t, Unproven)]
+    assert unproven.waited == 100 and unproven.canary == REFUSED
+    assert not lc.restart_refused and lc.phase == "unproven"
+    [back] = [t for t in lc.observe(Look(130, sample(1, 5), NEW)) if isinstance(t, Back)]  # its first user
+    assert back.tokens == 5 and lc.phase == "watching"
+
+
+def test_a_canary_answer_for_an_instance_gone_meanwhile_judges_nothing():
+    lc = life()
+    restarted(lc)
+    [due] = lc.observe(Look(23, sample(0, 0), NEW))
+    lc.killing(24, restart=True)
+    assert lc.canaried(OK, 25, due) == [] and lc.phase == "down"
+
+
+def test_a_manual_start_after_a_failed_restart_is_back_and_restartable_again():
+    """The supervisor refused the restart (the flag: not restarted again); a person started it by hand: a
+    confirmed back clears the flag, whoever started it, by a completion or by its tokens."""
+    for proof in ("canary", "tokens"):
+        lc = life()
+        stalled_engine(lc)
+        lc.killing(20.0, restart=True)
+        lc.restart_failed()
+        assert lc.restart_refused
+        lc.observe(Look(21, None, frozenset()))
+        assert kinds(lc.observe(Look(60, None, NEW))) == [Starting]
+        [due] = lc.observe(Look(61, sample(1, 10), NEW))
+        if proof == "canary":
+            [back] = lc.canaried(OK, 61.5, due)
+        else:
+            [back] = [t for t in lc.observe(Look(62, sample(1, 30), NEW)) if isinstance(t, Back)]
+        assert isinstance(back, Back) and not lc.restart_refused and lc.phase == "watching"
+
+
+def test_refused_canaries_confirm_no_stall_and_are_said_once():
+    lc = life(confirm_stall=True, idle_canary_every=5.0)
+    [confirm] = [t for t in stalled_engine(lc) if isinstance(t, ConfirmStall)]
+    assert kinds(lc.stall_canaried(confirm, REFUSED, 20)) == [CanaryMisconfigured]
+    assert lc.stall_canaried(confirm, REFUSED, 21) == []  # no stall said, no kill asked: and said once
+    assert lc._kill_asked is None
+
+
+def test_an_engines_first_start_counts_its_tries_from_when_its_process_appeared():
+    """Not running when gpuwarden began: 50 failed scrapes before its process existed are not its tries."""
+    lc = life()
+    looks(lc, 0, 50, None, processes=frozenset())
+    out = looks(lc, 50, 70, None, processes=OLD)
+    [unresponsive] = [t for t in out if isinstance(t, Unresponsive)]
+    assert unresponsive.silent_for == 10 and unresponsive.failures == 11
+    assert kinds(out) == [Unresponsive]  # its silence was said once already, before it existed
+    assert kinds(lc.observe(Look(70, sample(0, 0), OLD))) == [Answers]
+
+
+def test_progress_read_from_a_log_never_proves_a_new_instance_back():
+    """The log is the engine's word alone (and the dead instance's last lines may come late): only a completion."""
+    lc = life(confirm_stall=True)
+    restarted(lc)
+    [due] = lc.observe(Look(23, sample(2, 0), NEW))
+    assert kinds(looks(lc, 24, 30, sample(2, 40), processes=NEW)) == [] and lc.phase == "starting"
+    [back] = lc.canaried(OK, 30.5, due)
+    assert back.canary is OK and lc.phase == "watching"

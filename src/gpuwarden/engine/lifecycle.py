@@ -18,13 +18,21 @@ read from a log, a suspicion, an idle engine) and what its answer means.
 - starting: a new instance (none of its processes are the old instance's: new pids or start times) after a kill
   or an exit. It loads: 503, no /metrics yet. It is judged only by its own figures: the dead instance's last
   answer, requests running and stall detector are dropped, and nothing during start-up is held against it.
-  Once it answers, a real completion (the canary) is asked for; when one returns, it is back.
+  It is back on the first proof that it serves: its own progress counter moving (tokens it processed since it
+  first answered), or a real completion (the canary, asked beside the scrapes once it answers). From then it is
+  judged as any running instance: one that progressed and then stalls with requests running is a stall. One
+  that answers but neither progresses nor completes a canary is reported at `restart_timeout`.
+- a canary that cannot authenticate (HTTP 401, 403, 404: a key, a model name or a route it lacks) is a
+  configuration problem, said once (`CanaryMisconfigured`): never a stall, never unresponsive, never "not
+  back". A starting instance that answers while its canary is misconfigured is not failed at `restart_timeout`:
+  it is said unproven (`Unproven`), judged as any engine from then, and back once it progresses.
 - canaries: a stall read from a log is the engine's word alone: a real completion is asked for first (ConfirmStall),
   and only one that does not return makes it a stall. Under suspicion (a fault with no owner on its GPU) one
   canary runs; one that times out while the engine shows no work is unresponsive. An engine that shows no
   progress is asked every `idle_canary_every`; a timeout is unresponsive, a later completion ends it.
 - failed: a restart gpuwarden made (or a start its supervisor made) did not bring it back within
-  `restart_timeout`: said once; it is then judged as any engine, and never restarted by gpuwarden again.
+  `restart_timeout`: said once; it is then judged as any engine, and not restarted by gpuwarden again until a
+  confirmed back (whoever started it: a person's start after a failed restart counts) clears that.
 
 Times are monotonic seconds passed in; the lifecycle never reads a clock.
 """
@@ -41,6 +49,7 @@ from gpuwarden.plain import plain
 from gpuwarden.policy import KILL_SLACK, OUR_KILL_SLACK, exited
 
 Instance = frozenset[tuple[int, float]]  # (pid, start time) of each process
+_UNPROVEN = ("starting", "failed", "unproven")  # not proven back since its start: a canary is asked, progress counts
 
 
 @plain
@@ -180,14 +189,33 @@ class Starting(NamedTuple):
 
 
 class CanaryDue(NamedTuple):
-    """A starting engine answers: time to ask it for a real completion."""
+    """A starting engine answers: time to ask it for a real completion, beside the scrapes (answer: `canaried`,
+    with this): its progress meanwhile proves it back as well."""
+
+    epoch: int = 0  # the instance it asks: gone meanwhile, the answer judges nothing
 
 
 class Back(NamedTuple):
-    """The new instance completed a canary: it is back."""
+    """The new instance proved it serves: its canary completed, or its own counters moved."""
 
     since_kill: float | None  # seconds since our kill; None when it had exited by itself
     since_start: float  # seconds since its new instance was first seen
+    canary: CanaryResult | None  # the completion that proved it; None: its progress did
+    tokens: float = 0.0  # tokens it processed since it first answered (the proof when no canary)
+    serving: float = 0.0  # seconds since it first answered
+
+
+class CanaryMisconfigured(NamedTuple):
+    """The canary was refused (401, 403) or its route or model not found (404): said once, until one completes."""
+
+    canary: CanaryResult
+
+
+class Unproven(NamedTuple):
+    """`restart_timeout` passed while it answers, with neither progress nor a completion, its canary
+    misconfigured: not a failed restart (nothing says it does not serve), but not proven back either."""
+
+    waited: float
     canary: CanaryResult
 
 
@@ -201,13 +229,13 @@ class RestartFailed(NamedTuple):
 
 Transition = (Judged | Stalled | ConfirmStall | StallDenied | Progressing | Silent | Unresponsive | Answers | Exited
               | CrashLoop | Starting | CanaryDue | Back | RestartFailed | SuspectCanaryDue | SuspicionEased
-              | IdleCanaryDue | CanaryUnanswered | CompletesAgain)
+              | IdleCanaryDue | CanaryUnanswered | CompletesAgain | CanaryMisconfigured | Unproven)
 
 
 class Lifecycle:
     def __init__(self, rules: Rules, detector: Callable[[], StallDetector]) -> None:
         self.rules, self._new_detector = rules, detector
-        self.phase = "watching"  # watching | down | starting | failed
+        self.phase = "watching"  # watching | down | starting | failed | unproven
         self.detector = detector()
         self.kills: tuple[float, ...] = ()  # our real kills within the budget window
         self.restart_refused = False  # a restart failed: the policy restarts it no more
@@ -217,12 +245,16 @@ class Lifecycle:
         self._since: float | None = None  # when this instance was first seen (or watching began)
         self._answered: float | None = None
         self._failures = 0
+        self._silent = False  # Silent was said: its answer is said too (Answers)
         self._unresponsive = False
         self._exits: tuple[float, ...] = ()
         self._killed_at: float | None = None
         self._restarting = False  # gpuwarden restarts it (after its kill)
         self._deadline: float | None = None  # back by then, or the restart failed
         self._canary_at = -1e18  # the last start-up canary
+        self._start_out = False  # a start-up canary is out: one at a time
+        self._first_answer: tuple[float, float] | None = None  # this instance's first answer: (progress, when)
+        self.misconfigured: CanaryResult | None = None  # the canary's last refusal, said once (None: none since)
         self.epoch = 0  # instances seen down: an answer asked of an earlier one judges nothing
         self.suspicion = ""  # why it is under suspicion
         self._suspect_until = -1e18
@@ -374,10 +406,14 @@ class Lifecycle:
             self._processes(look.processes, look.now, out)
         self._since = self._since if self._since is not None else look.now  # an engine hung before we came counts
         if self._deadline is not None and self.in_grace and look.now >= self._deadline:
-            out.append(RestartFailed(look.now - (self._killed_at if self._restarting else self._since),
-                                     self._restarting, self.phase == "starting"))
-            self.restart_refused = self.restart_refused or self._restarting
-            self.phase, self._deadline = "failed", None
+            waited = look.now - (self._killed_at if self._restarting else self._since)
+            if self.phase == "starting" and self.misconfigured is not None and self._answered is not None:
+                out.append(Unproven(waited, self.misconfigured))  # it may serve: nothing here says otherwise
+                self.phase, self._deadline = "unproven", None
+            else:
+                out.append(RestartFailed(waited, self._restarting, self.phase == "starting"))
+                self.restart_refused = self.restart_refused or self._restarting
+                self.phase, self._deadline = "failed", None
         if look.sample is None:
             self._failed(look, out)
         else:
@@ -405,15 +441,28 @@ class Lifecycle:
         out.append(IdleCanaryDue(look.sample, self.epoch))
 
     def stall_canaried(self, confirm: ConfirmStall, result: CanaryResult, now: float) -> list[Transition]:
-        """The answer to a ConfirmStall: a completion denies the log's word; anything else confirms it."""
+        """The answer to a ConfirmStall: a completion denies the log's word; a canary that could not ask (refused,
+        or its route or model not found) confirms nothing, and is said; anything else confirms it."""
+        if result.outcome == "misconfigured":
+            return self._refused(result)
         if result.outcome == "ok":
+            self.misconfigured = None
             return [StallDenied(confirm.verdict, result)]
         return [self._said(Stalled(confirm.verdict, confirm.spinning, result), now)]
+
+    def _refused(self, result: CanaryResult) -> list[Transition]:
+        """A canary that cannot authenticate (or finds no route or model): said once, until one completes."""
+        new, self.misconfigured = self.misconfigured is None, result
+        return [CanaryMisconfigured(result)] if new else []
 
     def idle_canaried(self, due: IdleCanaryDue, result: CanaryResult, now: float) -> list[Transition]:
         self._idle_out = False
         if due.epoch != self.epoch or self.phase != "watching":
             return []  # killed or gone meanwhile: an answer of the instance before judges nothing
+        if result.outcome == "misconfigured":
+            return self._refused(result)
+        if result.outcome == "ok":
+            self.misconfigured = None
         if result.outcome == "timeout" and not self.canary_failed:
             self.canary_failed = True
             return [self._said(CanaryUnanswered(result, due.sample), now)]
@@ -428,6 +477,8 @@ class Lifecycle:
         holds back is no hang: work shown meanwhile eases the suspicion."""
         if due.epoch != self.epoch or self.phase != "watching" or not self._instance:
             return []  # killed or gone meanwhile: nothing left to judge
+        if result.outcome == "misconfigured":
+            return self._refused(result)
         if result.outcome != "timeout":
             return [SuspicionEased(result, False)]
         before = due.before
@@ -436,13 +487,28 @@ class Lifecycle:
         self.canary_failed = True
         return [self._said(CanaryUnanswered(result, before), now)]
 
-    def canaried(self, result: CanaryResult, now: float) -> list[Transition]:
-        """The answer to a CanaryDue: a completion (or, with the canary off, the answer itself) means back."""
-        if self.phase not in ("starting", "failed") or result.outcome not in ("ok", "off"):
+    def canaried(self, result: CanaryResult, now: float, due: CanaryDue | None = None) -> list[Transition]:
+        """The answer to a CanaryDue: a completion (or, with the canary off, the answer itself) means back; a
+        refusal is said once. An answer for an instance gone meanwhile judges nothing."""
+        if due is None or due.epoch == self.epoch:
+            self._start_out = False
+        if (due is not None and due.epoch != self.epoch) or self.phase not in _UNPROVEN:
             return []
-        back = Back(now - self._killed_at if self._killed_at is not None else None, now - self._since, result)
-        self.phase, self._deadline, self._restarting = "watching", None, False
-        return [back]
+        if result.outcome == "misconfigured":
+            return self._refused(result)
+        if result.outcome not in ("ok", "off"):
+            return []
+        if result.outcome == "ok":
+            self.misconfigured = None
+        return [self._back(now, result)]
+
+    def _back(self, now: float, canary: CanaryResult | None, tokens: float = 0.0, serving: float = 0.0) -> Back:
+        """Proven back: judged as any running instance from now, and whoever started it, a failed restart
+        before is forgotten (a later stall is killed and restarted again)."""
+        back = Back(now - self._killed_at if self._killed_at is not None else None, now - self._since, canary,
+                    tokens, serving)
+        self.phase, self._deadline, self._restarting, self.restart_refused = "watching", None, False, False
+        return back
 
     def _processes(self, current: Instance, now: float, out: list[Transition]) -> None:
         first, self._looked = not self._looked, True
@@ -458,7 +524,8 @@ class Lifecycle:
             if self.phase == "down" or (self.phase == "failed" and not first):
                 self._start(now, current, out)
             elif not first and self.phase == "watching":
-                self._since = now  # an engine that was not running: its silence counts from now
+                # an engine that was not running (its first start): its silence and its tries count from now
+                self._since, self._failures = now, 0
         else:
             self._instance |= current  # a worker it forked belongs to it
 
@@ -486,7 +553,7 @@ class Lifecycle:
         self._forget()
 
     def _start(self, now: float, current: Instance, out: list[Transition]) -> None:
-        self.phase, self._since, self._canary_at = "starting", now, -1e18
+        self.phase, self._since, self._canary_at, self._start_out = "starting", now, -1e18, False
         if self._deadline is None:  # a start its supervisor made: it is given as long as a restart of ours
             self._deadline = now + self.rules.restart_timeout
         self._forget()
@@ -495,13 +562,14 @@ class Lifecycle:
     def _forget(self) -> None:
         """Nothing of the dead instance is held against the next one."""
         self.detector, self.sample, self._answered = self._new_detector(), None, None
-        self._failures, self._unresponsive = 0, False
+        self._failures, self._unresponsive, self._first_answer, self._silent = 0, False, None, False
 
     def _failed(self, look: Look, out: list[Transition]) -> None:
         if self.in_grace:
             return  # loading: 503, no /metrics yet
         self._failures += 1
-        if self._failures == self.rules.unresponsive_after:
+        if self._failures >= self.rules.unresponsive_after and not self._silent:
+            self._silent = True
             out.append(Silent(self._failures))
         silent_for = look.now - (self._answered if self._answered is not None else self._since)
         if (self._failures >= self.rules.unresponsive_after and self._instance and not self._unresponsive
@@ -510,19 +578,40 @@ class Lifecycle:
             out.append(self._said(Unresponsive(silent_for, self._failures, self.sample), look.now))
 
     def _answered_with(self, look: Look, out: list[Transition]) -> None:
-        if self._failures >= self.rules.unresponsive_after or self._unresponsive:
+        if self._silent or self._unresponsive:
             out.append(Answers(self._unresponsive))
-        self._failures, self._unresponsive, self._answered = 0, False, look.now
-        if self.phase in ("starting", "failed"):
-            self.sample = look.sample  # its own figures, for the record; judged once it is back
-            if look.now - self._canary_at >= self.rules.canary_every:
+        self._failures, self._unresponsive, self._silent, self._answered = 0, False, False, look.now
+        if self.phase in _UNPROVEN:
+            self.sample = look.sample  # its own figures; judged once it is back (failed, unproven: as ever)
+            if back := self._progressed(look):
+                out.append(back)
+                self._judge(look, out)  # judged from this look on, as any running instance
+                return
+            if not self._start_out and look.now - self._canary_at >= self.rules.canary_every:
                 self._canary_at = self._asked = look.now
-                out.append(CanaryDue())
+                self._start_out = True
+                out.append(CanaryDue(self.epoch))
             if self.phase == "starting":
                 return
         if self.phase == "down":
             return  # the old instance still answers while it dies: nothing to judge
         self._judge(look, out)
+
+    def _progressed(self, look: Look) -> Back | None:
+        """Back, when its progress counter moved since it first answered: tokens it processed are proof that it
+        serves (a canary that cannot authenticate, an engine whose users keep it busy, need nothing else). Not
+        where progress is read from its log: that is the engine's word alone, and lines of the dead instance
+        read late would pass for the new one's; there only a completion proves it."""
+        progress = look.sample.progress
+        if progress is None or self.rules.confirm_stall:
+            return None
+        first = self._first_answer
+        if first is None or progress < first[0]:  # a counter that went down counts again from there
+            self._first_answer = (progress, look.now)
+            return None
+        if progress == first[0]:
+            return None
+        return self._back(look.now, None, progress - first[0], look.now - first[1])
 
     def _judge(self, look: Look, out: list[Transition]) -> None:
         self.sample = look.sample

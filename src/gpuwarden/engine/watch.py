@@ -21,11 +21,11 @@ from urllib.parse import urlsplit
 import psutil
 
 from gpuwarden import conditions, families
-from gpuwarden.config import EngineConfig, EnginesConfig, user_id
+from gpuwarden.config import EngineConfig, EnginesConfig, api_key, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine import targets
 from gpuwarden.engine.answering import Answering, Said, where
-from gpuwarden.engine.canary import CanaryResult, api_for, canary
+from gpuwarden.engine.canary import CanaryResult, Client, api_for, canary, key_in
 from gpuwarden.engine.finder import Discovery
 from gpuwarden.engine.logs import LogRefused
 from gpuwarden.engine.looks import Looker
@@ -40,6 +40,8 @@ from gpuwarden.logsetup import redact
 from gpuwarden.model import CROWD, Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.policy import EngineView
+from gpuwarden.schema import Secret
+from gpuwarden.sockets import pinned
 
 log = logging.getLogger(__name__)
 
@@ -355,12 +357,33 @@ class EngineWatch:
         self._record(self._exit_event(state, change))
 
     async def _starting(self, state: EngineState, change: lc.Starting, error: str) -> None:
-        log.info("engine %s: a new instance (%d process(es)) is starting: judged by its own figures, back once a "
-                 "real completion returns", state.name, change.processes)
+        log.info("engine %s: a new instance (%d process(es)) is starting: judged by its own figures, back once its "
+                 "tokens move or a real completion returns", state.name, change.processes)
 
     async def _canary_due(self, state: EngineState, change: lc.CanaryDue, error: str) -> None:
+        """Beside the scrapes: its progress meanwhile proves it back, and a stall after that is judged on time."""
+        spawn = self._tasks.create_task if self._tasks else asyncio.ensure_future
+        spawn(self._start_canary(state, change))
+
+    async def _start_canary(self, state: EngineState, due: lc.CanaryDue) -> None:
         result = await self._canary(state)
-        await self._carry_out(state, state.lifecycle.canaried(result, time.monotonic()), error)
+        await self._carry_out(state, state.lifecycle.canaried(result, time.monotonic(), due), "")
+
+    async def _canary_misconfigured(self, state: EngineState, change: lc.CanaryMisconfigured, error: str) -> None:
+        self._record(Event("canary_misconfigured", Severity.WARNING, f"{state.name}: the canary cannot ask it for "
+                           f"a completion: {change.canary.detail}. Its own progress still proves it serves; a "
+                           "stall is still judged by it", time.time(), engine=state.name, gpu=state.gpu,
+                           evidence={"canary": asdict(change.canary)}))
+
+    async def _unproven(self, state: EngineState, change: lc.Unproven, error: str) -> None:
+        cfg = state.config
+        self._record(Event("canary_misconfigured", Severity.WARNING, f"{state.name} is not proven back "
+                           f"{change.waited:.0f} s after it started again (restart_timeout "
+                           f"{cfg.restart_timeout:.0f} s): it answers but has processed no token, and the canary "
+                           f"cannot ask it ({change.canary.detail}); watched as any engine, back at its first "
+                           "tokens", time.time(), engine=state.name, gpu=state.gpu,
+                           evidence={"unproven": True, "waited_seconds": round(change.waited, 1),
+                                     "canary": asdict(change.canary)}))
 
     async def _back(self, state: EngineState, change: lc.Back, error: str) -> None:
         self._record(self._back_event(state, change))
@@ -411,7 +434,8 @@ class EngineWatch:
         lc.Exited: _exited, lc.CrashLoop: _exited, lc.Starting: _starting, lc.CanaryDue: _canary_due,
         lc.Back: _back, lc.RestartFailed: _restart_failed, lc.SuspectCanaryDue: _suspect_canary_due,
         lc.SuspicionEased: _suspicion_eased, lc.IdleCanaryDue: _idle_canary_due,
-        lc.CanaryUnanswered: _canary_unanswered, lc.CompletesAgain: _completes_again}
+        lc.CanaryUnanswered: _canary_unanswered, lc.CompletesAgain: _completes_again,
+        lc.CanaryMisconfigured: _canary_misconfigured, lc.Unproven: _unproven}
 
     # --- the canary -----------------------------------------------------------------------------------
 
@@ -421,10 +445,14 @@ class EngineWatch:
         if cfg.canary == "off":
             return CanaryResult("off", 0.0, "the canary is off")
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
+        client = client_of(cfg, state.procs)
+        if isinstance(client, CanaryResult):
+            self.sink.count(families.ENGINE_CANARIES, state.name, client.outcome)
+            return client
         # looked at before and after: an engine frees places now and then (a client's read timeout) and a crowd
         # takes them again, so the one look at the end may fall in such a gap
         before = await self._saturation(state)
-        result = await canary(base_url(cfg), api, cfg.canary_timeout)
+        result = await canary(base_url(cfg), api, cfg.canary_timeout, client)
         if result.outcome == "timeout" and (full := await self._saturated(state, before)):
             # not a completion that did not return: one that could not be asked (the lifecycle judges nothing by it)
             result = CanaryResult("saturated", result.seconds, f"{result.detail}: it cannot accept: {full.reason}")
@@ -566,14 +594,22 @@ class EngineWatch:
                                                           "processes": len(state.procs)}})
 
     def _back_event(self, state: EngineState, back: lc.Back) -> Event:
+        """Says how it was proven: the canary's completion, or the tokens it served."""
         name, result = state.name, back.canary
         when = (f"{back.since_kill:.0f} s after the kill" if back.since_kill is not None
                 else f"{back.since_start:.0f} s after it started again")
-        proof = "first completion" if result.outcome == "ok" else "answers again (the canary is off)"
-        return Event("engine_back", Severity.INFO, f"{name} back: {proof} {when}" +
-                     (f" ({result.detail})" if result.detail else ""), time.time(), engine=name, gpu=state.gpu,
+        if result is None:
+            message = f"{name} back: {back.tokens:.0f} tokens in its first {back.serving:.0f} s ({when})"
+        else:
+            proof = "first completion" if result.outcome == "ok" else "answers again (the canary is off)"
+            message = f"{name} back: {proof} {when}" + (f" ({result.detail})" if result.detail else "")
+        return Event("engine_back", Severity.INFO, message, time.time(), engine=name, gpu=state.gpu,
                      evidence={"seconds_since_kill": None if back.since_kill is None else round(back.since_kill, 1),
-                               "seconds_since_start": round(back.since_start, 1), "canary": asdict(result)})
+                               "seconds_since_start": round(back.since_start, 1),
+                               "proof": "tokens" if result is None else "canary",
+                               "canary": asdict(result) if result else None,
+                               **({"tokens": back.tokens, "serving_seconds": round(back.serving, 1)}
+                                  if result is None else {})})
 
     def _restart_failed_event(self, state: EngineState, failed: lc.RestartFailed) -> Event:
         cfg = state.config
@@ -611,6 +647,29 @@ class EngineWatch:
 
 
 _SATURATION = OffLoop("saturation", limit=2)  # /proc/net/tcp and an engine's descriptors
+
+
+def client_of(cfg: EngineConfig, procs: list[psutil.Process]) -> Client | CanaryResult:
+    """What the canary sends as the engine's clients do; a key file it may not use is a misconfigured canary.
+    Without a key file, the `--api-key` on the command line of the engine's own processes (`procs`: those
+    serving metrics_url) is sent back to that same server only: never to a `url` elsewhere."""
+    headers = tuple(cfg.canary_headers.items())
+    if cfg.canary_api_key_file is not None:
+        try:
+            key = api_key(cfg.canary_api_key_file)
+        except ValueError as exc:
+            return CanaryResult("misconfigured", 0.0, f"canary_api_key_file: {exc}")
+        return Client(key, headers, cfg.canary_model, cfg.canary_route, f"from {cfg.canary_api_key_file}")
+    key = None
+    if urlsplit(base_url(cfg)).netloc == urlsplit(pinned(cfg.metrics_url)).netloc:
+        for proc in procs:
+            try:
+                if proc.is_running() and (key := key_in(proc.cmdline())):  # is_running: the pid not reused
+                    break
+            except psutil.Error:
+                continue
+    return Client(key and Secret(key), headers, cfg.canary_model, cfg.canary_route,
+                  "from its command line (--api-key)" if key else "")
 
 
 def is_spinning(cpus: list[float]) -> bool:
