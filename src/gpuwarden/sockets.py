@@ -1,33 +1,65 @@
-"""Who owns the other end of a loopback TCP connection, from /proc/net/tcp{,6} (SO_PEERCRED is for unix sockets
-only): an accepted socket has its listener's owner. Used where a port number alone is not proof of who serves
-it: gpuwarden's exporter port is unprivileged."""
+"""Who serves a TCP port, from the kernel's own socket tables (/proc/net/tcp{,6}): the owner of the other end of a
+loopback connection (SO_PEERCRED is for unix sockets only: an accepted socket has its listener's owner), and each
+listening socket's address, owner and inode (`listeners`: which process holds that inode is then asked of that
+owner's processes alone, engine/processes.py). Used where a port number alone is not proof of who serves it:
+gpuwarden's exporter port and the engines' ports are unprivileged. Reading these tables costs the host's sockets,
+never its file descriptors (psutil.net_connections reads the link of every descriptor of every process)."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 Endpoint = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
+_LISTEN = "0A"  # TCP_LISTEN, the row's st column
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listening TCP socket: the address it is bound to (an IPv4-mapped one as IPv4), its owner and inode."""
+
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    port: int
+    uid: int
+    inode: int
 
 
 def peer_uid(sock: socket.socket, proc_net: Path = Path("/proc/net")) -> int | None:
     """The uid of the socket at the other end of `sock` (None: not found, e.g. not on this host)."""
     ours, peer = _endpoint(*sock.getsockname()[:2]), _endpoint(*sock.getpeername()[:2])
+    for cols in _rows(proc_net, peer[1]):
+        if _endpoint_hex(cols[1]) == peer and _endpoint_hex(cols[2]) == ours:
+            return int(cols[7])
+    return None
+
+
+def listeners(port: int | None = None, proc_net: Path = Path("/proc/net")) -> list[Listener]:
+    """The listening sockets on `port` (every port: None) in the network namespace of `proc_net`. The rows hold
+    no process: who holds a socket is found by its inode in /proc/PID/fd."""
+    out = []
+    for cols in _rows(proc_net, port):
+        if cols[3] == _LISTEN and int(cols[9]):  # inode 0: a socket being torn down, held by no one
+            address, bound = _endpoint_hex(cols[1])
+            if port is None or bound == port:
+                out.append(Listener(address, bound, int(cols[7]), int(cols[9])))
+    return out
+
+
+def _rows(proc_net: Path, port: int | None):
+    """The split rows of tcp and tcp6 whose local port may be `port` (every row: None)."""
+    mark = None if port is None else f":{port:04X} "  # the port ends the row's local address: split only those
     for table in ("tcp", "tcp6"):
         try:
-            rows = (proc_net / table).read_text().splitlines()[1:]
+            with open(proc_net / table) as f:
+                next(f, None)  # the header
+                for row in f:
+                    if mark is None or mark in row:
+                        yield row.split()
         except OSError:
             continue
-        mark = f":{peer[1]:04X} "  # the peer's port ends the row's local address: parse only those rows
-        for row in rows:
-            if mark not in row:
-                continue
-            cols = row.split()
-            if _endpoint_hex(cols[1]) == peer and _endpoint_hex(cols[2]) == ours:
-                return int(cols[7])
-    return None
 
 
 def holder(host: str, port: int, timeout: float = 1.0) -> int | None:

@@ -45,6 +45,11 @@ RUNBOOKS: dict[str, str] = {
         "(the first start takes longer), then delete the BROKEN folder once it runs."),
     "kill_refused": ("gpuwarden did not kill the engine: its kill budget is spent, or its target named processes it "
                      "may not kill (the event says which and why). Look at it by hand now."),
+    "kill_not_done": (
+        "gpuwarden decided to kill the engine and could not: the event says why (none of its processes found, the "
+        "look at them late, a signal refused). It tries again at each look until the kill is done, its kill budget "
+        "is spent or the engine works again; stop it by hand now (`systemctl kill <unit>`, `docker kill "
+        "<container>`, or its processes)."),
     "restart_failed": (
         "The engine did not come back after it was started again: no real completion within restart_timeout. "
         "Read its own log for why it does not load (`journalctl -u <unit>`, `docker logs <container>`), and "
@@ -78,7 +83,7 @@ register_runbooks(RUNBOOKS)  # config checks runbook names against these (regist
 
 # The order in which runbooks apply when several do: the worst state of the hardware first.
 _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "xid", "reset", "restart_failed",
-          "kill_refused", "crash_loop", "cache_poisoned", "gpu_fault", "stall"]
+          "kill_refused", "kill_not_done", "crash_loop", "cache_poisoned", "gpu_fault", "stall"]
 # Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
 _LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
 # Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back
