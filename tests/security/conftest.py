@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from helpers import FAKE_ENGINE, Daemon, free_port, http_get, wait_for
 
-ATTACKER = "gwattacker"
+# GPUWARDEN_TEST_ATTACKER: another name, for runs beside another checkout's on the same host (each removes the
+# user at its start and end); the tests that print the name expect the default
+ATTACKER = os.environ.get("GPUWARDEN_TEST_ATTACKER", "gwattacker")
 SYSTEM_PYTHON = "/usr/bin/python3"  # the test's own interpreter may live where the attacker cannot read
 
 

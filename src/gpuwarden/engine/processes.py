@@ -64,6 +64,7 @@ class Resolved:
     refused: list[str] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
     serving: list[psutil.Process] = field(default_factory=list)
+    known_uid: int | None = None  # the engine's user as configured or known before this look (not its socket's)
 
 
 def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int] = ()) -> Resolved:
@@ -84,26 +85,25 @@ def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int]
             refused.append(f"{describe(proc)}: {why}")
         else:
             accepted.append(proc)
-    return Resolved(accepted, uid, refused, listening, serving)
+    return Resolved(accepted, uid, refused, listening, serving, engine_uid)
 
 
 def port_taken(spec: TargetSpec, found: Resolved, procs: list[psutil.Process]) -> str | None:
-    """Who holds the socket that serves the engine's address when that is not the engine (None: the engine, or
-    no one). It is the engine's when a process of the engine's tree (`procs`, this look's) holds it; for a
-    `port` target also when its owner is the engine's user (whose processes its target is) or no user is known
-    yet (the first server seen is the engine: set [engine.target] user to say it); for a `docker` target when root
-    holds it (docker-proxy publishes the container's port)."""
+    """Who holds the socket that serves the engine's address when, on the evidence, that is not the engine (None:
+    the engine, no one, or it cannot be told). Not the engine: a process of the engine's tree (`procs`, this
+    look's) does not hold it and either its owner is not the engine's user as configured or known before this
+    look, or the engine's processes run (a target that found them) and none of them holds it. Root holding it
+    for a `docker` target is docker-proxy publishing the container's port. Before any user is known, the first
+    server seen is the engine, as ever: [engine.target] user says it from the start."""
     ours = {p.pid for p in procs}
     for listener in found.listeners:
         holders = [p for p in found.serving if _holds_inode(p.pid, listener.inode)]
-        if any(p.pid in ours for p in holders):
+        if any(p.pid in ours for p in holders) or (spec.kind == "docker" and listener.uid == 0):
             continue
-        if spec.kind == "port" and (found.uid is None or listener.uid == found.uid):
-            continue
-        if spec.kind == "docker" and listener.uid == 0:
-            continue
-        who = ", ".join(describe(p) for p in holders[:4]) or "a process gpuwarden cannot see"
-        return f"uid {listener.uid} ({_user_name(listener.uid)}): {who}"
+        foreign = found.known_uid is not None and listener.uid != found.known_uid
+        if foreign or (procs and spec.kind != "port"):
+            who = ", ".join(describe(p) for p in holders[:4]) or "a process gpuwarden cannot see"
+            return f"uid {listener.uid} ({_user_name(listener.uid)}): {who}"
     return None
 
 
