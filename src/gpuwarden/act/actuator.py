@@ -124,7 +124,7 @@ class Actuator:
                     return
                 if said is None:
                     said = why
-                    self._not_done(action, target, why, tries, "tried again at each next look")
+                    self._not_done(action, target, why, tries, "tries again at each next look")
                 else:
                     log.warning("%s is still not killed (try %d): %s", name, tries, why)
                 if action.dry_run:

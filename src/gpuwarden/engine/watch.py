@@ -23,11 +23,11 @@ import psutil
 from gpuwarden import conditions, families
 from gpuwarden.config import EngineConfig, EnginesConfig, user_id
 from gpuwarden.engine import lifecycle as lc
-from gpuwarden.engine import targets
+from gpuwarden.engine import looks, targets
 from gpuwarden.engine.canary import CanaryResult, api_for, canary
 from gpuwarden.engine.finder import Discovery
 from gpuwarden.engine.logs import LogRefused
-from gpuwarden.engine.looks import DEADLINE, Looker
+from gpuwarden.engine.looks import Looker
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of, target_spec
 from gpuwarden.engine.processes import TargetSpec, Tracker, serving_listeners
@@ -202,7 +202,7 @@ class EngineWatch:
     def _late(self, state: EngineState) -> str:
         seen = (f"its last good look, {time.monotonic() - state.seen_at:.0f} s old"
                 if state.seen_at > 0 else "no earlier look: it was never seen")
-        return f"the look at its processes missed its {DEADLINE:.0f} s deadline ({seen})"
+        return f"the look at its processes missed its {looks.DEADLINE:.0f} s deadline ({seen})"
 
     def restart_failed(self, name: str) -> None:
         if state := self.engines.get(name):
@@ -640,9 +640,10 @@ class EngineWatch:
         """An event the policy may kill for, reported with the kill's target judged on the look that found it
         (in its view, the same report: the actuator kills that target and asks nothing back). A look older than
         FRESH (a canary ran since, the poll's look-up did not answer) is taken again first."""
-        if time.monotonic() - state.seen_at > FRESH:
-            await self.inspect(state)
-        self.sink.engines([state.view(state.target())], {state.name: state.last_scrape()}, whole=False)
+        late = ""
+        if time.monotonic() - state.seen_at > FRESH and not await self.inspect(state):
+            late = self._late(state)  # the kill takes the last good look's processes: said if there are none
+        self.sink.engines([state.view(state.target(late))], {state.name: state.last_scrape()}, whole=False)
         self._record(event)
 
     def _record(self, event: Event) -> None:
