@@ -65,6 +65,7 @@ class Resolved:
     listeners: list[Listener] = field(default_factory=list)
     serving: list[psutil.Process] = field(default_factory=list)
     known_uid: int | None = None  # the engine's user as configured or known before this look (not its socket's)
+    protected: set[int] | None = None  # PID 1, gpuwarden and its ancestors as this look found them
 
 
 def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int] = ()) -> Resolved:
@@ -85,7 +86,7 @@ def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int]
             refused.append(f"{describe(proc)}: {why}")
         else:
             accepted.append(proc)
-    return Resolved(accepted, uid, refused, listening, serving, engine_uid)
+    return Resolved(accepted, uid, refused, listening, serving, engine_uid, protected)
 
 
 def port_taken(spec: TargetSpec, found: Resolved, procs: list[psutil.Process]) -> str | None:
@@ -189,17 +190,20 @@ def holders(inode: int, uid: int, first: Iterable[int] = (), limit: int | None =
     return found or [pid for pid in pids_of(uid) if pid not in first and _holds(pid, link, budget)]
 
 
-def pids_of(uid: int, proc: Path = Path("/proc")) -> list[int]:
+def pids_of(uid: int, strict: bool = True, proc: Path = Path("/proc")) -> list[int]:
     """The pids of `uid`'s processes, by the owner of /proc/PID (the process's effective uid, or root's for one
-    that is not dumpable); for root each one's real uid is read too, so that a user's non-dumpable processes
-    are not taken for root's. A user's non-dumpable process is missed: the tree never includes it."""
+    that is not dumpable). `strict`: for root each one's real uid is read too, so that a user's non-dumpable
+    processes (whose descriptors are the user's to multiply) are not taken for root's; without it root's list
+    may hold them (a tree is checked process by process anyway). A user's non-dumpable process is missed: the
+    tree never includes it."""
     out = []
     with os.scandir(proc) as entries:
         for entry in entries:
             if not entry.name.isdigit():
                 continue
             try:
-                if entry.stat(follow_symlinks=False).st_uid == uid and (uid != 0 or _uid_of(int(entry.name)) == 0):
+                if entry.stat(follow_symlinks=False).st_uid == uid and \
+                        (uid != 0 or not strict or _uid_of(int(entry.name)) == 0):
                     out.append(int(entry.name))
             except OSError:
                 continue
@@ -395,7 +399,7 @@ class Tracker:
         engine user's processes are read (their parent and group): the cost is the engine's, not the host's."""
         current: dict[tuple[int, float], psutil.Process] = {}
         self.uid = uid = found.uid if found.uid is not None else self.uid
-        protected = _protected()
+        protected = found.protected if found.protected is not None else _protected()
         ours = (lambda p: owned_by(p, uid) and is_killable(p, protected)) if uid is not None else (lambda p: False)
         family = _family(uid) if found.roots and uid is not None else {}
         children: dict[int, list[int]] = {}
@@ -457,9 +461,10 @@ def queued_seconds(pid: int) -> float:
 
 
 def _family(uid: int) -> dict[int, tuple[int, int]]:
-    """Each process of `uid`: its parent's pid and its process group (/proc/PID/stat)."""
+    """Each process of `uid`: its parent's pid and its process group (/proc/PID/stat). Members are checked one by
+    one (`ours`): the list need not be strict."""
     out = {}
-    for pid in pids_of(uid):
+    for pid in pids_of(uid, strict=False):
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
