@@ -41,6 +41,7 @@ GROUPS = {"security/": "host", "integration/test_kernel_handover.py": "host",
           "integration/test_systemd.py": "host",
           "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",
           "integration/test_real_prefill.py": "engines", "integration/test_restart.py": "engines",
+          "integration/test_box_on_fire.py": "engines",
           "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers",
           "integration/test_image.py": "containers"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
