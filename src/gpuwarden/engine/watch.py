@@ -49,6 +49,7 @@ _KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused", "kill_not_done"})
 _KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported with the kill's target
 _LEARNT = _KILL_OUTCOMES | _KILL_ASKERS
 _NEW = object()  # a socket on the engine's address that no look has judged yet
+LOOK_WAIT = 1.0  # seconds a poll waits for its look once the reading is in
 
 
 @dataclass(eq=False, repr=False)
@@ -307,7 +308,14 @@ class EngineWatch:
             sample, error, answered = await self._scrape(state)
         else:  # no request to it: nothing read, no credential sent
             sample, error, answered = None, why, time.monotonic()
-        looked = await looking
+        # a look still under way this long after the reading is late: the reading is judged now, on what is known
+        # of its processes (a stall is not seen a look's deadline late); the look goes on and counts when done
+        await asyncio.wait({looking}, timeout=LOOK_WAIT)
+        if looking.done():
+            looked = await looking
+        else:
+            looked = False
+            looking.add_done_callback(_retrieved)
         if state.taken and sample is not None:  # the look, done meanwhile, found the holder is not the engine
             sample, error = None, self._taken_error(state)
         self._say_taken(state)
@@ -654,6 +662,12 @@ class EngineWatch:
                             message=f"{event.message} (a discovered server not installed as an engine)",
                             evidence={**event.evidence, "lookalike": True})
         self.sink.record([event])
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """A late look's outcome, taken when it comes (its state is written by the look itself)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("a look at an engine's processes failed: %s", exc)
 
 
 def is_spinning(cpus: list[float]) -> bool:
