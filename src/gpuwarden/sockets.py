@@ -10,15 +10,16 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from gpuwarden.plain import plain
 
 Endpoint = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
 _LISTEN = "0A"  # TCP_LISTEN, the row's st column
 
 
-@dataclass(frozen=True)
+@plain
 class Listener:
     """A listening TCP socket: the address it is bound to (an IPv4-mapped one as IPv4), its owner and inode."""
 
