@@ -74,13 +74,13 @@ class EngineState:
     taken: str | None = None  # who holds its address, when a look found it is not the engine (said once)
     taken_sockets: frozenset[int] = frozenset()  # the inodes that holder's sockets had
     taken_said: str | None = None  # the holder engine_port_taken named last
+    stalled: bool = False  # its last reading said stalled (until one says not, or its processes are gone)
+    unanswering: bool = False  # it did not answer while its processes lived, and has not answered since
 
     @functools.cached_property
     def spec(self) -> TargetSpec:
         """Its target as configured (its user looked up once, not on the loop at each look)."""
         return target_spec(self.config)
-    stalled: bool = False  # its last reading said stalled (until one says not, or its processes are gone)
-    unanswering: bool = False  # it did not answer while its processes lived, and has not answered since
 
     @property
     def name(self) -> str:
@@ -295,11 +295,13 @@ class EngineWatch:
 
     async def _poll(self, state: EngineState) -> float:
         """One look: scrape and look at the processes side by side, feed the lifecycle, carry out what it returns.
-        The look is dated when the scrape answered (what it shows was so by then): dated once the process look
-        was done too, each stall's clock started that much late and its kill came that much later. Returns the
-        look's date."""
+        The engine's address is asked only when the socket that serves it is the engine's (`_not_its_socket`: a
+        socket no earlier look judged waits for this look). The look is dated when the scrape answered (what it
+        shows was so by then): dated once the process look was done too, each stall's clock started that much late
+        and its kill came that much later. Returns the look's date."""
         looking = asyncio.ensure_future(self.inspect(state))
-        why = self._not_its_socket(state)
+        asks = state.config.source != "log"  # a log is the engine's own: only its address can be someone else's
+        why = self._not_its_socket(state) if asks else None
         if why is _NEW:  # a socket no look has judged yet: this look proves it the engine's, or names its holder
             why = self._not_its_socket(state) if await looking else _NEW
         if why is _NEW:  # no look proved it (late, or it changed meanwhile): its owner's word
@@ -316,10 +318,10 @@ class EngineWatch:
         else:
             looked = False
             looking.add_done_callback(_retrieved)
-        if state.taken and sample is not None:  # the look, done meanwhile, found the holder is not the engine
+        if asks and state.taken and sample is not None:  # the look, done meanwhile, found it is not the engine
             sample, error = None, self._taken_error(state)
         self._say_taken(state)
-        if state.taken and state.instance:
+        if asks and state.taken and state.instance:
             # its own processes live but do not serve its address: neither stalled nor unresponsive on a reading
             # that is not its own (engine_port_taken says it); only its exit is news
             self._export(state, None)
@@ -341,8 +343,6 @@ class EngineWatch:
         look has judged; else the reason (a holder that is not the engine). Read on the loop from the kernel's
         socket table (its cost: the host's sockets, never their descriptors); a host that is a name is resolved
         only by the look, whose verdict stands."""
-        if state.config.source == "log" and not state.taken:
-            return None  # read from its log: only the canary asks its address, and it asks this too
         spec = state.spec
         listening = serving_listeners(spec.host, spec.port, lookup=False)
         if listening is None:  # a name: the last look's verdict
@@ -516,8 +516,10 @@ class EngineWatch:
         if cfg.canary == "off":
             return CanaryResult("off", 0.0, "the canary is off")
         why = self._not_its_socket(state)
+        if why is _NEW:  # changed since the last look: its owner's word
+            why = self._by_owner(state)
         if why is not None:  # a completion asked of whoever holds its address proves nothing of the engine's
-            return CanaryResult("skipped", 0.0, why if isinstance(why, str) else "its socket is not proven its own")
+            return CanaryResult("skipped", 0.0, why)
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
         result = await canary(base_url(cfg), api, cfg.canary_timeout)
         self.sink.count(families.ENGINE_CANARIES, state.name, result.outcome)
