@@ -3,7 +3,7 @@ are saturated by busy processes at normal priority and a real unprivileged user 
 descriptors (tests/hoarder.py). Before, each look at the engine read every descriptor of the host
 (psutil.net_connections: 7-11 s here) and each poll waited on it: the stall was seen late and killed late, or,
 the look missing its deadline, never. Now a look costs the engine's processes: stall onset to tree gone within
-the threshold + one scrape + 2 s (+ the kill's own wait for the signals)."""
+the threshold + one scrape + 2 s."""
 
 from __future__ import annotations
 
@@ -72,5 +72,5 @@ def test_a_stall_beside_busy_cores_and_a_million_descriptors_is_killed_on_time(s
           f"onset to tree gone {took:.1f} s (threshold {MIN_STALL} s + scrape {INTERVAL} s + 2 s)")
     assert kinds(d, "engine_killed", "kill_not_done", "kill_refused") == ["engine_killed"]
     assert "took longer than" not in d.log()
-    assert took <= MIN_STALL + INTERVAL + 2 + GRACE  # the kill's wait for a stopped process is its own (grace)
+    assert took <= MIN_STALL + INTERVAL + 2
     assert d.stop() == 0
