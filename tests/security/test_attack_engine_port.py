@@ -11,6 +11,7 @@ daemon process:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import secrets
@@ -140,7 +141,8 @@ def test_a_squatter_on_the_freed_port_is_never_back_never_asked_never_killed(dae
         engine.set_mode("stall")
         wait_for(lambda: events(d, "engine_killed"), 30, interval=0.1, what="the engine killed")
         wait_for(lambda: not engine.alive(), 10, interval=0.05, what="the engine's tree gone")
-        squatter = subprocess.Popen([SYSTEM_PYTHON, str(script), str(engine.port), str(log)], user=entry.pw_uid,
+        squatter = subprocess.Popen([SYSTEM_PYTHON, str(script), str(engine.port), str(log), "--api-key",
+                                     "sq-secret-key"], user=entry.pw_uid,
                                     group=entry.pw_gid, extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"},
                                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(squatter)
@@ -149,6 +151,7 @@ def test_a_squatter_on_the_freed_port_is_never_back_never_asked_never_killed(dae
         time.sleep(10 * INTERVAL)  # scrapes, canaries and looks go on meanwhile
         assert f"uid {entry.pw_uid} ({entry.pw_name}): {squatter.pid} {entry.pw_name} " in taken["message"], taken
         assert taken["severity"] == "critical" and str(script) in taken["evidence"]["holder"]
+        assert "--api-key ***" in taken["message"] and "sq-secret-key" not in json.dumps(taken)
         assert log.read_bytes() == b"", log.read_bytes()[:300]  # not one request: no password, no token
         assert squatter.poll() is None
         assert [e["kind"] for e in events(d, "engine_killed", "kill_refused", "engine_back", "kill_not_done",

@@ -89,6 +89,11 @@ def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int]
     return Resolved(accepted, uid, refused, listening, serving, engine_uid, protected)
 
 
+# a secret's value in a command line: `--api-key X`, `--token=X`, `HF_TOKEN=X` (the holder's command goes into events)
+_SECRET = re.compile(r"((?:--?[\w-]*(?:key|token|secret|passw(?:or)?d)[\w-]*[ =])"
+                     r"|(?:\b\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=))\S+", re.I)
+
+
 def port_taken(spec: TargetSpec, found: Resolved, procs: list[psutil.Process]) -> str | None:
     """Who holds the socket that serves the engine's address when, on the evidence, that is not the engine (None:
     the engine, no one, or it cannot be told). Not the engine: a process of the engine's tree (`procs`, this
@@ -103,7 +108,7 @@ def port_taken(spec: TargetSpec, found: Resolved, procs: list[psutil.Process]) -
             continue
         foreign = found.known_uid is not None and listener.uid != found.known_uid
         if foreign or (procs and spec.kind != "port"):
-            who = ", ".join(describe(p) for p in holders[:4]) or "a process gpuwarden cannot see"
+            who = ", ".join(_SECRET.sub(r"\1***", describe(p)) for p in holders[:4]) or "a process gpuwarden cannot see"
             return f"uid {listener.uid} ({_user_name(listener.uid)}): {who}"
     return None
 
