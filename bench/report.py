@@ -27,6 +27,7 @@ BENCHES = [
     ("engine_bench.py", ["--kills", "3"], 300),
     ("telemetry_bench.py", ["--seconds", "30"], 300),
     ("target_bench.py", [], 180),
+    ("look_bench.py", [], 300),
     ("npd_bench.py", [], 180),
     ("durability_bench.py", [], 300),
     ("startup_bench.py", [], 420),

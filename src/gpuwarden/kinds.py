@@ -62,10 +62,14 @@ CATALOG: dict[str, Kind] = {
     # the canary was refused (401, 403) or found no route or model (404): a configuration problem, said once
     "canary_misconfigured": Kind(None),
     "discovery_flood": Kind(None),  # more engine-like servers than max_discovered: one alert for the crowd
+    # the socket on an engine's address is held by a process that is not the engine's: never read nor asked
+    "engine_port_taken": Kind(None, condition="engine"),
     # what gpuwarden did, or was not allowed to do
     "engine_killed": Kind(None, action=True, outcome=True, condition="engine"),
     "cache_poisoned": Kind("cache_poisoned", action=True, outcome=True),
     "kill_refused": Kind("kill_refused", outcome=True, condition="engine"),
+    # a decided kill that could not run (no process found, its look late, a signal refused): said, tried again
+    "kill_not_done": Kind("kill_not_done", outcome=True, condition="engine"),
     "engine_restarting": Kind(None, action=True, outcome=True, condition="engine"),  # asked its supervisor
     "engine_back": Kind(None, outcome=True, condition="engine"),  # a real completion returned
     "engine_restart_failed": Kind("restart_failed", outcome=True, condition="engine"),

@@ -49,13 +49,13 @@ def test_the_event_s_own_runbook_wins_over_its_kind_s():
 
 def test_actions_are_outcomes_and_no_outcome_is_a_gpu_fault():
     assert {"engine_killed", "cache_poisoned", "engine_restarting"} == ACTION_KINDS
-    assert ACTION_KINDS | {"kill_refused", "engine_back", "engine_restart_failed",
+    assert ACTION_KINDS | {"kill_refused", "kill_not_done", "engine_back", "engine_restart_failed",
                            "engine_restart_retrying"} == OUTCOMES
     assert {"sq_intr", "ring_timeout", "page_fault"} == GPU_FAULT_KINDS
 
 
 def test_the_node_conditions_kinds():
     assert {"device_lost", "reset_failed", "gpu_wedged", "gpu_missing", "gpu_unresponsive", "xid"} == GPU_LOST_KINDS
-    assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "engine_killed",
-            "engine_restarting", "engine_back", "engine_restart_failed", "engine_not_answering",
-            "engine_restart_retrying"} == ENGINE_KINDS
+    assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "kill_not_done",
+            "engine_killed", "engine_restarting", "engine_back", "engine_restart_failed", "engine_not_answering",
+            "engine_restart_retrying", "engine_port_taken"} == ENGINE_KINDS

@@ -6,7 +6,12 @@ with no call back, and the engine's lifecycle learns the kill from the outcome (
 carries none: the narrow port (`Engines.take`) gives a fresh look, judged, its lifecycle told when the kill goes
 ahead. What the engine's lifecycle learns later (a restart could not be asked for, a suspicion) goes through the
 port too; it keeps and writes nothing of theirs. psutil checks each process's start time before a signal: a
-target's pid reused since its look is never hit (act/killer.py)."""
+target's pid reused since its look is never hit (act/killer.py).
+
+A decided kill is done, or said undone: one that cannot run (no process of it found, its look late, a signal
+refused, its last kill still waiting) is a critical kill_not_done with the reason, and it is tried again on a fresh
+look every scrape interval until it is done, or its engine's kill budget is spent, or (a stall's or silence's kill)
+the engine works again or is gone; giving up is said too."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ import logging
 import time
 from collections.abc import Awaitable
 from typing import Protocol
+
+import psutil
 
 from gpuwarden import families, policy
 from gpuwarden.act import restart
@@ -37,6 +44,8 @@ class Engines(Protocol):
     async def take(self, name: str, restart: bool, dry_run: bool) -> KillTarget | Refused | None: ...
 
     def restart_failed(self, name: str) -> bool: ...
+
+    def kill_wanted(self, name: str, stuck: bool) -> str | None: ...
 
     def suspect(self, name: str, reason: str, fault: Event) -> Event | None: ...
 
@@ -98,24 +107,65 @@ class Actuator:
         if engines is None or name in self._acting:
             return
         self._acting.add(name)
+        stuck = isinstance(action.target, KillTarget | Refused)  # a stall's or silence's kill (a fault's has none)
+        target, said, tries = action.target, None, 0
         try:
-            target = action.target
-            if not isinstance(target, KillTarget | Refused):
-                target = await engines.take(name, action.restart, action.dry_run)
-            if target is None:
-                return
-            if isinstance(target, Refused):
-                await self._refused(action, target.reason, refused=target.refused, processes=target.processes)
-            elif not target.procs:
-                log.warning("%s should be killed (%s) but none of its processes was found", name, action.reason)
-            elif await self._killed(action, target) and action.restart and not action.dry_run:
-                await self._restart(name, target, since)
+            while True:
+                if not isinstance(target, KillTarget | Refused):
+                    target = await engines.take(name, action.restart, action.dry_run)
+                if target is None:
+                    return
+                if isinstance(target, Refused):
+                    await self._refused(action, target.reason, refused=target.refused, processes=target.processes)
+                    return
+                tries += 1
+                why = await self._attempt(action, target, since)
+                if why is None:
+                    return
+                if said is None:
+                    said = why
+                    self._not_done(action, target, why, tries, "tries again at each next look")
+                else:
+                    log.warning("%s is still not killed (try %d): %s", name, tries, why)
+                if action.dry_run:
+                    return  # nothing is killed in a dry run: nothing to try again
+                await asyncio.sleep(target.config.scrape_interval)
+                if self.engines is not engines:
+                    return  # reloaded meanwhile: the new watch decides afresh
+                if stop := engines.kill_wanted(name, stuck):
+                    self._not_done(action, target, f"{why}; not tried again: {stop}", tries, None)
+                    return
+                target = None
         finally:
             self._acting.discard(name)
 
-    async def _killed(self, action: policy.Kill, target: KillTarget) -> bool:
+    async def _attempt(self, action: policy.Kill, target: KillTarget, since: float) -> str | None:
+        """The kill (and its restart) on one look; None when it was done (or its signals sent and said), else why
+        it could not run."""
+        if not target.procs:
+            return "none of its processes was found" + (f": {target.late}" if target.late else "")
+        done = await self._killed(action, target)
+        if isinstance(done, str):
+            return done
+        if done and action.restart and not action.dry_run:
+            await self._restart(action.engine, target, since)
+        return None
+
+    def _not_done(self, action: policy.Kill, target: KillTarget, why: str, tries: int, then: str | None) -> None:
+        """A decided kill that did not happen, said as it is: a page to act by hand (a dry run's is a warning)."""
+        name = action.engine
+        message = (f"{name} NOT killed: {why} — act by hand" + (f" (gpuwarden {then})" if then else "") +
+                   f"; it should be killed ({action.reason})")
+        self.sink.record([Event("kill_not_done", Severity.WARNING if action.dry_run else Severity.CRITICAL, message,
+                                time.time(), engine=name, gpu=target.gpu,
+                                evidence={"reason": action.reason, "why": why, "tries": tries,
+                                          "retrying": then is not None, "dry_run": action.dry_run,
+                                          "refused": target.refused})])
+
+    async def _killed(self, action: policy.Kill, target: KillTarget) -> bool | str:
         """The kill itself (the engine's lifecycle knows already, or learns it from engine_killed); False when
-        the wait for the signals never ended."""
+        the wait for the signals never ended (said as engine_killed, unfinished); why, when it did not start or a
+        signal was refused (nothing said yet)."""
         name, cfg = action.engine, target.config
         deadline = cfg.kill_grace + policy.KILL_SLACK
         # a production engine killed is down: a page (a dry run is never one)
@@ -123,8 +173,9 @@ class Actuator:
         try:
             report = await _KILLS.run(name, deadline, kill, target.procs, cfg.kill_grace, action.dry_run)
         except Busy as exc:  # its last kill still waits on its signals: none sent now
-            log.error("killing %s (%s) did not start: %s", name, action.reason, exc)
-            return False
+            return f"the kill did not start: {exc}"
+        except psutil.Error as exc:  # a signal refused (EPERM): what was sent before it is in the next try's look
+            return f"a signal was refused: {exc}"
         except TimeoutError:  # signals sent, the wait for them never ended (a process stuck in the kernel?)
             if not action.dry_run:
                 self.sink.count(families.ENGINE_KILLS, name)

@@ -46,6 +46,11 @@ RUNBOOKS: dict[str, str] = {
         "the engine so it recompiles (the first start takes longer), then delete the BROKEN folder once it runs."),
     "kill_refused": ("gpuwarden did not kill the engine (the page says why): look at it by hand now, and kill or "
                      "restart it yourself if it is stuck."),
+    "kill_not_done": (
+        "gpuwarden decided to kill the engine and could not: the event says why (none of its processes found, the "
+        "look at them late, a signal refused). It tries again at each look until the kill is done, its kill budget "
+        "is spent or the engine works again; stop it by hand now (`systemctl kill` its unit, `docker kill` its "
+        "container, or kill its processes)."),
     "not_answering": (
         "The engine does not answer where gpuwarden reads it. Is it running? A unit or container that is stopped "
         "or failed: start it and read its own log for why it stopped. Running: is metrics_url's port the one it "
@@ -93,8 +98,8 @@ register_runbooks(RUNBOOKS)  # config checks runbook names against these (regist
 
 # The order in which runbooks apply when several do: the worst state of the hardware first.
 _ORDER = ["device_lost", "gpus_missing", "gpus_changed", "oops", "ras", "gsp", "xid", "reset", "restart_failed",
-          "restart_not_started", "restart_retrying", "kill_refused", "not_answering", "crash_loop", "cache_poisoned",
-          "gpu_fault", "stall"]
+          "restart_not_started", "restart_retrying", "kill_refused", "kill_not_done", "not_answering", "crash_loop",
+          "cache_poisoned", "gpu_fault", "stall"]
 # Meaningless, or harmful, once the GPU is gone: they restart engines on it or reset it in place.
 _LIVE_GPU_ONLY = frozenset({"reset", "gpu_fault", "stall", "xid", "gsp", "pcie_link", "clock"})
 # Chosen by the message from what happened, not named by a kind: a missing GPU among those that came back

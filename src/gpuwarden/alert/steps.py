@@ -19,7 +19,10 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                                         "is paged (engine not answering)." if first(events, "gpus_back") else "")]
     gone = any(is_lost(e) for e in [*out.earlier, *events]) and not first(events, "gpus_back")
     keys = runbooks.ordered([k for e in events for k in _keys(e)])
-    refused = {e.engine for e in events if e.kind == "kill_refused"}  # the decision was kill; the kill was not
+    # the decision was kill; the kill was not
+    refused = {e.engine: "the kill was refused" if e.kind == "kill_refused" else "the kill could not be done"
+               for e in events if e.kind in ("kill_refused", "kill_not_done")}
+    killed = {e.engine for e in [*out.earlier, *events] if e.kind == "engine_killed"}
     steps = []
     if not all(e.live for e in events):
         steps.append("It was logged before gpuwarden started (an earlier boot, or before the daemon ran): check "
@@ -29,10 +32,15 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
     for e in events:
         for d in e.evidence.get("decision") or ():
             if d.get("engine") in refused and d.get("action") in ("kill", "restart"):
-                d = {**d, "action": "refuse", "by_hand": True, "reason": "the kill was refused (see above)"}
+                d = {**d, "action": "refuse", "by_hand": True, "reason": f"{refused[d['engine']]} (see above)"}
+            if d.get("action") == "kill" and not d.get("dry_run") and not gone and d.get("engine") not in killed:
+                # decided, not done yet: a page never says killed before the outcome is known
+                steps.append(f"Nothing to do for {d.get('engine') or 'the engine'} yet: gpuwarden is killing it and "
+                             "pages again with the outcome (killed, or not killed and why).")
+                continue
             steps.append(runbooks.engine_step(d, gone, ctx.runs_of(d.get("engine")).restart()) or "")
             if d.get("action") == "refuse" and d.get("by_hand"):
-                keys = [k for k in keys if k != "kill_refused"]  # said for this engine, by name
+                keys = [k for k in keys if k not in ("kill_refused", "kill_not_done")]  # said for it, by name
             if d.get("action") == "refuse" and not d.get("by_hand") and (p := e.evidence.get("process")):
                 steps.append(f"Find who runs pid {p.get('pid')} ({p.get('name')}): `ps -o user,lstart,cmd -p "
                              f"{p.get('pid')}`. Its process faulted {ctx.gpu(e.gpu)}, which {d.get('engine')} "

@@ -50,6 +50,8 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         if survivors := sum(len(e.evidence.get("survivors") or ()) for e in killed):
             verb += f", {plural(survivors, 'process')} survived SIGKILL"
         return f"engine{'s' if len(killed) > 1 else ''} {names} {verb} — {_own(cause, killed[0])}"
+    if e := first(events, "kill_not_done"):  # the kill decided before could not run: never "killed"
+        return f"engine {e.engine} NOT killed: {e.evidence.get('why') or e.message} — act by hand"
     if e := first(events, "kill_refused"):
         return f"engine {e.engine} NOT killed, act by hand — {_own(cause, e)}"
     if first(events, "cache_poisoned"):

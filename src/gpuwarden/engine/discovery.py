@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from gpuwarden import enginekinds
+from gpuwarden import enginekinds, sockets
 from gpuwarden.config import EngineTarget
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
 from gpuwarden.engine.scraper import client
@@ -80,10 +80,7 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
     """One entry per engine server: the outermost process whose command line names a known server and that
     listens on a TCP port (its lowest, which is the HTTP API for all five engines); or, in a Docker container
     with its own network, that runs in a container publishing a port (the container's lowest)."""
-    listening: dict[int, set[int]] = {}
-    for conn in psutil.net_connections(kind="inet"):
-        if conn.status == psutil.CONN_LISTEN and conn.pid and conn.laddr:
-            listening.setdefault(conn.pid, set()).add(conn.laddr.port)
+    listening = listening_engines()
     found = []
     for pid, ports in listening.items():
         if (profile := _profile(pid)) is not None:
@@ -103,6 +100,39 @@ def discover(docker_socket: Path = DOCKER_SOCKET) -> list[Found]:
                                    uid=_uid(pid)))
                 break
     return sorted(found, key=lambda f: f.port)
+
+
+def listening_engines(proc: Path = Path("/proc")) -> dict[int, set[int]]:
+    """The ports each process whose command line names a known server listens on (this network namespace's
+    sockets, from the kernel's tables). Only such processes' descriptors are read: a user holding a million
+    descriptors in processes that name no engine costs discovery nothing (psutil.net_connections read them all)."""
+    ports: dict[int, set[int]] = {}
+    for listener in sockets.listeners(proc_net=proc / "net"):
+        ports.setdefault(listener.inode, set()).add(listener.port)
+    out: dict[int, set[int]] = {}
+    if not ports:
+        return out
+    with os.scandir(proc) as entries:
+        pids = [int(e.name) for e in entries if e.name.isdigit()]
+    for pid in pids:
+        if _profile(pid) is None:
+            continue
+        try:
+            with os.scandir(proc / str(pid) / "fd") as fds:
+                for fd in fds:
+                    link = _link(fd.path)
+                    if link.startswith("socket:[") and (held := ports.get(int(link[8:-1]))):
+                        out.setdefault(pid, set()).update(held)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def probe_order(new: list[Found], probed: dict[str, float]) -> list[Found]:

@@ -1,5 +1,6 @@
 """A look at an engine's processes, off the loop and with a deadline: its target resolved, their instance (pid and
-start time of each), the candidates refused, each one's CPU, the GPUs they use, their KFD pasids (AMD)."""
+start time of each), the candidates refused, each one's CPU, the GPUs they use, their KFD pasids (AMD), and whether
+the socket that serves its address is its own (`taken`: who holds it when not)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gpuwarden.config import EngineConfig
 from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.lifecycle import Instance
 from gpuwarden.engine.parts import target_spec
-from gpuwarden.engine.processes import Tracker, gpus_in_use, resolve
+from gpuwarden.engine.processes import Tracker, gpus_in_use, port_taken, resolve
 from gpuwarden.gpu import nvidia
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.plain import plain
@@ -34,6 +35,8 @@ class Processes:
     cpus: list[float]  # each process's share of a core since the last look
     gpus: frozenset[str] | None
     pasids: frozenset[int] | None  # None: none to read
+    taken: str | None = None  # who holds the engine's address when not the engine (uid, pid, command)
+    sockets: frozenset[int] = frozenset()  # the inodes of the sockets that serve its address (its own unless taken)
 
 
 class Looker:
@@ -52,11 +55,14 @@ class Looker:
         return None
 
     def _look(self, config: EngineConfig, tracker: Tracker) -> Processes:
-        found = resolve(target_spec(config))
+        spec = target_spec(config)
+        found = resolve(spec, tracker.uid, (pid for pid, _ in tracker.seen))
         procs = tracker.refresh(found)
         gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
+        taken = port_taken(spec, found, procs)
         return Processes(procs, instance_of(procs), found.refused, tracker.cpu_percents(procs),
-                         frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]))
+                         frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]), taken,
+                         frozenset(listener.inode for listener in found.listeners))
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
         """From the device files they hold open, and for NVIDIA from NVML's process lists."""

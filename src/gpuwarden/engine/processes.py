@@ -24,16 +24,18 @@ import stat
 import subprocess
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from gpuwarden import enginekinds
+from gpuwarden import enginekinds, sockets
 from gpuwarden.engine.dockerapi import container_pids
 from gpuwarden.logsetup import redact
 from gpuwarden.model import normalize_pci
 from gpuwarden.plain import plain
+from gpuwarden.sockets import Listener
 
 
 @plain
@@ -54,18 +56,27 @@ class TargetSpec:
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Resolved:
-    """A target's root processes now, the engine's user, and each candidate refused with why."""
+    """A target's root processes now, the engine's user, and each candidate refused with why; and the sockets
+    that serve metrics_url's address (`listeners`) with the processes that hold them (`serving`)."""
 
     roots: list[psutil.Process]
     uid: int | None
     refused: list[str] = field(default_factory=list)
+    listeners: list[Listener] = field(default_factory=list)
+    serving: list[psutil.Process] = field(default_factory=list)
+    known_uid: int | None = None  # the engine's user as configured or known before this look (not its socket's)
+    protected: set[int] | None = None  # PID 1, gpuwarden and its ancestors as this look found them
 
 
-def resolve(spec: TargetSpec) -> Resolved:
-    serving = _serving(spec.host, spec.port) if spec.port else []
-    uid = spec.uid if spec.uid is not None else _only_uid(serving)
+def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int] = ()) -> Resolved:
+    """`known_uid`, `known`: the engine's user and pids as the last look found them. The user, once known, stays
+    the engine's (a listener of another user on its port is not the engine: `port_taken`); its pids are asked
+    first whether they hold the serving socket."""
+    engine_uid = spec.uid if spec.uid is not None else known_uid
+    listening, serving = _serving(spec.host, spec.port, engine_uid, known) if spec.port else ([], [])
+    uid = engine_uid if engine_uid is not None else _only_uid(serving)
     candidates, refused = _candidates(spec, serving)
-    if spec.uid is None and uid is None and serving:
+    if engine_uid is None and uid is None and serving:
         refused.append(f"the engine's user is ambiguous: {spec.host or '127.0.0.1'}:{spec.port} is served by "
                        f"processes of several users ({', '.join(describe(p) for p in serving[:4])}); set "
                        "[engine.target] user")
@@ -75,7 +86,31 @@ def resolve(spec: TargetSpec) -> Resolved:
             refused.append(f"{describe(proc)}: {why}")
         else:
             accepted.append(proc)
-    return Resolved(accepted, uid, refused)
+    return Resolved(accepted, uid, refused, listening, serving, engine_uid, protected)
+
+
+# a secret's value in a command line: `--api-key X`, `--token=X`, `HF_TOKEN=X` (the holder's command goes into events)
+_SECRET = re.compile(r"((?:--?[\w-]*(?:key|token|secret|passw(?:or)?d)[\w-]*[ =])"
+                     r"|(?:\b\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=))\S+", re.I)
+
+
+def port_taken(spec: TargetSpec, found: Resolved, procs: list[psutil.Process]) -> str | None:
+    """Who holds the socket that serves the engine's address when, on the evidence, that is not the engine (None:
+    the engine, no one, or it cannot be told). Not the engine: a process of the engine's tree (`procs`, this
+    look's) does not hold it and either its owner is not the engine's user as configured or known before this
+    look, or the engine's processes run (a target that found them) and none of them holds it. Root holding it
+    for a `docker` target is docker-proxy publishing the container's port. Before any user is known, the first
+    server seen is the engine, as ever: [engine.target] user says it from the start."""
+    ours = {p.pid for p in procs}
+    for listener in found.listeners:
+        holders = [p for p in found.serving if _holds_inode(p.pid, listener.inode)]
+        if any(p.pid in ours for p in holders) or (spec.kind == "docker" and listener.uid == 0):
+            continue
+        foreign = found.known_uid is not None and listener.uid != found.known_uid
+        if foreign or (procs and spec.kind != "port"):
+            who = ", ".join(_SECRET.sub(r"\1***", describe(p)) for p in holders[:4]) or "a process gpuwarden cannot see"
+            return f"uid {listener.uid} ({_user_name(listener.uid)}): {who}"
+    return None
 
 
 def _candidates(spec: TargetSpec, serving: list[psutil.Process]) -> tuple[list[psutil.Process], list[str]]:
@@ -112,14 +147,108 @@ def owned_by(proc: psutil.Process, uid: int) -> bool:
         return False
 
 
-def _serving(host: str | None, port: int) -> list[psutil.Process]:
-    """The processes listening on the socket that serves host:port, for each address the host names: the
-    kernel's choice (`serves`). Another user's listener beside the engine's on another family (a `[::]` next to
-    `0.0.0.0`, a `[::1]`) serves another address, and is not counted."""
-    listeners = [(ipaddress.ip_address(c.laddr.ip.split("%")[0]), c.pid)
-                 for c in psutil.net_connections(kind="inet")
-                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
-    return _alive({pid for address in _addresses(host or "127.0.0.1") for pid in serves(address, listeners)})
+def _serving(host: str | None, port: int, uid: int | None = None,
+             known: Iterable[int] = ()) -> tuple[list[Listener], list[psutil.Process]]:
+    """The sockets that serve host:port (`serving_listeners`) and the processes that hold them: each socket's
+    inode looked for among its owner's processes (and the engine's user's, `uid`: a socket root made, as
+    systemd's socket activation does, is held by the user's server), the engine's known pids first. Only those
+    users' descriptors are read: another user holding a million of them costs this look nothing."""
+    listening = serving_listeners(host, port) or []
+    pids: set[int] = set()
+    for listener in listening:
+        for owner in dict.fromkeys(u for u in (uid, listener.uid) if u is not None):
+            # another user's socket on the engine's port (a squatter's) is searched for its holder, to name it,
+            # within a bound: that user may hold a million descriptors
+            limit = None if uid is None or owner == uid else FOREIGN_LINKS
+            if found := holders(listener.inode, owner, known, limit):
+                pids.update(found)
+                break
+    return listening, _alive(pids)
+
+
+def serving_listeners(host: str | None, port: int, lookup: bool = True) -> list[Listener] | None:
+    """The listening sockets a connection to host:port reaches, for each address the host names: the kernel's
+    choice (`serves`). Another user's listener beside the engine's on another family (a `[::]` next to
+    `0.0.0.0`, a `[::1]`) serves another address, and is not counted. From the kernel's socket tables: the cost
+    of the host's sockets, no process's descriptors. `lookup` False: a host that is a name is not resolved (a
+    lookup may block), and the answer is None."""
+    addresses = _addresses(host or "127.0.0.1", lookup)
+    if addresses is None:
+        return None
+    listening = sockets.listeners(port)
+    inodes = {inode for address in addresses
+              for inode in serves(address, [(listener.address, listener.inode) for listener in listening])}
+    return [listener for listener in listening if listener.inode in inodes]
+
+
+FOREIGN_LINKS = 20_000  # descriptors read at most to name the holder of a socket not the engine user's
+
+
+def holders(inode: int, uid: int, first: Iterable[int] = (), limit: int | None = None) -> list[int]:
+    """The processes of `uid` that hold the socket `inode` open. The `first` pids (the engine's as last seen)
+    are asked first: when one of them holds it, no other is read (a socket is shared only by inheritance, and
+    the tracker adds the tree); else every process of `uid`, and no other user's. `limit`: the most descriptors
+    read in all (what is found by then)."""
+    link, budget = f"socket:[{inode}]", [limit if limit is not None else -1]
+    first = list(dict.fromkeys(first))
+    found = [pid for pid in first if _uid_of(pid) == uid and _holds(pid, link, budget)]
+    return found or [pid for pid in pids_of(uid) if pid not in first and _holds(pid, link, budget)]
+
+
+def pids_of(uid: int, strict: bool = True, proc: Path = Path("/proc")) -> list[int]:
+    """The pids of `uid`'s processes, by the owner of /proc/PID (the process's effective uid, or root's for one
+    that is not dumpable). `strict`: for root each one's real uid is read too, so that a user's non-dumpable
+    processes (whose descriptors are the user's to multiply) are not taken for root's; without it root's list
+    may hold them (a tree is checked process by process anyway). A user's non-dumpable process is missed: the
+    tree never includes it."""
+    out = []
+    with os.scandir(proc) as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid and \
+                        (uid != 0 or not strict or _uid_of(int(entry.name)) == 0):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def _uid_of(pid: int) -> int | None:
+    """The process's real uid (/proc/PID/status), None when gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _holds(pid: int, link: str, budget: list[int] | None = None) -> bool:
+    """The process has a descriptor open on `link` (`socket:[inode]`). `budget`: descriptors left to read (one
+    count shared by a search; negative: no bound). The folder is read lazily: a bound stops the listing too."""
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as entries:
+            for entry in entries:
+                if budget is not None:
+                    if budget[0] == 0:
+                        return False
+                    budget[0] -= 1
+                try:
+                    if os.readlink(entry.path) == link:
+                        return True
+                except OSError:
+                    continue
+    except OSError:
+        return False
+    return False
+
+
+def _holds_inode(pid: int, inode: int) -> bool:
+    return _holds(pid, f"socket:[{inode}]")
 
 
 def serves(address, listeners: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]) -> set[int]:
@@ -136,11 +265,12 @@ def serves(address, listeners: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6
     return next((tier for tier in tiers if tier), set())
 
 
-def _addresses(host: str) -> set:
+def _addresses(host: str, lookup: bool = True) -> set | None:
     try:
         return {ipaddress.ip_address(host.strip("[]"))}
     except ValueError:
-        pass
+        if not lookup:
+            return None
     try:
         return {ipaddress.ip_address(info[4][0].split("%")[0])
                 for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
@@ -270,17 +400,18 @@ class Tracker:
 
     def refresh(self, found: Resolved) -> list[psutil.Process]:
         """The engine's live processes now: the accepted roots, their descendants, the roots' own process
-        groups, and every earlier member still alive; all of them the engine user's and killable."""
+        groups, and every earlier member still alive; all of them the engine user's and killable. Only the
+        engine user's processes are read (their parent and group): the cost is the engine's, not the host's."""
         current: dict[tuple[int, float], psutil.Process] = {}
         self.uid = uid = found.uid if found.uid is not None else self.uid
-        protected = _protected()
+        protected = found.protected if found.protected is not None else _protected()
         ours = (lambda p: owned_by(p, uid) and is_killable(p, protected)) if uid is not None else (lambda p: False)
-        everyone = list(psutil.process_iter(["ppid"])) if found.roots else []  # one pass over /proc
-        children: dict[int, list[psutil.Process]] = {}
-        for proc in everyone:
-            children.setdefault(proc.info["ppid"], []).append(proc)
+        family = _family(uid) if found.roots and uid is not None else {}
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in family.items():
+            children.setdefault(ppid, []).append(pid)
         for proc in found.roots:
-            for member in [proc, *_descendants(proc, children, ours), *filter(ours, _group_members(proc, everyone))]:
+            for member in [proc, *_descendants(proc, children, ours), *filter(ours, _group_members(proc, family))]:
                 key = _key(member)
                 if key:
                     current[key] = self.seen.get(key, member)
@@ -334,30 +465,37 @@ def queued_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def _descendants(proc: psutil.Process, children: dict[int, list[psutil.Process]], ours) -> list[psutil.Process]:
+def _family(uid: int) -> dict[int, tuple[int, int]]:
+    """Each process of `uid`: its parent's pid and its process group (/proc/PID/stat). Members are checked one by
+    one (`ours`): the list need not be strict."""
+    out = {}
+    for pid in pids_of(uid, strict=False):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            out[pid] = int(fields[1]), int(fields[2])  # ppid, pgrp
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _descendants(proc: psutil.Process, children: dict[int, list[int]], ours) -> list[psutil.Process]:
     """Children, grandchildren, ...; a child that is not `ours` is left out with everything below it."""
     out, todo = [], [proc]
     while todo:
-        kept = [c for c in children.get(todo.pop().pid, ()) if ours(c)]
+        kept = [c for c in _alive(children.get(todo.pop().pid, ())) if ours(c)]
         out += kept
         todo += kept
     return out
 
 
-def _group_members(root: psutil.Process, everyone: list[psutil.Process]) -> list[psutil.Process]:
+def _group_members(root: psutil.Process, family: dict[int, tuple[int, int]]) -> list[psutil.Process]:
     try:
         if os.getpgid(root.pid) != root.pid:
             return []  # the root shares someone else's group (a shell's): do not take that group
     except OSError:
         return []
-    members = []
-    for proc in everyone:
-        try:
-            if proc.pid != root.pid and os.getpgid(proc.pid) == root.pid:
-                members.append(proc)
-        except (OSError, psutil.Error):
-            continue
-    return members
+    return _alive(pid for pid, (_, pgrp) in family.items() if pgrp == root.pid and pid != root.pid)
 
 
 def _key(proc: psutil.Process) -> tuple[int, float] | None:

@@ -19,6 +19,7 @@ class KillTarget:
     refused: list[str]  # candidates the target named but may not be killed
     gpu: str | None
     config: EngineConfig
+    late: str = ""  # why the look it holds is not a fresh one (its look-up missed its deadline): said if empty
 
 
 @plain

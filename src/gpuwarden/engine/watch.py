@@ -11,6 +11,7 @@ component of its own that hands it the engines it found."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterable
@@ -23,15 +24,15 @@ import psutil
 from gpuwarden import conditions, families
 from gpuwarden.config import EngineConfig, EnginesConfig, api_key, user_id
 from gpuwarden.engine import lifecycle as lc
-from gpuwarden.engine import targets
+from gpuwarden.engine import looks, targets
 from gpuwarden.engine.answering import Answering, Said, where
 from gpuwarden.engine.canary import CanaryResult, Client, api_for, canary, key_in
 from gpuwarden.engine.finder import Discovery
 from gpuwarden.engine.logs import LogRefused
 from gpuwarden.engine.looks import Looker
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of
-from gpuwarden.engine.processes import Tracker
+from gpuwarden.engine.parts import Source, base_url, lifecycle_of, source_of, target_spec
+from gpuwarden.engine.processes import TargetSpec, Tracker, serving_listeners
 from gpuwarden.engine.saturation import Saturation, saturation
 from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.engine.stall import next_look
@@ -39,7 +40,7 @@ from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.logsetup import redact
 from gpuwarden.model import CROWD, Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.policy import EngineView
+from gpuwarden.policy import EngineView, budget_spent
 from gpuwarden.schema import Secret
 from gpuwarden.sockets import pinned
 
@@ -49,9 +50,12 @@ SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning proce
 
 _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
 FRESH = 1.0  # seconds: a kill's look older than this (a canary ran since, a look-up missed) is taken again
-_KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused"})  # what a stall's lifecycle awaits after its report
+# what a stall's lifecycle awaits after its report (a kill_not_done that is tried again is none yet)
+_KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused", "kill_not_done"})
 _KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported with the kill's target
 _LEARNT = _KILL_OUTCOMES | _KILL_ASKERS
+_NEW = object()  # a socket on the engine's address that no look has judged yet
+LOOK_WAIT = 1.0  # seconds a poll waits for its look once the reading is in
 
 
 @dataclass(eq=False, repr=False)
@@ -75,6 +79,17 @@ class EngineState:
     lookalike: bool = False  # discovered, and not an installed engine's program: its events are never pages
     answering: Answering | None = None  # whether it answers at all (engine_not_answering)
     crowd: str | None = None  # discovered: its user's servers page together (model.CROWD)
+    sockets: frozenset[int] = frozenset()  # inodes of the sockets on its address a look proved its own
+    taken: str | None = None  # who holds its address, when a look found it is not the engine (said once)
+    taken_sockets: frozenset[int] = frozenset()  # the inodes that holder's sockets had
+    taken_said: str | None = None  # the holder engine_port_taken named last
+    stalled: bool = False  # its last reading said stalled (until one says not, or its processes are gone)
+    unanswering: bool = False  # it did not answer while its processes lived, and has not answered since
+
+    @functools.cached_property
+    def spec(self) -> TargetSpec:
+        """Its target as configured (its user looked up once, not on the loop at each look)."""
+        return target_spec(self.config)
 
     @property
     def name(self) -> str:
@@ -105,9 +120,14 @@ class EngineState:
                           pids=frozenset(p.pid for p in self.procs), restart_failed=life.restart_refused,
                           pasids=self.pasids, suspect=life.suspected(time.monotonic()), target=target)
 
-    def target(self) -> KillTarget | Refused:
-        """What a kill would take on its last look, judged (engine/targets.py: its own processes, not too many)."""
-        return targets.judged(KillTarget(list(self.procs), list(self.refused), self.gpu, self.config))
+    def target(self, late: str = "") -> KillTarget | Refused:
+        """What a kill would take on its last good look, judged (engine/targets.py: its own processes, not too
+        many); `late`: why that look is not the one just asked for."""
+        return targets.judged(KillTarget(list(self.procs), list(self.refused), self.gpu, self.config, late))
+
+    @property
+    def stuck(self) -> bool:
+        return self.stalled or self.unanswering
 
 
 def new_state(config: EngineConfig) -> EngineState:
@@ -156,8 +176,8 @@ class EngineWatch:
         state = self.engines.get(name)
         if state is None:
             return None
-        await self.inspect(state)
-        judged = state.target()
+        looked = await self.inspect(state)
+        judged = state.target("" if looked else self._late(state))
         if isinstance(judged, KillTarget) and judged.procs and not dry_run:
             state.lifecycle.killing(time.monotonic(), restart)
         return judged
@@ -170,7 +190,7 @@ class EngineWatch:
         exit held meanwhile an exit); its own stall or silence decided without a kill says at once that no outcome
         will come. Any other teaches it nothing."""
         state = self.engines.get(event.engine or "")
-        if state is None or event.kind not in _LEARNT:
+        if state is None or event.kind not in _LEARNT or event.evidence.get("retrying"):
             return
         killed = event.kind == "engine_killed" and not event.evidence.get("dry_run")
         for change in state.lifecycle.learned(killed, bool(event.evidence.get("restart")), time.monotonic()):
@@ -183,6 +203,25 @@ class EngineWatch:
             return False
         state.lifecycle.restart_failed()
         return True
+
+    def kill_wanted(self, name: str, stuck: bool) -> str | None:
+        """Why a kill decided for it and not done yet is no longer to be tried again (None: it is): no longer
+        watched, its kill budget spent meanwhile, or (`stuck`: a kill for a stall or silence) it works again or its
+        processes are gone."""
+        state = self.engines.get(name)
+        if state is None:
+            return "it is no longer watched"
+        cfg = state.config
+        if budget_spent(state.view(), time.monotonic()):
+            return f"its kill budget is spent ({cfg.kill_budget} kills within {cfg.kill_budget_window:.0f} s)"
+        if stuck and not state.stuck:
+            return "it is no longer stalled or unanswering"
+        return None
+
+    def _late(self, state: EngineState) -> str:
+        seen = (f"its last good look, {time.monotonic() - state.seen_at:.0f} s old"
+                if state.seen_at > 0 else "no earlier look: it was never seen")
+        return f"the look at its processes missed its {looks.DEADLINE:.0f} s deadline ({seen})"
 
     def resume(self, state: conditions.State, now: float, kills: Iterable[tuple[str, float]] = ()) -> None:
         """At a start (and after a reload, whose lifecycles start afresh): the engines left down (their open
@@ -270,14 +309,43 @@ class EngineWatch:
 
     async def _poll(self, state: EngineState) -> float:
         """One look: scrape and look at the processes side by side, feed the lifecycle, carry out what it returns.
-        The look is dated when the scrape answered (what it shows was so by then): dated once the process look
-        was done too, each stall's clock started that much late and its kill came that much later. Returns the
-        look's date."""
-        (sample, error, answered), looked = await asyncio.gather(self._scrape(state), self.inspect(state))
-        if sample is None and state.config.source != "log" and await self._saturated(state):
+        The engine's address is asked only when the socket that serves it is the engine's (`_not_its_socket`: a
+        socket no earlier look judged waits for this look). The look is dated when the scrape answered (what it
+        shows was so by then): dated once the process look was done too, each stall's clock started that much late
+        and its kill came that much later. Returns the look's date."""
+        looking = asyncio.ensure_future(self.inspect(state))
+        asks = state.config.source != "log"  # a log is the engine's own: only its address can be someone else's
+        why = self._not_its_socket(state) if asks else None
+        if why is _NEW:  # a socket no look has judged yet: this look proves it the engine's, or names its holder
+            why = self._not_its_socket(state) if await looking else _NEW
+        if why is _NEW:  # no look proved it (late, or it changed meanwhile): its owner's word
+            why = self._by_owner(state)
+        if why is None:
+            sample, error, answered = await self._scrape(state)
+        else:  # no request to it: nothing read, no credential sent
+            sample, error, answered = None, why, time.monotonic()
+        # a look still under way this long after the reading is late: the reading is judged now, on what is known
+        # of its processes (a stall is not seen a look's deadline late); the look goes on and counts when done
+        await asyncio.wait({looking}, timeout=LOOK_WAIT)
+        if looking.done():
+            looked = await looking
+        else:
+            looked = False
+            looking.add_done_callback(_retrieved)
+        if asks and state.taken and sample is not None:  # the look, done meanwhile, found it is not the engine
+            sample, error = None, self._taken_error(state)
+        self._say_taken(state)
+        if asks and state.taken and state.instance:
+            # its own processes live but do not serve its address: neither stalled nor unresponsive on a reading
+            # that is not its own (engine_port_taken says it); only its exit is news
+            self._export(state, None)
+            return answered
+        if sample is None and asks and await self._saturated(state):
             self._export(state, sample)
             return answered  # it cannot accept while it idles: no failure counts toward unresponsive
         look = lc.Look(answered, sample, state.instance if looked else None, is_spinning(state.cpus))
+        if looked and not state.instance:
+            state.stalled = state.unanswering = False  # nothing of it runs: nothing left to kill
         changes = state.lifecycle.observe(look)
         self._answering(state, sample is not None, answered, error)
         self._export(state, sample)
@@ -286,6 +354,55 @@ class EngineWatch:
         self.sink.engines([state.view()], {state.name: state.last_scrape()}, whole=False)
         await self._carry_out(state, changes, error)
         return answered
+
+    def _not_its_socket(self, state: EngineState) -> str | object | None:
+        """Why its address may not be asked now: None, it may (the socket that serves it is one a look proved
+        the engine's, or nothing here listens on it: an engine on another host, or none at all); _NEW, a socket no
+        look has judged; else the reason (a holder that is not the engine). Read on the loop from the kernel's
+        socket table (its cost: the host's sockets, never their descriptors); a host that is a name is resolved
+        only by the look, whose verdict stands."""
+        spec = state.spec
+        listening = serving_listeners(spec.host, spec.port, lookup=False)
+        if listening is None:  # a name: the last look's verdict
+            return self._taken_error(state) if state.taken else None
+        inodes = frozenset(listener.inode for listener in listening)
+        if not inodes or inodes <= state.sockets:
+            return None
+        if state.taken and inodes <= state.taken_sockets:
+            return self._taken_error(state)
+        return _NEW
+
+    def _by_owner(self, state: EngineState) -> str | None:
+        """With no look to prove it (late, or the socket changed since): the socket's owner in the kernel's table
+        must be the engine's user (configured, or as its processes were last seen; none known yet: the first
+        server seen is the engine's, as ever)."""
+        spec = state.spec
+        uid = spec.uid if spec.uid is not None else state.tracker.uid
+        for listener in serving_listeners(spec.host, spec.port, lookup=False) or ():
+            if uid is not None and listener.uid != uid and not (spec.kind == "docker" and listener.uid == 0):
+                return f"its address is held by uid {listener.uid}, not by the engine's user (uid {uid})"
+        return None
+
+    def _taken_error(self, state: EngineState) -> str:
+        return f"its address is held by {state.taken}, not by the engine"
+
+    def _say_taken(self, state: EngineState) -> None:
+        """engine_port_taken once per holder; said in the log when the engine has its address again."""
+        said = state.taken_said
+        if state.taken == said:
+            return
+        state.taken_said = state.taken
+        if state.taken is None:
+            log.info("engine %s: its address is served by the engine again", state.name)
+            return
+        spec = state.spec
+        address = f"{spec.host}:{spec.port}"
+        self._record(Event("engine_port_taken", Severity.CRITICAL,
+                           f"{state.name}: {address} is held by {state.taken}, not by a process of the engine: "
+                           "not read, not asked, no credential sent; the engine counts as down (if the engine "
+                           "now runs as this user, set [engine.target] user)", time.time(), engine=state.name,
+                           evidence={"holder": state.taken, "address": address,
+                                     "sockets": sorted(state.taken_sockets)}))
 
     async def _scrape(self, state: EngineState) -> tuple[EngineSample | None, str, float]:
         """Its figures, or None and why not (a refused log file said once, again when the reason changes), and
@@ -322,6 +439,7 @@ class EngineWatch:
             await self._ON[type(change)](self, state, change, error)
 
     async def _judged(self, state: EngineState, change: lc.Judged, error: str) -> None:
+        state.stalled = change.verdict.stalled
         self.sink.metric(families.ENGINE_STALLED, 1 if change.verdict.stalled else 0, state.name)
         self.sink.metric(families.ENGINE_STALL_THRESHOLD, change.verdict.threshold, state.name)
 
@@ -345,10 +463,12 @@ class EngineWatch:
                     _ENDPOINT[state.config.source], change.failures, error)
 
     async def _unresponsive(self, state: EngineState, change: lc.Unresponsive, error: str) -> None:
+        state.unanswering = True
         await self._record_with_target(state, self._unresponsive_event(state, error, change))
 
     async def _answers(self, state: EngineState, change: lc.Answers, error: str) -> None:
         name, endpoint = state.name, _ENDPOINT[state.config.source]
+        state.unanswering = False
         if change.was_unresponsive:
             self.sink.resolve(conditions.unresponsive(name), f"{name} answers {endpoint} again")
         log.info("engine %s: %s answers again", name, endpoint)
@@ -423,9 +543,11 @@ class EngineWatch:
         await self._carry_out(state, state.lifecycle.idle_canaried(due, result, time.monotonic()), "")
 
     async def _canary_unanswered(self, state: EngineState, change: lc.CanaryUnanswered, error: str) -> None:
+        state.unanswering = True
         await self._record_with_target(state, self._canary_event(state, change.last, change.canary))
 
     async def _completes_again(self, state: EngineState, change: lc.CompletesAgain, error: str) -> None:
+        state.unanswering = False
         self.sink.resolve(conditions.unresponsive(state.name), f"{state.name} completes a request again")
 
     _ON: ClassVar[dict] = {
@@ -444,6 +566,11 @@ class EngineWatch:
         cfg = state.config
         if cfg.canary == "off":
             return CanaryResult("off", 0.0, "the canary is off")
+        why = self._not_its_socket(state)
+        if why is _NEW:  # changed since the last look: its owner's word
+            why = self._by_owner(state)
+        if why is not None:  # a completion asked of whoever holds its address proves nothing of the engine's
+            return CanaryResult("skipped", 0.0, why)
         api = api_for(cfg.canary, state.sample.profile.split()[0] if state.sample else cfg.profile)
         client = client_of(cfg, state.procs)
         if isinstance(client, CanaryResult):
@@ -499,6 +626,11 @@ class EngineWatch:
             return False
         state.procs, state.instance, state.refused, state.cpus = seen.procs, seen.instance, seen.refused, seen.cpus
         state.gpus, state.pasids, state.seen_at = seen.gpus, seen.pasids, time.monotonic()
+        state.taken = seen.taken
+        if seen.taken:
+            state.sockets, state.taken_sockets = frozenset(), seen.sockets
+        else:
+            state.sockets, state.taken_sockets = seen.sockets, frozenset()
         if state.cpus:
             self.sink.metric(families.ENGINE_CPU, state.cpu / 100, state.name)  # psutil's percent: 100 = a core
         elif not state.procs:  # none of its processes lives: not the dead instance's last figure
@@ -627,9 +759,10 @@ class EngineWatch:
         """An event the policy may kill for, reported with the kill's target judged on the look that found it
         (in its view, the same report: the actuator kills that target and asks nothing back). A look older than
         FRESH (a canary ran since, the poll's look-up did not answer) is taken again first."""
-        if time.monotonic() - state.seen_at > FRESH:
-            await self.inspect(state)
-        self.sink.engines([state.view(state.target())], {state.name: state.last_scrape()}, whole=False)
+        late = ""
+        if time.monotonic() - state.seen_at > FRESH and not await self.inspect(state):
+            late = self._late(state)  # the kill takes the last good look's processes: said if there are none
+        self.sink.engines([state.view(state.target(late))], {state.name: state.last_scrape()}, whole=False)
         self._record(event)
 
     def _record(self, event: Event) -> None:
@@ -670,6 +803,12 @@ def client_of(cfg: EngineConfig, procs: list[psutil.Process]) -> Client | Canary
                 continue
     return Client(key and Secret(key), headers, cfg.canary_model, cfg.canary_route,
                   "from its command line (--api-key)" if key else "")
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """A late look's outcome, taken when it comes (its state is written by the look itself)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("a look at an engine's processes failed: %s", exc)
 
 
 def is_spinning(cpus: list[float]) -> bool:

@@ -1,0 +1,76 @@
+"""Issue 36, the box on fire: a real engine (vLLM CPU build, llama.cpp) stalls the way it happens while both cores
+are saturated by busy processes at normal priority and a real unprivileged user (useradd) holds about a million
+descriptors (tests/hoarder.py). Before, each look at the engine read every descriptor of the host
+(psutil.net_connections: 7-11 s here) and each poll waited on it: the stall was seen late and killed late, or,
+the look missing its deadline, never. Now a look costs the engine's processes: stall onset to tree gone within
+the threshold + one scrape + 2 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import wait_for
+
+from hoarder import hoarder
+from peers.engines import LlamaCpp, Vllm
+from peers.freezer import freeze_inside_a_decode
+from peers.load import Load
+
+INTERVAL, MIN_STALL, GRACE = 2.0, 10.0, 10.0
+pytestmark = pytest.mark.root  # ptrace, a user of its own, killing engine trees
+
+
+def config(server) -> str:
+    return (f'[[engine]]\nname = "engine"\nmetrics_url = "{server.metrics_url}"\nscrape_interval = "{INTERVAL}s"\n'
+            f'scrape_timeout = "2s"\nmin_stall = "{MIN_STALL}s"\nkill_grace = "{GRACE}s"\n')
+
+
+@pytest.fixture
+def busy_cores():
+    """A spinning process per core, at normal priority, for the whole test."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    yield
+    for proc in spinners:
+        proc.kill()
+        proc.wait(10)
+
+
+def kinds(d, *names):
+    return [e["kind"] for e in d.events() if e["kind"] in names]
+
+
+@pytest.mark.parametrize("kind", ["llamacpp", "vllm"])
+def test_a_stall_beside_busy_cores_and_a_million_descriptors_is_killed_on_time(servers, daemon_factory, busy_cores,
+                                                                               kind):
+    server = servers(LlamaCpp if kind == "llamacpp" else Vllm)
+    with hoarder() as hoard:
+        d = daemon_factory(config(server)).start()
+        d.wait_serving()
+        with Load(server.url, streams=4, max_tokens=500, deadline=180, timeout=180):
+            time.sleep(3 * INTERVAL)
+            assert not kinds(d, "engine_stall", "engine_unresponsive", "engine_killed")
+            thaw = None
+            if kind == "llamacpp":  # its inference thread frozen inside a decode: HTTP answers on, flat counters
+                thaw = freeze_inside_a_decode(server.proc.pid, server.metrics_url).thaw
+            else:  # its EngineCore stopped: the API server answers on, no step
+                os.kill(server.process("VLLM::EngineCore"), signal.SIGSTOP)
+            stalled_at = time.monotonic()
+            try:
+                wait_for(lambda: kinds(d, "engine_killed", "kill_not_done", "kill_refused"), MIN_STALL + 60,
+                         interval=0.1, what="the stall's kill")
+                wait_for(server.gone, GRACE + 10, interval=0.1, what="every process of the engine's tree gone")
+                took = time.monotonic() - stalled_at
+            finally:
+                if thaw and not server.gone():
+                    thaw()
+    print(f"{kind} stalled beside {os.cpu_count()} busy cores and {hoard.held} descriptors of {hoard.name}: stall "
+          f"onset to tree gone {took:.1f} s (threshold {MIN_STALL} s + scrape {INTERVAL} s + 2 s)")
+    assert kinds(d, "engine_killed", "kill_not_done", "kill_refused") == ["engine_killed"]
+    assert "took longer than" not in d.log()
+    assert took <= MIN_STALL + INTERVAL + 2
+    assert d.stop() == 0
