@@ -21,7 +21,7 @@ from gpuwarden.alert.context import Context, Runs, gpu_indexes
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import Config, ConfigError, GuardConfig
 from gpuwarden.engine.watch import EngineWatch
-from gpuwarden.exporter import STATUS_SOCKET, Exporter, LocalStatus, SelfMetrics
+from gpuwarden.exporter import STATUS_SOCKET, Exporter, LocalStatus, SelfMetrics, port_taken
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
@@ -32,7 +32,7 @@ from gpuwarden.health import Components, Health, Loop, StoreHealth
 from gpuwarden.hub import Evidence, Hub
 from gpuwarden.kernel.clock import printk_now
 from gpuwarden.kernel.watch import KernelWatch
-from gpuwarden.model import ConditionKind, Event, Severity
+from gpuwarden.model import ConditionKind
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.recovery import Recovery
 from gpuwarden.reports import Outbox, Report
@@ -233,18 +233,10 @@ class Daemon:
         log.info("serving metrics on http://%s:%d/metrics", host, self.exporter.port)
 
     def _exporter_port_taken(self, exc: OSError, uid: int) -> None:
-        """Another user serves on the exporter's port: Prometheus scrapes that user's answers (and sends it its
-        basic-auth password) and sees no exporter down. An event and an alert, not a log line alone."""
-        cfg = self.config.exporter
-        who = _listener(cfg.port, uid)
-        interval = self.config.daemon.status_interval
+        """Another user serves on the exporter's port: said as an event and an alert, not a log line alone."""
+        cfg, interval = self.config.exporter, self.config.daemon.status_interval
+        who = port_taken(self._outbox("exporter"), cfg.listen, cfg.port, uid, interval)
         log.error("%s: %s holds it; running on without metrics, trying again every %.0f s", exc, who, interval)
-        self._outbox("exporter").record([Event(
-            "exporter_port_taken", Severity.WARNING,
-            f"the exporter's port {cfg.port} is held by another user ({who}): Prometheus scrapes that process, not "
-            f"gpuwarden, and sends it its credentials, until the port is free (tried every {interval:.0f} s). "
-            "gpuwarden watches and acts as ever; a port below 1024 cannot be taken (docs/security.md)", time.time(),
-            evidence={"port": cfg.port, "listen": cfg.listen, "uid": uid, "holder": who})])
 
     def _start_local_status(self, state_dir: Path) -> None:
         local = LocalStatus(self.metrics, state_dir / STATUS_SOCKET, self.status, self.hub.incidents.folder)
@@ -357,20 +349,6 @@ class Daemon:
             await _CONFIRMS.run("confirm", 5.0, reloads.confirm, state_dir, os.getpid(), began, error, config)
         except (OSError, TimeoutError, Busy) as exc:
             log.error("cannot confirm the reload in %s: %s", state_dir, exc)
-
-
-def _listener(port: int, uid: int) -> str:
-    """`pid user command` of the process listening on `port` (secrets masked), else the uid."""
-    import psutil
-
-    from gpuwarden.engine.processes import describe
-
-    try:
-        pids = {c.pid for c in psutil.net_connections(kind="inet")
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
-        return ", ".join(describe(psutil.Process(pid)) for pid in sorted(pids)) or f"uid {uid}"
-    except psutil.Error:
-        return f"uid {uid}"
 
 
 class Settings:

@@ -16,6 +16,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 from gpuwarden import __version__, exposition, report
 from gpuwarden import families as f
 from gpuwarden.families import FAMILIES, Family
+from gpuwarden.logsetup import redact_command
+from gpuwarden.model import Event, Severity, Sink
 from gpuwarden.offloop import Busy, OffLoop
 from gpuwarden.webconfig import WebConfig
 from gpuwarden.webserver import Answer, Server
@@ -119,6 +122,29 @@ class Exporter:
         if self._serving:
             self._server.stop()
             self._serving = False
+
+
+def port_taken(sink: Sink, listen: str, port: int, uid: int, interval: float) -> str:
+    """Another user serves on the exporter's port (gpuwarden's is unprivileged): Prometheus scrapes that user's
+    answers, sends it its basic-auth password, and sees no exporter down. One `exporter_port_taken` warning (an
+    alert) naming the holder; returns it (`pid user command`, its secrets masked; else its uid)."""
+    import psutil
+
+    def described(proc: psutil.Process) -> str:
+        return f"{proc.pid} {proc.username()} {redact_command(' '.join(proc.cmdline()))[:120]}"
+    try:
+        pids = {c.pid for c in psutil.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+        who = ", ".join(described(psutil.Process(pid)) for pid in sorted(pids)) or f"uid {uid}"
+    except psutil.Error:
+        who = f"uid {uid}"
+    sink.record([Event(
+        "exporter_port_taken", Severity.WARNING,
+        f"the exporter's port {port} is held by another user ({who}): Prometheus scrapes that process, not "
+        f"gpuwarden, and sends it its credentials, until the port is free (tried every {interval:.0f} s). "
+        "gpuwarden watches and acts as ever; a port below 1024 cannot be taken (docs/security.md)", time.time(),
+        evidence={"port": port, "listen": listen, "uid": uid, "holder": who})])
+    return who
 
 
 STATUS_SOCKET = "status.sock"  # in the state directory

@@ -25,6 +25,24 @@ def redact(text: str) -> str:
     return _KEY_FLAG.sub(r"\1***", _URL.sub(mask, text))
 
 
+# A secret's name: --api-key, --hf-token, --password, --client-secret, OPENAI_API_KEY, DB_PASSWD...
+_SECRET_NAME = r"[\w.-]*(?:key|token(?!s|iz)|secret|passw(?:or)?d|credentials?|auth)[\w.-]*"
+# its value, as a flag's next word (not another flag) or after `=`; a variable's after `=` (`env K=v cmd`)
+_SECRET_FLAG = re.compile(rf"(?i)(?<!\S)(--?{_SECRET_NAME})(=|\s+)(?!-)(\S+)")
+_SECRET_VARIABLE = re.compile(rf"(?i)(?<!\S)([A-Za-z_]{_SECRET_NAME})=(\S+)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def redact_command(command: str) -> str:
+    """A command line fit to leave the host (events, pages, status; engine/processes.describe): the values of
+    secret flags and variables (`--api-key K`, `--token=T`, `HF_TOKEN=T`) and the credentials of URLs masked,
+    control characters escaped (it is a user's text). Over-masking is the safe side: `--key-file PATH` loses its
+    path too; `--max-tokens N` and `--tokenizer T` keep theirs."""
+    command = _SECRET_FLAG.sub(lambda m: f"{m[1]}{m[2]}***", redact(command))
+    command = _SECRET_VARIABLE.sub(r"\1=***", command)
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], command)
+
+
 class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))

@@ -32,7 +32,7 @@ import psutil
 
 from gpuwarden import enginekinds, sockets
 from gpuwarden.engine.dockerapi import container_pids
-from gpuwarden.logsetup import redact
+from gpuwarden.logsetup import redact_command
 from gpuwarden.model import normalize_pci
 from gpuwarden.plain import plain
 from gpuwarden.sockets import Listener
@@ -537,23 +537,6 @@ def _kernel_thread(pid: int) -> bool:
 
 def _protected() -> set[int]:
     return {1, os.getpid(), *(p.pid for p in psutil.Process().parents())}
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# A secret's name: --api-key, --hf-token, --password, --client-secret, OPENAI_API_KEY, DB_PASSWD...
-_SECRET_NAME = r"[\w.-]*(?:key|token(?!s|iz)|secret|passw(?:or)?d|credentials?|auth)[\w.-]*"
-# its value, as a flag's next word (not another flag) or after `=`; a variable's after `=` (`env K=v cmd`)
-_SECRET_FLAG = re.compile(rf"(?i)(?<!\S)(--?{_SECRET_NAME})(=|\s+)(?!-)(\S+)")
-_SECRET_VARIABLE = re.compile(rf"(?i)(?<!\S)([A-Za-z_]{_SECRET_NAME})=(\S+)")
-
-
-def redact_command(command: str) -> str:
-    """A command line fit to leave the host (events, pages, status): the values of secret flags and variables
-    (`--api-key K`, `--token=T`, `HF_TOKEN=T`) and the credentials of URLs masked, control characters escaped (it
-    is the user's text). Over-masking is the safe side: `--key-file PATH` loses its path too."""
-    command = _SECRET_FLAG.sub(lambda m: f"{m[1]}{m[2]}***", redact(command))
-    command = _SECRET_VARIABLE.sub(r"\1=***", command)
-    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], command)
 
 
 def describe(proc: psutil.Process) -> str:
