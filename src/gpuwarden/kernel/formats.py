@@ -44,7 +44,7 @@ _SEPARATOR = re.compile(r"^-- (?:Reboot|Boot \S+|Logs begin at .*|Journal begins
 # and the end of a task's name (15 bytes) before the fixed words of a line that carries one (`<comm>[pid]:
 # segfault at`, classifier.user_text): a name with a newline then reads as a name, never as a line of its own.
 _BARE_PREFIX = re.compile(rf"{DRIVER_PREFIX}\s*$")
-DRIVER_START = re.compile(DRIVER_START)
+_DRIVER_START = re.compile(DRIVER_START)
 _NAME_END = re.compile(r"^(?P<end>.{0,14}?)(?:\[\d+\]:? | \(\d+\): |: page allocation failure| invoked oom-killer)")
 _COMM_LEN = 15
 # and the lines of a file name with newlines, between a fault's head and the mapping that ends its record
@@ -122,12 +122,13 @@ def _wrapped(records: list[KernelRecord], previous: str, record: KernelRecord) -
     return bool(records) and records[-1].timestamp is not None and record.timestamp is None \
         and len(previous) >= _WRAPPED_AT and record.text == record.text.lstrip() \
         and not _NOT_WRAPPED.match(record.text) and not _BARE_PREFIX.match(record.text) \
-        and DRIVER_START.match(record.text) is None
+        and _DRIVER_START.match(record.text) is None
 
 
 def _rejoin(records: list[KernelRecord], record: KernelRecord) -> KernelRecord:
     """`record` with the lines a split record left before it (same stamp) joined back in, taken off `records`:
-    a driver's prefix printed alone, or the start of a task's name (see _BARE_PREFIX)."""
+    a driver's prefix printed alone, a fault's lines from its head to the mapping that ends it, or the start of a
+    task's name (see _BARE_PREFIX)."""
     if not records or records[-1].timestamp != record.timestamp:
         return record
     if _BARE_PREFIX.match(records[-1].text):
