@@ -65,6 +65,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
+
+
 def _since(text: str) -> float:
     """A --since or --until: a duration back from now (90s, 1h, 2d, 1w), `today` or `yesterday` (from local
     midnight), or a time (2026-12-04 09:30, 2026-12-04T09:30:00+00:00, local time unless it says its zone); the
@@ -146,6 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--gpu", action="append", help="only events about this GPU (its PCI address)")
     events.add_argument("--engine", action="append", help="only events about this engine")
     events.add_argument("--severity", choices=SEVERITIES, help="only events at this severity or above")
+    events.add_argument("--limit", type=_positive, default=1000, help="at most this many, the newest (default 1000; "
+                                                                      "how many were left out is said)")
     events.set_defaults(handler=cmd_events)
 
     replay = command("replay", help="classify saved kernel logs and print the events (exit 3: a critical one)")
@@ -496,10 +508,12 @@ def cmd_events(args: argparse.Namespace) -> int:
         print(f"gpuwarden events: no store at {db}: gpuwarden has not run with this state_dir", file=sys.stderr)
         _emit(args, [], str)
         return EXIT_OK  # no events, as from an empty store
+    only = {"until": args.until, "kinds": args.kind or (), "gpus": args.gpu or (), "engines": args.engine or (),
+            "severities": SEVERITIES[SEVERITIES.index(args.severity):] if args.severity else ()}
     store = Store(db)
     try:
-        rows = [row for row in store.events(since=since) if _wanted(row, args)
-                and (args.until is None or row["time"] < args.until)]
+        rows = store.events(since, args.limit, **only)
+        left_out = store.count_events(since, **only) - len(rows) if len(rows) == args.limit else 0
     finally:
         store.close()
 
@@ -511,6 +525,9 @@ def cmd_events(args: argparse.Namespace) -> int:
         until = f" until {_stamp(args.until)}" if args.until is not None else ""
         print(f"no events since {_stamp(since)}{until}"
               + (" that match" if args.kind or args.gpu or args.engine or args.severity else ""), file=sys.stderr)
+    if left_out:
+        print(f"{left_out} older event{'' if left_out == 1 else 's'} left out: the newest {args.limit} are shown "
+              "(--limit N for more, or a later --since)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -536,12 +553,6 @@ def cmd_conditions(args: argparse.Namespace) -> int:
     if not _emit(args, rows, text) and not (args.json or args.jsonl):
         print("no open condition", file=sys.stderr)
     return EXIT_OK
-
-
-def _wanted(row: dict, args: argparse.Namespace) -> bool:
-    return ((not args.kind or row["kind"] in args.kind) and (not args.gpu or row["gpu"] in args.gpu)
-            and (not args.engine or row["engine"] in args.engine)
-            and (not args.severity or SEVERITIES.index(row["severity"]) >= SEVERITIES.index(args.severity)))
 
 
 def cmd_npd_check(args: argparse.Namespace) -> int:

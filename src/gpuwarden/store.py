@@ -316,14 +316,13 @@ class Store:
             raise StoreError(_explain(self.path, exc)) from None
         return row[0] if row else None
 
-    def events(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        """The newest `limit` events at or after `since`, oldest first."""
+    def events(self, since: float | None = None, limit: int = 1000, **only: Any) -> list[dict[str, Any]]:
+        """The newest `limit` events at or after `since`, oldest first; `only`: `Filter`'s keys."""
+        where, values = _filter(since, **only)
         try:
             rows = self._db.execute(
                 "SELECT id, time, kind, severity, gpu, engine, message, evidence, count FROM events"
-                " WHERE time >= ? ORDER BY time DESC, id DESC LIMIT ?",
-                (since or 0.0, limit),
-            ).fetchall()
+                f" WHERE {where} ORDER BY time DESC, id DESC LIMIT ?", (*values, limit)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise StoreError(_explain(self.path, exc)) from None
         keys = ("id", "time", "kind", "severity", "gpu", "engine", "message", "evidence", "count")
@@ -332,8 +331,31 @@ class Store:
             row["evidence"] = json.loads(row["evidence"])
         return out
 
+    def count_events(self, since: float | None = None, **only: Any) -> int:
+        """How many events `events` would return with no limit (by the time index: a count, not a read)."""
+        where, values = _filter(since, **only)
+        try:
+            return self._db.execute(f"SELECT count(*) FROM events WHERE {where}", values).fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(_explain(self.path, exc)) from None
+
     def close(self) -> None:
         self._db.close()
+
+
+def _filter(since: float | None, until: float | None = None, kinds: Iterable[str] = (), gpus: Iterable[str] = (),
+            engines: Iterable[str] = (), severities: Iterable[str] = ()) -> tuple[str, tuple[Any, ...]]:
+    """The WHERE clause of an events query and its values: at or after `since`, before `until`, and of one of
+    each list given (an empty list: any)."""
+    where, values = ["time >= ?"], [since or 0.0]
+    if until is not None:
+        where.append("time < ?")
+        values.append(until)
+    for column, allowed in (("kind", kinds), ("gpu", gpus), ("engine", engines), ("severity", severities)):
+        if allowed := list(allowed):
+            where.append(f"{column} IN ({', '.join('?' * len(allowed))})")
+            values += allowed
+    return " AND ".join(where), tuple(values)
 
 
 def private_folder(folder: Path, ours: bool) -> str | None:

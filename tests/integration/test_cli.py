@@ -168,6 +168,18 @@ def test_events_filters(store_cfg):
     assert [json.loads(line)["kind"] for line in lines] == ["xid"]
 
 
+def test_events_limit_says_how_many_it_left_out_and_filters_before_it(store_cfg):
+    """The newest --limit events are shown and the rest counted aloud (it printed the newest 1,000 silently); a
+    filter picks among all the window's events, not among the newest 1,000 (an old xid was lost behind them)."""
+    shown = run("--config", str(store_cfg), "events", "--json", "--limit", "2")
+    assert [e["kind"] for e in json.loads(shown.stdout)] == ["engine_exited", "gpu_power_spike"]
+    assert "3 older events left out" in shown.stderr
+    assert kinds(store_cfg, "--limit", "1", "--kind", "xid") == ["xid"]
+    whole = run("--config", str(store_cfg), "events", "--limit", "5")
+    assert "left out" not in whole.stderr
+    assert run("--config", str(store_cfg), "events", "--limit", "0").returncode == 2
+
+
 def test_events_since_takes_durations_and_times(store_cfg):
     assert kinds(store_cfg, "--since", "15m") == ["sq_intr", "engine_stall", "engine_exited", "gpu_power_spike"]
     assert kinds(store_cfg, "--since", "90s") == ["engine_stall", "engine_exited", "gpu_power_spike"]
