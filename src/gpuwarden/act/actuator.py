@@ -205,8 +205,8 @@ class Actuator:
         supervisor, cfg = restart.supervisor(target.config.target), target.config
         evidence = {"supervisor": supervisor, "command": restart.command(cfg.target)}
         self.sink.record([Event("engine_restarting", Severity.WARNING, f"{name}: asking its {supervisor} to start "
-                                "it again; back once a real completion returns", time.time(), engine=name,
-                                gpu=target.gpu, evidence=evidence)])
+                                "it again; back once its tokens move or a real completion returns", time.time(),
+                                engine=name, gpu=target.gpu, evidence=evidence)])
 
         def retrying(error: str) -> None:
             self.sink.record([Event("engine_restart_retrying", Severity.WARNING, f"{name}: its {supervisor} did "

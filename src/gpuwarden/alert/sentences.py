@@ -86,7 +86,8 @@ def _supervisor(e: Event, ctx: Context) -> str:
 
 
 def _restarting(e: Event, ctx: Context) -> str:
-    return f"asked the {_supervisor(e, ctx)} to start {e.engine} again; it is back once a real completion returns"
+    return (f"asked the {_supervisor(e, ctx)} to start {e.engine} again; it is back once its tokens move or a real "
+            "completion returns")
 
 
 def _back(e: Event, ctx: Context) -> str | None:
