@@ -9,8 +9,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from gpuwarden import doctor
-from gpuwarden.config import Config
+from gpuwarden.cli import doctor
+from gpuwarden.config.settings import Config
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import discover
 from gpuwarden.gpu.watch import read_once

@@ -182,7 +182,7 @@ def main() -> None:
     if args.rounds < 2:
         parser.error("--rounds: at least 2, for a spread")
 
-    run = "import gpuwarden.cli, gpuwarden.daemon"
+    run = "import gpuwarden.cli.main, gpuwarden.daemon"
     with tempfile.TemporaryDirectory() as cache, contextlib.ExitStack() as stack:
         env = installed_env(Path(cache))
         series = {"run": (run, env), "asyncio": ("import asyncio", env), "compiled": (run, None)}
@@ -194,7 +194,7 @@ def main() -> None:
         print(f"## Import time of what `gpuwarden run` loads (CPU ms: median (p10–p90) of {args.rounds} rounds, "
               f"taking turns; {load()})\n")
         print("| what | CPU ms |\n|---|---:|")
-        print(f"| import gpuwarden.cli + gpuwarden.daemon, bytecode cached (as installed) | {spread(times['run'])} |")
+        print(f"| import gpuwarden.cli.main + daemon, bytecode cached (as installed) | {spread(times['run'])} |")
         if args.against:
             print(f"| the same, of {args.against} | {spread(times['against'])} |")
         print(f"| import asyncio alone (the floor) | {spread(times['asyncio'])} |")

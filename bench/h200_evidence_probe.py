@@ -61,7 +61,7 @@ def sh(cmd: str, timeout: float = 60) -> str:
 
 
 def limits() -> dict:
-    from gpuwarden.config import GpuConfig
+    from gpuwarden.config.settings import GpuConfig
     from gpuwarden.gpu import nvidia, rules, watch
 
     nvml = nvidia.load()

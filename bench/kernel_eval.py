@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.kernel.classifier import Classifier
 from gpuwarden.kernel.formats import parse_lines
-from gpuwarden.model import Event, Severity
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus" / "kernel"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuwarden.config import EngineConfig
+from gpuwarden.config.settings import EngineConfig
 from gpuwarden.engine.looks import Looker
 from gpuwarden.engine.processes import Tracker
 

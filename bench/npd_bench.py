@@ -20,9 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuwarden import conditions, npd
-from gpuwarden.model import CONDITION, Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.cli import npd
+from gpuwarden.core import conditions
+from gpuwarden.core.model import CONDITION, Event, Severity
+from gpuwarden.store.sqlite import Store
 from measure import best
 
 NOISE = ("aer_corrected", "page_fault", "ring_timeout_recovered", "telemetry_hot")

@@ -149,11 +149,11 @@ async def gpu_freed(figures, args, killed_at, until, mark) -> None:
 
 
 async def probe(args) -> dict:
-    from gpuwarden import policy
     from gpuwarden.act.actuator import Actuator
-    from gpuwarden.config import parse
+    from gpuwarden.config.settings import parse
+    from gpuwarden.core import policy
+    from gpuwarden.core.model import NullSink
     from gpuwarden.engine.watch import EngineWatch
-    from gpuwarden.model import NullSink
 
     port, t0 = args.port, time.monotonic()
     timeline: list[tuple[float, str, str]] = []

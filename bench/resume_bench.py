@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from gpuwarden.alert.alerter import Alerter, _LastRun
-from gpuwarden.config import AlertsConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.store import QueuedStore, Store
+from gpuwarden.config.settings import AlertsConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.store.sqlite import QueuedStore, Store
 from measure import best
 
 WEEK = 7 * 86400.0

@@ -24,8 +24,8 @@ sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "bench")]
 from helpers import Daemon  # noqa: E402
 
 from figure import figure, load  # noqa: E402
-from gpuwarden.model import Event, Severity  # noqa: E402
-from gpuwarden.store import Store  # noqa: E402
+from gpuwarden.core.model import Event, Severity  # noqa: E402
+from gpuwarden.store.sqlite import Store  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -63,7 +63,7 @@ def cpu_ms_at_running(tmp: Path) -> float:
 def import_ms() -> float:
     """CPU of a process that imports what `run` imports and exits: the floor every start pays."""
     before = os.times()
-    subprocess.run([sys.executable, "-c", "import gpuwarden.cli, gpuwarden.daemon"], check=True)
+    subprocess.run([sys.executable, "-c", "import gpuwarden.cli.main, gpuwarden.daemon"], check=True)
     after = os.times()
     return (after.children_user + after.children_system - before.children_user - before.children_system) * 1000
 

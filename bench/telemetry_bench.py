@@ -29,12 +29,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fakesysfs import build  # noqa: E402
 from figure import figure, load  # noqa: E402
-from gpuwarden.config import GpuConfig  # noqa: E402
+from gpuwarden.config.settings import GpuConfig  # noqa: E402
+from gpuwarden.core.model import NullSink  # noqa: E402
 from gpuwarden.gpu.amd import AmdReader  # noqa: E402
 from gpuwarden.gpu.discovery import discover  # noqa: E402
 from gpuwarden.gpu.recorder import FlightRecorder  # noqa: E402
 from gpuwarden.gpu.watch import GpuWatch  # noqa: E402
-from gpuwarden.model import NullSink  # noqa: E402
 from measure import free_port, rss_mb  # noqa: E402
 
 CARDS = ["rdna3", "rdna3", "rdna3", "rdna3", "mi300", "mi300", "rdna4", "rdna4"]

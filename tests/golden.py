@@ -15,14 +15,14 @@ from datetime import tzinfo
 from pathlib import Path
 from typing import Any
 
-from gpuwarden import report
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.context import Context, Runs
 from gpuwarden.alert.targets import build
-from gpuwarden.config import AlertsConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.config.settings import AlertsConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store import bundles as report
+from gpuwarden.store.sqlite import Store
 
 SCENARIOS = Path(__file__).resolve().parent / "data" / "golden" / "scenarios"
 _ALERT_ID = re.compile(r"alert id: gw-[0-9a-f]+")

@@ -3,10 +3,10 @@ it ends: the events it records (tests of history against live)."""
 
 import asyncio
 
-from gpuwarden.config import KernelConfig
+from gpuwarden.config.settings import KernelConfig
+from gpuwarden.core.model import Event, NullSink
 from gpuwarden.kernel.sources import Source
 from gpuwarden.kernel.watch import KernelWatch
-from gpuwarden.model import Event, NullSink
 
 
 class OneBatch(Source):

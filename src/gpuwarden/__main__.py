@@ -1,5 +1,5 @@
 import sys
 
-from gpuwarden.cli import main
+from gpuwarden.cli.main import main
 
 sys.exit(main())

@@ -12,34 +12,39 @@ import time
 from functools import partial
 from pathlib import Path
 
-from gpuwarden import config as configuration
-from gpuwarden import families, logsetup, reloads, report, snapshot, webconfig
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.context import Context, Runs, gpu_indexes
 from gpuwarden.alert.targets import build as build_targets
-from gpuwarden.config import Config, ConfigError, GuardConfig
+from gpuwarden.config import settings as configuration
+from gpuwarden.config import web as webconfig
+from gpuwarden.config.settings import Config, ConfigError, GuardConfig
+from gpuwarden.core import families
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import ConditionKind
 from gpuwarden.engine.watch import EngineWatch
-from gpuwarden.exporter import STATUS_SOCKET, Exporter, LocalStatus, SelfMetrics, port_taken
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
+from gpuwarden.gpu.recovery import Recovery
 from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
-from gpuwarden.health import Components, Health, Loop, StoreHealth
-from gpuwarden.hub import Evidence, Hub
+from gpuwarden.hub import snapshot
+from gpuwarden.hub.health import Components, Health, Loop, StoreHealth
+from gpuwarden.hub.hub import Evidence, Hub
+from gpuwarden.hub.queue import Outbox, Report
 from gpuwarden.kernel.clock import printk_now
 from gpuwarden.kernel.watch import KernelWatch
-from gpuwarden.model import ConditionKind
-from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.recovery import Recovery
-from gpuwarden.reports import Outbox, Report
-from gpuwarden.sdnotify import Notifier
-from gpuwarden.sockets import holder
-from gpuwarden.store import QueuedStore, private_folder
-from gpuwarden.supervise import Supervisor
+from gpuwarden.runtime import logsetup, reloads
+from gpuwarden.runtime.offloop import Busy, OffLoop
+from gpuwarden.runtime.sdnotify import Notifier
+from gpuwarden.runtime.sockets import holder
+from gpuwarden.runtime.supervise import Supervisor
+from gpuwarden.store import bundles as report
+from gpuwarden.store.sqlite import QueuedStore, private_folder
+from gpuwarden.web.exporter import STATUS_SOCKET, Exporter, LocalStatus, port_taken
 
 log = logging.getLogger("gpuwarden")
 

@@ -7,9 +7,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from gpuwarden.config import parse
+from gpuwarden.config.settings import parse
 from gpuwarden.daemon import Daemon
-from gpuwarden.sdnotify import Notifier
+from gpuwarden.runtime.sdnotify import Notifier
 
 
 def daemon_in(tmp_path, extra: str = "", exporter_port: int | None = None) -> Daemon:

@@ -19,10 +19,10 @@ from gpuwarden.alert.alertmanager import AlertmanagerChannel
 from gpuwarden.alert.channel import Alert
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build
-from gpuwarden.config import AlertsConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.config.settings import AlertsConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store.sqlite import Store
 
 pytestmark = pytest.mark.skipif(not shutil.which("prometheus-alertmanager"), reason="needs prometheus-alertmanager")
 

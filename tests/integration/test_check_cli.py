@@ -13,8 +13,8 @@ import pytest
 from helpers import GPUWARDEN, need
 
 from fakesysfs import build
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store.sqlite import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:1/metrics"\n'

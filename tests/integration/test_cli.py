@@ -11,8 +11,8 @@ from datetime import datetime
 import pytest
 from helpers import GPUWARDEN, free_port, need, wait_for
 
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store.sqlite import Store
 
 
 def run(*args, stdin=None):

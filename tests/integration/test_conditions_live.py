@@ -9,7 +9,7 @@ from helpers import GPUWARDEN, TEST_GPU, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakesysfs import build
-from gpuwarden.store import Store
+from gpuwarden.store.sqlite import Store
 
 
 def samples(text: str, name: str) -> dict[tuple, float]:

@@ -5,7 +5,7 @@ import time
 
 from inprocess import daemon_in, running
 
-from gpuwarden.store import Store
+from gpuwarden.store.sqlite import Store
 
 
 def test_loop_lag_monitor_reports_a_blocked_loop(tmp_path):

@@ -325,7 +325,7 @@ def test_what_a_full_disk_kept_from_the_store_at_the_stop_is_stored_at_the_next_
     """Issue 36: the state disk full when the daemon stops: the events not yet stored were dropped (a GPU lost in
     the outage gone after the reboot). A real full filesystem (tmpfs): the faults of the last seconds are in the
     store after the next start, live (never re-read as history), each once, with the conditions they raised."""
-    from gpuwarden.store import Store
+    from gpuwarden.store.sqlite import Store
 
     d = daemon_factory()
     d.state.mkdir()

@@ -18,9 +18,11 @@ import bcrypt
 import pytest
 from helpers import need, wait_for
 
-from gpuwarden import report, webserver
-from gpuwarden.exporter import Exporter, SelfMetrics
-from gpuwarden.webconfig import WebConfig
+from gpuwarden.config.web import WebConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.store import bundles as report
+from gpuwarden.web import server as webserver
+from gpuwarden.web.exporter import Exporter
 
 
 @pytest.fixture(autouse=True)

@@ -5,15 +5,16 @@ import asyncio
 import os
 import time
 
-from gpuwarden import policy, report
 from gpuwarden.act.actuator import Actuator
-from gpuwarden.config import CacheConfig
-from gpuwarden.exporter import SelfMetrics
+from gpuwarden.config.settings import CacheConfig
+from gpuwarden.core import policy
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.hub import Evidence, Hub
-from gpuwarden.model import Event, Severity
-from gpuwarden.reports import Outbox, Report
-from gpuwarden.store import Store
+from gpuwarden.hub.hub import Evidence, Hub
+from gpuwarden.hub.queue import Outbox, Report
+from gpuwarden.store import bundles as report
+from gpuwarden.store.sqlite import Store
 
 GPU = "ffff:fe:1f.7"
 

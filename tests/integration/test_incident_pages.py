@@ -9,10 +9,10 @@ import time
 from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.targets import build
-from gpuwarden.config import AlertsConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.config.settings import AlertsConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store.sqlite import Store
 
 GPU = "ffff:fe:1f.7"
 INCIDENT = "20261204-031207-engine_stall"

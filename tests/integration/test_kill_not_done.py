@@ -12,7 +12,7 @@ from helpers import FakeEngine, Receiver
 from inprocess import daemon_in, running
 
 from gpuwarden.engine import looks
-from gpuwarden.store import Store
+from gpuwarden.store.sqlite import Store
 
 
 def test_a_late_look_for_a_never_seen_stalled_engine_is_not_killed_said_then_killed(tmp_path, corpus, monkeypatch):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from helpers import GPUWARDEN, TEST_GPU, wait_for
 
-from gpuwarden import npd
-from gpuwarden.config import parse_duration
+from gpuwarden.cli import npd
+from gpuwarden.config.settings import parse_duration
 
 NPD_CONFIG = Path(__file__).resolve().parents[2] / "config/npd/gpuwarden-plugin-monitor.json"
 

@@ -10,9 +10,10 @@ import time
 from helpers import wait_for
 
 from fakesysfs import build
-from gpuwarden import conditions, incidents, recovery
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.core import conditions, incidents
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.gpu import recovery
+from gpuwarden.store.sqlite import Store
 
 GPUS = {"ffff:fe:1f.5": "rdna3", "ffff:fe:1f.6": "rdna3"}
 INCIDENT = "20261204-031207-reset_failed"

@@ -9,7 +9,7 @@ import time
 
 from helpers import GPUWARDEN, free_port, http_get
 
-from gpuwarden import reloads
+from gpuwarden.runtime import reloads
 
 
 def reload(pid: int, timeout: float = 20) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import signal
 import pytest
 from helpers import wait_for
 
-from gpuwarden.store import Store
+from gpuwarden.store.sqlite import Store
 
 
 def pager(receiver) -> str:

@@ -15,7 +15,7 @@ import pytest
 from helpers import GPUWARDEN, TEST_GPU, free_port, heavy_lock, http_get, need, wait_for
 
 from fakesysfs import build
-from gpuwarden.report import PICTURE
+from gpuwarden.store.bundles import PICTURE
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -12,16 +12,16 @@ import psutil
 import pytest
 from helpers import wait_for
 
-from gpuwarden import policy
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.killer import kill
-from gpuwarden.config import CacheConfig, parse
+from gpuwarden.config.settings import CacheConfig, parse
+from gpuwarden.core import policy
+from gpuwarden.core.model import Event, NullSink, Severity
 from gpuwarden.engine.lifecycle import Judged, Look, Stalled
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.processes import TargetSpec, Tracker, gpus_in_use, is_killable, resolve
 from gpuwarden.engine.targets import KillTarget, Refused, refusal
 from gpuwarden.engine.watch import EngineWatch
-from gpuwarden.model import Event, NullSink, Severity
 
 ME = os.getuid()
 

@@ -9,7 +9,7 @@ from helpers import TEST_GPU, wait_for
 from test_reload import reload
 
 from fakesysfs import build
-from gpuwarden.store import Store
+from gpuwarden.store.sqlite import Store
 
 KEY = f"thermal:{TEST_GPU}:junction"
 

@@ -8,9 +8,9 @@ import time
 import pytest
 from helpers import GPUWARDEN, Receiver, wait_for
 
-from gpuwarden.config import EngineConfig
+from gpuwarden.config.settings import EngineConfig
 from gpuwarden.engine.parts import target_spec
-from gpuwarden.logsetup import redact
+from gpuwarden.runtime.logsetup import redact
 
 SECRETS = ("hunter2", "s3cret-api-key", "alert-path-token")
 

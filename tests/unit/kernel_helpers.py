@@ -1,8 +1,8 @@
 """Helpers for kernel tests: run the file parser and the classifier over text, as `replay` does."""
 
+from gpuwarden.core.model import Event
 from gpuwarden.kernel.classifier import Classifier
 from gpuwarden.kernel.formats import parse_lines
-from gpuwarden.model import Event
 
 
 def classify_text(text: str, classifier: Classifier | None = None) -> list[Event]:

@@ -6,10 +6,10 @@ import logging
 import time
 
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.config import AlertsConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import Store
+from gpuwarden.config.settings import AlertsConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store.sqlite import Store
 
 
 def event(kind: str) -> Event:

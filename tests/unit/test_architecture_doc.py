@@ -100,21 +100,21 @@ def test_every_walk_enters_each_module_once():
 
 
 def test_a_doubled_entry_is_caught():
-    once = [("hub.py", "→", "policy.py", "decide"), ("hub.py", "→", "act/actuator.py", "execute"),
+    once = [("hub/hub.py", "→", "core/policy.py", "decide"), ("hub/hub.py", "→", "act/actuator.py", "execute"),
             ("act/actuator.py", "→", "act/killer.py", "kill")]
     assert entered_twice(once) == []
     # the actuator asks the policy again: entered twice (the walk as it was before `take`)
-    assert entered_twice([*once, ("act/actuator.py", "→", "policy.py", "target_refusal")]) == ["policy.py"]
+    assert entered_twice([*once, ("act/actuator.py", "→", "core/policy.py", "target_refusal")]) == ["core/policy.py"]
     # an outcome handed back across the queue enters the hub again
-    again = [*once, ("act/actuator.py", "⇢", "reports.py", "record"), ("reports.py", "⇒", "hub.py", "run")]
-    assert entered_twice(again) == ["hub.py"]
+    again = [*once, ("act/actuator.py", "⇢", "hub/queue.py", "record"), ("hub/queue.py", "⇒", "hub/hub.py", "run")]
+    assert entered_twice(again) == ["hub/hub.py"]
     with pytest.raises(AssertionError, match="after it was left"):  # the policy left, then calling on
-        entered_twice([*once, ("policy.py", "→", "conditions.py", "apply")])
+        entered_twice([*once, ("core/policy.py", "→", "core/conditions.py", "apply")])
 
 
 def test_a_false_arrow_is_caught():
     assert not imports("kernel/watch.py", "act/killer.py") and not imports("act/killer.py", "kernel/watch.py")
-    assert not defines("hub.py", "kill")
+    assert not defines("hub/hub.py", "kill")
     with pytest.raises(AssertionError):
         source("kernel/nothing.py")
 

@@ -195,8 +195,8 @@ def openai():
 
 
 def test_a_canary_without_the_engines_key_is_misconfigured_and_says_what_to_set(openai):
+    from gpuwarden.config.schema import Secret
     from gpuwarden.engine.canary import Client
-    from gpuwarden.schema import Secret
 
     result = asyncio.run(canary(openai.url, api_for("auto", "vllm"), 5))
     assert result.outcome == "misconfigured"
@@ -211,8 +211,8 @@ def test_a_canary_without_the_engines_key_is_misconfigured_and_says_what_to_set(
 
 
 def test_a_canary_speaks_the_model_and_route_it_is_given_and_a_404_names_them(openai):
+    from gpuwarden.config.schema import Secret
     from gpuwarden.engine.canary import Client
-    from gpuwarden.schema import Secret
 
     chat = Client(Secret("k3y"), model="tiny", route="/v1/chat/completions")
     assert asyncio.run(canary(openai.url, api_for("auto", "llamacpp"), 5, chat)).outcome == "ok"
@@ -226,7 +226,7 @@ def test_a_canary_speaks_the_model_and_route_it_is_given_and_a_404_names_them(op
 
 def test_the_key_on_an_engines_command_line_is_found_and_never_shown():
     from gpuwarden.engine.canary import key_in
-    from gpuwarden.logsetup import redact
+    from gpuwarden.runtime.logsetup import redact
 
     assert key_in(["vllm", "serve", "m", "--api-key", "s3cret"]) == "s3cret"
     assert key_in(["llama-server", "--api-key=s3cret"]) == "s3cret"

@@ -10,8 +10,8 @@ import pytest
 from gpuwarden.alert.alertmanager import Firing, endpoint, postable
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.storm import StormControl
-from gpuwarden.model import Event, Severity
-from gpuwarden.webconfig import WebConfig
+from gpuwarden.config.web import WebConfig
+from gpuwarden.core.model import Event, Severity
 
 
 def test_alertmanager_urls():

@@ -1,10 +1,10 @@
 from kernel_helpers import classify_text, kinds
 
-from gpuwarden.config import parse
+from gpuwarden.config.settings import parse
+from gpuwarden.core.model import Severity
 from gpuwarden.kernel.classifier import PROCESS_WAIT, Classifier
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.watch import classifier_for
-from gpuwarden.model import Severity
 from paths import CORPUS
 
 C, W, I = Severity.CRITICAL, Severity.WARNING, Severity.INFO

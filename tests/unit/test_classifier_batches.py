@@ -10,11 +10,11 @@ import random
 
 import pytest
 
+from gpuwarden.core.model import Severity
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import PROCESS_FORMATS, RULES, Rule
-from gpuwarden.model import Severity
 
 BATCHES = (2, 7, 16, 17, 64, 1000)  # around and far past any small-batch cut-over
 STEP = 0.0015  # the caller's clock per batch: a held line (2 ms) is released by the flush after next, or sooner

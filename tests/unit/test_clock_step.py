@@ -3,9 +3,9 @@ The host's clock cannot be stepped in a test on a shared machine (it would step 
 clocks WallClock reads are given as a stepped system gives them. Bundle pruning across such a step:
 test_report.py."""
 
-from gpuwarden.health import WallClock
-from gpuwarden.kinds import CATALOG
-from gpuwarden.model import Severity
+from gpuwarden.core.eventkinds import CATALOG
+from gpuwarden.core.model import Severity
+from gpuwarden.hub.health import WallClock
 
 
 def test_a_wall_clock_stepped_back_a_day_is_one_event_and_slewing_or_a_suspend_is_none():

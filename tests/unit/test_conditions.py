@@ -3,10 +3,10 @@ what one cause did. The stored rows: Store and QueuedStore."""
 
 import asyncio
 
-from gpuwarden import conditions, incidents
-from gpuwarden.conditions import Kind
-from gpuwarden.model import CONDITION, Event, Severity
-from gpuwarden.store import QueuedStore, Store
+from gpuwarden.core import conditions, incidents
+from gpuwarden.core.conditions import Kind
+from gpuwarden.core.model import CONDITION, Event, Severity
+from gpuwarden.store.sqlite import QueuedStore, Store
 
 C, W, I = Severity.CRITICAL, Severity.WARNING, Severity.INFO
 GPU, OTHER = "0000:03:00.0", "0000:04:00.0"
@@ -196,7 +196,7 @@ def test_the_queued_store_writes_conditions_and_incidents(tmp_path):
 def test_a_version_2_store_gains_the_conditions_and_incidents_and_keeps_its_events(tmp_path):
     import sqlite3
 
-    from gpuwarden.store import _MIGRATIONS, SCHEMA_VERSION
+    from gpuwarden.store.sqlite import _MIGRATIONS, SCHEMA_VERSION
 
     db = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)
     for version in (1, 2):

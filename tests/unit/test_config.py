@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from gpuwarden import config
-from gpuwarden.config import ConfigError, parse, parse_duration
-from gpuwarden.model import Severity
+from gpuwarden.config import settings as config
+from gpuwarden.config.settings import ConfigError, parse, parse_duration
+from gpuwarden.core.model import Severity
 
 
 def error_of(text: str) -> str:

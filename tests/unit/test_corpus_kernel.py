@@ -6,7 +6,7 @@ import sys
 import pytest
 from kernel_helpers import classify_text, kinds
 
-from gpuwarden.model import Severity
+from gpuwarden.core.model import Severity
 from paths import CORPUS, ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))

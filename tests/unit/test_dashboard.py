@@ -3,7 +3,7 @@
 import json
 import re
 
-from gpuwarden.exporter import FAMILIES
+from gpuwarden.core.families import FAMILIES
 from paths import ROOT
 
 

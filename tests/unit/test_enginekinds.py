@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from gpuwarden import enginekinds
-from gpuwarden.config import ConfigError, parse
+from gpuwarden.config.settings import ConfigError, parse
 
 ENGINE = '[[engine]]\nname = "e"\nurl = "http://127.0.0.1:8000"\n'
 

@@ -1,7 +1,7 @@
 import math
 
-from gpuwarden import exposition
-from gpuwarden.exporter import SelfMetrics
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.web import exposition
 
 
 def test_nan_and_inf_never_reach_the_exporter():

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden import exposition
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.families import FAMILIES, Family
+from gpuwarden.core.families import FAMILIES, Family
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.web import exposition
 
 ODD = ["", "plain", 'a "quoted" name', "back\\slash", "new\nline", "\\n literally", "ünïcødé ☃", "trailing\\",
        "{braces}=,", "tab\there"]

@@ -5,9 +5,9 @@ import ast
 
 import pytest
 
-from gpuwarden import families
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.families import FAMILIES, Family
+from gpuwarden.core import families
+from gpuwarden.core.families import FAMILIES, Family
+from gpuwarden.core.metrics import SelfMetrics
 from paths import ROOT
 
 SRC = ROOT / "src" / "gpuwarden"
@@ -48,7 +48,7 @@ def _modules():
 def test_no_source_names_a_family_by_string_and_every_family_is_used():
     named = [f"{p.relative_to(SRC)}:{node.lineno}: {node.value}" for p, tree in _modules() for node in ast.walk(tree)
              if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in FAMILIES]
-    assert named == [], "use the handle in gpuwarden/families.py"
+    assert named == [], "use the handle in gpuwarden/core/families.py"
     used = {node.attr for _, tree in _modules() for node in ast.walk(tree) if isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name) and node.value.id in ("families", "f")}
     handles = {k for k, v in vars(families).items() if isinstance(v, Family)}

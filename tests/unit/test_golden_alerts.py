@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 import golden
-from gpuwarden import recovery
 from gpuwarden.alert.context import Context, Runs
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import StormControl
-from gpuwarden.config import KernelConfig
+from gpuwarden.config.settings import KernelConfig
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.gpu import recovery
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.watch import classifier_for
-from gpuwarden.model import Event, Severity
 from paths import ROOT
 
 GOLDEN = ROOT / "tests" / "data" / "golden" / "alerts"

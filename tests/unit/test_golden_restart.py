@@ -19,8 +19,8 @@ from test_golden_alerts import CTX, GOLDEN, GPU0, KILLED, REGEN, STALL_RESTART, 
 
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.context import Runs
-from gpuwarden.config import parse
-from gpuwarden.model import NullSink
+from gpuwarden.config.settings import parse
+from gpuwarden.core.model import NullSink
 
 SOCKET = "/run/gpuwarden-golden-no-dockerd/docker.sock"  # never made: no Docker daemon answers there
 CONFIG = f"""

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from gpuwarden import cli
-from gpuwarden.config import ConfigError, parse
+from gpuwarden.cli import main as cli
+from gpuwarden.config.settings import ConfigError, parse
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.kernel.classifier import Classifier
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.records import KernelRecord, parse_kmsg
 from gpuwarden.kernel.rules import Rule
-from gpuwarden.model import Event, Severity
 
 I, W, C = Severity.INFO, Severity.WARNING, Severity.CRITICAL
 GPU = "ffff:fe:1f.7"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import gpuwarden
 from gpuwarden.alert.runbooks import RUNBOOKS, SITUATIONAL, runbook_for
+from gpuwarden.core.eventkinds import ACTION_KINDS, CATALOG, ENGINE_KINDS, GPU_FAULT_KINDS, GPU_LOST_KINDS, OUTCOMES
 from gpuwarden.kernel import rules
-from gpuwarden.kinds import ACTION_KINDS, CATALOG, ENGINE_KINDS, GPU_FAULT_KINDS, GPU_LOST_KINDS, OUTCOMES
 
 SRC = Path(gpuwarden.__file__).parent
 

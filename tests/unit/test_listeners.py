@@ -5,7 +5,7 @@ tests/security/test_attack_sockets.py."""
 import ipaddress as ip
 
 from gpuwarden.engine.processes import serves
-from gpuwarden.sockets import pinned
+from gpuwarden.runtime.sockets import pinned
 
 
 def test_the_listener_that_serves_each_address():

@@ -225,7 +225,7 @@ def test_under_systemd_without_systemd_python_the_journal_gets_prefixed_lines(tm
 
     err = tmp_path / "stderr"
     code = ("import os, sys, logging; sys.modules['systemd'] = None; st = os.fstat(2); "
-            "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'; from gpuwarden import logsetup; "
+            "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'; from gpuwarden.runtime import logsetup; "
             "logsetup.setup('info'); log = logging.getLogger('gpuwarden'); log.info('up'); "
             "log.error('bad http://u:secret@h/x')")
     with err.open("w") as stderr:

@@ -1,8 +1,8 @@
 """Issue 24: a discovered server that only looks like an engine is never a page, even when its crash loop takes
 it "down" (severity by impact would page for an engine of the owner's)."""
 
-from gpuwarden.conditions import impact
-from gpuwarden.model import Event, Severity
+from gpuwarden.core.conditions import impact
+from gpuwarden.core.model import Event, Severity
 
 
 def test_a_lookalikes_crash_loop_is_no_page_and_an_engines_is():

@@ -7,7 +7,7 @@ from gpuwarden.alert.context import Context
 from gpuwarden.alert.messages import compose
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.targets import Target, safe_name
-from gpuwarden.model import Event, Severity
+from gpuwarden.core.model import Event, Severity
 
 CTX = Context("box1", {"0000:03:00.0": (0, "Radeon AI PRO R9700")}, {"vllm": frozenset({"0000:03:00.0"})}, UTC)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gpuwarden.model import Event, Severity, normalize_pci
+from gpuwarden.core.model import Event, Severity, normalize_pci
 
 
 @pytest.mark.parametrize(("raw", "want"), [

@@ -2,7 +2,7 @@
 
 import threading
 
-from gpuwarden import npd
+from gpuwarden.cli import npd
 
 BOOT = 1_700_000_000.0
 
@@ -96,9 +96,9 @@ def test_a_check_that_hangs_is_unknown_in_time_and_one_that_raises_is_unknown():
 
 def test_the_open_conditions_are_read_from_the_daemon_s_store(tmp_path):
     """What the hub stored: a raise, a raise and its resolution; only the open one is read, with its causes."""
-    from gpuwarden import conditions
-    from gpuwarden.model import Event, Severity
-    from gpuwarden.store import Store
+    from gpuwarden.core import conditions
+    from gpuwarden.core.model import Event, Severity
+    from gpuwarden.store.sqlite import Store
 
     db = tmp_path / "gpuwarden.db"
     store = Store(db)

@@ -149,12 +149,12 @@ def test_an_nvml_xid_honours_the_xid_overrides_as_a_kernel_log_xid_does(xid, ove
     """NVML mocked at the library boundary (no NVIDIA GPU here); the kernel-log path runs the real classifier."""
     import asyncio
 
-    from gpuwarden.config import GpuConfig
+    from gpuwarden.config.settings import GpuConfig
+    from gpuwarden.core.model import Severity
     from gpuwarden.gpu.recorder import FlightRecorder
     from gpuwarden.gpu.watch import GpuWatch
     from gpuwarden.kernel.classifier import Classifier
     from gpuwarden.kernel.records import KernelRecord
-    from gpuwarden.model import Severity
 
     parsed = {code: Severity.parse(s) for code, s in overrides.items()}
     sink = _Events()

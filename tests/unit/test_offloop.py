@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 
 def test_a_hung_call_holds_one_thread_and_the_next_call_for_its_key_is_refused():
@@ -42,7 +42,7 @@ def test_an_exception_in_the_call_reaches_the_caller():
 def test_a_thread_that_returned_takes_the_next_call_and_ends_when_idle(monkeypatch):
     """Starting a thread makes the loop wait until it runs; a parked thread is handed the call instead. A parked
     thread ends after IDLE seconds without a call, so a pool holds no thread for good."""
-    monkeypatch.setattr("gpuwarden.offloop.IDLE", 0.3)
+    monkeypatch.setattr("gpuwarden.runtime.offloop.IDLE", 0.3)
     pool = OffLoop("look", limit=4)
 
     marker = threading.local()  # a new thread would not carry it

@@ -11,9 +11,9 @@ DEFAULT_POOL = re.compile(r"\bto_thread\b|\brun_in_executor\b")
 
 def test_no_blocking_call_goes_to_the_default_pool():
     found = [f"{path.relative_to(SRC)}:{number}: {line.strip()}"
-             for path in sorted(SRC.rglob("*.py")) if path.name != "offloop.py"
+             for path in sorted(SRC.rglob("*.py")) if path.name != "runtime/offloop.py"
              for number, line in enumerate(path.read_text().splitlines(), 1) if DEFAULT_POOL.search(line)]
-    assert not found, "use a named gpuwarden.offloop.OffLoop pool:\n" + "\n".join(found)
+    assert not found, "use a named gpuwarden.runtime.offloop.OffLoop pool:\n" + "\n".join(found)
 
 
 def test_each_pool_has_its_own_name():

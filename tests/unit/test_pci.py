@@ -14,10 +14,10 @@ from fakesysfs import (
     config_space,
     resource_file,
 )
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.pci import PcieCap, bar_sizes, link_speed, pcie_capability
 from gpuwarden.kernel.watch import behind_port
-from gpuwarden.model import Event, Severity
 
 
 def test_the_capability_walk_finds_port_type_and_atomics():

@@ -1,7 +1,7 @@
 """The policy, pure: events and plain views in, typed actions out."""
 
-from gpuwarden.model import Event, Severity
-from gpuwarden.policy import (
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.policy import (
     AlertOnly,
     EngineView,
     Kill,

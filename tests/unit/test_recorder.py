@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from fakesysfs import build
+from gpuwarden.core.model import GpuSample
 from gpuwarden.gpu.amd import AmdReader
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.model import GpuSample
 
 GPU, OTHER = "0000:03:00.0", "0000:83:00.0"
 

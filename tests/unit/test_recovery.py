@@ -5,8 +5,9 @@ import asyncio
 import time
 
 import fakesysfs
-from gpuwarden import conditions, incidents, recovery
-from gpuwarden.model import Event, Severity
+from gpuwarden.core import conditions, incidents
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.gpu import recovery
 
 GPU0, GPU1 = "ffff:03:00.0", "ffff:04:00.0"
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gpuwarden import reloads
+from gpuwarden.runtime import reloads
 
 
 def test_only_a_reload_of_that_pid_begun_after_the_signal_answers():

@@ -11,8 +11,9 @@ from xml.etree import ElementTree
 import pytest
 from PIL import Image
 
-from gpuwarden import report, timeline
-from gpuwarden.model import Event, GpuSample, Severity
+from gpuwarden.core.model import Event, GpuSample, Severity
+from gpuwarden.store import bundles as report
+from gpuwarden.store import timeline
 
 T0 = time.mktime((2026, 12, 2, 16, 22, 28, 0, 0, -1))
 GPUS = ("0000:03:00.0", "0000:06:00.0")

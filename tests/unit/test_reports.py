@@ -4,12 +4,12 @@ the queue never drops one and never makes a component wait."""
 import asyncio
 from dataclasses import replace
 
-from gpuwarden import conditions
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.hub import Evidence
-from gpuwarden.model import Event, Severity
-from gpuwarden.policy import EngineView
-from gpuwarden.reports import Outbox
+from gpuwarden.core import conditions
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.policy import EngineView
+from gpuwarden.hub.hub import Evidence
+from gpuwarden.hub.queue import Outbox
 
 
 def fault(n: int) -> Event:

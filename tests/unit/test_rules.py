@@ -6,6 +6,7 @@ from functools import cache
 
 import pytest
 
+from gpuwarden.core.model import Severity
 from gpuwarden.kernel.classifier import Classifier, process_named, user_text
 from gpuwarden.kernel.formats import parse_lines
 from gpuwarden.kernel.hints import hints
@@ -23,7 +24,6 @@ from gpuwarden.kernel.rules import (
     Rule,
     anchored,
 )
-from gpuwarden.model import Severity
 from paths import CORPUS
 
 _PCI = re.compile(r"\b([0-9a-fA-F]{4,8}):[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\b")
@@ -184,7 +184,7 @@ def test_a_config_rule_gets_hints_and_a_case_insensitive_one_is_tried_on_every_l
 
 
 def test_the_config_disables_and_overrides_rules_by_name():
-    from gpuwarden.config import parse
+    from gpuwarden.config.settings import parse
     from gpuwarden.kernel.watch import classifier_for
 
     kernel = parse('[kernel]\ndisable_rules = ["aer_corrected"]\n'

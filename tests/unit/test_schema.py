@@ -3,8 +3,8 @@ line, unknown keys after the others), and what it let through (nan, inf, a bool 
 
 import pytest
 
-from gpuwarden.config import AlertsConfig, Config, ConfigError, GpuConfig, KernelConfig, parse
-from gpuwarden.schema import Invalid
+from gpuwarden.config.schema import Invalid
+from gpuwarden.config.settings import AlertsConfig, Config, ConfigError, GpuConfig, KernelConfig, parse
 
 
 def error_of(text: str) -> str:

@@ -1,7 +1,7 @@
 import os
 import socket
 
-from gpuwarden.sdnotify import Notifier
+from gpuwarden.runtime.sdnotify import Notifier
 
 
 def test_no_socket_means_nothing_is_sent():

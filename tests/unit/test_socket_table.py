@@ -1,4 +1,4 @@
-"""Who serves a port, from the kernel's own tables (gpuwarden/sockets.py `listeners`; engine/processes.py
+"""Who serves a port, from the kernel's own tables (gpuwarden/runtime/sockets.py `listeners`; engine/processes.py
 `serving_listeners`, `holders`): real listening sockets of this process, on loopback."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 import socket
 from pathlib import Path
 
-from gpuwarden import sockets
 from gpuwarden.engine.processes import holders, serving_listeners
+from gpuwarden.runtime import sockets
 
 
 def listening(family: int, host: str) -> socket.socket:

@@ -2,7 +2,7 @@
 
 import re
 
-from gpuwarden import statuspage
+from gpuwarden.web import statuspage
 
 NOW = 1_800_000_000.0
 EVIL = '<script>alert("x")</script>'
@@ -71,9 +71,9 @@ def test_an_nvidia_gpu_is_named_as_the_pages_name_it_with_its_own_core_limits():
     that reader makes it): its core temperature is shown against the card's own slowdown and shutdown."""
     from types import SimpleNamespace
 
-    from gpuwarden import snapshot as snap_module
-    from gpuwarden.config import GpuConfig
-    from gpuwarden.model import GpuSample
+    from gpuwarden.config.settings import GpuConfig
+    from gpuwarden.core.model import GpuSample
+    from gpuwarden.hub import snapshot as snap_module
 
     sample = GpuSample("ffff:fe:1f.7", "nvidia", "NVIDIA H100 80GB HBM3", NOW, temperatures={"gpu": 71.0},
                        temperature_limits={"gpu": (87.0, 92.0)}, power_watts=300.0, power_cap_watts=700.0)

@@ -4,9 +4,9 @@ import stat
 import pytest
 
 from faults import LockHolder
-from gpuwarden import report
-from gpuwarden.model import Event, Severity
-from gpuwarden.store import ALERTED_EVENTS, SCHEMA_VERSION, Store, StoreError, private_folder
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.store import bundles as report
+from gpuwarden.store.sqlite import ALERTED_EVENTS, SCHEMA_VERSION, Store, StoreError, private_folder
 
 
 def event(kind="sq_intr", t=100.0, **kw):
@@ -76,7 +76,7 @@ def test_locked_database_is_a_clear_error(tmp_path):
 
 
 def test_a_version_1_store_is_migrated_and_keeps_its_events(tmp_path):
-    from gpuwarden.store import _MIGRATIONS
+    from gpuwarden.store.sqlite import _MIGRATIONS
 
     db = sqlite3.connect(tmp_path / "gw.db", isolation_level=None)
     db.executescript(_MIGRATIONS[1])
@@ -94,7 +94,7 @@ def test_a_version_1_store_is_migrated_and_keeps_its_events(tmp_path):
 def test_a_locked_store_keeps_events_and_cursor_in_memory_and_writes_them_once_free(tmp_path):
     import asyncio
 
-    from gpuwarden.store import QueuedStore
+    from gpuwarden.store.sqlite import QueuedStore
 
     path = tmp_path / "gw.db"
     health = []
@@ -125,7 +125,7 @@ def test_a_locked_store_keeps_events_and_cursor_in_memory_and_writes_them_once_f
 def test_an_id_taken_by_another_process_is_remapped(tmp_path):
     import asyncio
 
-    from gpuwarden.store import QueuedStore
+    from gpuwarden.store.sqlite import QueuedStore
 
     path = tmp_path / "gw.db"
 
@@ -161,7 +161,7 @@ def test_a_truncated_database_is_reported_as_truncated(tmp_path):
 def test_beyond_its_bound_the_queue_drops_writes_and_counts_them(tmp_path):
     import asyncio
 
-    from gpuwarden.store import QueuedStore
+    from gpuwarden.store.sqlite import QueuedStore
 
     path = tmp_path / "gw.db"
 
@@ -189,7 +189,7 @@ def test_only_events_stored_before_this_process_count_as_never_alerted(tmp_path)
     events stored milliseconds earlier by the same process: the kernel component starts before the alerter."""
     import asyncio
 
-    from gpuwarden.store import QueuedStore
+    from gpuwarden.store.sqlite import QueuedStore
 
     path = tmp_path / "gw.db"
     earlier = Store(path)  # a daemon that stored an event and died before alerting it
@@ -243,10 +243,10 @@ def test_a_reader_beside_the_daemon_loses_none_of_its_writes(tmp_path):
     import subprocess
     import sys
 
-    from gpuwarden.store import QueuedStore
+    from gpuwarden.store.sqlite import QueuedStore
 
     path = tmp_path / "gw.db"
-    read = (f"from pathlib import Path; from gpuwarden.store import Store; "
+    read = (f"from pathlib import Path; from gpuwarden.store.sqlite import Store; "
             f"print(len(Store(Path({str(path)!r})).events()))")
     seen = []
 

@@ -1,5 +1,5 @@
 from gpuwarden.alert.storm import StormControl
-from gpuwarden.model import Event, Severity
+from gpuwarden.core.model import Event, Severity
 
 
 def ev(t, kind="sq_intr", gpu="0000:03:00.0", severity=Severity.WARNING, count=1):

@@ -1,6 +1,6 @@
 import asyncio
 
-from gpuwarden.supervise import Supervisor
+from gpuwarden.runtime.supervise import Supervisor
 
 
 class Flaky:

@@ -1,6 +1,6 @@
-from gpuwarden.config import GpuConfig
+from gpuwarden.config.settings import GpuConfig
+from gpuwarden.core.model import GpuSample, Severity
 from gpuwarden.gpu.rules import TelemetryRules
-from gpuwarden.model import GpuSample, Severity
 
 
 def s(gpu="0000:03:00.0", model="Radeon RX 7900 XTX", **kw):

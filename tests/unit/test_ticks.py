@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuwarden.ticks import next_tick
+from gpuwarden.runtime.ticks import next_tick
 
 
 @pytest.mark.parametrize("period", [0.1, 0.5, 1.0, 0.7, 3.0])

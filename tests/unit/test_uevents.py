@@ -1,7 +1,7 @@
 """Uevent classification on recorded uevent properties (as pyudev hands them over)."""
 
+from gpuwarden.core.model import Severity
 from gpuwarden.gpu.uevents import classify
-from gpuwarden.model import Severity
 
 AMD_UNBIND = {"ACTION": "unbind", "DEVPATH": "/devices/pci0000:00/0000:00:01.1/0000:03:00.0", "SUBSYSTEM": "pci",
               "PCI_CLASS": "30000", "PCI_ID": "1002:744C", "PCI_SLOT_NAME": "0000:03:00.0", "SEQNUM": "5123"}

@@ -5,11 +5,11 @@ import asyncio
 
 from test_nvidia_reader import _Events, _nvml_with_xids
 
-from gpuwarden.config import GpuConfig
+from gpuwarden.config.settings import GpuConfig
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
-from gpuwarden.model import Event, Severity
 
 GPU = "0000:3b:00.0"
 

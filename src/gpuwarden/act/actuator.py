@@ -23,13 +23,13 @@ from typing import Protocol
 
 import psutil
 
-from gpuwarden import families, policy
 from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
-from gpuwarden.config import CacheConfig
+from gpuwarden.config.settings import CacheConfig
+from gpuwarden.core import families, policy
+from gpuwarden.core.model import Event, Severity, Sink
 from gpuwarden.engine.targets import KillTarget, Refused
-from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 log = logging.getLogger("gpuwarden")
 # Their own pools: a stuck log read or NVML call elsewhere never delays a kill.

@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwarden import families
 from gpuwarden.act.guard import Guard, GuardError, paths_for, status
-from gpuwarden.config import GuardConfig
-from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.config.settings import GuardConfig
+from gpuwarden.core import families
+from gpuwarden.core.model import Event, Severity, Sink
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 log = logging.getLogger(__name__)
 _GUARD = OffLoop("guard", limit=2)  # sysfs reads and bind mounts: a hung sysfs holds these two only

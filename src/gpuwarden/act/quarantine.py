@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwarden import enginekinds
-from gpuwarden.config import CacheConfig
-from gpuwarden.model import Event, Severity
+from gpuwarden.config.settings import CacheConfig
+from gpuwarden.core.model import Event, Severity
 
 # Where the libraries engines share keep compiled artefacts, per user ({home}, {user}); each engine kind adds its
 # own (its `caches`). Missing ones are skipped.

@@ -23,9 +23,9 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from gpuwarden.config import EngineTarget
+from gpuwarden.config.settings import EngineTarget
 from gpuwarden.engine import dockerapi
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 DEADLINE = 30.0  # one ask: systemctl --no-block returns once the job is queued; dockerd once the process runs
 SEEN_DEAD = 15.0  # how long the supervisor may take to see its main process gone

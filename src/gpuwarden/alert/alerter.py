@@ -21,18 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from gpuwarden import families
 from gpuwarden.alert.channel import Alert, identities
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.recent import Recent
 from gpuwarden.alert.storm import Outgoing, StormControl
 from gpuwarden.alert.targets import Target
-from gpuwarden.config import AlertsConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import Event, Severity
-from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.report import picture
-from gpuwarden.store import OutboxRow, QueuedStore, Store, StoreError
+from gpuwarden.config.settings import AlertsConfig
+from gpuwarden.core import families
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.runtime.offloop import Busy, OffLoop
+from gpuwarden.store.bundles import picture
+from gpuwarden.store.sqlite import OutboxRow, QueuedStore, Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import apprise
 
 from gpuwarden.alert.channel import Alert
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 _FORMATS = {True: apprise.NotifyFormat.MARKDOWN, False: apprise.NotifyFormat.TEXT}
 _SENDS = OffLoop("apprise", limit=16)  # one send in flight per target; a hung one holds one thread, not more

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuwarden.model import Event
+from gpuwarden.core.model import Event
 
 
 @dataclass(frozen=True, eq=False, repr=False)

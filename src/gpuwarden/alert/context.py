@@ -10,9 +10,9 @@ from pathlib import Path
 
 from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
 from gpuwarden.alert.storm import FOLLOW_UP_KINDS
-from gpuwarden.kinds import GPU_LOST_KINDS
-from gpuwarden.model import Event
-from gpuwarden.plain import plain
+from gpuwarden.core.eventkinds import GPU_LOST_KINDS
+from gpuwarden.core.model import Event
+from gpuwarden.core.plain import plain
 
 
 @plain

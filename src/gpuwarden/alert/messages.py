@@ -17,8 +17,8 @@ from gpuwarden.alert.steps import what_to_do
 from gpuwarden.alert.storm import FOLLOW_UP_KINDS, Outgoing
 from gpuwarden.alert.titles import ended, headline, repeats_title
 from gpuwarden.alert.words import clock, figure, plural, span, when
-from gpuwarden.kinds import GPU_LOST_KINDS
-from gpuwarden.model import Event, Severity
+from gpuwarden.core.eventkinds import GPU_LOST_KINDS
+from gpuwarden.core.model import Event, Severity
 
 _EVIDENCE_LINES = 12
 _MARKS = re.compile(r"[\\*_\[\]<>#|~]")  # what Markdown would read as emphasis, a link, HTML, a heading, a table

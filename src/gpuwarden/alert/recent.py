@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any
 
-from gpuwarden.model import Event
+from gpuwarden.core.model import Event
 
 EVENTS = 20
 INCIDENTS = 20

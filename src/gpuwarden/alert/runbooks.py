@@ -6,8 +6,8 @@ every step that only makes sense on a live GPU (restart the engine, `nvidia-smi 
 about an engine follows from what gpuwarden decided about it (`evidence["decision"]`): the message never tells
 the reader to do what the daemon already did, nor hedges about what it did."""
 
-from gpuwarden.kinds import runbook
-from gpuwarden.registry import register_runbooks
+from gpuwarden.core.eventkinds import runbook
+from gpuwarden.core.registry import register_runbooks
 
 RUNBOOKS: dict[str, str] = {
     "device_lost": (

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.words import clock, duration, plural, span
-from gpuwarden.model import Event
+from gpuwarden.core.model import Event
 
 
 def sentence(e: Event, ctx: Context) -> str:

@@ -8,7 +8,7 @@ from gpuwarden.alert.context import Context, first, is_lost
 from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.words import plural
-from gpuwarden.model import Event
+from gpuwarden.core.model import Event
 
 
 def what_to_do(out: Outgoing, ctx: Context) -> list[str]:

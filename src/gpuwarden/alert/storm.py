@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuwarden.kinds import GPU_LOST_KINDS, OUTCOMES
-from gpuwarden.model import CROWD, Event, Severity
+from gpuwarden.core.eventkinds import GPU_LOST_KINDS, OUTCOMES
+from gpuwarden.core.model import CROWD, Event, Severity
 
 # Outcomes of an incident worth a follow-up of their own, besides gpuwarden's own actions (OUTCOMES)
 FOLLOW_UP_KINDS = frozenset({"engine_restarting", "engine_back", "engine_restart_failed", "gpus_back",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from gpuwarden.alert.alertmanager import SCHEMES, AlertmanagerChannel
 from gpuwarden.alert.channel import Channel
-from gpuwarden.config import AlertsConfig, ConfigError
-from gpuwarden.model import Severity
+from gpuwarden.config.settings import AlertsConfig, ConfigError
+from gpuwarden.core.model import Severity
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -10,7 +10,7 @@ from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
 from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.words import duration, plural
-from gpuwarden.model import Event
+from gpuwarden.core.model import Event
 
 _UNSAFE = re.compile(r"[^\w.:/@+=-]")
 _WORDS = {  # what broke, in words, after the GPU's or the engine's name

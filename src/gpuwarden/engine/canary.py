@@ -15,12 +15,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from gpuwarden.plain import plain
+from gpuwarden.core.plain import plain
 
 if TYPE_CHECKING:
     import httpx
 
-    from gpuwarden.schema import Secret
+    from gpuwarden.config.schema import Secret
 
 from gpuwarden import enginekinds
 from gpuwarden.enginekinds.base import Answer, CanaryApi

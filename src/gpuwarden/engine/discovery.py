@@ -13,11 +13,12 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from gpuwarden import enginekinds, sockets
-from gpuwarden.config import EngineTarget
+from gpuwarden import enginekinds
+from gpuwarden.config.settings import EngineTarget
+from gpuwarden.core.plain import plain
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
 from gpuwarden.engine.scraper import client
-from gpuwarden.plain import plain
+from gpuwarden.runtime import sockets
 
 _PROBE_TIMEOUT = 2.0
 DOCKER_SOCKET = Path("/var/run/docker.sock")

@@ -12,10 +12,10 @@ import time
 from typing import Protocol
 
 from gpuwarden import enginekinds
-from gpuwarden.config import EngineConfig, EnginesConfig
+from gpuwarden.config.settings import EngineConfig, EnginesConfig
+from gpuwarden.core.model import Event, Severity, Sink
 from gpuwarden.engine.discovery import Found, discover, probe_order, with_source
-from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 log = logging.getLogger(__name__)
 

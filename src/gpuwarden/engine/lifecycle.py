@@ -42,11 +42,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from gpuwarden.core.plain import plain
+from gpuwarden.core.policy import KILL_SLACK, OUR_KILL_SLACK, exited
 from gpuwarden.engine.canary import CanaryResult
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.stall import StallDetector, Verdict
-from gpuwarden.plain import plain
-from gpuwarden.policy import KILL_SLACK, OUR_KILL_SLACK, exited
 
 Instance = frozenset[tuple[int, float]]  # (pid, start time) of each process
 _UNPROVEN = ("starting", "failed", "unproven")  # not proven back since its start: a canary is asked, progress counts

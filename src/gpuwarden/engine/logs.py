@@ -21,7 +21,7 @@ from gpuwarden import enginekinds
 from gpuwarden.engine.metrics import EngineSample
 from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.enginekinds.base import EngineKind
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 _MAX_READ = 4 << 20  # bytes read per look: a log flood is skipped past, not slurped
 _DEADLINE = 5.0

@@ -9,14 +9,14 @@ import threading
 
 import psutil
 
-from gpuwarden.config import EngineConfig
+from gpuwarden.config.settings import EngineConfig
+from gpuwarden.core.plain import plain
 from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.lifecycle import Instance
 from gpuwarden.engine.parts import target_spec
 from gpuwarden.engine.processes import Tracker, gpus_in_use, port_taken, resolve
 from gpuwarden.gpu import nvidia
-from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.plain import plain
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from gpuwarden import enginekinds
+from gpuwarden.core.plain import plain
 from gpuwarden.enginekinds.base import EngineKind, Timing
-from gpuwarden.plain import plain
 
 
 class UnparsableMetrics(ValueError):

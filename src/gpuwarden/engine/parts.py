@@ -6,14 +6,14 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from gpuwarden import enginekinds
-from gpuwarden.config import SCHEME_PORTS, EngineConfig, user_id
+from gpuwarden.config.settings import SCHEME_PORTS, EngineConfig, user_id
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine.logs import LogScraper
 from gpuwarden.engine.processes import TargetSpec
 from gpuwarden.engine.scraper import Scraper
 from gpuwarden.engine.slots import SlotsScraper
 from gpuwarden.engine.stall import StallDetector
-from gpuwarden.sockets import pinned
+from gpuwarden.runtime.sockets import pinned
 
 # How long a fault with no owner keeps an engine under suspicion (each new one starts it again): a GPU that a
 # fault left hanging shows it within seconds; a suspicion for ever would judge every long request on the floor.

@@ -30,12 +30,13 @@ from pathlib import Path
 
 import psutil
 
-from gpuwarden import enginekinds, sockets
+from gpuwarden import enginekinds
+from gpuwarden.core.model import normalize_pci
+from gpuwarden.core.plain import plain
 from gpuwarden.engine.dockerapi import container_pids
-from gpuwarden.logsetup import redact_command
-from gpuwarden.model import normalize_pci
-from gpuwarden.plain import plain
-from gpuwarden.sockets import Listener
+from gpuwarden.runtime import sockets
+from gpuwarden.runtime.logsetup import redact_command
+from gpuwarden.runtime.sockets import Listener
 
 
 @plain

@@ -19,8 +19,8 @@ import pwd
 from collections import Counter
 from pathlib import Path
 
-from gpuwarden.plain import plain
-from gpuwarden.sockets import _endpoint_hex
+from gpuwarden.core.plain import plain
+from gpuwarden.runtime.sockets import _endpoint_hex
 
 _LISTEN, _ESTABLISHED = "0A", "01"
 _SPARE = 2  # descriptors short of the limit that still count as none left (a library holds one for a moment)

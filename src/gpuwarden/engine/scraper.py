@@ -12,7 +12,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
-from gpuwarden.offloop import Busy, OffLoop
+from gpuwarden.runtime.offloop import Busy, OffLoop
 
 OFF_LOOP_BYTES = 256 << 10  # a body above this is parsed in a thread (a 7.7 MB body takes seconds)
 MAX_SERIES = 10_000  # lines of the profile's metrics; an engine reports a few hundred

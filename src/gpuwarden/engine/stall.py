@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from gpuwarden.core.plain import plain
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.plain import plain
 
 _RECENT = 20  # timing increments that make "recent"
 _STEPS = 8  # step gaps that make "recent"

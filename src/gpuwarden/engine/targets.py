@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import psutil
 
-from gpuwarden.config import EngineConfig
-from gpuwarden.plain import plain
+from gpuwarden.config.settings import EngineConfig
+from gpuwarden.core.plain import plain
 
 
 @plain

@@ -21,8 +21,11 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from gpuwarden import conditions, families
-from gpuwarden.config import EngineConfig, EnginesConfig, api_key, user_id
+from gpuwarden.config.schema import Secret
+from gpuwarden.config.settings import EngineConfig, EnginesConfig, api_key, user_id
+from gpuwarden.core import conditions, families
+from gpuwarden.core.model import CROWD, Event, Severity, Sink
+from gpuwarden.core.policy import EngineView, budget_spent
 from gpuwarden.engine import lifecycle as lc
 from gpuwarden.engine import looks, targets
 from gpuwarden.engine.answering import Answering, Said, where
@@ -37,12 +40,9 @@ from gpuwarden.engine.saturation import Saturation, saturation
 from gpuwarden.engine.scraper import ScrapeError
 from gpuwarden.engine.stall import next_look
 from gpuwarden.engine.targets import KillTarget, Refused
-from gpuwarden.logsetup import redact
-from gpuwarden.model import CROWD, Event, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.policy import EngineView, budget_spent
-from gpuwarden.schema import Secret
-from gpuwarden.sockets import pinned
+from gpuwarden.runtime.logsetup import redact
+from gpuwarden.runtime.offloop import Busy, OffLoop
+from gpuwarden.runtime.sockets import pinned
 
 log = logging.getLogger(__name__)
 

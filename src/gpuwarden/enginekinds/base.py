@@ -11,7 +11,7 @@ import re
 from collections.abc import Awaitable, Callable
 from functools import cache
 
-from gpuwarden.plain import plain
+from gpuwarden.core.plain import plain
 
 
 @plain

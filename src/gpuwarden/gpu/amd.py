@@ -15,8 +15,8 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuwarden.core.model import GpuSample
 from gpuwarden.gpu.pci import link_speed, link_width
-from gpuwarden.model import GpuSample
 
 BUSY = {errno.EBUSY, errno.EPERM, errno.EAGAIN}
 GONE = {errno.EREMOTEIO, errno.ETIME, errno.ENODEV, errno.EIO}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpuwarden.plain import plain
+from gpuwarden.core.plain import plain
 
 VENDORS = {"0x1002": "amd", "0x10de": "nvidia", "0x8086": "intel"}
 GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct and data-centre cards)

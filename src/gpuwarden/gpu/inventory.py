@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import Gpu, discover
-from gpuwarden.offloop import OffLoop
+from gpuwarden.runtime.offloop import OffLoop
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-from gpuwarden.model import GpuSample, normalize_pci
+from gpuwarden.core.model import GpuSample, normalize_pci
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.plain import plain
+from gpuwarden.core.plain import plain
 
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?)\s*GT/s")
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

@@ -16,7 +16,7 @@ from dataclasses import fields
 from itertools import count
 from operator import attrgetter
 
-from gpuwarden.model import GpuSample
+from gpuwarden.core.model import GpuSample
 
 # a sample as a flat row: its fields but gpu, time and temperatures (in the order GpuSample takes them, which has
 # gpu first, then time, then temperatures), then the temperature sensors' names (one tuple), then their values

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from itertools import combinations
 
-from gpuwarden.config import GpuConfig
-from gpuwarden.model import CONDITION, Event, GpuSample, Severity
-from gpuwarden.plain import plain
+from gpuwarden.config.settings import GpuConfig
+from gpuwarden.core.model import CONDITION, Event, GpuSample, Severity
+from gpuwarden.core.plain import plain
 
 W, C = Severity.WARNING, Severity.CRITICAL
 SHUTDOWN_MARGIN = 3.0  # °C under the device's own shutdown temperature: critical while it can still be acted on

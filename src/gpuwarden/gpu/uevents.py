@@ -11,9 +11,9 @@ import re
 import time
 from collections.abc import Callable, Mapping
 
-from gpuwarden import families
+from gpuwarden.core import families
+from gpuwarden.core.model import Event, Severity, Sink, normalize_pci
 from gpuwarden.gpu.discovery import is_gpu_class
-from gpuwarden.model import Event, Severity, Sink, normalize_pci
 
 log = logging.getLogger(__name__)
 

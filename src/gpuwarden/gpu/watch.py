@@ -16,17 +16,17 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from gpuwarden import conditions, families
-from gpuwarden.config import GpuConfig
+from gpuwarden.config.settings import GpuConfig
+from gpuwarden.core import conditions, families
+from gpuwarden.core.model import Event, GpuSample, NullSink, Severity, Sink
 from gpuwarden.gpu import amd, nvidia
 from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.kernel import xid as xid_catalog
-from gpuwarden.model import Event, GpuSample, NullSink, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.ticks import next_tick
+from gpuwarden.runtime.offloop import Busy, OffLoop
+from gpuwarden.runtime.ticks import next_tick
 
 log = logging.getLogger(__name__)
 _NVML = OffLoop("nvml", limit=2)  # opening NVML, waiting for Xids: a hung driver holds these two

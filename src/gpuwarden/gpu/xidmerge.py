@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from gpuwarden.model import Event
-from gpuwarden.plain import plain
+from gpuwarden.core.model import Event
+from gpuwarden.core.plain import plain
 
 WINDOW = 3.0  # NVRM prints the Xid from the same interrupt that NVML's event comes from; kmsg reads lag a little
 

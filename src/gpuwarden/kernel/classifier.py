@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import ahocorasick
 
+from gpuwarden.core.model import Event, Severity, normalize_pci
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.kernel.hints import hints as literal_hints
 from gpuwarden.kernel.records import KernelRecord
@@ -72,7 +73,6 @@ from gpuwarden.kernel.rules import (
     anchored,
     config_anchored,
 )
-from gpuwarden.model import Event, Severity, normalize_pci
 
 _PREFIX = re.compile(rf"^\s*([\w-]+) ({BDF}): ")
 _NVRM_PCI = re.compile(r"(?:\(PCI:|GPU at PCI:|NVRM: GPU |NVIDIA GPU )"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from gpuwarden.model import normalize_pci
-from gpuwarden.plain import plain
+from gpuwarden.core.model import normalize_pci
+from gpuwarden.core.plain import plain
 
 
 @plain

@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
+from gpuwarden.core.model import Severity
+from gpuwarden.core.plain import plain
+from gpuwarden.core.registry import register_rules
 from gpuwarden.kernel.hints import hints as literal_hints
-from gpuwarden.model import Severity
-from gpuwarden.plain import plain
-from gpuwarden.registry import register_rules
 
 I, W, C = Severity.INFO, Severity.WARNING, Severity.CRITICAL
 A = "amdgpu ffff:fe:1f.7: amdgpu: "  # the prefix of amdgpu lines made from a format string

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
-from gpuwarden.ticks import until_tick
+from gpuwarden.runtime.ticks import until_tick
 
 log = logging.getLogger(__name__)
 

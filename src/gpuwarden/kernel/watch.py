@@ -8,8 +8,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
-from gpuwarden import families
-from gpuwarden.config import KernelConfig
+from gpuwarden.config.settings import KernelConfig
+from gpuwarden.core import families
+from gpuwarden.core.model import Event, Severity, Sink
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.records import KernelRecord
 from gpuwarden.kernel.rules import Rule, configured
@@ -22,7 +23,6 @@ from gpuwarden.kernel.sources import (
     Source,
     this_boot,
 )
-from gpuwarden.model import Event, Severity, Sink
 
 log = logging.getLogger(__name__)
 

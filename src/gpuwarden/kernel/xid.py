@@ -7,7 +7,7 @@ mean the GPU or its firmware is broken are critical. Config `[kernel] xid = {"13
 
 from collections.abc import Mapping
 
-from gpuwarden.model import Severity
+from gpuwarden.core.model import Severity
 
 W, C, I = Severity.WARNING, Severity.CRITICAL, Severity.INFO
 

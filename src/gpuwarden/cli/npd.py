@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden import families
-from gpuwarden.conditions import Kind
-from gpuwarden.sockets import peer_uid
-from gpuwarden.store import open_conditions
+from gpuwarden.core import families
+from gpuwarden.core.conditions import Kind
+from gpuwarden.runtime.sockets import peer_uid
+from gpuwarden.store.sqlite import open_conditions
 
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE = 80  # NPD's default max_output_length, in bytes

@@ -16,15 +16,18 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Protocol
 
-from gpuwarden import conditions, families, incidents, logsetup, policy, recovery, report
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.exporter import SelfMetrics
+from gpuwarden.core import conditions, families, incidents, policy
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.gpu import recovery
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.model import Event, Severity
-from gpuwarden.reports import Report
-from gpuwarden.store import QueuedStore, Store
+from gpuwarden.hub.queue import Report
+from gpuwarden.runtime import logsetup
+from gpuwarden.store import bundles as report
+from gpuwarden.store.sqlite import QueuedStore, Store
 
 log = logging.getLogger("gpuwarden")
 

@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuwarden import conditions
+from gpuwarden.core import conditions
+from gpuwarden.core.incidents import Incident
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import discover
-from gpuwarden.incidents import Incident
-from gpuwarden.model import Event, Severity
-from gpuwarden.offloop import OffLoop
+from gpuwarden.runtime.offloop import OffLoop
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from gpuwarden import families
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import ConditionKey, Event
-from gpuwarden.plain import plain
-from gpuwarden.policy import EngineView
+from gpuwarden.core import families
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import ConditionKey, Event
+from gpuwarden.core.plain import plain
+from gpuwarden.core.policy import EngineView
 
 
 @plain

@@ -15,12 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuwarden import enginekinds, webconfig
-from gpuwarden.kinds import KINDS
-from gpuwarden.logsetup import redact
-from gpuwarden.model import Severity, normalize_pci
-from gpuwarden.registry import rules, runbooks
-from gpuwarden.schema import (
+from gpuwarden import enginekinds
+from gpuwarden.config import web as webconfig
+from gpuwarden.config.schema import (
     DictOf,
     Invalid,
     ListOf,
@@ -37,6 +34,10 @@ from gpuwarden.schema import (
     text,
     then,
 )
+from gpuwarden.core.eventkinds import KINDS
+from gpuwarden.core.model import Severity, normalize_pci
+from gpuwarden.core.registry import rules, runbooks
+from gpuwarden.runtime.logsetup import redact
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 # Docker's own rule for container names (daemon/names), which ids (hex) also satisfy: nothing can reach the

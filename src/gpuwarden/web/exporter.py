@@ -9,86 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import re
 import socket
 import stat
-import sys
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwarden import __version__, exposition, report
-from gpuwarden import families as f
-from gpuwarden.families import FAMILIES, Family
-from gpuwarden.logsetup import redact_command
-from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.offloop import Busy, OffLoop
-from gpuwarden.webconfig import WebConfig
-from gpuwarden.webserver import Answer, Server
-
-
-class SelfMetrics:
-    """Thread-safe values of the declared families, keyed by label values."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
-        self._live: dict[str, Callable[[], float]] = {}
-        # what platform.python_version() reads, without loading platform (1.5 ms of every start)
-        self.set(f.BUILD_INFO, 1, __version__, sys.version.split()[0])
-
-    def inc(self, family: Family | str, *labels: str, by: float = 1) -> None:
-        name = _declared(family, labels)
-        if not math.isfinite(by):
-            return  # NaN or Inf would poison the series for good
-        with self._lock:
-            series = self._values[name]
-            series[labels] = series.get(labels, 0) + by
-
-    def set(self, family: Family | str, value: float, *labels: str) -> None:
-        name = _declared(family, labels)
-        if not math.isfinite(value):
-            return  # NaN or Inf from a source is not a reading: the last good value stays
-        with self._lock:
-            self._values[name][labels] = value
-
-    def replace(self, family: Family | str, series: dict[tuple[str, ...], float]) -> None:
-        """All series of one family at once: series of a GPU that went away disappear with it."""
-        name = _declared(family, *series)
-        with self._lock:
-            self._values[name] = {labels: v for labels, v in series.items() if math.isfinite(v)}
-
-    def live(self, family: Family | str, value: Callable[[], float]) -> None:
-        """A gauge without labels computed whenever it is read (a scrape, a snapshot), from the reader's thread:
-        for a value that must be current while the loop that would set it is blocked. `value` must not block."""
-        name = _declared(family, ())
-        with self._lock:
-            self._live[name] = value
-
-    def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
-        with self._lock:
-            values = {name: dict(series) for name, series in self._values.items()}
-            live = list(self._live.items())
-        for name, value in live:
-            if math.isfinite(reading := value()):
-                values[name] = {(): reading}
-        return values
-
-
-def _declared(family: Family | str, *label_sets: tuple[str, ...]) -> str:
-    """The family's name, when it is declared in families.py (a handle, or its name from a test or a tool) and
-    every label set fits its labels; anything else is a bug that must not pass silently."""
-    declared = FAMILIES.get(family.name if isinstance(family, Family) else family)
-    if declared is None or (isinstance(family, Family) and family != declared):
-        raise KeyError(f"undeclared metric family {family!r}: declare it in gpuwarden/families.py")
-    for labels in label_sets:
-        if len(labels) != len(declared.labels):
-            raise ValueError(f"{declared.name} has labels {declared.labels}, not {labels!r}")
-    return declared.name
+from gpuwarden.config.web import WebConfig
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity, Sink
+from gpuwarden.runtime.logsetup import redact_command
+from gpuwarden.runtime.offloop import Busy, OffLoop
+from gpuwarden.store import bundles as report
+from gpuwarden.web import exposition
+from gpuwarden.web.server import Answer, Server
 
 
 class Exporter:
@@ -263,7 +199,7 @@ class _Pages:
 
     def _render(self, path: str):
         """The page, from a pool thread: the snapshot waits on the daemon's loop, up to its deadline."""
-        from gpuwarden import statuspage  # with the first page asked for: it loads html and its entities (86 KB)
+        from gpuwarden.web import statuspage  # with the first page asked for: it loads html and its entities (86 KB)
 
         try:
             snap = self._status()

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuwarden.conditions import Change, Key
-from gpuwarden.kinds import OUTCOMES
-from gpuwarden.model import Event, Severity
+from gpuwarden.core.conditions import Change, Key
+from gpuwarden.core.eventkinds import OUTCOMES
+from gpuwarden.core.model import Event, Severity
 
 INCIDENT = "incident"  # evidence key: the incident an event belongs to
 DECISION = "decision"  # evidence key: what the policy decided about it, with the reasons

@@ -11,11 +11,12 @@ import os
 import time
 from typing import Any
 
-from gpuwarden import __version__, report
-from gpuwarden import families as f
+from gpuwarden import __version__
 from gpuwarden.alert.context import gpu_indexes
+from gpuwarden.core import families as f
 from gpuwarden.gpu.rules import device_limits
-from gpuwarden.logsetup import redact
+from gpuwarden.runtime.logsetup import redact
+from gpuwarden.store import bundles as report
 
 
 def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from gpuwarden.plain import plain
+from gpuwarden.core.plain import plain
 
 Endpoint = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
 _LISTEN = "0A"  # TCP_LISTEN, the row's st column

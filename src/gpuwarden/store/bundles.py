@@ -21,13 +21,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuwarden import incidents
-from gpuwarden.conditions import Change, Key
-from gpuwarden.kinds import OUTCOMES
-from gpuwarden.model import Event, GpuSample
-from gpuwarden.offloop import OffLoop
-from gpuwarden.store import private_folder
-from gpuwarden.timeline import svg
+from gpuwarden.core import incidents
+from gpuwarden.core.conditions import Change, Key
+from gpuwarden.core.eventkinds import OUTCOMES
+from gpuwarden.core.model import Event, GpuSample
+from gpuwarden.runtime.offloop import OffLoop
+from gpuwarden.store.sqlite import private_folder
+from gpuwarden.store.timeline import svg
 
 log = logging.getLogger(__name__)
 _WRITES = OffLoop("incident write", limit=4)  # one per bundle: a hung disk holds these, never a kill's

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import resource
 
-from gpuwarden.families import FAMILIES, Family
+from gpuwarden.core.families import FAMILIES, Family
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HEADS: dict[str, str] = {}  # name -> its "# HELP" and "# TYPE" lines, made once

@@ -4,7 +4,7 @@ own in its evidence (a kernel rule does; a wedged GPU that recovers by itself po
 
 from __future__ import annotations
 
-from gpuwarden.plain import plain
+from gpuwarden.core.plain import plain
 
 
 @plain

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpuwarden import conditions
-from gpuwarden.model import Event, Severity
+from gpuwarden.core import conditions
+from gpuwarden.core.model import Event, Severity
 
 SCHEMA_VERSION = 3
 # Newest first by time, so that SQLite reads the time index from `since` on: ordered by id, it scanned the whole

@@ -10,14 +10,14 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gpuwarden import conditions, families
-from gpuwarden.config import DaemonConfig
-from gpuwarden.exporter import SelfMetrics
-from gpuwarden.model import Event, Severity, Sink
-from gpuwarden.sdnotify import Notifier
-from gpuwarden.store import QueuedStore
-from gpuwarden.supervise import Supervisor
-from gpuwarden.ticks import next_tick
+from gpuwarden.config.settings import DaemonConfig
+from gpuwarden.core import conditions, families
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity, Sink
+from gpuwarden.runtime.sdnotify import Notifier
+from gpuwarden.runtime.supervise import Supervisor
+from gpuwarden.runtime.ticks import next_tick
+from gpuwarden.store.sqlite import QueuedStore
 
 log = logging.getLogger("gpuwarden")
 

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from gpuwarden.families import Family
-from gpuwarden.plain import plain
+from gpuwarden.core.families import Family
+from gpuwarden.core.plain import plain
 
 
 class Severity(enum.IntEnum):

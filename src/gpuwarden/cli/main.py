@@ -19,11 +19,12 @@ from pathlib import Path
 
 import gpuwarden.alert.runbooks  # fills the registry that config checks runbook names against
 import gpuwarden.kernel.rules  # noqa: F401  (and rule names)
-from gpuwarden import __version__, enginekinds, logsetup
-from gpuwarden import config as configuration
-from gpuwarden.config import ConfigError, parse_duration
-from gpuwarden.logsetup import redact
-from gpuwarden.store import Store, StoreError
+from gpuwarden import __version__, enginekinds
+from gpuwarden.config import settings as configuration
+from gpuwarden.config.settings import ConfigError, parse_duration
+from gpuwarden.runtime import logsetup
+from gpuwarden.runtime.logsetup import redact
+from gpuwarden.store.sqlite import Store, StoreError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG, EXIT_PIPE = 0, 1, 2, 78, 141
 EXIT_CRITICAL = 3  # replay found a critical event: a status no usage error (2) shares, so a script can tell
@@ -261,7 +262,7 @@ EXAMPLES = [  # the man page's EXAMPLES: what a new user does first, then what a
 
 
 def _man_page() -> str:
-    from gpuwarden import cliref
+    from gpuwarden.cli import reference as cliref
 
     files = [(str(configuration.DEFAULT_PATH), "the configuration (0600: it holds the alert URLs' tokens)"),
              ("/var/lib/gpuwarden", "the event store, incident reports and the reload confirmation (0700)"),
@@ -275,14 +276,15 @@ def cmd_man(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from gpuwarden import cliref
+    from gpuwarden.cli import reference as cliref
 
     sys.stdout.write(cliref.bash_completion(_parser()))
     return EXIT_OK
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from gpuwarden import cliref, install
+    from gpuwarden.cli import install
+    from gpuwarden.cli import reference as cliref
 
     try:
         placed = install.install(args.root, args.prefix, args.exe or install.executable(), _man_page(),
@@ -305,7 +307,7 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     import shutil
     import subprocess
 
-    from gpuwarden import install
+    from gpuwarden.cli import install
 
     if args.root == Path("/") and Path("/run/systemd/system").is_dir() and shutil.which("systemctl"):
         try:
@@ -360,7 +362,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_reload(args: argparse.Namespace) -> int:
     """ExecReload: returns when the daemon has re-read its configuration; 78 when it refused it."""
-    from gpuwarden import reloads
+    from gpuwarden.runtime import reloads
 
     try:
         pid = args.pid or reloads.find_daemon(configuration.load(args.config)[0].daemon.state_dir)
@@ -537,7 +539,7 @@ def _stamp(when: float) -> str:
 
 def cmd_conditions(args: argparse.Namespace) -> int:
     """The open conditions, read-only (the daemon may be running, or stopped: nothing is created)."""
-    from gpuwarden.npd import read_conditions
+    from gpuwarden.cli.npd import read_conditions
 
     config, _ = configuration.load(args.config)
     try:
@@ -557,7 +559,7 @@ def cmd_conditions(args: argparse.Namespace) -> int:
 
 def cmd_npd_check(args: argparse.Namespace) -> int:
     """One line of at most 80 bytes on stdout; the exit status is the verdict (npd.py says which conditions)."""
-    from gpuwarden import npd
+    from gpuwarden.cli import npd
 
     def run() -> tuple[int, str]:
         try:
@@ -633,7 +635,7 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from gpuwarden.config import check_metrics_url
+    from gpuwarden.config.settings import check_metrics_url
     from gpuwarden.engine.parts import target_spec
     from gpuwarden.engine.scraper import ScrapeError, Scraper
 
@@ -771,10 +773,10 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Exit 0 when nothing is wrong, 1 when a finding is at warning or above."""
-    from gpuwarden import doctor
+    from gpuwarden.cli import doctor
+    from gpuwarden.core.model import Severity
     from gpuwarden.gpu.discovery import discover
     from gpuwarden.gpu.watch import read_once
-    from gpuwarden.model import Severity
 
     config, _ = configuration.load(args.config)
     facts = doctor.collect(config, read_once(config.gpu, discover(config.gpu.sysfs_root)))
@@ -795,7 +797,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    from gpuwarden.report import listing
+    from gpuwarden.store.bundles import listing
 
     config, _ = configuration.load(args.config)
     rows = listing(config.daemon.state_dir / "incidents")
@@ -865,8 +867,8 @@ def _daemon_status(config: configuration.Config, timeout: float) -> tuple[dict |
     import socket
     import struct
 
-    from gpuwarden.exporter import STATUS_SOCKET
-    from gpuwarden.sockets import peer_uid
+    from gpuwarden.runtime.sockets import peer_uid
+    from gpuwarden.web.exporter import STATUS_SOCKET
 
     trusted = {0, os.geteuid()}
     path = config.daemon.state_dir / STATUS_SOCKET
@@ -944,7 +946,7 @@ def _printable(value):
 
 
 def _status_text(snap: dict) -> str:
-    from gpuwarden.statuspage import ago
+    from gpuwarden.web.statuspage import ago
 
     now = snap["time"]
     lines = [f"gpuwarden {snap['version']} on {snap['host']}, pid {snap['pid']}: {snap['summary']}", "", "sources:"]

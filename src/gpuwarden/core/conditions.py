@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuwarden.kinds import GPU_LOST_KINDS
-from gpuwarden.model import CONDITION, ConditionKey, ConditionKind, Event, Severity
-from gpuwarden.plain import plain
+from gpuwarden.core.eventkinds import GPU_LOST_KINDS
+from gpuwarden.core.model import CONDITION, ConditionKey, ConditionKind, Event, Severity
+from gpuwarden.core.plain import plain
 
 Kind = ConditionKind  # the kinds and the key live in model.py: the Sink's resolve() takes a key
 Key = ConditionKey

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.kinds import GPU_FAULT_KINDS
-from gpuwarden.model import Event, Severity
-from gpuwarden.plain import plain
+from gpuwarden.core.eventkinds import GPU_FAULT_KINDS
+from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.plain import plain
 
 # Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
 QUARANTINE_KINDS = frozenset({"engine_crash_loop"})

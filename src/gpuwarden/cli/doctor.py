@@ -12,12 +12,12 @@ from pathlib import Path
 from gpuwarden.act import guard
 from gpuwarden.act.quarantine import Poisoned, cache_dirs, scan
 from gpuwarden.alert.runbooks import runbook_for
-from gpuwarden.config import Config, GpuConfig
+from gpuwarden.config.settings import Config, GpuConfig
+from gpuwarden.core.model import GpuSample, Severity
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import Gpu, discover
 from gpuwarden.gpu.pci import PciNode
 from gpuwarden.gpu.rules import TelemetryRules
-from gpuwarden.model import GpuSample, Severity
 
 I, W = Severity.INFO, Severity.WARNING
 # Switches made by chipset vendors: a GPU behind one hangs off the chipset (AMD's Promontory chipsets are

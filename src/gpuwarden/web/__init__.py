@@ -1,0 +1,1 @@
+"""The exporter: the metrics exposition, the HTTP server, the status page."""
