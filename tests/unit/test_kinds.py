@@ -6,7 +6,19 @@ from pathlib import Path
 
 import gpuwarden
 from gpuwarden.alert.runbooks import RUNBOOKS, SITUATIONAL, runbook_for
-from gpuwarden.core.eventkinds import ACTION_KINDS, CATALOG, ENGINE_KINDS, GPU_FAULT_KINDS, GPU_LOST_KINDS, OUTCOMES
+from gpuwarden.core import conditions, policy
+from gpuwarden.core.eventkinds import (
+    ACTION_KINDS,
+    CATALOG,
+    ENGINE_KINDS,
+    ESCALATION_KINDS,
+    GPU_FAULT_KINDS,
+    GPU_LOST_KINDS,
+    OUTCOMES,
+    QUARANTINE_KINDS,
+    words,
+)
+from gpuwarden.core.model import ConditionKind as C
 from gpuwarden.kernel import rules
 
 SRC = Path(gpuwarden.__file__).parent
@@ -59,3 +71,25 @@ def test_the_node_conditions_kinds():
     assert {"engine_stall", "engine_unresponsive", "engine_crash_loop", "kill_refused", "kill_not_done",
             "engine_killed", "engine_restarting", "engine_back", "engine_restart_failed", "engine_not_answering",
             "engine_restart_retrying", "engine_port_taken"} == ENGINE_KINDS
+
+
+def test_one_row_holds_what_the_tables_beside_it_held():
+    """Issue 35: a kind's conditions, title words and meaning to the policy were tables in conditions.py,
+    alert/titles.py and policy.py; each is read off the kind's row now, and says what the tables said."""
+    lost = (C.GPU_LOST,)
+    assert {
+        "engine_stall": (C.ENGINE_STALLED,), "engine_unresponsive": (C.ENGINE_UNRESPONSIVE,),
+        "engine_killed": (C.ENGINE_DOWN,), "engine_exited": (C.ENGINE_DOWN,), "engine_crash_loop": (C.ENGINE_DOWN,),
+        "engine_not_answering": (C.ENGINE_DOWN,), "engine_restart_failed": (C.ENGINE_DOWN,),
+        "engine_restarting": (C.ENGINE_RESTARTING,), "store_unwritable": (C.STORE_UNWRITABLE,),
+        **{kind: lost for kind in GPU_LOST_KINDS}} == conditions.RAISES
+    assert {
+        "engine_killed": (C.ENGINE_STALLED, C.ENGINE_UNRESPONSIVE),
+        "engine_exited": (C.ENGINE_STALLED, C.ENGINE_UNRESPONSIVE),
+        "engine_back": (C.ENGINE_STALLED, C.ENGINE_UNRESPONSIVE, C.ENGINE_DOWN, C.ENGINE_RESTARTING),
+        "engine_restart_failed": (C.ENGINE_RESTARTING,), "gpus_back": lost, "gpus_changed": lost} == conditions.RESOLVES
+    assert {"gpu_reset", "reset_failed", "device_lost", "gpu_wedged"} == ESCALATION_KINDS
+    assert {"engine_crash_loop"} == QUARANTINE_KINDS
+    assert words("device_lost") == "fell off the bus" and words("engine_stall") == "stalled"
+    assert words("engine_killed") is None and words("a user rule's kind") is None
+    assert not hasattr(policy, "ESCALATION_KINDS") or policy.ESCALATION_KINDS is ESCALATION_KINDS

@@ -10,17 +10,10 @@ from gpuwarden.alert.runbooks import OFF_THE_BUS_XIDS
 from gpuwarden.alert.sentences import stall_start
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.words import duration, plural
+from gpuwarden.core.eventkinds import words
 from gpuwarden.core.model import Event
 
 _UNSAFE = re.compile(r"[^\w.:/@+=-]")
-_WORDS = {  # what broke, in words, after the GPU's or the engine's name
-    "sq_intr": "shader fault (SQ interrupt)", "ring_timeout": "ring timeout", "page_fault": "page fault",
-    "gpu_reset": "reset by the driver", "reset_failed": "reset failed", "device_lost": "fell off the bus",
-    "gpu_missing": "missing", "gpu_unresponsive": "not answering", "gpu_wedged": "wedged", "smu_error": "SMU error",
-    "ras_error": "uncorrectable memory error", "pcie_aer": "PCIe error", "gsp_error": "firmware (GSP) error",
-    "engine_stall": "stalled", "engine_unresponsive": "not answering", "engine_exited": "exited",
-    "engine_crash_loop": "in a crash loop", "engine_suspect": "suspect", "engine_not_answering": "not answering",
-}
 
 
 def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> str:
@@ -87,13 +80,13 @@ def _cause(e: Event, ctx: Context, end: float | None = None) -> str:
     if e.kind == "engine_not_answering" and isinstance(silent := (e.evidence.get("figures") or {}).get(
             "silent_seconds"), int | float):
         return f"engine {e.engine} not answering for {duration(silent)}"
-    if e.kind.startswith("engine_") and e.kind in _WORDS:
-        return f"engine {e.engine} {_WORDS[e.kind]}"
+    if e.kind.startswith("engine_") and (said := words(e.kind)):
+        return f"engine {e.engine} {said}"
     if e.kind == "xid":
         what = f"{ctx.gpu(e.gpu)} Xid {e.evidence.get('xid')}" + \
             (" (fell off the bus)" if e.evidence.get("xid") in OFF_THE_BUS_XIDS else "")
-    elif e.kind in _WORDS:
-        what = f"{ctx.gpu(e.gpu)} {_WORDS[e.kind]}"
+    elif said := words(e.kind):
+        what = f"{ctx.gpu(e.gpu)} {said}"
     else:
         return e.message.split(". ", 1)[0]  # its first sentence: a title is a line
     if process := e.evidence.get("process"):  # its name is the process's own choice: shown, never rendered

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuwarden.core.eventkinds import GPU_LOST_KINDS
+from gpuwarden.core.eventkinds import CATALOG
 from gpuwarden.core.model import CONDITION, ConditionKey, ConditionKind, Event, Severity
 from gpuwarden.core.plain import plain
 
@@ -87,28 +87,12 @@ class Change:
 
 State = Mapping[Key, Condition]
 
-# Event kinds -> the conditions they raise on their subject, and those they resolve. engine_* kinds of other
-# helpers (restart: engine_restarting, engine_back, engine_restart_failed) are named here before they exist.
+# Event kinds -> the conditions they raise on their subject, and those they resolve: the catalog's rows
+# (eventkinds.py), a kind of a "gpu" condition raising GPU_LOST.
 RAISES: dict[str, tuple[Kind, ...]] = {
-    "engine_stall": (Kind.ENGINE_STALLED,),
-    "engine_unresponsive": (Kind.ENGINE_UNRESPONSIVE,),
-    "engine_killed": (Kind.ENGINE_DOWN,),
-    "engine_exited": (Kind.ENGINE_DOWN,),
-    "engine_crash_loop": (Kind.ENGINE_DOWN,),
-    "engine_not_answering": (Kind.ENGINE_DOWN,),
-    "engine_restart_failed": (Kind.ENGINE_DOWN,),
-    "engine_restarting": (Kind.ENGINE_RESTARTING,),
-    "store_unwritable": (Kind.STORE_UNWRITABLE,),
-    **{kind: (Kind.GPU_LOST,) for kind in GPU_LOST_KINDS},
-}
-RESOLVES: dict[str, tuple[Kind, ...]] = {
-    "engine_killed": (Kind.ENGINE_STALLED, Kind.ENGINE_UNRESPONSIVE),
-    "engine_exited": (Kind.ENGINE_STALLED, Kind.ENGINE_UNRESPONSIVE),  # it is down now, not stuck
-    "engine_back": (Kind.ENGINE_STALLED, Kind.ENGINE_UNRESPONSIVE, Kind.ENGINE_DOWN, Kind.ENGINE_RESTARTING),
-    "engine_restart_failed": (Kind.ENGINE_RESTARTING,),
-    "gpus_back": (Kind.GPU_LOST,),
-    "gpus_changed": (Kind.GPU_LOST,),
-}
+    kind: row.raises + ((Kind.GPU_LOST,) if row.condition == "gpu" else ()) for kind, row in CATALOG.items()
+    if row.raises or row.condition == "gpu"}
+RESOLVES: dict[str, tuple[Kind, ...]] = {kind: row.resolves for kind, row in CATALOG.items() if row.resolves}
 GPUS_PRESENT = "gpus_present"  # evidence of gpus_back / gpus_changed: the PCI addresses that are there now
 
 

@@ -36,12 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.core.eventkinds import GPU_FAULT_KINDS
+from gpuwarden.core.eventkinds import ESCALATION_KINDS, GPU_FAULT_KINDS, QUARANTINE_KINDS
 from gpuwarden.core.model import Event, Severity
 from gpuwarden.core.plain import plain
 
-# Events after which the poisoned compile caches are moved aside: an engine that keeps dying.
-QUARANTINE_KINDS = frozenset({"engine_crash_loop"})
 OUR_KILL_SLACK = 10.0  # seconds beyond kill_grace in which an engine's processes going is taken for our kill
 KILL_SLACK = 30.0  # beyond kill_grace, the longest a kill's signals are waited for (SIGKILL's own 5 s, the looks)
 
@@ -127,9 +125,9 @@ class Suspect:
 
 Action = Kill | Quarantine | Refuse | AlertOnly | Suspect
 
-# What a fault with no owner escalates to: the GPU reset or lost, whatever any process did. Xid 79 (off the
-# bus), 95 (uncontained ECC: reset needed), 154 (a reset or reboot is required) say it too.
-ESCALATION_KINDS = frozenset({"gpu_reset", "reset_failed", "device_lost", "gpu_wedged"})
+# What a fault with no owner escalates to: the GPU reset or lost, whatever any process did (the catalog's
+# `escalation` kinds). Xid 79 (off the bus), 95 (uncontained ECC: reset needed), 154 (a reset or reboot is
+# required) say it too.
 ESCALATION_XIDS = frozenset({79, 95, 154})
 
 
