@@ -64,16 +64,7 @@ def port_taken(sink: Sink, listen: str, port: int, uid: int, interval: float) ->
     """Another user serves on the exporter's port (gpuwarden's is unprivileged): Prometheus scrapes that user's
     answers, sends it its basic-auth password, and sees no exporter down. One `exporter_port_taken` warning (an
     alert) naming the holder; returns it (`pid user command`, its secrets masked; else its uid)."""
-    import psutil
-
-    def described(proc: psutil.Process) -> str:
-        return f"{proc.pid} {proc.username()} {redact_command(' '.join(proc.cmdline()))[:120]}"
-    try:
-        pids = {c.pid for c in psutil.net_connections(kind="inet")
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
-        who = ", ".join(described(psutil.Process(pid)) for pid in sorted(pids)) or f"uid {uid}"
-    except psutil.Error:
-        who = f"uid {uid}"
+    who = holders_of(port, uid) or f"uid {uid}"
     sink.record([Event(
         "exporter_port_taken", Severity.WARNING,
         f"the exporter's port {port} is held by another user ({who}): Prometheus scrapes that process, not "
@@ -81,6 +72,29 @@ def port_taken(sink: Sink, listen: str, port: int, uid: int, interval: float) ->
         "gpuwarden watches and acts as ever; a port below 1024 cannot be taken (docs/security.md)", time.time(),
         evidence={"port": port, "listen": listen, "uid": uid, "holder": who})])
     return who
+
+
+def holders_of(port: int, uid: int) -> str:
+    """`pid user command` of `uid`'s processes listening on `port` (secrets masked), from the kernel's socket table
+    and that user's processes alone, at most FOREIGN_LINKS of their descriptors read: a scan of every process's
+    descriptors (psutil.net_connections) is what a user holding a million of them turns into seconds on the loop."""
+    import psutil
+
+    from gpuwarden.engine.processes import FOREIGN_LINKS, holders
+    from gpuwarden.runtime.sockets import listeners
+
+    found = []
+    for listener in listeners(port):
+        if listener.uid == uid:
+            found += holders(listener.inode, uid, limit=FOREIGN_LINKS)
+    described = []
+    for pid in sorted(set(found)):
+        try:
+            proc = psutil.Process(pid)
+            described.append(f"{pid} {proc.username()} {redact_command(' '.join(proc.cmdline()))[:120]}")
+        except psutil.Error:
+            continue  # gone meanwhile
+    return ", ".join(described)
 
 
 STATUS_SOCKET = "status.sock"  # in the state directory
