@@ -212,10 +212,13 @@ def test_sigterm_ends_the_daemon_while_a_send_hangs_and_a_component_fails(daemon
     d = daemon_factory(f'[alerts]\ngroup_window = "0s"\nsend_timeout = "10m"\n'
                        f'urls = ["json://127.0.0.1:{silent.port}/hook?rto=600"]\n'  # read timeout: 10 minutes
                        f'[[engine]]\nname = "hung"\nmetrics_url = "{engine.url}"\nscrape_interval = "1s"\n'
-                       f'scrape_timeout = "1s"\n',
-                       kernel='source = "file"\nfile = "/"\n')  # a directory: the kernel component keeps failing
+                       f'scrape_timeout = "1s"\n')
     d.start()
     d.wait_serving()
+    # the kernel log becomes a directory under the running daemon (check refuses one at the start): its
+    # component keeps failing
+    d.log_file.unlink()
+    d.log_file.mkdir()
     d.wait_log("component kernel failed", timeout=30)
     d.wait_log("alert gw-", timeout=30)  # the failure's alert, whose send hangs
     time.sleep(1)  # the send is under way in its thread

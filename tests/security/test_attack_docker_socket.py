@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import FakeEngine, wait_for
 from test_attack_kill_targets import SLEEPER, engine_config, events_of, stalled, wait_event
 
 from gpuwarden.engine.processes import TargetSpec, resolve
@@ -29,21 +29,26 @@ def serve_api(attacker, victim_pid: int) -> Path:
     return sock
 
 
-def test_a_docker_socket_the_user_serves_names_no_victim(attacker, daemon_factory, root_process):
-    """Even with the engine's user set to root (a container's published port is root's docker-proxy), the
-    user's API naming a root process as the container's is refused."""
+def test_a_docker_socket_the_user_serves_names_no_victim(attacker, daemon_factory, root_process, corpus, tmp_path):
+    """The engine's port is root's, as a container's published port is root's docker-proxy (a port the user served
+    itself is never read: test_attack_engine_port.py); the user's API naming a root process as the container's
+    is refused."""
     victim = root_process(*SLEEPER)
     sock = serve_api(attacker, victim.pid)
-    engine = attacker.start_engine()
-    d = daemon_factory(engine_config(engine.url, f'kind = "docker"\ncontainer = "engine"\ndocker_socket = "{sock}"\n'
-                                                 'user = "root"'))
-    stalled(d, engine)
-    refused = wait_event(d, "kill_refused")
-    assert "the Docker socket is not trusted" in refused["message"], refused["message"]
-    assert f"belongs to uid {attacker.uid}, not root" in refused["message"]
-    time.sleep(1)
-    assert victim.poll() is None and not events_of(d, "engine_killed")
-    assert d.stop() == 0
+    engine = FakeEngine(tmp_path, corpus / "metrics" / "vllm-01.prom")
+    try:
+        d = daemon_factory(engine_config(engine.url, f'kind = "docker"\ncontainer = "engine"\n'
+                                                     f'docker_socket = "{sock}"\nuser = "root"'))
+        stalled(d, engine)
+        refused = wait_event(d, "kill_refused")
+        assert "the Docker socket is not trusted" in refused["message"], refused["message"]
+        assert f"belongs to uid {attacker.uid}, not root" in refused["message"]
+        time.sleep(1)
+        assert victim.poll() is None and not events_of(d, "engine_killed")
+        assert engine.alive()  # nothing of it was killed either: the socket named no process gpuwarden trusts
+        assert d.stop() == 0
+    finally:
+        engine.kill()
 
 
 def test_a_root_owned_path_served_by_the_user_is_not_dockerd(attacker, root_process, tmp_path):

@@ -151,7 +151,16 @@ def test_a_privileged_exporter_port_cannot_be_squatted_and_check_says_when_it_ca
     the user cannot take it; `check` says when the configured port is one anyone may take."""
     if int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text()) <= 600:
         pytest.fail("this host lets any user bind every port (ip_unprivileged_port_start): the fix cannot hold")
+    import bcrypt
+
+    web = tmp_path / "web.yml"  # a password at stake: Prometheus would send it to the squatter
+    web.write_text(f"basic_auth_users:\n  prometheus: {bcrypt.hashpw(b'secret', bcrypt.gensalt(4)).decode()}\n")
     d = daemon_factory()
+
+    def with_password() -> None:
+        d.config_path.write_text(d.config_path.read_text().replace(
+            "[exporter]\n", f'[exporter]\nweb_config_file = "{web}"\n'))
+    with_password()
     out = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "check"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
@@ -160,6 +169,7 @@ def test_a_privileged_exporter_port_cannot_be_squatted_and_check_says_when_it_ca
     port = _free_privileged_port()
     d.port = port
     d.write_config()
+    with_password()
     out = subprocess.run([*GPUWARDEN, "--config", str(d.config_path), "check"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "is unprivileged here" not in out.stderr, out.stderr
@@ -168,6 +178,6 @@ def test_a_privileged_exporter_port_cannot_be_squatted_and_check_says_when_it_ca
                           text=True, timeout=30)
     assert bind.returncode != 0 and "PermissionError" in bind.stderr, bind.stderr
     d.start()
-    d.wait_serving()
+    d.wait_log("gpuwarden running", 30)  # its /metrics asks for the password
     assert not [e for e in d.events() if e["kind"] == "exporter_port_taken"]
     assert d.stop() == 0

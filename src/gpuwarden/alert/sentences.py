@@ -12,15 +12,17 @@ from collections.abc import Callable
 
 from gpuwarden.alert.context import Context
 from gpuwarden.alert.words import clock, duration, plural, span
-from gpuwarden.core.model import Event
+from gpuwarden.core.model import CROWD, Event
 
 
 def sentence(e: Event, ctx: Context) -> str:
     """The event in one sentence, ending with a full stop."""
     said = SENTENCES.get(e.kind)
     text = (said(e, ctx) if said else None) or e.message
-    text = text.strip()  # not capitalised: it may begin with an engine's name
-    return text + ("" if text.endswith((".", "!", "?")) else ".")
+    text = text.strip().removesuffix(".")  # not capitalised: it may begin with an engine's name
+    if (crowd := e.evidence.get(CROWD)) and crowd not in text:  # said by the event's own message already
+        text += f" (one of the {crowd}, alerted together)"
+    return text + ("" if text.endswith(("!", "?")) else ".")
 
 
 def stall_start(e: Event) -> float | None:

@@ -441,7 +441,9 @@ def _warnings(config: configuration.Config) -> list[tuple[tuple, str]]:
                 found.append((("engine", i, "gpus", j), f"GPU {gpu} is not on this box ({here}): a fault of "
                               f"the GPU {engine.name} really uses would not be matched to it. Fix the address, or "
                               "leave gpus out (learned from the device files the engine holds)"))
-    if config.exporter.enabled and config.exporter.port >= (start := _unprivileged_ports()):
+    # said where a password is at stake (a web config): on the defaults every check would warn, and be ignored
+    if (config.exporter.enabled and config.exporter.web_config_file
+            and config.exporter.port >= (start := _unprivileged_ports())):
         found.append((("exporter", "port"), f"{config.exporter.port} is unprivileged here: while gpuwarden is down (a "
                       "restart, a boot) any local user may take it, and Prometheus then scrapes that user's answers "
                       f"and sends it its password. A port below {start} (net.ipv4.ip_unprivileged_port_start) only "
