@@ -28,6 +28,7 @@ BENCHES = [
     ("telemetry_bench.py", ["--seconds", "30"], 300),
     ("target_bench.py", [], 180),
     ("look_bench.py", [], 300),
+    ("fire_bench.py", ["--runs", "3"], 420),
     ("npd_bench.py", [], 180),
     ("durability_bench.py", [], 300),
     ("startup_bench.py", [], 420),

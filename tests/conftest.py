@@ -9,7 +9,7 @@ tests/nspawn): `make test` runs the others while those build, then these. A test
 `make test` runs each step on two workers (pytest-xdist, `--dist loadgroup`); the tests of one group (GROUPS, by
 module) run one after another on one worker, every other test on whichever worker is free. First step: most
 tests wait on a daemon child process, not the CPU; those that share something of the host are the group `host`.
-Second step: two lanes, the engines the tests start themselves beside the engines in containers.
+Second step: two lanes, vLLM's tests beside llama.cpp's, each kind of engine on a core of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 import gpuwarden.alert.runbooks  # the domain fills the registry config validates names against, as cli.py does
 import gpuwarden.kernel.rules  # noqa: F401
 from paths import CORPUS
+from peers.engines import lane
 
 IS_ROOT = os.geteuid() == 0
 
@@ -32,28 +33,31 @@ PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 # the user gwattacker-<random> (created once per worker, its home emptied after each test: the attacker fixtures).
 # Discovery sees every engine-like server of the host: a test daemon discovers only when its test asks
 # (helpers.Daemon), and those tests count only their own engines.
-# Step 2, two lanes at most: every engine runs on core 0 (tests/peers/engines.py). The engines the tests start
-# themselves (vLLM, llama.cpp; the journald fixture, vLLM's compile cache) beside those in Docker containers and
-# in the nspawn systemd (about 5 minutes, then the first lane runs alone); their kernel lines name different
-# GPUs, and a discovering daemon counts only its own engine's events. test_restart.py's frozen llama.cpp runs
-# last in the first lane: beside the other it was once judged unresponsive (its /metrics hung) before stalled.
-GROUPS = {"security/": "host", "security/test_attack_saturation.py": "engines",
+# Step 2, a lane per engine kind (LANES), each kind on a core of its own (tests/peers/engines.py core()): the
+# tests whose names say vLLM in one, llama.cpp's (as processes, in containers, in the nspawn systemd) in the
+# other, so no two engines ever compute on one core. Their kernel lines name different GPUs, and a discovering
+# daemon counts only its own engine's events. ENGINES: the modules whose tests are split by their names.
+LANES = ("vllm", "llamacpp")
+ENGINES = "by engine"
+GROUPS = {"security/": "host", "security/test_attack_saturation.py": "llamacpp",
           "integration/test_kernel_handover.py": "host",
           "integration/test_kernel_sources.py": "host", "integration/test_kernel_clock.py": "host",
           "integration/test_systemd.py": "host",
-          "integration/test_real_engines.py": "engines", "integration/test_real_engines_logs.py": "engines",
-          "integration/test_real_prefill.py": "engines", "integration/test_restart.py": "engines",
-          "integration/test_box_on_fire.py": "engines",
-          "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers",
-          "integration/test_image.py": "containers"}
+          "integration/test_real_engines.py": ENGINES, "integration/test_real_engines_logs.py": ENGINES,
+          "integration/test_real_prefill.py": ENGINES, "integration/test_restart.py": ENGINES,
+          "integration/test_box_on_fire.py": ENGINES,
+          "integration/test_docker.py": "llamacpp", "integration/test_real_systemd.py": "llamacpp",
+          "integration/test_image.py": "llamacpp"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
 TESTS = Path(__file__).parent
 
 
-def group(path: str) -> str | None:
-    """The group of a test module, by its path under tests/ (or under the rootdir: tests/...)."""
-    path = path.removeprefix("tests/")
-    return GROUPS.get(path) or GROUPS.get(path.split("/", 1)[0] + "/")
+def group(nodeid: str) -> str | None:
+    """The group of a test, by its id under tests/ (or under the rootdir: tests/...): its module's, or in a module
+    split by engine, the lane its name says."""
+    path, _, name = nodeid.removeprefix("tests/").partition("::")
+    found = GROUPS.get(path) or GROUPS.get(path.split("/", 1)[0] + "/")
+    return lane(name) if found == ENGINES else found
 
 
 def pytest_collection_modifyitems(config, items):
@@ -61,9 +65,10 @@ def pytest_collection_modifyitems(config, items):
         fixtures = set(getattr(item, "fixturenames", ()))
         if PEERS_FIXTURES & fixtures:
             item.add_marker(pytest.mark.peers)
-        where = group(item.path.relative_to(TESTS).as_posix()) if item.path.is_relative_to(TESTS) else None
+        where = group(f"{item.path.relative_to(TESTS).as_posix()}::{item.name}") \
+            if item.path.is_relative_to(TESTS) else None
         if item.get_closest_marker("peers"):
-            grouped = where in ("engines", "containers")  # a lane of step 2
+            grouped = where in LANES
         else:  # a module that writes the kernel log imports helpers.write_kmsg
             shares = HOST_FIXTURES & fixtures or hasattr(getattr(item, "module", None), "write_kmsg")
             grouped = where == "host" or not shares
@@ -89,7 +94,7 @@ class GroupsByModule:
 
         class ByModule(LoadGroupScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                return group(nodeid.split("::", 1)[0]) or nodeid
+                return group(nodeid) or nodeid
         return ByModule(config, log)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import JOURNALD, Daemon, FakeEngine, NotifySocket, Receiver, free_port, wait_for, write_kmsg
 
-from peers.engines import Spares, missing
+from peers.engines import Spares, lane, missing
 
 
 @pytest.fixture
@@ -115,6 +115,9 @@ def servers(request, tmp_path, spare_engines):
     def start(kind, **kw):
         if why := missing(kind.name):
             pytest.fail(why)
+        if lane(request.node.name) != kind.name:
+            pytest.fail(f"{request.node.name} starts {kind.name} in the {lane(request.node.name)} lane of `make test`: "
+                        "a test that runs vLLM says so in its name (tests/conftest.py)")
         server = spare_engines.take(kind, kw) or kind(free_port(), tmp_path / "engines", **kw).start()
         if any(f"servers({kind.__name__}" in source for source in ahead):
             spare_engines.prepare(kind, kw)
@@ -139,13 +142,15 @@ def docker_engine():
 
 
 @pytest.fixture
-def containers(docker_engine, tmp_path):
+def containers(request, docker_engine, tmp_path):
     """llama-server in containers, removed (with their host twins) after the test whatever happened."""
     from peers.docker import LlamaContainer
 
     started = []
 
     def start(**kw) -> LlamaContainer:
+        if lane(request.node.name) != "llamacpp":
+            pytest.fail(f"{request.node.name} runs llama.cpp in a container in the vllm lane of `make test`")
         box = LlamaContainer(free_port(), tmp_path / "engines", **kw)
         started.append(box)
         return box.start()

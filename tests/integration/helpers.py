@@ -22,10 +22,55 @@ GPUWARDEN = [sys.executable, "-m", "gpuwarden"]
 JOURNALD = "/lib/systemd/systemd-journald"
 
 
+def _port_slice() -> range:
+    """This test process's own ports: a slice of those below the kernel's ephemeral range, which no connect() and
+    no bind to port 0 ever takes, chosen by the run (its controller's pid) and the xdist worker."""
+    with contextlib.suppress(OSError, ValueError):
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        slices = (ephemeral - 10000) // 400
+        if slices >= 4:
+            worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+            run = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
+            first = 10000 + ((run * 31 + worker) % slices) * 400
+            return range(first, first + 400)
+    return range(0)
+
+
+_PORTS = _port_slice()
+_next_port = 0
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server the test starts. A port that the kernel handed out for port 0 and
+    that was then closed could be taken as a connection's source port before the server binds it (the bind race),
+    so ports come from this process's slice below the ephemeral range, each handed out once in turn; where there
+    is no such range, the kernel's choice."""
+    global _next_port
+    for _ in range(len(_PORTS)):
+        port = _PORTS[_next_port % len(_PORTS)]
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken by another run or process: the next
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_progress(metrics, engine: str, timeout: float = 30.0) -> None:
+    """Wait until a daemon's /metrics (`metrics()`, its text) shows `engine`'s tokens moving: the daemon has seen
+    it work, so a stall made next starts from progress the daemon knows (a fixed sleep guessed at its speed)."""
+    series = f'gpuwarden_engine_generated_tokens_total{{engine="{engine}"}} '
+    seen: list[float] = []
+
+    def moved() -> bool:
+        with contextlib.suppress(OSError):
+            seen.extend(float(line.removeprefix(series)) for line in metrics().splitlines() if line.startswith(series))
+        return len(seen) > 1 and seen[-1] > seen[0]
+    wait_for(moved, timeout, interval=0.2, what=f"the daemon to see {engine}'s tokens move")
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
@@ -168,6 +213,9 @@ class Daemon:
 
     def metrics(self) -> str:
         return http_get(f"http://127.0.0.1:{self.port}/metrics")
+
+    def wait_progress(self, engine: str, timeout: float = 30.0) -> None:
+        wait_progress(self.metrics, engine, timeout)
 
     def wait_serving(self) -> str:
         """Metrics answer and every component has started (sources positioned: what is written now is seen)."""

@@ -4,7 +4,9 @@ descriptors (tests/hoarder.py). Before, each look at the engine read every descr
 (psutil.net_connections: 7-11 s here) and each poll waited on it: the stall was seen late and killed late, or,
 the look missing its deadline, never. Now a look costs the engine's processes: the stall is seen, and its kill's
 signals sent, within the threshold + one scrape + 2 s of its onset; the tree is gone within the engine's own exit
-after that (vLLM's API server uses its kill_grace to shut down: 22 s onset to gone measured, 12 s for llama.cpp)."""
+after that (vLLM's API server uses its kill_grace to shut down: 22 s onset to gone measured, 12 s for llama.cpp).
+A GPU fault that names the engine's process is acted on at once: its tree is gone within 2 s of the kernel's
+record, on the same box."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import sys
 import time
 
 import pytest
-from helpers import wait_for
+from helpers import TEST_GPU, driver_record, wait_for
+from test_engines import fake_gpus
 
 from hoarder import hoarder
 from peers.engines import LlamaCpp, Vllm
@@ -78,4 +81,36 @@ def test_a_stall_beside_busy_cores_and_a_million_descriptors_is_killed_on_time(s
     assert "took longer than" not in d.log()
     assert seen <= MIN_STALL + INTERVAL + 2
     assert took <= MIN_STALL + INTERVAL + 2 + GRACE
+    assert d.stop() == 0
+
+
+def test_a_fault_naming_the_engines_process_beside_busy_cores_and_a_million_descriptors_has_its_tree_gone_in_2_s(
+        servers, daemon_factory, busy_cores, tmp_path):
+    """A ring timeout whose process line names a real llama-server's pid, as amdgpu_job.c prints it, in the kernel's
+    own records (the file the daemon follows; the GPU is a Radeon sysfs tree made here: none is on this machine).
+    The kill needs no look at the host: the fault names the pid, which is checked against the engine's processes
+    known from its socket (one look, at most 20,000 of the hoarder's descriptors read to name a squatter, none to
+    find the engine). kill_grace 1 s: a faulted engine is wedged in the driver and waiting longer cannot help."""
+    server = servers(LlamaCpp)
+    with hoarder() as hoard:
+        d = daemon_factory(config(server).replace(f'kill_grace = "{GRACE}s"', 'kill_grace = "1s"')
+                           + f'gpus = ["{TEST_GPU}"]\n' + fake_gpus(tmp_path, TEST_GPU)).start()
+        d.wait_serving()
+        with Load(server.url, streams=4, max_tokens=500, deadline=120, timeout=120):
+            d.wait_progress("engine", timeout=60)  # scraped working, its processes looked at
+            seq, pid = 1000 + time.time_ns() % 1000, server.proc.pid
+            records = (driver_record(f"amdgpu {TEST_GPU}: amdgpu: ring gfx_0.0.0 timeout, signaled seq={seq}, "
+                                     f"emitted seq={seq + 2}")
+                       + driver_record(f"amdgpu {TEST_GPU}: amdgpu:  Process llama-server pid {pid} thread "
+                                       f"llama-server:cs0 pid {pid}"))
+            written = time.monotonic()
+            with d.log_file.open("a") as log:
+                log.write(records)
+            wait_for(server.gone, 30, interval=0.05, what="every process of the engine's tree gone")
+            took = time.monotonic() - written
+    print(f"a fault naming llama-server's pid beside {os.cpu_count()} busy cores and {hoard.held} descriptors of "
+          f"{hoard.name}: tree gone {took:.2f} s after the kernel's record")
+    [killed] = [e for e in d.events() if e["kind"] == "engine_killed"]
+    assert f"raised by its process {pid}" in killed["message"], killed["message"]
+    assert took <= 2.0
     assert d.stop() == 0

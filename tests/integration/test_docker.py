@@ -24,7 +24,7 @@ from gpuwarden.engine.dockerlog import DockerLines
 from gpuwarden.engine.processes import TargetSpec, resolve
 from peers import slowload
 from peers.docker import SOCKET, docker
-from peers.freezer import Freezer
+from peers.freezer import Freezer, freeze_inside_a_decode
 from peers.load import Load
 
 INTERVAL, MIN_STALL, GRACE, CANARY = 2.0, 10.0, 10.0, 5.0
@@ -242,7 +242,9 @@ def test_a_restart_outlives_dockerd_stopped_for_18_s_and_its_pages_never_contrad
     pid = box.engine_pid()
     with Load(box.url, streams=2, max_tokens=300, deadline=120, timeout=120):
         wait_for(lambda: requests_running(d) >= 1, 30, interval=0.5, what="requests running")
-        freezer = Freezer(pid).__enter__()
+        # inside a decode, where /metrics still answers: a stall, never an unresponsive engine (frozen elsewhere,
+        # its /metrics hangs too, and no stall gauge ever rises: this test once waited 70 s for one)
+        freezer = freeze_inside_a_decode(pid, box.metrics_url)
         try:
             # the moment the stall is said (its gauge, read over loopback: faster than the store), dockerd stops:
             # the kill's target is the stall's own look, and the restart that follows meets a paused dockerd

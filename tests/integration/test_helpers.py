@@ -55,3 +55,27 @@ def test_any_skip_as_root_fails_the_run(tmp_path):
         assert f"skipped while running as root (CI must run every test): Skipped: {reason}" in out, out
     assert "modules skipped while running as root" in out and \
            "FAILED test_module_skips.py: Skipped: no engine on this host" in out, out
+
+
+def test_waiting_for_progress_waits_for_the_daemons_tokens_to_move_and_fails_on_flat_ones():
+    """wait_progress replaces the fixed sleeps before a stall: it returns once the daemon's exported tokens have
+    moved, and a flat counter (or an engine the daemon does not export) is a timeout, never a pass."""
+    from helpers import wait_progress
+
+    readings = iter([10.0, 10.0, 12.0])
+    series = 'gpuwarden_engine_generated_tokens_total{engine="fake"} '
+    wait_progress(lambda: f"# HELP x\n{series}{next(readings)}\n", "fake", timeout=5)
+    with pytest.raises(AssertionError, match="fake's tokens move"):
+        wait_progress(lambda: f"{series}10.0\n", "fake", timeout=0.5)
+    with pytest.raises(AssertionError, match="other's tokens move"):
+        wait_progress(lambda: f"{series}10.0\n{series}11.0\n", "other", timeout=0.5)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_each_once():
+    """free_port's bind race: a port the kernel chose for port 0 can be taken as a connection's source port
+    before the test's server binds it; ports below ip_local_port_range never are, and none is handed out twice."""
+    from helpers import free_port
+
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50 and all(1024 <= port < ephemeral for port in ports), ports

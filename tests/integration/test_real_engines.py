@@ -145,7 +145,7 @@ def test_a_stopped_vllm_api_server_is_unresponsive_and_killed_as_configured(serv
     d = daemon_factory(engine(vllm)).start()
     d.wait_serving()
     with Load(vllm.url, streams=8, max_tokens=1500, deadline=120, timeout=120):
-        time.sleep(3 * INTERVAL)
+        d.wait_progress("engine")
         os.kill(vllm.proc.pid, signal.SIGSTOP)
         event = wait_event(d, "engine_unresponsive", timeout=MIN_STALL + 30)
         assert event["evidence"]["requests_running"] >= 1 and "timeout" in event["message"]
@@ -155,7 +155,7 @@ def test_a_stopped_vllm_api_server_is_unresponsive_and_killed_as_configured(serv
         wait_for(vllm.gone, GRACE + 10, what="the whole vLLM tree to be gone")
 
 
-def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_makes_a_suspect_its_reset_kills(
+def test_old_fault_lines_are_history_and_a_live_one_on_a_known_gpu_makes_a_vllm_suspect_its_reset_kills(
         servers, daemon_factory, journald, receiver, tmp_path):
     """Fault lines in this boot's journal from before the daemon started (a test suite's, a crash before a
     restart) are alerted as history and never kill a busy engine; a live sq_intr (it names no process: anyone
@@ -247,7 +247,7 @@ def test_a_stopped_llamacpp_is_unresponsive(servers, daemon_factory):
     d = daemon_factory(engine(server)).start()
     d.wait_serving()
     with Load(server.url, streams=4, max_tokens=500, deadline=120, timeout=120):
-        time.sleep(3 * INTERVAL)
+        d.wait_progress("engine")
         os.kill(server.proc.pid, signal.SIGSTOP)
         event = wait_event(d, "engine_unresponsive", timeout=MIN_STALL + 30)
         assert event["evidence"]["requests_running"] >= 1

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TEST_GPU, free_port, http_get, wait_for, write_kmsg
+from helpers import TEST_GPU, free_port, http_get, wait_for, wait_progress, write_kmsg
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("GPUWARDEN_NSPAWN") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -254,7 +254,7 @@ def test_a_stalled_unit_is_killed_as_its_whole_cgroup_and_nothing_else(box):
     daemon = box.show("gpuwarden", "MainPID")["MainPID"]
     wait_for(lambda: 'gpuwarden_engine_up{engine="fake"} 1.0' in http_get(f"http://127.0.0.1:{box.port}/metrics"),
              20, interval=0.5, what="the engine watched")
-    time.sleep(3)  # progress: tokens move
+    wait_progress(lambda: http_get(f"http://127.0.0.1:{box.port}/metrics"), "fake")
     box.run(f"curl -sf -X POST http://127.0.0.1:{ENGINE_PORT}/mode/stall")
     wait_for(lambda: "fake" in box.journal("-u", "gpuwarden", "GPUWARDEN_EVENT_KIND=engine_killed",
                                            "GPUWARDEN_ENGINE=fake", "-o", "cat"),
@@ -302,7 +302,7 @@ def test_a_unit_whose_first_start_fails_is_asked_again_and_comes_back(box):
         out = box.run("/opt/gpuwarden/bin/gpuwarden events --jsonl --since 1h").stdout
         return [e for e in map(json.loads, out.splitlines()) if e["kind"] == kind and e["engine"] == "flaky"]
 
-    time.sleep(3)  # progress: tokens move
+    wait_progress(lambda: http_get(f"http://127.0.0.1:{box.port}/metrics"), "flaky")
     box.run("touch /run/flaky-engine.fail-next")  # its next start fails once
     box.run(f"curl -sf -X POST http://127.0.0.1:{FLAKY_PORT}/mode/stall")
     try:

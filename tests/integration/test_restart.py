@@ -27,7 +27,7 @@ import pytest
 from helpers import FAKE_ENGINE, GPUWARDEN, free_port, wait_for
 
 from peers import slowload
-from peers.engines import LlamaCpp, Vllm, missing
+from peers.engines import LlamaCpp, Vllm, core, missing
 from peers.freezer import Freezer
 from peers.load import Load
 
@@ -113,7 +113,7 @@ def test_a_fake_engine_that_loads_for_20_s_after_a_kill_is_not_judged_by_the_dea
             f'[[engine]]\nname = "fake"\nmetrics_url = "{url}/metrics"\nscrape_interval = "0.5s"\n'
             f'min_stall = "2s"\nkill_grace = "1s"\nunresponsive_after = 2\ncanary_timeout = "3s"\n').start()
         d.wait_serving()
-        time.sleep(2)  # progress
+        d.wait_progress("fake")
         urllib.request.urlopen(urllib.request.Request(f"{url}/mode/stall", method="POST"), timeout=2).read()
         wait_for(lambda: status_of(f"{url}/metrics")[0] == 503, 60, interval=0.2, what="the new instance loading")
         assert "Loading model" in status_of(f"{url}/metrics")[1]
@@ -188,7 +188,7 @@ def test_a_new_instance_whose_canary_gets_401_is_back_by_its_tokens_and_its_stal
             f'min_stall = "2s"\nkill_grace = "1s"\ncanary_timeout = "3s"\n').start()
         d.wait_serving()
         for count in (1, 2):
-            time.sleep(3)  # progress
+            d.wait_progress("keyed")
             post(f"{url}/mode/stall")
             stalled_at = time.time()
             killed = wait_event(d, "engine_killed", 30, count=count)
@@ -252,7 +252,7 @@ def test_a_manual_start_after_a_failed_restart_is_back_and_its_next_stall_is_kil
             f'restart_timeout = "4s"\n[engine.target]\nkind = "unit"\nunit = "{unit}"\n',
             env={"PATH": f"{shim}:{os.environ['PATH']}"}).start()
         d.wait_serving()
-        time.sleep(2)  # progress
+        d.wait_progress("manual")
         post(f"{url}/mode/stall")
         first = wait_event(d, "engine_killed", 30)
         assert first["evidence"]["restart"], first
@@ -260,7 +260,7 @@ def test_a_manual_start_after_a_failed_restart_is_back_and_its_next_stall_is_kil
         start_by_hand()  # a person starts it again
         back = wait_event(d, "engine_back", 30)
         assert back["evidence"]["seconds_since_kill"] is not None, back
-        time.sleep(2)
+        d.wait_progress("manual")
         post(f"{url}/mode/stall")
         second = wait_event(d, "engine_killed", 30, count=2)
         assert second["evidence"]["restart"] and "not restarted" not in second["message"], second["message"]
@@ -329,8 +329,8 @@ def test_a_keyed_vllm_is_back_by_the_configured_keys_canary_and_without_the_key_
         pytest.fail(why)
     server = Vllm(free_port(), tmp_path / "engines")
     settings = {k: v for k, v in server.env().items() if k not in os.environ or os.environ[k] != v}
-    command = ["env", f"VLLM_API_KEY={KEY}", *(f"{k}={v}" for k, v in settings.items()), "taskset", "-c", "0",
-               *server.command()]
+    command = ["env", f"VLLM_API_KEY={KEY}", *(f"{k}={v}" for k, v in settings.items()), "taskset", "-c",
+               str(core("vllm")), *server.command()]
     assert KEY not in " ".join(command[2:])  # the key is in its environment only
     secret = tmp_path / "secret"
     secret.mkdir(mode=0o700)
@@ -350,7 +350,7 @@ def test_a_keyed_vllm_is_back_by_the_configured_keys_canary_and_without_the_key_
         for d in (keyed, keyless):
             d.start().wait_serving()
         with Load(server.url, streams=4, max_tokens=1500, deadline=120, timeout=120, key=KEY):
-            time.sleep(3 * INTERVAL)
+            keyless.wait_progress("vllm")
             os.kill(engine_core(supervised), signal.SIGSTOP)
             nth(keyless, "engine_killed", 1, MIN_STALL + 60)
         back = nth(keyed, "engine_back", 1, server.startup_timeout + 60)  # no users yet: only a canary proves it
@@ -361,7 +361,7 @@ def test_a_keyed_vllm_is_back_by_the_configured_keys_canary_and_without_the_key_
         with Load(server.url, streams=4, max_tokens=1500, deadline=180, timeout=180, key=KEY):
             back = nth(keyless, "engine_back", 1, 60)  # its users' tokens prove it
             assert back["evidence"]["proof"] == "tokens" and back["evidence"]["tokens"] > 0, back
-            time.sleep(3 * INTERVAL)
+            keyless.wait_progress("vllm")
             os.kill(engine_core(supervised), signal.SIGSTOP)
             stalled_at = time.time()
             killed = nth(keyless, "engine_killed", 2, MIN_STALL + 60)

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from peers import slowload
-from peers.engines import LLAMA_SERVER, LlamaCpp, gguf_model, is_gone, missing
+from peers.engines import LLAMA_SERVER, LlamaCpp, core, gguf_model, is_gone, missing
 
 SOCKET = Path("/var/run/docker.sock")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuwarden-docker"
@@ -175,7 +175,7 @@ class LlamaContainer:
         if why := missing("llamacpp"):
             raise RuntimeError(why)
         docker("run", "-d", "--init", "--name", self.name, "-p", f"127.0.0.1:{self.port}:{PORT}",
-               "--cpuset-cpus", "0", *(["-t"] if self.tty else []),
+               "--cpuset-cpus", str(core("llamacpp")), *(["-t"] if self.tty else []),
                *(a for k, v in self.env.items() for a in ("-e", f"{k}={v}")), llama_image(), *self.argv)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

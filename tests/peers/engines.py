@@ -2,8 +2,11 @@
 llama-server, each serving a tiny random-weight Llama on loopback, installed by tests/peers/install.sh into a
 cache outside the repository.
 
-Each server runs in its own session (so a group kill stays inside it) under `taskset -c 0`: one core for the
-engine, the other free for gpuwarden and the load, as on a box whose engine has its own GPU.
+Each server runs in its own session (so a group kill stays inside it), pinned to its kind's core (`taskset`):
+vLLM on core 0, llama.cpp on core 1 where there is one. `make test`'s second step runs the tests of each kind in
+a lane of their own (tests/conftest.py), so at most one engine of each kind computes at a time and no two engines
+share a core, as on a box whose engines each have their own GPU; gpuwarden, the load and pytest run where there
+is room.
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ TINY_LLAMA = {
 # of tokens a second on one core: a test that needs a request to last sizes it by measurement (sizing.py).
 GGUF_MODELS = {"tiny": ([], 2048),
                "slow": (["--hidden", "1024", "--layers", "8", "--heads", "16", "--ff", "2816", "--ctx", "4096"], 4096)}
+
+
+def core(engine: str) -> int:
+    """The core an engine kind ("vllm", "llamacpp") runs on: its own where the machine has two."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[1] if engine == "llamacpp" and len(cores) > 1 else cores[0]
+
+
+def lane(test_name: str) -> str:
+    """The engine kind whose lane a test of step 2 runs in (tests/conftest.py): vLLM's when its name says vLLM.
+    A test that starts an engine of the other kind fails (tests/integration/conftest.py): two engines of one
+    kind would share a core."""
+    return "vllm" if "vllm" in test_name.lower() else "llamacpp"
 
 
 def missing(engine: str) -> str | None:
@@ -97,7 +113,7 @@ class Server:
 
     def start(self) -> Server:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        command = ["taskset", "-c", "0", *self.command()]
+        command = ["taskset", "-c", str(core(self.name)), *self.command()]
         if self.unit:  # in the unit's cgroup, its output a journal stream: as systemd runs a service
             cgroup = unit_cgroup(self.unit)
             cgroup.mkdir(parents=True, exist_ok=True)
