@@ -73,6 +73,19 @@ def wait_progress(metrics, engine: str, timeout: float = 30.0) -> None:
     wait_for(moved, timeout, interval=0.2, what=f"the daemon to see {engine}'s tokens move")
 
 
+def listening(proc: subprocess.Popen, port: int) -> subprocess.Popen:
+    """`proc`, a server the test started, once it accepts connections on loopback `port`."""
+    def accepts() -> bool:
+        assert proc.poll() is None, f"the server on port {port} exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return True
+        except OSError:
+            return False
+    wait_for(accepts, 15, what=f"a server on port {port}")
+    return proc
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,12 +19,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from helpers import FAKE_ENGINE, Daemon, free_port, http_get, wait_for
+from helpers import FAKE_ENGINE, Daemon, free_port, http_get, listening, wait_for
 
 # A random part: another run of the suite on this machine (its own session, another checkout) has its own
 # attacker, and never deletes this one's under it.
 ATTACKER = f"gwattacker-{uuid.uuid4().hex[:8]}"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the test's own interpreter may live where the attacker cannot read
+IMPOSTOR = Path(__file__).with_name("impostor_server.py")
 
 
 class Attacker:
@@ -49,6 +50,15 @@ class Attacker:
     def write(self, path: Path, text: str) -> Path:
         self.run(SYSTEM_PYTHON, "-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])", str(path), text)
         return path
+
+    def serve(self, port: int, mode: str, *extra: str, dump: Path | None = None) -> subprocess.Popen:
+        """impostor_server.py (its MODE, FILE and extra words) run from the user's home, once it accepts
+        connections."""
+        for src in [IMPOSTOR] + ([dump] if dump else []):
+            shutil.copy(src, self.home / src.name)
+            os.chown(self.home / src.name, self.uid, self.gid)
+        proc = self.popen([SYSTEM_PYTHON, IMPOSTOR.name, str(port), mode, *([dump.name] if dump else []), *extra])
+        return listening(proc, port)
 
     def engine(self, corpus: Path, mode: str = "progress", *flags: str, port: int | None = None) -> AttackerEngine:
         return AttackerEngine(self, corpus, mode, *flags, port=port)

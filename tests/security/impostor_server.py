@@ -5,6 +5,7 @@
 - drip: every answer comes one byte every half second, forever (each read is quick, the whole never ends)
 - engine: /metrics is FILE (an engine's dump, unchanging); every other path answers a 200 of 400 MB at once
 - list: /metrics is FILE; every other path answers the JSON `[]` (valid, of no shape an API has)
+- file: every path answers FILE (a status snapshot of the user's making, say)
 """
 
 import http.server
@@ -35,7 +36,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if MODE == "exporter":
             self.answer(GPUWARDEN)
-        elif self.path == "/metrics":
+        elif MODE == "file" or self.path == "/metrics":
             self.answer(Path(FILE).read_bytes())
         elif MODE == "list":
             self.answer(b"[]")

@@ -3,8 +3,6 @@ there, as a canary that answers too much, as a server that answers one byte at a
 (gwattacker) and so are its servers (impostor_server.py, run from its home)."""
 
 import os
-import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,27 +12,7 @@ from helpers import GPUWARDEN, free_port, wait_for
 
 pytestmark = pytest.mark.root
 
-IMPOSTOR = Path(__file__).with_name("impostor_server.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def serve(attacker, port: int, mode: str, *extra: str, dump: Path | None = None):
-    """impostor_server.py run by the attacker from its home, once it accepts connections."""
-    files = [IMPOSTOR] + ([dump] if dump else [])
-    for src in files:
-        shutil.copy(src, attacker.home / src.name)
-        os.chown(attacker.home / src.name, attacker.uid, attacker.gid)
-    proc = attacker.popen([SYSTEM_PYTHON, IMPOSTOR.name, str(port), mode, *([dump.name] if dump else []), *extra])
-
-    def listening():
-        assert proc.poll() is None, "the attacker's server exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return True
-        except OSError:
-            return False
-    wait_for(listening, 10, what="the attacker's server")
-    return proc
 
 
 def npd_daemon(config) -> tuple[int, str]:
@@ -48,7 +26,7 @@ def test_a_user_holding_the_exporters_port_neither_stops_the_daemon_nor_passes_f
     serve a healthy-looking gpuwarden there. gpuwarden must run all the same (its kernel watch and killer matter
     more than its metrics) and take the port when it is free; npd-check must not vouch for the impostor."""
     d = daemon_factory()
-    impostor = serve(attacker, d.port, "exporter")
+    impostor = attacker.serve(d.port, "exporter")
     d.start()
     d.wait_log("gpuwarden running", timeout=15)
     assert d.proc.poll() is None, d.log()
@@ -66,7 +44,7 @@ def test_a_canary_answer_of_any_size_does_not_grow_the_daemon(attacker, daemon_f
     """The canary's answer is one token; an engine that answers 400 MB instead must not make root's daemon hold
     them (the scrape's body is capped; the canary's must be too)."""
     port = free_port()
-    serve(attacker, port, "engine", dump=corpus / "metrics" / "vllm-01.prom")
+    attacker.serve(port, "engine", dump=corpus / "metrics" / "vllm-01.prom")
     d = daemon_factory(f'[[engine]]\nname = "big"\nurl = "http://127.0.0.1:{port}"\ncanary = "sglang"\n'
                        f'canary_interval = "1s"\ncanary_timeout = "20s"\nscrape_interval = "0.5s"\n'
                        f'on_stall = "alert"\n[engine.target]\nuser = "{attacker.name}"\n')
@@ -85,8 +63,8 @@ def test_a_dripping_server_holds_up_neither_discovery_nor_probe(attacker, daemon
     (lowest port first): one answering a byte at a time must not keep it from the engines after it, and `probe`
     must end within its bounds."""
     drip, engine = sorted([free_port(), free_port()])
-    serve(attacker, drip, "drip", "vllm", "serve")
-    serve(attacker, engine, "engine", "vllm", "serve", dump=corpus / "metrics" / "vllm-01.prom")
+    attacker.serve(drip, "drip", "vllm", "serve")
+    attacker.serve(engine, "engine", "vllm", "serve", dump=corpus / "metrics" / "vllm-01.prom")
     d = daemon_factory("[engines]\ndiscover = true\n")  # its defaults
     d.start()
     d.wait_serving()
@@ -103,7 +81,7 @@ def test_a_canary_answer_of_the_wrong_shape_is_an_error_not_a_crash(attacker, da
     """Valid JSON of no shape the API has (`[]` where an object is due) is the canary's error; it used to escape
     as an AttributeError and take down the watch of every engine."""
     port = free_port()
-    serve(attacker, port, "list", dump=corpus / "metrics" / "vllm-01.prom")
+    attacker.serve(port, "list", dump=corpus / "metrics" / "vllm-01.prom")
     d = daemon_factory(f'[[engine]]\nname = "odd"\nurl = "http://127.0.0.1:{port}"\ncanary = "{api}"\n'
                        f'canary_interval = "1s"\nscrape_interval = "0.5s"\non_stall = "alert"\n'
                        f'[engine.target]\nuser = "{attacker.name}"\n')

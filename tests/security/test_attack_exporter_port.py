@@ -2,15 +2,13 @@
 restarts. Before: one log line, no event, no alert; root's `gpuwarden status` showed the user's "all good" JSON
 as the daemon's and printed its escape sequences (an OSC 52 clipboard write) raw to root's terminal."""
 
-import http.server
 import json
 import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
-from helpers import GPUWARDEN, Receiver, free_port, http_get, wait_for
+from helpers import GPUWARDEN, Receiver, free_port, http_get, listening, wait_for
 
 pytestmark = pytest.mark.root
 
@@ -18,34 +16,14 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"  # "set the clipboard to `rm -rf ~`"
 FAKE = {"time": 0, "version": "9.9", "host": "impostor", "pid": 1, "summary": f"{OSC52}ALL GOOD\nno trouble",
         "sources": [], "engines": [], "incidents": [], "gpus": []}
-SQUATTER = """
-import http.server, sys
-body = sys.argv[2].encode()
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
-"""
+IMPOSTOR = Path(__file__).with_name("impostor_server.py")
 
 
-def squat(user, port: int):
+def squat(user, port: int, tmp_path: Path):
     """The user's server on the exporter's port, answering every path with the impostor's snapshot."""
-    proc = user.popen([SYSTEM_PYTHON, "-c", SQUATTER, str(port), json.dumps(FAKE)])
-
-    def listening():
-        assert proc.poll() is None, "the squatter exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            return True
-        except OSError:
-            return False
-    wait_for(listening, 15, what="the squatter")
-    return proc
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(json.dumps(FAKE))
+    return user.serve(port, "file", dump=snapshot)
 
 
 def status(config, *flags: str) -> subprocess.CompletedProcess:
@@ -58,7 +36,7 @@ def test_a_squatter_on_the_exporters_port_is_an_event_and_an_alert_and_never_the
     receiver = Receiver().start()
     try:
         d = daemon_factory(f'[alerts]\nurls = ["json://127.0.0.1:{receiver.port}/"]\n')
-        squatter = squat(lone_attacker, d.port)
+        squatter = squat(lone_attacker, d.port, d.tmp)
         d.start()
         d.wait_log("gpuwarden running", 30)
         taken = wait_for(lambda: [e for e in d.events() if e["kind"] == "exporter_port_taken"], 20,
@@ -95,7 +73,7 @@ def test_status_without_the_daemon_reads_no_squatters_answer(lone_attacker, tmp_
     port = free_port()
     config = tmp_path / "gpuwarden.toml"
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[exporter]\nport = {port}\n')
-    squat(lone_attacker, port)
+    squat(lone_attacker, port, tmp_path)
     out = status(config)
     assert out.returncode == 0, out.stderr
     assert f"is uid {lone_attacker.uid}, not the daemon (root): not read" in out.stderr, out.stderr
@@ -104,25 +82,16 @@ def test_status_without_the_daemon_reads_no_squatters_answer(lone_attacker, tmp_
 
 
 @pytest.fixture
-def root_server():
-    """A server of root's (this test's own process) answering the impostor's snapshot: what the daemon passes on
-    may carry users' text (a log line, a command line)."""
-    body = json.dumps(FAKE).encode()
-
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+def root_server(tmp_path):
+    """The same server as root's (a process this test starts): what the daemon passes on may carry users' text
+    (a log line, a command line)."""
+    snapshot, port = tmp_path / "snapshot.json", free_port()
+    snapshot.write_text(json.dumps(FAKE))
+    proc = listening(subprocess.Popen([SYSTEM_PYTHON, str(IMPOSTOR), str(port), "file", str(snapshot)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+    yield port
+    proc.kill()
+    proc.wait(10)
 
 
 def test_status_prints_no_control_character_it_received(root_server, tmp_path):
