@@ -102,7 +102,7 @@ def test_a_fault_naming_the_engines_process_beside_busy_cores_and_a_million_desc
             records = (driver_record(f"amdgpu {TEST_GPU}: amdgpu: ring gfx_0.0.0 timeout, signaled seq={seq}, "
                                      f"emitted seq={seq + 2}")
                        + driver_record(f"amdgpu {TEST_GPU}: amdgpu:  Process llama-server pid {pid} thread "
-                                       f"llama-server:cs0 pid {pid}"))
+                                       f"llama-serv:cs0 pid {pid}"))  # a thread's name: 15 characters at most
             written = time.monotonic()
             with d.log_file.open("a") as log:
                 log.write(records)
