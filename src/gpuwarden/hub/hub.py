@@ -18,6 +18,7 @@ from typing import Protocol
 
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
+from gpuwarden.alert.host import AlertContext
 from gpuwarden.core import conditions, families, incidents, policy
 from gpuwarden.core.metrics import SelfMetrics
 from gpuwarden.core.model import Event, Severity
@@ -49,11 +50,16 @@ class Evidence:
     recorder's telemetry; and where an incident is saved."""
 
     def __init__(self, store: Store | QueuedStore, recorder: FlightRecorder, metrics: SelfMetrics,
-                 hostname: str, views: list[policy.EngineView] | None = None) -> None:
-        """`views`: the configured engines before the engine watch's first report (a fault may come first)."""
+                 hostname: str, views: list[policy.EngineView] | None = None,
+                 alert_context: AlertContext | None = None) -> None:
+        """`views`: the configured engines before the engine watch's first report (a fault may come first);
+        `alert_context`: told the engines each time they change (what an alert names, given, not fetched)."""
         self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
+        self.alert_context = alert_context
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
         self.views: dict[str, policy.EngineView] = {v.name: v for v in views or []}
+        if alert_context:
+            alert_context.engines(self.views.values())
         self.samples: dict[str, dict] = {}
         self.history: dict[str, deque[dict]] = {}  # each engine's recent scrapes: its incident's picture
 
@@ -63,6 +69,8 @@ class Evidence:
             self.views, self.samples = {}, {}
         self.views.update((v.name, v) for v in views)
         self.samples.update(samples)
+        if self.alert_context:
+            self.alert_context.engines(self.views.values())
         now = time.time()
         for name, sample in samples.items():
             self.history.setdefault(name, deque(maxlen=_ENGINE_POINTS)).append(
