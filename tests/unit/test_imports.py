@@ -9,7 +9,7 @@ down these layers, and never in a cycle. A folder may import others of its own l
     configuration   config (the TOML file and the web config), enginekinds (one module per engine kind), store
                     (the SQLite store, the incident bundles)
     foundation      core (the vocabulary, pure: model, event kinds, conditions, incidents, policy, metrics
-                    registry), runtime (pools, supervision, ticks, sd_notify, logging, reloads, sockets)
+                    registry), runtime (pools, supervision, ticks, sd_notify, logging, reloads, sockets, loop lag)
 
 `gpuwarden/__init__.py` (the version) counts as "gpuwarden". Each folder is one node, whole: config checks
 kernel rule and runbook names through core/registry.py, which the domain fills, so it imports no domain package.
