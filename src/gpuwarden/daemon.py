@@ -23,6 +23,7 @@ from gpuwarden.config.settings import Config, ConfigError
 from gpuwarden.core import families
 from gpuwarden.core.metrics import SelfMetrics
 from gpuwarden.core.model import ConditionKind
+from gpuwarden.core.registry import Registry
 from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.gpu.guarded import Guarded, PciChanged
 from gpuwarden.gpu.inventory import GpuInventory
@@ -93,7 +94,8 @@ class Daemon:
         self.exporter: Exporter | None = None
         self.local_status: LocalStatus | None = None  # `gpuwarden status` reads the daemon here, not on the port
         self.status: Status | None = None
-        self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
+        self.registry = Registry()  # each component's own state, for the status page (core/registry.py)
+        self.current = Current(self.registry)  # the kernel, uevent and guard watches the supervisor built last
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()
         # kernel lines logged before this are history: the start on the kernel log's own clock (clock.py), where
@@ -132,6 +134,7 @@ class Daemon:
         self.health = Health(cfg.daemon, self._outbox("health"), self.metrics, self.notifier, self.supervisor,
                              self.store, self.store_health, self.summary)
         self.engines = EngineWatch(cfg.engines, cfg.engine, self._outbox("engines"), nvml=cfg.gpu.nvml)
+        self.registry.register("engines", self.engines)
         self.actuator = Actuator(self._outbox("actuator"), self.engines, cfg.cache)
         self.alert_context = AlertContext(self.recorder, self.inventory, cfg)  # the hub's evidence tells it
         evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views(),
@@ -147,7 +150,7 @@ class Daemon:
         self.recovery = Recovery(cfg.daemon.state_dir, cfg.gpu.sysfs_root, self.hub.still_lost,
                                  self._outbox("recovery").record)
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
-                             self.store_health, self.current, self.hub, self.recorder, self.inventory, self.actuator)
+                             self.store_health, self.registry, self.hub, self.recorder, self.inventory)
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -336,6 +339,7 @@ class Daemon:
             self.alert_context.configure(new)
             gone = set(self.engines.engines)
             self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
+            self.registry.register("engines", self.engines)
             self.actuator.configure(self.engines, new.cache)
             self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep, self.engines)
             self.hub.unwatched(gone - set(self.engines.engines))
@@ -380,20 +384,16 @@ class Status:
     the parts snapshot.gather reads (the daemon holds the exporter, so this holds the parts and not the daemon)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings, started: float, metrics: SelfMetrics,
-                 summary: Summary, health: Health, store_health: StoreHealth, current: Current, hub: Hub,
-                 recorder: FlightRecorder, inventory: GpuInventory, actuator: Actuator) -> None:
+                 summary: Summary, health: Health, store_health: StoreHealth, registry: Registry, hub: Hub,
+                 recorder: FlightRecorder, inventory: GpuInventory) -> None:
         self._loop, self.settings, self.started, self.metrics, self.summary = loop, settings, started, metrics, summary
-        self.health, self.store_health, self.current, self.hub = health, store_health, current, hub
-        self.recorder, self.inventory, self.actuator = recorder, inventory, actuator
+        self.health, self.store_health, self.registry, self.hub = health, store_health, registry, hub
+        self.recorder, self.inventory = recorder, inventory
         self._last: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
 
     @property
     def config(self) -> Config:
         return self.settings.config
-
-    @property
-    def engines(self) -> EngineWatch:
-        return self.actuator.engines  # a reload's new watch (Actuator.configure)
 
     def __call__(self) -> dict:
         at, snap = self._last

@@ -14,6 +14,7 @@ from gpuwarden.config.settings import DaemonConfig
 from gpuwarden.core import families
 from gpuwarden.core.metrics import SelfMetrics
 from gpuwarden.core.model import Event, Severity, Sink
+from gpuwarden.core.registry import Registry
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.kernel.watch import KernelWatch
@@ -66,9 +67,11 @@ class Loop:
 
 
 class Current:
-    """The watches the supervisor built last (a restart builds a new one): for the summary and the status page."""
+    """The watches the supervisor built last (a restart builds a new one): for the summary; each that reports
+    its state takes its name's place in the components' registry (the status page reads that)."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
         self.kernel: KernelWatch | None = None
         self.uevents: UeventWatch | None = None
         self.guard: GuardWatch | None = None
@@ -76,6 +79,8 @@ class Current:
     def built(self, **watches: KernelWatch | UeventWatch | GuardWatch | None) -> None:
         for name, watch in watches.items():
             setattr(self, name, watch)
+            if isinstance(watch, KernelWatch | UeventWatch):
+                self.registry.register(name, watch)
 
 
 class Summary:
