@@ -28,7 +28,7 @@ from gpuwarden.engine.watch import EngineWatch
 from gpuwarden.gpu.guarded import Guarded, PciChanged
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.gpu.recovery import Recovery
+from gpuwarden.gpu.recovery import Recovery, boot_began
 from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
@@ -146,9 +146,6 @@ class Daemon:
                                incidents.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run(), self.engines)
-        # the one call up the layers left in the wiring (docs/architecture.md, "Calls up the layers")
-        self.recovery = Recovery(cfg.daemon.state_dir, cfg.gpu.sysfs_root, self.hub.still_lost,
-                                 self._outbox("recovery").record)
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
                              self.store_health, self.registry, self.hub, self.recorder, self.inventory)
 
@@ -164,6 +161,9 @@ class Daemon:
         await self.alerter.recover()  # before anything ends: the page that told it began hears it end
         # a GPU lost before this start is still lost, an engine stuck or down still is until seen otherwise
         self.hub.load(time.time(), self.engines.engines, not self.engines.engines and self.config.engines.discover)
+        # the GPUs a reboot may have cured, as the store held them (given to the check, not asked of the hub)
+        self.recovery = Recovery(state_dir, self.config.gpu.sysfs_root, self.hub.still_lost(boot_began()),
+                                 self._outbox("recovery").record)
         # an engine down before it is down until back; the kills made before count in its budget
         self.engines.resume(self.hub.conditions, time.time(), await self._kills_before())
         self.telemetry.resume(k.subject for k in self.hub.conditions if k.kind == ConditionKind.GPU_DEGRADED)
