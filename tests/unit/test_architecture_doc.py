@@ -201,6 +201,25 @@ def test_the_hub_s_hops_are_the_stages_own_both_ways():
         assert all(any(a == b for b in rest) for a in drawn), "the hub's hops out of the stages' order"
 
 
+def test_the_hub_is_its_declared_stages():
+    """decide → conditions → incidents → store → alert → act (Alertmanager's notify.Stage): the hub holds the
+    list, in that order, and each stage is a small object with one method, `run`."""
+    tree = ast.parse(source(HUB))
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    init = next(f for f in classes["Hub"].body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    stages = next(node.value for node in ast.walk(init) if isinstance(node, ast.AnnAssign)
+                  and ast.unparse(node.target) == "self.stages")
+    made = {ast.unparse(n.targets[0]): n.value.func.id for n in ast.walk(init)
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)}
+    order = [e.func.id if isinstance(e, ast.Call) else made[ast.unparse(e)] for e in stages.elts]
+    assert order == ["Decide", "Conditions", "Incidents", "Record", "Alert", "Act"]
+    for name in order:
+        public = [f.name for f in classes[name].body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
+        assert public == ["run"], f"{name}: {public}"
+    run = next(f for f in classes["Hub"].body if isinstance(f, ast.FunctionDef) and f.name == "_record")
+    assert "for stage in self.stages" in ast.unparse(run)  # the events go through the list, nothing beside it
+
+
 def test_the_stages_hops_are_read_from_the_code():
     made = pipeline_hops()
     assert made[0] == (HUB, "→", "core/policy.py", "decide")  # the policy first
