@@ -1,10 +1,12 @@
-"""The hub: the one consumer of the one queue every component reports on (reports.py). For each event the pure
-policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
-say what it raised, resolved and which incident it belongs to; then it is stored, alerted, counted, logged, and
-the actuator carries out what the policy decided (its outcomes come back on the queue). The engine watch is told
-each event of an engine that nothing will be done about (`learn`): a kill's outcome is how the lifecycle of a
-stalled engine learns the kill, a stall decided without one that no outcome will come.
-The hub decides nothing itself and never waits: the store keeps what it cannot write yet."""
+"""The hub: the one consumer of the one queue every component reports on (reports.py). A report's events go through its
+stages, declared in order as one list (`Hub.stages`, after Alertmanager's notify.Stage: each a small object with one
+method, `run`, over the report's `Batch`): Decide, Conditions, Incidents, Record, Alert, Act. For each event the
+pure policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
+say what it raised, resolved and which incident it belongs to; then it is stored, counted, logged, alerted, and the
+actuator carries out what the policy decided (its outcomes come back on the queue). The engine watch is told each
+event of an engine that nothing will be done about (`learn`): a kill's outcome is how the lifecycle of a stalled
+engine learns the kill, a stall decided without one that no outcome will come. The hub decides nothing itself and
+never waits: the store keeps what it cannot write yet."""
 
 from __future__ import annotations
 
