@@ -23,6 +23,7 @@ import re
 import types
 from pathlib import Path
 
+from helpers import free_port
 from inprocess import daemon_in, running
 
 from gpuwarden.core.metrics import SelfMetrics
@@ -201,7 +202,7 @@ def test_every_exception_the_doc_names_says_why():
 
 
 def test_no_part_of_the_running_daemon_calls_up_but_the_ones_the_doc_names(tmp_path):
-    daemon = daemon_in(tmp_path)
+    daemon = daemon_in(tmp_path, exporter_port=free_port())  # the exporter's parts walked too
 
     async def scenario():
         async with running(daemon):
