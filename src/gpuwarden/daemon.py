@@ -15,24 +15,26 @@ from pathlib import Path
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.alert.alerter import Alerter
-from gpuwarden.alert.context import Context, Runs, gpu_indexes
+from gpuwarden.alert.host import AlertContext
 from gpuwarden.alert.targets import build as build_targets
 from gpuwarden.config import settings as configuration
 from gpuwarden.config import web as webconfig
-from gpuwarden.config.settings import Config, ConfigError, GuardConfig
+from gpuwarden.config.settings import Config, ConfigError
 from gpuwarden.core import families
 from gpuwarden.core.metrics import SelfMetrics
 from gpuwarden.core.model import ConditionKind
+from gpuwarden.core.registry import Registry
 from gpuwarden.engine.watch import EngineWatch
+from gpuwarden.gpu.guarded import Guarded, PciChanged
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
-from gpuwarden.gpu.recovery import Recovery
+from gpuwarden.gpu.recovery import Recovery, boot_began
 from gpuwarden.gpu.rules import TelemetryRules
 from gpuwarden.gpu.uevents import UeventWatch
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.hub import snapshot
-from gpuwarden.hub.health import Components, Health, Loop, StoreHealth
+from gpuwarden.hub.health import Current, Health, Loop, Summary
 from gpuwarden.hub.hub import Evidence, Hub
 from gpuwarden.hub.queue import Outbox, Report
 from gpuwarden.kernel.clock import printk_now
@@ -41,8 +43,9 @@ from gpuwarden.runtime import logsetup, reloads
 from gpuwarden.runtime.offloop import Busy, OffLoop
 from gpuwarden.runtime.sdnotify import Notifier
 from gpuwarden.runtime.sockets import holder
-from gpuwarden.runtime.supervise import Supervisor
+from gpuwarden.runtime.supervise import Components, Supervisor
 from gpuwarden.store import bundles as report
+from gpuwarden.store.health import StoreHealth
 from gpuwarden.store.sqlite import QueuedStore, private_folder
 from gpuwarden.web.exporter import STATUS_SOCKET, Exporter, LocalStatus, port_taken
 
@@ -85,11 +88,14 @@ class Daemon:
         self.engines: EngineWatch | None = None
         self.actuator: Actuator | None = None
         self.alerter: Alerter | None = None
+        self.alert_context: AlertContext | None = None
         self.hub: Hub | None = None
+        self.recovery: Recovery | None = None  # the confirmation after a reboot, run once at the start
         self.exporter: Exporter | None = None
         self.local_status: LocalStatus | None = None  # `gpuwarden status` reads the daemon here, not on the port
         self.status: Status | None = None
-        self.current = Current()  # the kernel, uevent and guard watches the supervisor built last
+        self.registry = Registry()  # each component's own state, for the status page (core/registry.py)
+        self.current = Current(self.registry)  # the kernel, uevent and guard watches the supervisor built last
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()
         # kernel lines logged before this are history: the start on the kernel log's own clock (clock.py), where
@@ -112,10 +118,8 @@ class Daemon:
 
     async def _confirm_recovery(self) -> None:
         """On a new boot after a lost GPU: are the GPUs back as before? (recovery.py; once, in the background)"""
-        check = Recovery(self.config.daemon.state_dir, self.config.gpu.sysfs_root, self.hub.still_lost,
-                         self._outbox("recovery").record)
         try:
-            await check.run()
+            await self.recovery.run()
         except Exception:  # the daemon runs on without the confirmation; the log says why
             log.exception("the GPU check after the reboot failed")
 
@@ -130,17 +134,20 @@ class Daemon:
         self.health = Health(cfg.daemon, self._outbox("health"), self.metrics, self.notifier, self.supervisor,
                              self.store, self.store_health, self.summary)
         self.engines = EngineWatch(cfg.engines, cfg.engine, self._outbox("engines"), nvml=cfg.gpu.nvml)
+        self.registry.register("engines", self.engines)
         self.actuator = Actuator(self._outbox("actuator"), self.engines, cfg.cache)
-        evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views())
+        self.alert_context = AlertContext(self.recorder, self.inventory, cfg)  # the hub's evidence tells it
+        evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views(),
+                            self.alert_context)
         incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
                                      keep=cfg.daemon.incidents_keep)
         self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
-                               incidents.folder, AlertContext(self.recorder, self.inventory, evidence, self.settings),
+                               incidents.folder, self.alert_context,
                                incidents.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run(), self.engines)
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,
-                             self.store_health, self.current, self.hub, self.recorder, self.inventory, self.actuator)
+                             self.store_health, self.registry, self.hub, self.recorder, self.inventory)
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -154,6 +161,9 @@ class Daemon:
         await self.alerter.recover()  # before anything ends: the page that told it began hears it end
         # a GPU lost before this start is still lost, an engine stuck or down still is until seen otherwise
         self.hub.load(time.time(), self.engines.engines, not self.engines.engines and self.config.engines.discover)
+        # the GPUs a reboot may have cured, as the store held them (given to the check, not asked of the hub)
+        self.recovery = Recovery(state_dir, self.config.gpu.sysfs_root, self.hub.still_lost(boot_began()),
+                                 self._outbox("recovery").record)
         # an engine down before it is down until back; the kills made before count in its budget
         self.engines.resume(self.hub.conditions, time.time(), await self._kills_before())
         self.telemetry.resume(k.subject for k in self.hub.conditions if k.kind == ConditionKind.GPU_DEGRADED)
@@ -293,7 +303,8 @@ class Daemon:
         return watch
 
     def _uevent_watch(self, guarded: Guarded) -> UeventWatch:
-        changed = PciChanged(self.inventory, self.current.guard)
+        guard = self.current.guard
+        changed = PciChanged(self.inventory, guard.recheck if guard else None)
         watch = UeventWatch(self._outbox("uevents"), guarded.devices, changed.changed)
         self.current.built(uevents=watch)
         return watch
@@ -325,8 +336,10 @@ class Daemon:
             self.health.configure(new.daemon)
             self.telemetry.configure(new.gpu)
             self.alerter.configure(new.alerts, targets)
+            self.alert_context.configure(new)
             gone = set(self.engines.engines)
             self.engines = self.engines.reconfigured(new.engines, new.engine, new.gpu.nvml)
+            self.registry.register("engines", self.engines)
             self.actuator.configure(self.engines, new.cache)
             self.hub.configure(new.alerts.hostname, self._dry_run(), new.daemon.incidents_keep, self.engines)
             self.hub.unwatched(gone - set(self.engines.engines))
@@ -371,20 +384,16 @@ class Status:
     the parts snapshot.gather reads (the daemon holds the exporter, so this holds the parts and not the daemon)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings, started: float, metrics: SelfMetrics,
-                 summary: Summary, health: Health, store_health: StoreHealth, current: Current, hub: Hub,
-                 recorder: FlightRecorder, inventory: GpuInventory, actuator: Actuator) -> None:
+                 summary: Summary, health: Health, store_health: StoreHealth, registry: Registry, hub: Hub,
+                 recorder: FlightRecorder, inventory: GpuInventory) -> None:
         self._loop, self.settings, self.started, self.metrics, self.summary = loop, settings, started, metrics, summary
-        self.health, self.store_health, self.current, self.hub = health, store_health, current, hub
-        self.recorder, self.inventory, self.actuator = recorder, inventory, actuator
+        self.health, self.store_health, self.registry, self.hub = health, store_health, registry, hub
+        self.recorder, self.inventory = recorder, inventory
         self._last: tuple[float, dict] = (-_STATUS_FRESH, {})  # (monotonic time, snapshot)
 
     @property
     def config(self) -> Config:
         return self.settings.config
-
-    @property
-    def engines(self) -> EngineWatch:
-        return self.actuator.engines  # a reload's new watch (Actuator.configure)
 
     def __call__(self) -> dict:
         at, snap = self._last
@@ -402,89 +411,6 @@ class Status:
             future.cancel()
             raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
                                "gpuwarden_loop_lag_seconds on /metrics)") from None
-
-
-class Current:
-    """The watches the supervisor built last (a restart builds a new one): for the summary and the status page."""
-
-    def __init__(self) -> None:
-        self.kernel: KernelWatch | None = None
-        self.uevents: UeventWatch | None = None
-        self.guard: GuardWatch | None = None
-
-    def built(self, **watches: KernelWatch | UeventWatch | GuardWatch | None) -> None:
-        for name, watch in watches.items():
-            setattr(self, name, watch)
-
-
-class Summary:
-    """The daemon's one-line state, for STATUS and the log."""
-
-    def __init__(self, inventory: GpuInventory, store_health: StoreHealth, supervisor: Supervisor,
-                 current: Current) -> None:
-        self.inventory, self.store_health, self.supervisor, self.current = inventory, store_health, supervisor, current
-
-    def __call__(self) -> str:
-        gpus = len(self.inventory.gpus)
-        error = self.store_health.error
-        store = f"; STORE UNWRITABLE ({error})" if error else ""
-        uevents = self.current.uevents
-        unavailable = f"; uevents unavailable ({uevents.unavailable})" if uevents and uevents.unavailable else ""
-        kernel = self.current.kernel.status if self.current.kernel else "none"
-        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
-                f"{self.supervisor.summary()}{store}{unavailable}")
-
-
-class Guarded:
-    """The GPUs the recovery guard keeps: the configured ones, else every GPU found."""
-
-    def __init__(self, config: GuardConfig, inventory: GpuInventory) -> None:
-        self.config, self.inventory = config, inventory
-
-    def devices(self) -> set[str]:
-        return set(self.config.devices or (g.pci for g in self.inventory.gpus))
-
-    def listed(self) -> list[str]:
-        return list(self.devices())
-
-
-class PciChanged:
-    """A GPU came, went, or was (un)bound: look for GPUs again and re-check the guard at once."""
-
-    def __init__(self, inventory: GpuInventory, guard: GuardWatch | None) -> None:
-        self.inventory, self.guard = inventory, guard
-
-    def changed(self) -> None:
-        self.inventory.start_refresh().add_done_callback(self._recheck)
-
-    def _recheck(self, _) -> None:
-        if self.guard:
-            self.guard.recheck.set()
-
-
-class AlertContext:
-    """What an alert names besides its events: each GPU's index and model, the engines on each GPU, how each
-    configured engine runs (its unit, container, log), the kills its budget still counts."""
-
-    def __init__(self, recorder: FlightRecorder, inventory: GpuInventory, evidence: Evidence,
-                 settings: Settings) -> None:
-        self.recorder, self.inventory, self.evidence, self.settings = recorder, inventory, evidence, settings
-        self._models: dict[str, str] = {}  # GPU -> its model, as last read: a lost GPU keeps its name in alerts
-
-    def __call__(self) -> Context:
-        self._models.update((pci, s.model) for pci, s in self.recorder.latest().items() if s.model)
-        gpus = gpu_indexes([*self.inventory.seen, *(g.pci for g in self.inventory.gpus)])
-        views = self.evidence.views.values()
-        engines = {v.name: v.gpus for v in views}
-        now, wall = time.monotonic(), time.time()
-        kills = {v.name: tuple(wall - (now - t) for t in v.kills if now - t <= v.kill_budget_window) for v in views}
-        config = self.settings.config
-        cache = config.cache
-        held = 'on_crash_loop = "alert"' if cache.on_crash_loop == "alert" else \
-            "[cache] dry_run = true" if cache.dry_run else None
-        return Context(self.evidence.hostname, {pci: (i, self._models.get(pci)) for pci, i in gpus.items()},
-                       engines, runs={e.name: Runs.of(e) for e in config.engine},
-                       kills={name: k for name, k in kills.items() if k}, cache_dry_run=held)
 
 
 def _exit_now(why: str) -> None:

@@ -9,7 +9,7 @@ down these layers, and never in a cycle. A folder may import others of its own l
     configuration   config (the TOML file and the web config), enginekinds (one module per engine kind), store
                     (the SQLite store, the incident bundles)
     foundation      core (the vocabulary, pure: model, event kinds, conditions, incidents, policy, metrics
-                    registry), runtime (pools, supervision, ticks, sd_notify, logging, reloads, sockets)
+                    registry), runtime (pools, supervision, ticks, sd_notify, logging, reloads, sockets, loop lag)
 
 `gpuwarden/__init__.py` (the version) counts as "gpuwarden". Each folder is one node, whole: config checks
 kernel rule and runbook names through core/registry.py, which the domain fills, so it imports no domain package.
@@ -124,12 +124,14 @@ def test_every_package_has_a_layer_and_imports_only_its_own_or_lower_layers():
 def test_only_model_defines_a_sink_and_the_daemon_handles_no_event():
     """Components see the hub through model.Sink alone (the actuator sees the engines through its narrow port,
     Engines; discovery hands the engines it found through Watched; the hub tells the engine watch the events about
-    its engines through Learns, a kill's outcome among them); daemon.py wires, it never records, alerts or acts."""
+    its engines through Learns, a kill's outcome among them; a component reports its state to the registry through
+    Reports); daemon.py wires, it never records, alerts or acts."""
     protocols = {f"{path.relative_to(SRC)}: {node.name}" for path in sorted(SRC.rglob("*.py"))
                  for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
                  and any(getattr(base, "id", None) == "Protocol" for base in node.bases)}
     assert protocols == {"core/model.py: Sink", "runtime/supervise.py: Component", "act/actuator.py: Engines",
-                         "engine/finder.py: Watched", "alert/channel.py: Channel", "hub/hub.py: Learns"}
+                         "engine/finder.py: Watched", "alert/channel.py: Channel", "hub/hub.py: Learns",
+                         "core/registry.py: Reports"}
     daemon = ast.parse((SRC / "daemon.py").read_text())
     methods = {node.name for node in ast.walk(daemon) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
     assert methods.isdisjoint({"record", "resolve", "set_count", "count", "metric", "_act", "kernel_lines"})

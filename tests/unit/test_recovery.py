@@ -97,8 +97,8 @@ class Model:
 
 
 def run(state, root, model, boots):
-    check = recovery.Recovery(state, root, model.losses, model.record,
-                              boot_path=boots.path, wait=0, every=0, booted=lambda: boots.began)
+    check = recovery.Recovery(state, root, model.losses(boots.began), model.record,
+                              boot_path=boots.path, wait=0, every=0)
     return asyncio.run(check.run())
 
 

@@ -27,7 +27,7 @@ from gpuwarden.core import conditions, families
 from gpuwarden.core.model import CROWD, Event, Severity, Sink
 from gpuwarden.core.policy import EngineView, budget_spent
 from gpuwarden.engine import lifecycle as lc
-from gpuwarden.engine import looks, targets
+from gpuwarden.engine import looks, status, targets
 from gpuwarden.engine.answering import Answering, Said, where
 from gpuwarden.engine.canary import CanaryResult, Client, api_for, canary, key_in
 from gpuwarden.engine.finder import Discovery
@@ -164,6 +164,10 @@ class EngineWatch:
 
     def views(self) -> list[EngineView]:
         return [s.view() for s in self.engines.values()]
+
+    def state(self) -> dict:
+        """Its state for the registry (core/registry.py): one row per engine (engine/status.py)."""
+        return {"engines": status.rows(self.engines.values(), time.time())}
 
     # --- the actuator's port: a fault's kill, then what the lifecycle learns ---------------------------
 

@@ -208,6 +208,11 @@ def still_lost(state: conditions.State, open_incidents: Iterable[Incident], unti
             if c.key.kind == conditions.Kind.GPU_LOST and c.since < until]
 
 
+def boot_began() -> float:
+    """When this boot began, epoch seconds: a loss before it is one the reboot may have cured."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def _text(path: Path) -> str | None:
     try:
         return path.read_text().strip() or None
@@ -221,15 +226,14 @@ class Recovery:
     """Run once at the start: record the baseline on a new boot, or, when the last boot lost a GPU, wait for the
     GPUs and report whether they are back as before."""
 
-    def __init__(self, state_dir: Path, sysfs_root: Path, losses: Callable[[float], list[Loss]],
+    def __init__(self, state_dir: Path, sysfs_root: Path, losses: list[Loss],
                  record: Callable[[list[Event]], Any], boot_path: Path = BOOT_ID, wait: float = WAIT,
-                 every: float = EVERY, booted: Callable[[], float] | None = None) -> None:
-        """`losses(until)`: the GPUs lost before then and still lost (the hub's open conditions, read on the
-        loop); `record`: where the verdict goes (the hub, which ends those conditions and their incident with
-        it); `booted`: when this boot began, epoch seconds (tests give their own)."""
+                 every: float = EVERY) -> None:
+        """`losses`: the GPUs lost before this boot began and still lost (`still_lost(..., boot_began())` on
+        the hub's open conditions, as the store held them at the start: given, not asked of the hub); `record`:
+        where the verdict goes (the hub, which ends those conditions and their incident with it)."""
         self.path, self.sysfs_root, self.losses, self.record = state_dir / BASELINE, sysfs_root, losses, record
         self.boot_path, self.wait, self.every = boot_path, wait, every
-        self.booted = booted or (lambda: time.time() - time.clock_gettime(time.CLOCK_BOOTTIME))
 
     async def run(self) -> Event | None:
         boot, now = await self._off(boot_id, self.boot_path), time.time()
@@ -239,7 +243,7 @@ class Recovery:
         if baseline is None:
             await self._save(boot, now)
             return None
-        losses = self.losses(self.booted())
+        losses = self.losses
         if not losses:
             await self._save(boot, now)
             return None

@@ -64,6 +64,10 @@ class UeventWatch:
         self.sink, self.known, self.on_pci_change = sink, known, on_pci_change
         self.unavailable: str | None = None  # why uevents cannot be read now
 
+    def state(self) -> dict:
+        """Its state for the registry (core/registry.py): netlink, or why uevents cannot be read."""
+        return {"detail": self.unavailable or "netlink"}
+
     async def _open(self):
         """The kernel's uevent socket, once it opens. When it cannot (pyudev finds no libudev in a /dev without
         /dev/null; netlink refused) that is reported once and tried again every REOPEN seconds: the daemon runs

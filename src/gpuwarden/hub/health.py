@@ -8,15 +8,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
+from gpuwarden.act.guard_watch import GuardWatch
 from gpuwarden.config.settings import DaemonConfig
-from gpuwarden.core import conditions, families
+from gpuwarden.core import families
 from gpuwarden.core.metrics import SelfMetrics
 from gpuwarden.core.model import Event, Severity, Sink
+from gpuwarden.core.registry import Registry
+from gpuwarden.gpu.inventory import GpuInventory
+from gpuwarden.gpu.uevents import UeventWatch
+from gpuwarden.kernel.watch import KernelWatch
+from gpuwarden.runtime.looplag import LoopLag
 from gpuwarden.runtime.sdnotify import Notifier
 from gpuwarden.runtime.supervise import Supervisor
 from gpuwarden.runtime.ticks import next_tick
+from gpuwarden.store.health import StoreHealth
 from gpuwarden.store.sqlite import QueuedStore
 
 log = logging.getLogger("gpuwarden")
@@ -60,59 +66,39 @@ class Loop:
         await self._body()
 
 
-class Components:
-    """The supervisor's reports: a component that failed is an event, each one's state two gauges."""
+class Current:
+    """The watches the supervisor built last (a restart builds a new one): for the summary; each that reports
+    its state takes its name's place in the components' registry (the status page reads that)."""
 
-    def __init__(self, sink: Sink, metrics: SelfMetrics) -> None:
-        self.sink, self.metrics = sink, metrics
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.kernel: KernelWatch | None = None
+        self.uevents: UeventWatch | None = None
+        self.guard: GuardWatch | None = None
 
-    def crashed(self, name: str, exc: BaseException) -> None:
-        try:
-            self.sink.record([Event("watchdog_error", Severity.WARNING, f"component {name} failed: {exc}",
-                                    time.time(), evidence={"component": name, "error": repr(exc)})])
-        except Exception:
-            log.exception("could not record the failure of %s", name)
-
-    def component_state(self, name: str, up: bool, restarts: int) -> None:
-        self.metrics.set(families.COMPONENT_UP, 1 if up else 0, name)
-        self.metrics.set(families.COMPONENT_RESTARTS, restarts, name)
-
-
-class StoreHealth:
-    """The store's reports (called on the loop): writing started failing, or works again. `changed` wakes the
-    STATUS line (Health), which says it at once."""
-
-    def __init__(self, sink: Sink, metrics: SelfMetrics, path: Path) -> None:
-        self.sink, self.metrics, self.path = sink, metrics, path
-        self.error: str | None = None  # why the store cannot be written now; None while it can
-        self.changed = asyncio.Event()
-
-    def __call__(self, error: str | None) -> None:
-        was, self.error = self.error, error
-        if error and not was:
-            self.sink.record([Event("store_unwritable", Severity.WARNING,
-                                    f"events cannot be stored: {error}. They are logged, alerted and acted on, kept "
-                                    "in memory and written when the store works again", time.time(),
-                                    evidence={"error": error, "store": str(self.path)})])
-        elif was and not error:
-            log.info("the store is written again")
-            self.sink.resolve(conditions.STORE, f"the store is written again ({self.path.parent})")
-        self.metrics.set(families.STORE_WRITABLE, 0 if error else 1)
-        self.changed.set()
+    def built(self, **watches: KernelWatch | UeventWatch | GuardWatch | None) -> None:
+        for name, watch in watches.items():
+            setattr(self, name, watch)
+            if isinstance(watch, KernelWatch | UeventWatch):
+                self.registry.register(name, watch)
 
 
-class LoopLag:
-    """How late the event loop is, readable from any thread: the lateness so far of the probe that is due (a
-    block going on, which the blocked loop cannot say itself) or the last one measured, whichever is larger. The
-    exporter computes it at each scrape (`SelfMetrics.live`): no thread of its own wakes to keep it current."""
+class Summary:
+    """The daemon's one-line state, for STATUS and the log."""
 
-    def __init__(self) -> None:
-        self.last = 0.0  # the last probe's lateness, seconds
-        self.due: float | None = None  # when the next probe is due (the loop's clock, monotonic); None: no probe
+    def __init__(self, inventory: GpuInventory, store_health: StoreHealth, supervisor: Supervisor,
+                 current: Current) -> None:
+        self.inventory, self.store_health, self.supervisor, self.current = inventory, store_health, supervisor, current
 
-    def __call__(self) -> float:
-        due = self.due
-        return self.last if due is None else max(self.last, time.monotonic() - due)
+    def __call__(self) -> str:
+        gpus = len(self.inventory.gpus)
+        error = self.store_health.error
+        store = f"; STORE UNWRITABLE ({error})" if error else ""
+        uevents = self.current.uevents
+        unavailable = f"; uevents unavailable ({uevents.unavailable})" if uevents and uevents.unavailable else ""
+        kernel = self.current.kernel.status if self.current.kernel else "none"
+        return (f"kernel source {kernel}; {gpus} GPU{'s' if gpus != 1 else ''}; "
+                f"{self.supervisor.summary()}{store}{unavailable}")
 
 
 class Health:

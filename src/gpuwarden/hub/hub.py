@@ -1,10 +1,12 @@
-"""The hub: the one consumer of the one queue every component reports on (reports.py). For each event the pure
-policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
-say what it raised, resolved and which incident it belongs to; then it is stored, alerted, counted, logged, and
-the actuator carries out what the policy decided (its outcomes come back on the queue). The engine watch is told
-each event of an engine that nothing will be done about (`learn`): a kill's outcome is how the lifecycle of a
-stalled engine learns the kill, a stall decided without one that no outcome will come.
-The hub decides nothing itself and never waits: the store keeps what it cannot write yet."""
+"""The hub: the one consumer of the one queue every component reports on (reports.py). A report's events go through its
+stages, declared in order as one list (`Hub.stages`, after Alertmanager's notify.Stage: each a small object with one
+method, `run`, over the report's `Batch`): Decide, Conditions, Incidents, Record, Alert, Act. For each event the
+pure policy decides first, and the decision with its reasons goes into the event; the pure conditions and incidents
+say what it raised, resolved and which incident it belongs to; then it is stored, counted, logged, alerted, and the
+actuator carries out what the policy decided (its outcomes come back on the queue). The engine watch is told each
+event of an engine that nothing will be done about (`learn`): a kill's outcome is how the lifecycle of a stalled
+engine learns the kill, a stall decided without one that no outcome will come. The hub decides nothing itself and
+never waits: the store keeps what it cannot write yet."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.alert.alerter import Alerter
+from gpuwarden.alert.host import AlertContext
 from gpuwarden.core import conditions, families, incidents, policy
 from gpuwarden.core.metrics import SelfMetrics
 from gpuwarden.core.model import Event, Severity
@@ -49,11 +52,16 @@ class Evidence:
     recorder's telemetry; and where an incident is saved."""
 
     def __init__(self, store: Store | QueuedStore, recorder: FlightRecorder, metrics: SelfMetrics,
-                 hostname: str, views: list[policy.EngineView] | None = None) -> None:
-        """`views`: the configured engines before the engine watch's first report (a fault may come first)."""
+                 hostname: str, views: list[policy.EngineView] | None = None,
+                 alert_context: AlertContext | None = None) -> None:
+        """`views`: the configured engines before the engine watch's first report (a fault may come first);
+        `alert_context`: told the engines each time they change (what an alert names, given, not fetched)."""
         self.store, self.recorder, self.metrics, self.hostname = store, recorder, metrics, hostname
+        self.alert_context = alert_context
         self.lines: deque[tuple[float, str]] = deque(maxlen=report.KERNEL_LINES)
         self.views: dict[str, policy.EngineView] = {v.name: v for v in views or []}
+        if alert_context:
+            alert_context.engines(self.views.values())
         self.samples: dict[str, dict] = {}
         self.history: dict[str, deque[dict]] = {}  # each engine's recent scrapes: its incident's picture
 
@@ -63,6 +71,8 @@ class Evidence:
             self.views, self.samples = {}, {}
         self.views.update((v.name, v) for v in views)
         self.samples.update(samples)
+        if self.alert_context:
+            self.alert_context.engines(self.views.values())
         now = time.time()
         for name, sample in samples.items():
             self.history.setdefault(name, deque(maxlen=_ENGINE_POINTS)).append(
@@ -93,6 +103,154 @@ class Evidence:
         return content
 
 
+@dataclass(eq=False, repr=False)  # nothing compares or prints one (tests/unit/test_footprint.py)
+class Batch:
+    """One report's events as the stages carry them: each stage reads what the ones before it wrote. Each list is
+    the events' own, in their order; `conditions` is the hub's state, in and out."""
+
+    events: list[Event]
+    refs: list[tuple[str, int]]
+    cursor: tuple[str, str] | None
+    situation: policy.Situation
+    conditions: conditions.State
+    act: bool
+    actions: list[list[policy.Action]] = field(default_factory=list)
+    decisions: list[list[dict]] = field(default_factory=list)
+    changed: list[list[conditions.Change]] = field(default_factory=list)
+    incidents: list[str | None] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+
+
+class Decide:
+    """The pure policy, first: what is to be done about each event, and the record of it the event carries."""
+
+    def run(self, batch: Batch) -> None:
+        batch.actions = [policy.decide(event, batch.situation) for event in batch.events]
+        batch.decisions = [[policy.record_of(a) for a in actions] for actions in batch.actions]
+
+
+class Conditions:
+    """The pure conditions: what each event raises and resolves, and its impact; each event is made anew with
+    its decision in its evidence."""
+
+    def run(self, batch: Batch) -> None:
+        for i, (event, decision) in enumerate(zip(batch.events, batch.decisions, strict=True)):
+            batch.conditions, changed = conditions.apply(batch.conditions, event)
+            batch.changed.append(changed)
+            batch.events[i] = Event(event.kind, conditions.impact(event), event.message, event.time, event.gpu,
+                                    event.engine, {**event.evidence, incidents.DECISION: decision}, event.count)
+
+
+class Incidents:
+    """Which incident each event opens or joins (the incidents component, its bundle written off the loop)."""
+
+    def __init__(self, incidents: report.Incidents) -> None:
+        self.incidents = incidents
+
+    def run(self, batch: Batch) -> None:
+        engine_gpus = {view.name: view.gpus for view in batch.situation.engines}
+        for event, changed, decision in zip(batch.events, batch.changed, batch.decisions, strict=True):
+            raised = [c.key for c in changed if c.raised]
+            if incident := self.incidents.offer(event, raised, decision, engine_gpus):
+                event.evidence[incidents.INCIDENT] = incident  # the event's own dict: stored with it
+            batch.incidents.append(incident)
+
+
+class Changed:
+    """The conditions' changes, wherever they come from (events, resolutions, a start, a reload): each a stored
+    row (a raise with its event's id), the gauges, the incidents, the log; an alert ends with its condition
+    unless an event ended it (that event is alerted itself)."""
+
+    def __init__(self, store: Store | QueuedStore, incidents: report.Incidents, alerter: Alerter | None,
+                 metrics: SelfMetrics) -> None:
+        self.store, self.incidents, self.alerter, self.metrics = store, incidents, alerter, metrics
+
+    def run(self, state: conditions.State, changes: list[conditions.Change], now: float) -> None:
+        self.incidents.changed(changes, now)
+        if not changes:
+            return
+        self.store.add_changes([replace(c, condition=state.get(c.key, c.condition)) if c.raised else c
+                                for c in changes])  # a raise with its event's id, known by now
+        self.metrics.replace(families.CONDITION, conditions.series(state))
+        for change in changes:
+            key, condition = change.key, change.condition
+            if not change.raised:
+                log.info("%s resolved: %s", key, change.message,
+                         extra=logsetup.event_fields(str(key.kind), condition.gpu, condition.engine))
+                if self.alerter and change.tells and not change.by_event:
+                    for alert_key in sorted(condition.alert_keys):
+                        self.alerter.resolve(alert_key, change.message)
+            if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:
+                self.metrics.set(families.ENGINE_STALLED, 0, key.subject)
+            elif key.kind == conditions.Kind.ENGINE_DOWN and change.raised:
+                # a dead engine runs nothing and uses no CPU: 0, as the engine watch says while it restarts (not
+                # absent: one would drop the series the other sets, and a query could not tell "none" from "not
+                # known"); never the dead instance's last figure
+                for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING,
+                               families.ENGINE_CPU):
+                    self.metrics.set(family, 0, key.subject)
+
+
+class Record:
+    """Stored, with the source's cursor (the store never refuses and never waits: what it cannot write yet it
+    keeps and retries); each stored row told to its incident and its raises; the changes stored; counted, logged."""
+
+    def __init__(self, store: Store | QueuedStore, incidents: report.Incidents, changed: Changed,
+                 metrics: SelfMetrics) -> None:
+        self.store, self.incidents, self.changed, self.metrics = store, incidents, changed, metrics
+        self.rows: OrderedDict[tuple[str, int], int] = OrderedDict()  # an outbox's reference -> its stored row
+
+    def run(self, batch: Batch) -> None:
+        batch.ids = self.store.add_events(batch.events, batch.cursor)
+        self._remember(batch.refs, batch.ids)
+        for incident, changed, event_id in zip(batch.incidents, batch.changed, batch.ids, strict=True):
+            if incident:
+                self.incidents.stored(event_id, incident)
+            batch.conditions = conditions.with_event_id(batch.conditions, changed, event_id)
+        self.changed.run(batch.conditions, [c for changed in batch.changed for c in changed], time.time())
+        for event in batch.events:
+            # apart: an alerting rule on the live counter must not fire for an earlier boot's fault at a start
+            counter = families.EVENTS if event.live else families.HISTORY_EVENTS
+            self.metrics.inc(counter, event.kind, str(event.severity), by=event.count)
+            log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
+                    extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
+
+    def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
+        """Which row each reported event became, for a storm's final count reported later by its reference;
+        the oldest are forgotten (a burst ends within its max_burst, long before)."""
+        self.rows.update(zip(refs, ids, strict=False))
+        while len(self.rows) > _ROWS_KEPT:
+            self.rows.popitem(last=False)
+
+
+class Alert:
+    """The events' pages: storm control and the alerter's outbox (delivery is the alerter's own task)."""
+
+    def __init__(self, alerter: Alerter | None) -> None:
+        self.alerter = alerter
+
+    def run(self, batch: Batch) -> None:
+        if self.alerter and batch.events:
+            self.alerter.submit(batch.events, batch.ids)
+
+
+class Act:
+    """The actuator carries out what the policy decided (its outcomes come back on the queue); the engine watch
+    is told each event of an engine that nothing will be done about here (the lifecycle awaits no outcome)."""
+
+    def __init__(self, actuator: Actuator, engines: Learns | None) -> None:
+        self.actuator, self.engines = actuator, engines
+
+    def run(self, batch: Batch) -> None:
+        if not batch.act:
+            return
+        for event, actions in zip(batch.events, batch.actions, strict=True):
+            for action in actions:
+                self.actuator.execute(action, event)
+            if event.engine and self.engines and not any(isinstance(a, policy.Kill) for a in actions):
+                self.engines.learn(event)
+
+
 class Hub:
     def __init__(self, reports: asyncio.Queue[Report], store: Store | QueuedStore, alerter: Alerter | None,
                  actuator: Actuator, inventory: GpuInventory, incidents: report.Incidents, evidence: Evidence,
@@ -103,16 +261,22 @@ class Hub:
         on_crash_loop = "alert"; a reload passes the new one through `configure`); `evidence`: what incident
         bundles hold, fed here (kernel lines, engine scrapes); `engines`: the engine watch, told each event of an
         engine that no action follows, the actions' outcomes among them (a reload passes its new one)."""
-        self.reports, self.store, self.alerter, self.actuator, self.engines = reports, store, alerter, actuator, engines
+        self.reports, self.store, self.alerter = reports, store, alerter
         self.inventory, self.incidents, self.evidence, self.metrics = inventory, incidents, evidence, metrics
         self.dry_run = dry_run
-        self._rows: OrderedDict[tuple[str, int], int] = OrderedDict()  # an outbox's reference -> its stored row
         self.conditions: conditions.State = {}
+        self.changed = Changed(store, incidents, alerter, metrics)
+        self.act = Act(actuator, engines)
+        self.saved = Record(store, incidents, self.changed, metrics)
+        # the event path, declared: each stage one object with one method, in this order (docs/architecture.md's
+        # walks are checked against this list, tests/unit/test_architecture_doc.py)
+        self.stages: tuple[Decide | Conditions | Incidents | Record | Alert | Act, ...] = (
+            Decide(), Conditions(), Incidents(incidents), self.saved, Alert(alerter), self.act)
 
     def configure(self, hostname: str, dry_run: bool, incidents_keep: int, engines: Learns | None) -> None:
         """A reload's new settings and engine watch."""
         self.dry_run, self.evidence.hostname, self.incidents.keep = dry_run, hostname, incidents_keep
-        self.engines = engines
+        self.act.engines = engines
 
     def load(self, now: float, engines: Iterable[str] = (), discovering: bool = False) -> None:
         """At start: the conditions and incidents the store holds open (a lost GPU stays lost across a restart,
@@ -162,7 +326,7 @@ class Hub:
         if told.events or told.cursor:
             self._record(told.events, told.refs, told.cursor, now, act)
         for ref, event in told.recounts:
-            if (row := self._rows.get(ref)) is not None:
+            if (row := self.saved.rows.get(ref)) is not None:
                 self.store.set_count(row, event.count)
                 if self.alerter:
                     self.alerter.repeated(event)
@@ -174,81 +338,21 @@ class Hub:
 
     def _record(self, events: list[Event], refs: list[tuple[str, int]], cursor: tuple[str, str] | None,
                 now: float, act: bool) -> None:
-        """Decide first (the decision and its reason go into the stored event), then change the conditions,
-        join the incidents, store (with the source's cursor), alert, export, log, and act. The store never
-        refuses and never waits: what it cannot write yet it keeps and retries."""
+        """The report's events through the stages, in their order (decide first: the decision and its reason go
+        into the stored event)."""
         situation = policy.Situation(list(self.evidence.views.values()), frozenset(self.inventory.seen), now,
                                      self.dry_run)
-        engine_gpus = {view.name: view.gpus for view in situation.engines}
-        decided, changes = [], []
-        for event in events:
-            actions = policy.decide(event, situation)
-            self.conditions, changed = conditions.apply(self.conditions, event)
-            decision = [policy.record_of(a) for a in actions]
-            evidence = {**event.evidence, incidents.DECISION: decision}
-            raised = [c.key for c in changed if c.raised]
-            event = Event(event.kind, conditions.impact(event), event.message, event.time, event.gpu, event.engine,
-                          evidence, event.count)
-            if incident := self.incidents.offer(event, raised, decision, engine_gpus):
-                evidence[incidents.INCIDENT] = incident  # the event's own dict: stored with it
-            decided.append((event, actions, changed, incident))
-            changes += changed
-        events = [e for e, *_ in decided]
-        ids = self.store.add_events(events, cursor)
-        self._remember(refs, ids)
-        for (_, _, changed, incident), event_id in zip(decided, ids, strict=True):
-            if incident:
-                self.incidents.stored(event_id, incident)
-            self.conditions = conditions.with_event_id(self.conditions, changed, event_id)
-        self._changed(changes, time.time())
-        if self.alerter and events:
-            self.alerter.submit(events, ids)
-        for event, actions, _, _ in decided:
-            # apart: an alerting rule on the live counter must not fire for an earlier boot's fault at a start
-            counter = families.EVENTS if event.live else families.HISTORY_EVENTS
-            self.metrics.inc(counter, event.kind, str(event.severity), by=event.count)
-            log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
-                    extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
-            for action in actions if act else ():
-                self.actuator.execute(action, event)
-            if act and event.engine and self.engines and not any(isinstance(a, policy.Kill) for a in actions):
-                self.engines.learn(event)  # nothing will be done about it here: the lifecycle awaits no outcome
-
-    def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
-        """Which row each reported event became, for a storm's final count reported later by its reference;
-        the oldest are forgotten (a burst ends within its max_burst, long before)."""
-        self._rows.update(zip(refs, ids, strict=False))
-        while len(self._rows) > _ROWS_KEPT:
-            self._rows.popitem(last=False)
+        batch = Batch(list(events), refs, cursor, situation, self.conditions, act)
+        try:
+            for stage in self.stages:
+                stage.run(batch)
+        finally:
+            self.conditions = batch.conditions  # what a stage changed stays, as before a failure the next report
 
     # --- conditions -------------------------------------------------------------------------------
 
     def _changed(self, changes: list[conditions.Change], now: float) -> None:
-        """Each change a stored row (raises with their event's id), the gauges, the incidents, the log; an
-        alert ends with its condition unless an event ended it (that event is alerted itself)."""
-        self.incidents.changed(changes, now)
-        if not changes:
-            return
-        self.store.add_changes([replace(c, condition=self.conditions.get(c.key, c.condition)) if c.raised else c
-                                for c in changes])  # a raise with its event's id, known by now
-        self._export_conditions()
-        for change in changes:
-            key, condition = change.key, change.condition
-            if not change.raised:
-                log.info("%s resolved: %s", key, change.message,
-                         extra=logsetup.event_fields(str(key.kind), condition.gpu, condition.engine))
-                if self.alerter and change.tells and not change.by_event:
-                    for alert_key in sorted(condition.alert_keys):
-                        self.alerter.resolve(alert_key, change.message)
-            if key.kind == conditions.Kind.ENGINE_STALLED and not change.raised:
-                self.metrics.set(families.ENGINE_STALLED, 0, key.subject)
-            elif key.kind == conditions.Kind.ENGINE_DOWN and change.raised:
-                # a dead engine runs nothing and uses no CPU: 0, as the engine watch says while it restarts (not
-                # absent: one would drop the series the other sets, and a query could not tell "none" from "not
-                # known"); never the dead instance's last figure
-                for family in (families.ENGINE_REQUESTS_RUNNING, families.ENGINE_REQUESTS_WAITING,
-                               families.ENGINE_CPU):
-                    self.metrics.set(family, 0, key.subject)
+        self.changed.run(self.conditions, changes, now)
 
     def _export_conditions(self) -> None:
         self.metrics.replace(families.CONDITION, conditions.series(self.conditions))

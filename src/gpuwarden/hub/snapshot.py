@@ -15,7 +15,6 @@ from gpuwarden import __version__
 from gpuwarden.alert.context import gpu_indexes
 from gpuwarden.core import families as f
 from gpuwarden.gpu.rules import device_limits
-from gpuwarden.runtime.logsetup import redact
 from gpuwarden.store import bundles as report
 
 
@@ -23,6 +22,7 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
     """`daemon`: a running daemon's parts, daemon.Status (duck-typed: this module sits beside it, not above it)."""
     now = time.time() if now is None else now
     metrics = daemon.metrics.snapshot()
+    states = daemon.registry.states()  # what each component says of itself (core/registry.py)
     return {
         "host": daemon.config.alerts.hostname,
         "version": __version__,
@@ -32,10 +32,10 @@ def gather(daemon: Any, now: float | None = None) -> dict[str, Any]:
         "summary": daemon.summary(),
         "loop_lag_seconds": round(daemon.health.loop_lag(), 3),
         "store_error": daemon.store_health.error,
-        "sources": _sources(daemon, metrics),
+        "sources": _sources(states, metrics),
         "components": _components(metrics),
         "gpus": _gpus(daemon),
-        "engines": _engines(daemon, now),
+        "engines": states.get("engines", {}).get("engines", []),
         "incidents": [{**i, "picture": f"/incidents/{i['id']}/{report.PICTURE}"} for i in open_incidents(daemon.hub)],
         **_alerts(getattr(daemon.hub, "alerter", None)),
     }
@@ -54,18 +54,18 @@ def open_incidents(hub: Any) -> list[dict[str, Any]]:
     return [incident.row() for incident in hub.incidents.open.values()]
 
 
-def _sources(daemon: Any, metrics: dict) -> list[dict[str, Any]]:
+def _sources(states: dict[str, dict[str, Any]], metrics: dict) -> list[dict[str, Any]]:
     """Each source that says whether it is up; its last success is polled under its own name or, for the kernel
-    log, under each reader it used (kernel_kmsg, kernel_journal, kernel_file): the latest of those."""
+    log, under each reader it used (kernel_kmsg, kernel_journal, kernel_file): the latest of those. The kernel and
+    uevent watches say their own state (`up`, `detail`) through the registry; one not built yet is not started."""
     up, last = metrics.get(f.SOURCE_UP.name, {}), metrics.get(f.SOURCE_LAST_SUCCESS.name, {})
-    kernel, uevents = daemon.current.kernel, daemon.current.uevents
-    details = {"kernel": kernel.status if kernel else "not started",
-               "uevents": (uevents.unavailable or "netlink") if uevents else "not started"}
+    kernel = states.get("kernel")
+    details = {name: states[name]["detail"] if name in states else "not started" for name in ("kernel", "uevents")}
     rows = []
     for name in sorted({labels[0] for labels in up} | {"kernel"}):
         ok = up.get((name,))
         if name == "kernel" and kernel is not None:
-            ok = 0.0 if kernel.unavailable else 1.0
+            ok = 1.0 if kernel["up"] else 0.0
         polled = [t for (label,), t in last.items() if label == name or label.startswith(f"{name}_")]
         rows.append({"name": name, "up": None if ok is None else ok == 1, "last_success": max(polled, default=None),
                      "detail": details.get(name, "")})
@@ -116,44 +116,3 @@ def _gpus(daemon: Any) -> list[dict[str, Any]]:
 
 def _present(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
-
-
-def _engines(daemon: Any, now: float) -> list[dict[str, Any]]:
-    if daemon.engines is None:
-        return []
-    wall = lambda mono: None if mono is None else round(now - (time.monotonic() - mono), 3)  # noqa: E731
-    rows = []
-    for state in daemon.engines.engines.values():
-        life = state.lifecycle
-        sample = life.sample
-        rows.append({
-            "name": state.name,
-            "url": redact(state.config.metrics_url),
-            "state": engine_state(life),
-            "running": sample and sample.running, "waiting": sample and sample.waiting,
-            "generated_tokens": sample and sample.generated, "progress": sample and sample.progress,
-            "last_progress": wall(life.detector.progress_at),
-            "stall_threshold_seconds": round(life.detector.threshold(), 1),
-            "last_answer": wall(life.answered),
-            "cpu_ratio": None if state.cpu is None else round(state.cpu / 100, 3),
-            "gpus": sorted(state.gpus or ()),
-            "processes": len(state.procs),
-            "kills_in_window": len(life.kills),
-        })
-    return rows
-
-
-def engine_state(life: Any) -> str:
-    """One word for a person: what gpuwarden thinks of the engine now (its engine.lifecycle.Lifecycle)."""
-    if life.phase != "watching":
-        return "restart failed" if life.phase == "failed" else life.phase  # down, starting
-    if life.unresponsive:
-        return "unresponsive"
-    if life.detector.stalled:
-        return "stalled"
-    if life.sample is None:
-        return "not answering" if life.failures else "starting"
-    if life.failures:
-        return "not answering"
-    running = life.sample.running
-    return "unknown" if running is None else "running" if running > 0 else "idle"

@@ -85,6 +85,10 @@ class KernelWatch:
         return self.source.label if self.source else f"unavailable ({self.unavailable})" if self.unavailable \
             else "opening"
 
+    def state(self) -> dict:
+        """Its state for the registry (core/registry.py): whether a source is read, and which or why not."""
+        return {"up": self.unavailable is None, "detail": self.status}
+
     async def _open(self) -> Source:
         """The source, once it can be read. One that is absent or forbidden (no /dev/kmsg in a container, no
         kernel entries in the journal, no CAP_SYSLOG) is reported once and tried again every REOPEN seconds:

@@ -9,6 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuwarden.core import families
+from gpuwarden.core.metrics import SelfMetrics
+from gpuwarden.core.model import Event, Severity, Sink
+
 log = logging.getLogger(__name__)
 
 
@@ -119,3 +123,21 @@ class Supervisor:
         self._tasks.clear()
         self._states.clear()
         return stuck
+
+
+class Components:
+    """The supervisor's reports: a component that failed is an event, each one's state two gauges."""
+
+    def __init__(self, sink: Sink, metrics: SelfMetrics) -> None:
+        self.sink, self.metrics = sink, metrics
+
+    def crashed(self, name: str, exc: BaseException) -> None:
+        try:
+            self.sink.record([Event("watchdog_error", Severity.WARNING, f"component {name} failed: {exc}",
+                                    time.time(), evidence={"component": name, "error": repr(exc)})])
+        except Exception:
+            log.exception("could not record the failure of %s", name)
+
+    def component_state(self, name: str, up: bool, restarts: int) -> None:
+        self.metrics.set(families.COMPONENT_UP, 1 if up else 0, name)
+        self.metrics.set(families.COMPONENT_RESTARTS, restarts, name)
