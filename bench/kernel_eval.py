@@ -107,9 +107,11 @@ def evaluate(corpus: Path = CORPUS) -> Report:
     return report
 
 
-# The held-out sets (no rule example quotes them) and their goals, for `make bench`'s table (--figures)
-HELD_OUT = (("heldout", "issue 23", 0.95), ("heldout37", "issue 37", 0.97),
-            ("heldout37c", "issue 37's confirmation", 0.97))
+# The held-out sets (no rule example quotes them), their goals, and what their first run gave where misses were
+# fixed after it (a fixed miss is no longer unseen), for `make bench`'s table (--figures)
+HELD_OUT = (("heldout", "issue 23", 0.95, ""), ("heldout37", "issue 37", 0.97, ""),
+            ("heldout37c", "issue 37's confirmation", 0.97,
+             "its first run 28/34, 2 false warnings (4 misses fixed since: no longer unseen); "))
 
 
 def figures() -> bool:
@@ -120,12 +122,12 @@ def figures() -> bool:
     quoted = evaluate(CORPUS)
     alternative = f"the corpus the rules quote: {quoted.right}/{quoted.files}"
     met = True
-    for folder, issue, goal in HELD_OUT:
+    for folder, issue, goal, first in HELD_OUT:
         report = evaluate(CORPUS / folder)
         print(report.text())
         share = report.right / report.files
         figure(f"unseen real kernel logs fully right ({folder}, {report.files} logs of {issue})", 100 * share, "%",
-               alternative, f"≥ {goal:.0%}", share >= goal)
+               first + alternative, f"≥ {goal:.0%}", share >= goal)
         figure(f"false warnings on benign unseen logs ({folder}, {report.benign} logs)", report.false_warnings,
                "events", "", "0", report.false_warnings == 0)
         met = met and share >= goal and report.false_warnings == 0
