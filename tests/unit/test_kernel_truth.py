@@ -208,8 +208,10 @@ def test_replay_reads_a_prefix_alone_whose_trailing_space_the_paste_dropped(tmp_
 
 def test_replay_reads_journal_lines_with_a_blank_host_field(tmp_path, capsys):
     text = (f"Jan 02 21:35:19  kernel: amdgpu {GPU}: amdgpu: GPU reset begin!\n"
-            "Jan 02 21:35:19  (udev-worker)[17488]: devcd1: Process 'cat' failed with exit code 1.\n")
-    assert [(r["kind"], r["gpu"]) for r in replay(tmp_path, text, capsys)] == [("gpu_reset", GPU)]
+            "Jan 02 21:35:19  (udev-worker)[17488]: devcd1: Process 'cat' failed with exit code 1.\n"
+            "Jan 02 21:35:20  NVRM: Xid (PCI:ffff:fe:1f): 13, pid=4242, name=python3, Graphics Exception\n")
+    rows = replay(tmp_path, text, capsys)  # the last: grep output, a date and the kernel's text (no host, no pid)
+    assert [(r["kind"], r["gpu"]) for r in rows] == [("gpu_reset", GPU), ("xid", "ffff:fe:1f.0")]
 
 
 @pytest.mark.parametrize("stamp", ["二 1月 27 18:45:00 2026", "mar. janv. 27 18:45:00 2026",

@@ -238,7 +238,7 @@ def _journal_line(rest: str, stamp: float) -> KernelRecord | None:
         return _kernel_text(rest, stamp)
     if m.group("ident") == "kernel":
         return _kernel_text(rest[m.end():], stamp)
-    return _kernel_text(rest, stamp) if m.group("host") is None and m.group("pid") is None else None
+    return _kernel_text(rest, stamp) if not m.group("host") and m.group("pid") is None else None
 
 
 def _kernel_text(text: str, stamp: float | None) -> KernelRecord:
