@@ -351,7 +351,8 @@ class Classifier:
         why_not = unverified(record, m.group("dev") if "dev" in m.re.groupindex else None)
         if rule.vendor in ("amd", "nvidia") and not (why_not and record.metadata):  # context only from proven lines
             self._gpu_lines.append((gpu, stamp, severity, rule.vendor))
-            del self._gpu_lines[:-16]
+            if len(self._gpu_lines) > 16:  # the latest 16 (one line at a time comes in)
+                del self._gpu_lines[0]
         evidence["verified"] = why_not is None
         if why_not:
             evidence["unverified"] = why_not
@@ -378,7 +379,8 @@ class Classifier:
         # the kernel's own record could have proven the line and did not: evidence, at most a warning
         capped = bool(why_not and record.metadata)
         severity, outcomes = self._correlate(rule.name, gpu, stamp, now, severity, evidence, capped)
-        outcomes += self._implied(rule, xid, gpu, device, {**evidence, "capped": capped}, stamp, now)
+        if xid in xid_catalog.IMPLIES:
+            outcomes += self._implied(rule, xid, gpu, device, evidence, capped, stamp, now)
         if rule.quiet:
             return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
@@ -431,7 +433,8 @@ class Classifier:
         hits = self._recent.setdefault(name, [])
         hits.append((gpu, stamp, evidence["line"], evidence.get("pci"), evidence.get("verified", False),
                      capped))
-        del hits[:-8]
+        if len(hits) > 8:  # the latest 8 (one line at a time comes in)
+            del hits[0]
         return severity, outcomes
 
     def _correlations(self, name: str) -> list[tuple[Correlation, tuple[str, ...]]]:
@@ -459,22 +462,19 @@ class Classifier:
                       gpu=gpu, evidence=evidence)
         return Burst(event, stamp, stamp, now)
 
-    def _implied(self, rule: Rule, xid: int | None, gpu: str | None, device: str | None, evidence: dict,
+    def _implied(self, rule: Rule, xid: int, gpu: str | None, device: str | None, evidence: dict, capped: bool,
                  stamp: float, now: float) -> list[Burst]:
         """An event one line stands for besides its own: an Xid whose catalog entry implies another kind (Xid 79:
         the GPU fell off the bus), once per GPU within the storm window."""
-        implied = xid_catalog.IMPLIES.get(xid) if xid is not None else None
-        if implied is None:
-            return []
-        kind, severity, why = implied
-        if evidence.get("unverified") and evidence.get("capped"):
+        kind, severity, why = xid_catalog.IMPLIES[xid]
+        if evidence.get("unverified") and capped:
             severity = min(severity, Severity.WARNING)
         key = (f"implied_{kind}", gpu)
         last = self._emitted.get(key)
         if last is not None and 0 <= stamp - last <= self.max_burst:
             return []
         self._emitted[key] = stamp
-        implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by", "capped")}
+        implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by")}
         implied_evidence.update(rule=f"{rule.name}_{xid}", why=why, runbook=kind)
         subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
         event = Event(kind=kind, severity=severity, message=f"{why}{subject}", time=now, gpu=gpu,
