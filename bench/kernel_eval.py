@@ -7,7 +7,8 @@
 Per expected kind: files that expect it and got it (right), files that expect it and lack it (missed), files
 that got it at warning or above without expecting it (over-called). Per file: fully right means every expected
 kind, no forbidden kind and the expected worst severity (`none`: no event at all; `info`: nothing above info).
-On benign files (expected `none`/`info`): every event at warning or above is a false warning.
+On benign files (expected `none`/`info`): every event at warning or above is a false warning. Where a file's
+expectation has `gpus`, the GPU addresses its events at warning or above name must be exactly those.
 tests/unit/test_corpus_kernel.py runs `evaluate` and requires a clean report.
 """
 
@@ -56,6 +57,10 @@ def verdict(want: dict, events: list[Event]) -> list[str]:
         wrong.append(f"worst {worst.name.lower() if worst is not None else 'nothing'}, want {sev}")
     if want.get("gpu_none") and any(e.gpu for e in events):
         wrong.append("names a GPU")
+    if "gpus" in want:
+        named = sorted({e.gpu for e in events if e.gpu and e.severity >= Severity.WARNING})
+        if named != sorted(want["gpus"]):
+            wrong.append(f"names GPUs {named}, want {sorted(want['gpus'])}")
     return wrong
 
 
@@ -102,8 +107,11 @@ def evaluate(corpus: Path = CORPUS) -> Report:
     return report
 
 
-# The held-out sets (no rule example quotes them) and their goals, for `make bench`'s table (--figures)
-HELD_OUT = (("heldout", "issue 23", 0.95), ("heldout37", "issue 37", 0.97))
+# The held-out sets (no rule example quotes them), their goals, and what their first run gave where misses were
+# fixed after it (a fixed miss is no longer unseen), for `make bench`'s table (--figures)
+HELD_OUT = (("heldout", "issue 23", 0.95, ""), ("heldout37", "issue 37", 0.97, ""),
+            ("heldout37c", "issue 37's confirmation", 0.97,
+             "its first run 28/34, 2 false warnings (4 misses fixed since: no longer unseen); "))
 
 
 def figures() -> bool:
@@ -114,12 +122,12 @@ def figures() -> bool:
     quoted = evaluate(CORPUS)
     alternative = f"the corpus the rules quote: {quoted.right}/{quoted.files}"
     met = True
-    for folder, issue, goal in HELD_OUT:
+    for folder, issue, goal, first in HELD_OUT:
         report = evaluate(CORPUS / folder)
         print(report.text())
         share = report.right / report.files
         figure(f"unseen real kernel logs fully right ({folder}, {report.files} logs of {issue})", 100 * share, "%",
-               alternative, f"≥ {goal:.0%}", share >= goal)
+               first + alternative, f"≥ {goal:.0%}", share >= goal)
         figure(f"false warnings on benign unseen logs ({folder}, {report.benign} logs)", report.false_warnings,
                "events", "", "0", report.false_warnings == 0)
         met = met and share >= goal and report.false_warnings == 0

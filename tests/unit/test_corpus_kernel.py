@@ -67,12 +67,36 @@ def test_issue_37_held_out_logs_are_read_right(corpus):
     assert report.right >= 0.97 * report.files and report.false_warnings == 0, report.text()
 
 
-@pytest.mark.parametrize("held_out", [HELD_OUT, HELD_OUT_37])
+HELD_OUT_37C = "kernel/heldout37c"  # issue 37's confirmation: collected after its code, expectations committed first
+
+
+# Benign in the expectations (an oops in a filesystem, no GPU driver in sight: issue 37's brief calls such logs
+# benign), a `kernel_oops` warning in the catalog (any crashing oops is "kernel oops outside the GPU drivers",
+# corpus 082-130): wrong here until that disagreement is decided, and the only files allowed to be
+OOPS_OUTSIDE_GPU_DRIVERS = {"c09-benign-bcachefs-null-deref-oops-minio-ctime.log",
+                            "c10-benign-usb-disk-bcachefs-io-error-null-deref-header.log"}
+
+
+def test_issue_37_confirmation_logs_are_read_right(corpus):
+    """Issue 37's confirmation batch, collected after its code was done: every file fully right (GPU addresses
+    included) but the two oopses outside any GPU driver above (the score, 32/34, is in docs/kernel-rules.md and
+    `make bench`'s table, against the 97 % goal)."""
+    report = kernel_eval.evaluate(corpus / HELD_OUT_37C)
+    assert report.files == len(list((corpus / HELD_OUT_37C).glob("*.log"))) >= 30 and report.benign >= 10
+    assert set(report.wrong) <= OOPS_OUTSIDE_GPU_DRIVERS, report.text()
+    assert report.false_warnings <= len(OOPS_OUTSIDE_GPU_DRIVERS), report.text()
+
+
+@pytest.mark.parametrize("held_out", [HELD_OUT, HELD_OUT_37, HELD_OUT_37C])
 def test_no_rule_example_quotes_a_held_out_log(corpus, held_out):
     from gpuwarden.kernel.formats import parse_lines
     from gpuwarden.kernel.rules import PROCESS_FORMATS, RULES
 
     held = {r.text for p in (corpus / held_out).glob("*.log")
             for r in parse_lines(p.read_text().splitlines(), pasted=True).records}
-    examples = {e.text for r in RULES for e in r.examples} | {e.text for f in PROCESS_FORMATS for e, *_ in f.examples}
-    assert held and not examples & held
+    examples = [e for r in RULES for e in r.examples] + [e for f in PROCESS_FORMATS for e, *_ in f.examples]
+    # a held-out line may be word for word a line of a quoted corpus file (the same driver message on a GPU at the
+    # same address: heldout37c's c01 and c11): such an example is that corpus file's, never the held-out log's
+    shared = [e for e in examples if e.text in held]
+    assert held and all(e.origin != "template" and e.text in (corpus / "kernel" / e.origin).read_text()
+                        for e in shared), shared

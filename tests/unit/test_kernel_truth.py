@@ -195,6 +195,32 @@ def test_replay_joins_a_line_the_paste_wrapped(tmp_path, capsys):
     assert rows[0]["line"].endswith("ring gfx_0.0.0 timeout, signaled seq=228661, emitted seq=228662")
 
 
+
+def test_replay_reads_a_prefix_alone_whose_trailing_space_the_paste_dropped(tmp_path, capsys):
+    # amdgpu/amdgpu.h pr_fmt "amdgpu: " with old powerplay's pm/powerplay/smumgr/smu7_smumgr.c
+    # pr_info("\n failed to send message %x ret is %d \n"): the record's first line is the prefix and its space,
+    # which a paste drops
+    record = "amdgpu: \n failed to send message 16a ret is 0 "
+    for form in (dmesg, console):
+        text = "\n".join(line.rstrip() for line in form(3.5, record).split("\n")) + "\n"
+        assert [r["kind"] for r in replay(tmp_path, text, capsys)] == ["smu_error"], form
+
+
+def test_replay_reads_journal_lines_with_a_blank_host_field(tmp_path, capsys):
+    text = (f"Jan 02 21:35:19  kernel: amdgpu {GPU}: amdgpu: GPU reset begin!\n"
+            "Jan 02 21:35:19  (udev-worker)[17488]: devcd1: Process 'cat' failed with exit code 1.\n"
+            "Jan 02 21:35:20  NVRM: Xid (PCI:ffff:fe:1f): 13, pid=4242, name=python3, Graphics Exception\n")
+    rows = replay(tmp_path, text, capsys)  # the last: grep output, a date and the kernel's text (no host, no pid)
+    assert [(r["kind"], r["gpu"]) for r in rows] == [("gpu_reset", GPU), ("xid", "ffff:fe:1f.0")]
+
+
+@pytest.mark.parametrize("stamp", ["二 1月 27 18:45:00 2026", "mar. janv. 27 18:45:00 2026",
+                                   "Tue Jan 27 18:45:00 2026"])
+def test_dmesg_T_stamps_in_any_locale_are_read(tmp_path, capsys, stamp):
+    """util-linux dmesg -T: strftime("%a %b %e %H:%M:%S %Y") in the reader's locale."""
+    text = f"[{stamp}] amdgpu {GPU}: amdgpu: [gfxhub] page fault (src_id:0 ring:153 vmid:8 pasid:32770)\n"
+    assert [(r["kind"], r["gpu"]) for r in replay(tmp_path, text, capsys)] == [("page_fault", GPU)]
+
 # --- the missing rules, each from the driver's format ---------------------------------------------------------------
 
 def _one(text: str, device: str | None = GPU) -> Event:
@@ -224,6 +250,12 @@ def test_old_powerplay_failing_to_send_a_message_in_each_form(tmp_path, capsys):
     for form in (dmesg, console):
         assert [r["kind"] for r in replay(tmp_path, form(3.5, record) + "\n", capsys)] == ["smu_error"]
 
+
+
+def test_the_old_drivers_gpu_at_address_has_fallen_off_the_bus():
+    # the closed RM of drivers 295 to 390: "NVRM: GPU at %04x:%02x:%02x.%x has fallen off the bus.\n"
+    event = _one(f"NVRM: GPU at {GPU} has fallen off the bus.", device=None)
+    assert (event.kind, event.severity, event.gpu) == ("device_lost", C, GPU)
 
 def test_nvidia_modeset_failing_to_query_the_display_channels():
     # src/nvidia-modeset/src/nvkms-evo1.c "Failed to query display engine channel state: 0x%08x:%d:%d:0x%08x"

@@ -211,6 +211,7 @@ class Classifier:
         # rule -> recent lines: (gpu, log time, text, other device, verified)
         self._recent: dict[str, list[tuple[str | None, float, str, str | None, bool]]] = {}
         self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
+        self._partners: dict[str, list[tuple[Correlation, tuple[str, ...]]]] = {}  # rule -> _correlations
         self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
         self._held: _Held | None = None
@@ -347,10 +348,11 @@ class Classifier:
             severity = Severity.INFO
             meaning = "a full GPU reset with no fault before it: the driver resetting the GPU as it starts it"
         evidence = {"line": record.text, "rule": rule.name, "runbook": rule.runbook, "vendor": rule.vendor}
-        why_not = unverified(record, m.groupdict().get("dev"))
+        why_not = unverified(record, m.group("dev") if "dev" in m.re.groupindex else None)
         if rule.vendor in ("amd", "nvidia") and not (why_not and record.metadata):  # context only from proven lines
             self._gpu_lines.append((gpu, stamp, severity, rule.vendor))
-            del self._gpu_lines[:-16]
+            if len(self._gpu_lines) > 16:  # the latest 16 (one line at a time comes in)
+                del self._gpu_lines[0]
         evidence["verified"] = why_not is None
         if why_not:
             evidence["unverified"] = why_not
@@ -377,7 +379,8 @@ class Classifier:
         # the kernel's own record could have proven the line and did not: evidence, at most a warning
         capped = bool(why_not and record.metadata)
         severity, outcomes = self._correlate(rule.name, gpu, stamp, now, severity, evidence, capped)
-        outcomes += self._implied(rule, xid, gpu, device, {**evidence, "capped": capped}, stamp, now)
+        if xid in xid_catalog.IMPLIES:
+            outcomes += self._implied(rule, xid, gpu, device, evidence, capped, stamp, now)
         if rule.quiet:
             return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
@@ -414,9 +417,7 @@ class Classifier:
                    evidence: dict, capped: bool = False) -> tuple[Severity, list[Burst]]:
         """This line's severity after the correlations it completes, and the outcome events they make."""
         outcomes: list[Burst] = []
-        for corr in CORRELATIONS:
-            partners = corr.after if name in corr.then else corr.then if corr.either_order and name in corr.after \
-                else ()
+        for corr, partners in self._correlations(name):
             hit = next((h for p in partners for h in reversed(self._recent.get(p, ()))
                         if abs(stamp - h[1]) <= corr.within_seconds and (h[0] is None or gpu is None or h[0] == gpu)
                         and not (corr.needs_gpu and h[0] is None and gpu is None)), None)
@@ -432,8 +433,18 @@ class Classifier:
         hits = self._recent.setdefault(name, [])
         hits.append((gpu, stamp, evidence["line"], evidence.get("pci"), evidence.get("verified", False),
                      capped))
-        del hits[:-8]
+        if len(hits) > 8:  # the latest 8 (one line at a time comes in)
+            del hits[0]
         return severity, outcomes
+
+    def _correlations(self, name: str) -> list[tuple[Correlation, tuple[str, ...]]]:
+        """The correlations a line of rule `name` can complete, each with the rules of its partner lines (worked
+        out once per rule: most rules are in none, and a storm's every line asks)."""
+        if (found := self._partners.get(name)) is None:
+            found = self._partners[name] = [
+                (corr, corr.after if name in corr.then else corr.then) for corr in CORRELATIONS
+                if name in corr.then or (corr.either_order and name in corr.after)]
+        return found
 
     def _outcome(self, corr: Correlation, gpu: str | None, stamp: float, now: float, lines: list[str],
                  device: str | None, verified: bool, capped: bool) -> Burst | None:
@@ -451,22 +462,19 @@ class Classifier:
                       gpu=gpu, evidence=evidence)
         return Burst(event, stamp, stamp, now)
 
-    def _implied(self, rule: Rule, xid: int | None, gpu: str | None, device: str | None, evidence: dict,
+    def _implied(self, rule: Rule, xid: int, gpu: str | None, device: str | None, evidence: dict, capped: bool,
                  stamp: float, now: float) -> list[Burst]:
         """An event one line stands for besides its own: an Xid whose catalog entry implies another kind (Xid 79:
         the GPU fell off the bus), once per GPU within the storm window."""
-        implied = xid_catalog.IMPLIES.get(xid) if xid is not None else None
-        if implied is None:
-            return []
-        kind, severity, why = implied
-        if evidence.get("unverified") and evidence.get("capped"):
+        kind, severity, why = xid_catalog.IMPLIES[xid]
+        if evidence.get("unverified") and capped:
             severity = min(severity, Severity.WARNING)
         key = (f"implied_{kind}", gpu)
         last = self._emitted.get(key)
         if last is not None and 0 <= stamp - last <= self.max_burst:
             return []
         self._emitted[key] = stamp
-        implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by", "capped")}
+        implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by")}
         implied_evidence.update(rule=f"{rule.name}_{xid}", why=why, runbook=kind)
         subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
         event = Event(kind=kind, severity=severity, message=f"{why}{subject}", time=now, gpu=gpu,
@@ -636,15 +644,26 @@ def _named(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:
     """(gpu, other device): the GPU the line names, else a non-GPU PCI device it names (a PCIe port)."""
     text = record.text
     if m := _PREFIX.match(text):
-        address = normalize_pci(m.group(2))
+        address = _normalized(m.group(2))
         return (address, None) if m.group(1) in GPU_DRIVERS else (None, address)
     if "NVRM" in text and (m := _NVRM_PCI.search(text)):
-        return normalize_pci(m.group(1)), None
+        return _normalized(m.group(1)), None
     if record.device:
         return (record.device, None) if vendor in ("amd", "nvidia") else (None, record.device)
     if vendor in ("amd", "nvidia") and (m := _ANY_PCI.search(text)):  # `GPU 0000:03:00.0 ...` in the message
-        return normalize_pci(m.group(0)), None
+        return _normalized(m.group(0)), None
     return None, None
+
+
+_NORMALIZED: dict[str, str] = {}  # an address as a line wrote it -> normalize_pci of it: a storm repeats a few
+
+
+def _normalized(address: str) -> str:
+    if (found := _NORMALIZED.get(address)) is None:
+        if len(_NORMALIZED) >= 4096:  # bounded: addresses come from lines
+            _NORMALIZED.clear()
+        found = _NORMALIZED[address] = normalize_pci(address)
+    return found
 
 
 def unverified(record: KernelRecord, device: str | None) -> str | None:

@@ -29,10 +29,13 @@ _KERNEL_IDENT = re.compile(r"^kernel: ")
 _TALOS = re.compile(r"^\S+: kern: +\w+: \[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?\]: ")
 _RELATIVE = re.compile(r"^\[\s*\+\s*(\d+\.\d+)\] ?")
 _RELATIVE_BASE = re.compile(r"^\[(?:[A-Z][a-z]{2}\d{1,2} )?(\d\d):(\d\d)\] ?")
-_CTIME = re.compile(r"^\[(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
+# `dmesg -T`: strftime "%a %b %e %H:%M:%S %Y" in the reader's locale (`[Tue Jan 27 …]`, `[二 1月 27 …]`,
+# `[mar. janv. 27 …]`); a stamp strptime cannot read leaves the record without a time
+_CTIME = re.compile(r"^\[([^\s\]]+ [^\s\]]+ [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:([,.])(\d+))?(Z|[+-]\d\d:?\d\d)? ")
 _SYSLOG = re.compile(r"^[^\W\d_]{3,10}\.? {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
-_IDENT = re.compile(r"^(?:(?P<host>\S+) )??(?P<ident>[^\s:\[]+)(?P<pid>\[\d+\])?: ")
+# `[host ]ident[pid]: `; the host may be empty (a journal line whose host field is blank: `Jan 02 21:35:19  kernel: `)
+_IDENT = re.compile(r"^(?:(?P<host>\S*) )??(?P<ident>[^\s:\[]+)(?P<pid>\[\d+\])?: ")
 _KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
 # `grep -r` / `grep -H` output names the file before each line (`/var/log/syslog:Sep 18 ...`, with -n also the
 # line number): stripped when what follows starts as a log line does
@@ -131,8 +134,9 @@ def _rejoin(records: list[KernelRecord], record: KernelRecord) -> KernelRecord:
     task's name (see _BARE_PREFIX)."""
     if not records or records[-1].timestamp != record.timestamp:
         return record
-    if _BARE_PREFIX.match(records[-1].text):
-        return replace(record, text=f"{records.pop().text}\n{record.text}")
+    if (bare := _bare_prefix(records[-1].text)) is not None:
+        records.pop()
+        return replace(record, text=f"{bare}\n{record.text}")
     if (last := record.text.rfind("[")) >= 0 and _FAULT_TAIL.match(record.text, last) \
             and not _FAULT_HEAD.search(record.text):
         start = len(records)  # back to the fault's head, all of one stamp
@@ -164,7 +168,17 @@ def _continue(result: ParseResult, line: str) -> None:
     elif key.isupper() and key.isalpha():
         pass  # another kmsg dictionary entry (SOURCE=...)
     else:
-        result.records[-1] = replace(last, text=f"{last.text}\n{stripped}")
+        bare = _bare_prefix(last.text)
+        result.records[-1] = replace(last, text=f"{last.text if bare is None else bare}\n{stripped}")
+
+
+def _bare_prefix(text: str) -> str | None:
+    """`text` when it is a driver's prefix printed alone (the rest of the record on the next line), with the space
+    the prefix ends with: a paste drops a line's trailing spaces (`amdgpu:` for amdgpu.h's pr_fmt "amdgpu: " before
+    old powerplay's "\\n failed to send message %x ret is %d \\n"); None when it is not one."""
+    if _BARE_PREFIX.match(text):
+        return text
+    return f"{text} " if text.endswith(":") and _BARE_PREFIX.match(f"{text} ") else None
 
 
 def _parse_one(line: str, relative: float) -> KernelRecord | None:
@@ -224,7 +238,7 @@ def _journal_line(rest: str, stamp: float) -> KernelRecord | None:
         return _kernel_text(rest, stamp)
     if m.group("ident") == "kernel":
         return _kernel_text(rest[m.end():], stamp)
-    return _kernel_text(rest, stamp) if m.group("host") is None and m.group("pid") is None else None
+    return _kernel_text(rest, stamp) if not m.group("host") and m.group("pid") is None else None
 
 
 def _kernel_text(text: str, stamp: float | None) -> KernelRecord:

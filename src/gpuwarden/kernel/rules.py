@@ -174,13 +174,17 @@ RULES: tuple[Rule, ...] = (
        counter_examples=("NVRM: Xid (PCI:ffff:fe:1f): unknown error",
                          "nvidia-nvlink: Nvlink Core is being initialized, major device number 239")),
     _r("nv_fallen_off_bus",
-       r"(?:GPU has )?fallen off\s+(?:NVRM:\s+)?the bus|The NVIDIA GPU [^\n]*(?:\n[^\n]*)*?fallen off\s+the bus",
+       rf"(?:GPU has |GPU at {BDF} has )?fallen off\s+(?:NVRM:\s+)?the bus|"
+       r"The NVIDIA GPU [^\n]*(?:\n[^\n]*)*?fallen off\s+the bus",
        "device_lost", C, "nvidia",
        "the GPU fell off the PCIe bus and does not answer", "device_lost",
        'nvidia/arch/nvalloc/unix/src/osinit.c: "GPU has fallen off the bus.\\n"',
        'nvidia/arch/nvalloc/unix/src/osapi.c: "NVRM: fallen off the bus and is not responding to commands.\\n"',
+       'the closed RM before the open modules (295 to 390, no public source; its os_pci_init_handle in'
+       ' kernel/os-interface.c follows it): "NVRM: GPU at %04x:%02x:%02x.%x has fallen off the bus.\\n"',
        examples=(corpus("027-nv-xid-79-fallen-off-bus-journal-rc-all-channels.log",
-                        "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."),),
+                        "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."),
+                 template("NVRM: GPU at ffff:fe:1f.7 has fallen off the bus.")),
        counter_examples=("NVRM: fallen off the stage",)),
     _r("nv_gsp_timeout",
        r"Timeout after \d+s of waiting for RPC response|rpcRecvPoll timedout|GSP RM heartbeat timed out|"
