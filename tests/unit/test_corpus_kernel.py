@@ -87,7 +87,25 @@ def test_issue_37_confirmation_logs_are_read_right(corpus):
     assert report.false_warnings <= len(OOPS_OUTSIDE_GPU_DRIVERS), report.text()
 
 
-@pytest.mark.parametrize("held_out", [HELD_OUT, HELD_OUT_37, HELD_OUT_37C])
+HELD_OUT_37D = "kernel/heldout37d"  # issue 37's second confirmation: collected on main after heldout37c's fixes,
+# expectations written by docs/kernel-rules.md and committed (2902b83) before its one run; no classifier change since
+
+# Wrong in its one run, kept as it was (heldout37d/SOURCES.md, Score): a soft lockup pasted from rsyslog's wall
+# message (`Message from syslogd@host at …` then ` kernel:[stamp] watchdog: BUG: soft lockup …`), a form no
+# parser reads, so the `kernel_oops` warning the catalog makes of an oops outside the GPU drivers is missing
+WALL_MESSAGE_37D = {"d17-oops-soft-lockup-chia-plot-syslogd-wall-message.log"}
+
+
+def test_issue_37_second_confirmation_logs_are_read_right(corpus):
+    """Issue 37's second confirmation batch, unseen until its one run: at least 97 % fully right (GPU addresses
+    included), no warning on a benign file, and no miss but the wall-message paste above (35/36)."""
+    report = kernel_eval.evaluate(corpus / HELD_OUT_37D)
+    assert report.files == len(list((corpus / HELD_OUT_37D).glob("*.log"))) >= 30 and report.benign >= 15
+    assert set(report.wrong) <= WALL_MESSAGE_37D, report.text()
+    assert report.right >= 0.97 * report.files and report.false_warnings == 0, report.text()
+
+
+@pytest.mark.parametrize("held_out", [HELD_OUT, HELD_OUT_37, HELD_OUT_37C, HELD_OUT_37D])
 def test_no_rule_example_quotes_a_held_out_log(corpus, held_out):
     from gpuwarden.kernel.formats import parse_lines
     from gpuwarden.kernel.rules import PROCESS_FORMATS, RULES
