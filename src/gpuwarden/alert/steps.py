@@ -49,6 +49,14 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                 keys = [k for k in keys if k != "gpu_fault"]  # about the engine's own requests: not this case
             if d.get("action") == "quarantine" and d.get("dry_run"):
                 steps.append(f"gpuwarden moved no cache: {ctx.cache_dry_run or 'a dry run'}.")
+            elif d.get("action") == "quarantine" and not first(events, "cache_poisoned"):
+                # decided, not done yet: what the runbook tells a person to do is what gpuwarden is doing
+                keys = [k for k in keys if k != "crash_loop"]
+                engine = d.get("engine") or "the engine"
+                log = ctx.runs_of(d.get("engine")).logs(None) if d.get("engine") else None
+                steps.append(f"Nothing to do yet: gpuwarden looks for zero-byte files in {engine}'s compile caches "
+                             "and moves each such cache aside (renamed, never deleted), then pages what it moved. "
+                             f"If it moves none, {engine}'s own log says why it dies" + (f": {log}." if log else "."))
     for e in events:
         if e.kind == "engine_killed" and (left := e.evidence.get("survivors")):
             pids = ", ".join(map(str, left))
