@@ -155,3 +155,66 @@ def test_quarantine(tmp_path, receiver, fake_engine):
 
     play("quarantine", tmp_path, config(tmp_path, receiver, engine("llama-8b", fake.url, crash_loop_exits="2")),
          scenario)
+
+
+def test_kill_not_done(tmp_path, receiver, fake_engine, monkeypatch):
+    """Issue 36's failure path: a stalled engine never looked at before, and every look at its processes late
+    (the host too slow: the look's own deadline shrunk to nothing, as tests/integration/test_kill_not_done.py
+    does); the kill cannot run: "NOT killed", then the kill once a look answers again."""
+    from gpuwarden.engine import looks
+
+    fake = fake_engine("progress")
+    monkeypatch.setattr(looks, "DEADLINE", 0.0)  # every look is late: none ever answers in time
+
+    async def scenario(recorder, daemon):
+        await asyncio.sleep(2)
+        fake.set_mode("stall")
+        await until("the kill not done", lambda: "kill_not_done" in kinds(recorder))
+        await asyncio.sleep(daemon.alerter.config.group_window + 0.5)  # its page out before the kill
+        monkeypatch.setattr(looks, "DEADLINE", 10.0)  # the host answers again
+        await until("the kill", lambda: "engine_killed" in kinds(recorder))
+
+    play("kill_not_done", tmp_path, config(tmp_path, receiver, engine("qwen-72b", fake.url, canary='"off"')),
+         scenario)
+
+
+class Frozen:
+    """A process frozen in a cgroup-v1 freezer cgroup of its own: in state D, as a process stuck in a GPU driver
+    is, it survives SIGKILL until it is thawed (then the pending SIGKILL ends it)."""
+
+    ROOT = "/sys/fs/cgroup/freezer"
+
+    def __init__(self, pid: int) -> None:
+        from pathlib import Path
+
+        self.dir = Path(self.ROOT) / f"gpuwarden-golden-{os.getpid()}-{pid}"
+        self.dir.mkdir()
+        (self.dir / "tasks").write_text(str(pid))
+        (self.dir / "freezer.state").write_text("FROZEN")
+
+    def thaw(self) -> None:
+        (self.dir / "freezer.state").write_text("THAWED")
+        for _ in range(100):  # its SIGKILL ends it once it runs: the cgroup empties, and goes
+            if not (self.dir / "tasks").read_text().strip():
+                break
+            time.sleep(0.05)
+        self.dir.rmdir()
+
+
+def test_kill_survivors(tmp_path, receiver, fake_engine):
+    """A stalled engine one of whose processes is stuck in the kernel (frozen in a freezer cgroup: state D, as in a
+    GPU driver) survives SIGKILL: the page says the kill left it, with its pid."""
+    fake = fake_engine("progress")
+    frozen = []
+
+    async def scenario(recorder, daemon):
+        await asyncio.sleep(2)
+        frozen.append(Frozen(fake.pids()[1]))  # its worker process
+        fake.set_mode("stall")
+        await until("the kill", lambda: "engine_killed" in kinds(recorder), 45)
+
+    try:
+        play("kill_survivors", tmp_path, config(tmp_path, receiver, engine("qwen-72b", fake.url)), scenario)
+    finally:
+        for f in frozen:
+            f.thaw()

@@ -59,7 +59,7 @@ def ev(at, kind, severity, message, incident="20261204-031207-engine_stall", **f
     return at, Event(kind, severity, message, T0 + at, evidence=evidence, **fields)
 
 
-STALL = ev(0, "engine_stall", C, "qwen-72b: 4 request(s) running and no token processed for 120 s (threshold 60 s)",
+STALL = ev(0, "engine_stall", C, "qwen-72b: 4 requests running and no token processed for 120 s (threshold 60 s)",
            engine="qwen-72b", gpu=GPU0, evidence={
                "figures": {"running": 4, "generated_tokens": 1834112, "stalled_seconds": 120.0,
                            "threshold_seconds": 60.0, "typical_token_seconds": 0.031, "cpu_percent": 100.0},
@@ -144,7 +144,7 @@ SITUATIONS = {
     ],
     # Docker restarts llama-8b: the words as the actuator and the engine watch make them, through the container
     "docker_restart": [
-        ev(0, "engine_stall", C, "llama-8b: 3 request(s) running and no token processed for 95 s (threshold 60 s)",
+        ev(0, "engine_stall", C, "llama-8b: 3 requests running and no token processed for 95 s (threshold 60 s)",
            engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall", evidence={
                "figures": {"running": 3.0, "waiting": 1.0, "tokens_processed": 7910.0, "generated_tokens": 7910.0,
                            "stalled_seconds": 95.2, "threshold_seconds": 60.0, "typical_token_seconds": 0.042,
@@ -236,7 +236,8 @@ _PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")  # <its unit>, <container>
 _TIME = re.compile(r"(?<![\dT:])\d{2}:\d{2}:\d{2}(?![\d,])")
 _ZONED = re.compile(r"\d{2}:\d{2}:\d{2}(?: [A-Z]{3,5}\b| to \d{2}:\d{2}:\d{2} [A-Z]{3,5}\b)")
 _TWICE = re.compile(r"(\d{2}:\d{2}:\d{2}) (\w+) \(\1 \2\)")
-_PLURAL = re.compile(r"\(s\)|\b1 (?:processes|requests|tokens|tries|lines|events|kills)\b")
+_PLURAL = re.compile(r"\(e?s\)|\b1 (?:processes|requests|tokens|tries|lines|events|kills|files|zero-byte files|"
+                     r"connections|times)\b")
 
 
 def faults(text: str) -> list[str]:
@@ -262,3 +263,38 @@ def test_the_check_catches_what_pages_used_to_show():
                 "`docker logs <container>`", "03:12:07  killed qwen-72b"):
         assert faults(old), old
     assert not faults("When: 2026-12-04 03:12:07 CET (02:12:07 UTC); from 03:10:07 to 03:12:07 CET; 16.0 GT/s x16")
+
+
+def event_messages(situation) -> list[str]:
+    """The events' own messages (what `gpuwarden events`, the status page and the incident report show), as the
+    daemon made them in a recorded scenario, or as their makers write them in a hand-built one."""
+    if situation in RECORDED:
+        calls = golden.load(situation)["calls"]
+        return [*(row["message"] for call in calls for row in [*call.get("submit", ()), *filter(None, [
+                    call.get("repeated")])]), *(call["resolve"][1] for call in calls if "resolve" in call)]
+    return [event[2] if isinstance(event, tuple) else event.message for _, event in SITUATIONS[situation]]
+
+
+@pytest.mark.parametrize("situation", sorted({*SITUATIONS, *RECORDED}))
+def test_no_event_message_shows_a_float_count_or_an_unmade_plural(situation):
+    """The checker above, on the events themselves: made outside alert/ (the engine watch, the actuator, the
+    quarantine), they once said `2 request(s) running`, `1 processes`."""
+    for message in event_messages(situation):
+        assert not faults(message), (message, faults(message))
+
+
+def test_the_makers_of_event_messages_count_as_people_do(tmp_path):
+    """One process killed, one zero-byte file moved: the killer and the quarantine said `1 processes`, `1
+    zero-byte file(s)` (their messages are the events' and the incident report's)."""
+    from gpuwarden.act.killer import KillReport
+    from gpuwarden.act.quarantine import quarantine_all
+
+    said = [KillReport(["4301 python3"], [], [], False).summary("qwen-72b"),
+            KillReport(["4301 python3"], [], [], True).summary("qwen-72b")]
+    cache = tmp_path / "torch_compile_cache"
+    cache.mkdir()
+    (cache / "fx_graph_0.py").touch()
+    (cache / "index.json").write_text("{}")
+    said.append(quarantine_all([cache], "crash_loop", T0, dry_run=True).message)
+    assert [faults(s) for s in said] == [[], [], []], said
+    assert said[0] == "killed qwen-72b: 1 process"

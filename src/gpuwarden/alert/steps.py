@@ -52,8 +52,8 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
             elif d.get("action") == "quarantine" and not first(events, "cache_poisoned"):
                 # decided, not done yet: what the runbook tells a person to do is what gpuwarden is doing
                 keys = [k for k in keys if k != "crash_loop"]
-                engine = d.get("engine") or "the engine"
-                log = ctx.runs_of(d.get("engine")).logs(None) if d.get("engine") else None
+                engine = d.get("engine") or e.engine or "the engine"  # the crash loop's engine
+                log = ctx.runs_of(engine).logs(None) if engine != "the engine" else None
                 steps.append(f"Nothing to do yet: gpuwarden looks for zero-byte files in {engine}'s compile caches "
                              "and moves each such cache aside (renamed, never deleted), then pages what it moved. "
                              f"If it moves none, {engine}'s own log says why it dies" + (f": {log}." if log else "."))
