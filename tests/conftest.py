@@ -45,6 +45,7 @@ GROUPS = {"security/": "host", "security/test_attack_saturation.py": "engines",
           "integration/test_real_prefill.py": "engines", "integration/test_restart.py": "engines",
           "integration/test_box_on_fire.py": "engines",
           "integration/test_docker.py": "containers", "integration/test_real_systemd.py": "containers",
+          "integration/test_golden_docker.py": "containers",
           "integration/test_image.py": "containers"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
 TESTS = Path(__file__).parent

@@ -1,12 +1,14 @@
 """Golden messages: what the person woken at 3 a.m. reads, one file per situation (tests/data/golden/alerts/).
 
-Where a situation could be played here by the real daemon (a stall and its kill, a hung /metrics, a spent kill
-budget, an engine that never answers), its golden text is made by the real path: the scenario recorded from the
-running daemon (tests/integration/test_golden_scenarios.py, tests/data/golden/scenarios/) is replayed through a
-real alerter (tests/golden.py), read in the CET zone. The others (a GPU lost, a restart through systemd or
-Docker, a reboot...) cannot happen on this box: their events are written as their makers write them and go
-through the real storm control and composer, as the alerter does. The plain text (`.txt`, what ntfy, SMS and
-e-mail show) and the Markdown (`.md`) of every message are compared with the files. After a deliberate change of
+Where a situation can be played here by the real daemon (a stall and its kill, a kill not done, a kill that
+leaves a process stuck in the kernel, a hung /metrics, a spent kill budget, an engine that never answers, a crash
+loop with and without the quarantine, a stall only alerted), its golden text is made by the real path: the
+scenario recorded from the running daemon (tests/integration/test_golden_scenarios.py,
+tests/data/golden/scenarios/) is replayed through a real alerter (tests/golden.py), read in the CET zone. The
+others cannot happen on this box (HAND_BUILT says why, and so does each one's golden file): their events are
+written as their makers write them and go through the real storm control and composer, as the alerter does.
+The plain text (`.txt`, what ntfy, SMS and e-mail show) and the Markdown (`.md`) of every message are compared
+with the files. After a deliberate change of
 the text, regenerate them with `GPUWARDEN_REGEN_GOLDEN=1 pytest tests/unit/test_golden_alerts.py` and read every
 changed file as the person woken by it before committing.
 """
@@ -175,6 +177,32 @@ SITUATIONS = {
 
 RECORDED = sorted(p.stem for p in golden.SCENARIOS.glob("*.json"))
 
+# Why each situation above is built by hand, not recorded from the real daemon: said at the top of its golden file
+_KERNEL = ("a driver's kernel line, which this box's drivers do not print: written to the real /dev/kmsg from user "
+           "space it is an unverified line (facility 1, no device metadata) that gpuwarden rightly never acts on, so "
+           "a recording would be another situation")
+_SYSTEMD = ("a restart through a systemd unit: this box has no systemd as PID 1 (a real unit's restart is "
+            "tests/integration/test_real_systemd.py's, in the nspawn lane)")
+HAND_BUILT = {
+    "restart_back": _SYSTEMD,
+    "restart_failed": _SYSTEMD + "; and a start that runs but never serves for 600 s",
+    "gpu_lost_with_engines": "a GPU ring timeout and a failed reset, " + _KERNEL,
+    "stranger_fault": "a GPU page fault of another user's process, " + _KERNEL,
+    "history_at_start": "a ring timeout logged before the start, " + _KERNEL,
+    "gpus_back": "the verdict made at the boot after a GPU was lost: it needs a reboot of this box",
+    "gpus_missing": "the verdict made at the boot after a GPU was lost: it needs a reboot of this box",
+    "docker_restart": ("a restart through Docker: a real dockerd runs only in step 2 (tests/peers/docker.py); "
+                       "not recorded yet"),
+    "xid": "an NVIDIA Xid, " + _KERNEL,
+}
+
+
+def header(situation) -> str:
+    """The golden file's first lines: where its events come from."""
+    if situation in RECORDED:
+        return f"# recorded from the real daemon: tests/integration/test_golden_scenarios.py::test_{situation}\n\n"
+    return f"# hand-built events (as their makers write them), not recorded: {HAND_BUILT[situation]}\n\n"
+
 
 def messages(events, ctx=CTX):
     storm, sent = StormControl(cooldown=600, group_window=5), []
@@ -219,7 +247,7 @@ def test_the_docs_show_golden_messages_as_they_are():
 @pytest.mark.parametrize("situation", sorted({*SITUATIONS, *RECORDED}))
 @pytest.mark.parametrize("suffix", [".txt", ".md"])
 def test_golden(situation, suffix):
-    text = render(situation, suffix == ".md")
+    text = header(situation) + render(situation, suffix == ".md")
     path = GOLDEN / f"{situation}{suffix}"
     if REGEN:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -298,3 +326,7 @@ def test_the_makers_of_event_messages_count_as_people_do(tmp_path):
     said.append(quarantine_all([cache], "crash_loop", T0, dry_run=True).message)
     assert [faults(s) for s in said] == [[], [], []], said
     assert said[0] == "killed qwen-72b: 1 process"
+
+
+def test_each_hand_built_golden_says_why_it_is_not_recorded():
+    assert set(HAND_BUILT) == set(SITUATIONS) - set(RECORDED)

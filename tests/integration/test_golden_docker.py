@@ -1,0 +1,62 @@
+"""The golden pages of a restart through Docker, played by the real daemon (as tests/integration/
+test_golden_scenarios.py plays the others): a real llama-server in a container (tests/peers/docker.py), frozen
+mid-generation with two requests running (a real stall), killed, and started again through the Engine API while
+dockerd is stopped (SIGSTOP) for 18 s: the restart is asked again with backoff (issue 36's "restart retried"),
+the container starts once dockerd resumes, and a real completion says it is back. The recording replays into
+the pages the running daemon made; GPUWARDEN_RECORD_GOLDEN=1 saves it as docker_restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from helpers import free_port, http_get
+from test_docker import PAUSE, _dockerd
+from test_golden_scenarios import config, play, until
+
+from peers.freezer import Freezer
+from peers.load import Load
+
+pytestmark = pytest.mark.root  # dockerd, ptrace, and killing root's container processes
+
+
+def kinds(recorder) -> list[str]:
+    return [row["kind"] for call in recorder.calls for row in call.get("submit", ())]
+
+
+def test_docker_restart(containers, tmp_path, receiver):
+    box = containers()
+    port = free_port()
+    engine = (f'[[engine]]\nname = "llama-8b"\nmetrics_url = "{box.metrics_url}"\nprofile = "llamacpp"\n'
+              'scrape_interval = "1s"\nmin_stall = "5s"\nkill_grace = "2s"\ncanary_timeout = "5s"\n'
+              'on_stall = "restart"\non_unresponsive = "restart"\nrestart_timeout = "90s"\n'
+              f'[engine.target]\nkind = "docker"\ncontainer = "{box.name}"\n')
+    dockerd = _dockerd()
+
+    def stalled() -> bool:
+        return 'gpuwarden_engine_stalled{engine="llama-8b"} 1.0' in http_get(f"http://127.0.0.1:{port}/metrics")
+
+    async def scenario(recorder, daemon):
+        pid = box.engine_pid()
+        with Load(box.url, streams=2, max_tokens=300, deadline=120, timeout=120):
+            await asyncio.sleep(3)  # generating: the stall detector learns its pace
+            freezer = Freezer(pid).__enter__()
+            try:
+                # the moment the stall is said, dockerd stops: the restart that follows meets a paused dockerd
+                while not await asyncio.to_thread(stalled):
+                    await asyncio.sleep(0.05)
+                dockerd.suspend()
+                paused = time.monotonic()
+                try:
+                    await until("the retry", lambda: "engine_restart_retrying" in kinds(recorder), PAUSE - 2)
+                    await asyncio.sleep(max(0.0, PAUSE - (time.monotonic() - paused)))
+                finally:
+                    dockerd.resume()
+            finally:
+                freezer.thaw()
+        await until("back", lambda: "engine_back" in kinds(recorder), 90)
+
+    recording = play("docker_restart", tmp_path, config(tmp_path, receiver, engine), scenario, exporter_port=port)
+    said = [row["kind"] for call in recording["calls"] for row in call.get("submit", ())]
+    assert "engine_restart_failed" not in said and said.count("engine_killed") == 1, said
