@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +43,8 @@ def png(picture: Path, timeout: float = 10.0) -> Path | None:
             return out
     except FileNotFoundError:
         pass
+    import shutil  # here: only a picture for ntfy needs it, and `run` starts without it
+
     tool = shutil.which("rsvg-convert")
     if tool is None:
         log.warning("no PNG of %s for the targets that show no SVG: rsvg-convert is not installed "
