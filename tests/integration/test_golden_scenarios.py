@@ -137,8 +137,8 @@ def crash_loop(name: str, tmp_path, receiver, fake_engine, cache_settings: str =
     zero-byte files (a write cut by a power loss)."""
     cache = tmp_path / "cache" / "torch_compile_cache"
     cache.mkdir(parents=True)
-    for name in ("fx_graph_0.py", "fx_graph_1.py"):
-        (cache / name).touch()  # zero bytes
+    for file in ("fx_graph_0.py", "fx_graph_1.py"):
+        (cache / file).touch()  # zero bytes
     (cache / "index.json").write_text("{}")
     fake = fake_engine("progress")
     port = fake.port

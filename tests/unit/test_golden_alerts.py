@@ -128,22 +128,11 @@ SITUATIONS = {
                              "seq=1203", "history": "logged before gpuwarden started",
                      "decision": [decision("refuse", "llama-8b", "history: logged before gpuwarden started")]}),
     ],
-    "crash_loop": [
-        ev(0, "engine_crash_loop", C, "llama-8b exited 5 times within 600 s", engine="llama-8b",
-           incident="20261204-031207-engine_crash_loop", evidence={"exits": 5, "decision": [
-               decision("quarantine", None, "crash_loop", dry_run=True)]}),
-    ],
     # after the reboot, the verdicts as recovery.py makes them (the incident that lost GPU 0 in the last boot)
     "gpus_back": [(0, recovery.verdict_event(recovery.compare(BEFORE, BEFORE), LOST, [GPU0], T0,
                                                             BEFORE))],
     "gpus_missing": [(0, recovery.verdict_event(recovery.compare(BEFORE, {GPU1: replace(
         BEFORE[GPU1], links=((GPU1, 16.0, 4),))}), LOST, [GPU0], T0))],
-    # on_stall = "alert": the message says so, without hedging; the stall ends by itself, told on its page
-    "stall_alert_only": [
-        (0, replace(STALL[1], evidence={**STALL[1].evidence, "decision": [
-            decision("alert_only", "qwen-72b", 'on_stall = "alert"')]})),
-        (95, ("resolve", STALL[1].dedupe_key, "qwen-72b makes progress again: 1,250 tokens in the last 5 s")),
-    ],
     # Docker restarts llama-8b: the words as the actuator and the engine watch make them, through the container
     "docker_restart": [
         ev(0, "engine_stall", C, "llama-8b: 3 requests running and no token processed for 95 s (threshold 60 s)",
@@ -162,12 +151,6 @@ SITUATIONS = {
         ev(75, "engine_back", I, "llama-8b back: first completion 73 s after the kill", engine="llama-8b", gpu=GPU1,
            incident="20261204-031207-engine_stall", evidence={"seconds_since_kill": 73.4}),
     ],
-    # a process stuck in the driver survives SIGKILL: the engine is still stuck, said with the pids
-    "kill_survivors": [STALL, ev(
-        12, "engine_killed", C, "killed qwen-72b: 3 processes (1 needed SIGKILL); 1 survived SIGKILL: 4303 (stalled)",
-        engine="qwen-72b", gpu=GPU0, evidence={"reason": "stalled", "terminated": ["4301", "4302", "4303"],
-                                               "killed": ["4303"], "survivors": ["4303"], "dry_run": False,
-                                               "refused": [], "restart": False})],
     # an NVIDIA Xid as the real classifier makes it of a driver's line, on qwen-72b's GPU
     "xid": [(0, replace(xid_event(), evidence={**xid_event().evidence, "incident": "20261204-031207-xid",
                                                 "decision": [decision("kill", "qwen-72b", "kernel reported xid 13 "

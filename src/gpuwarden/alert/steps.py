@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuwarden.alert import runbooks
 from gpuwarden.alert.context import Context, first, is_lost
-from gpuwarden.alert.sentences import stall_start
+from gpuwarden.alert.sentences import pids, stall_start
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.words import plural
 from gpuwarden.core.model import Event
@@ -59,10 +59,10 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                              f"If it moves none, {engine}'s own log says why it dies" + (f": {log}." if log else "."))
     for e in events:
         if e.kind == "engine_killed" and (left := e.evidence.get("survivors")):
-            pids = ", ".join(map(str, left))
-            steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL (pid {pids}): "
+            steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL, {pids(left)}: "
                          "stuck in the kernel, most likely in the GPU driver, holding its GPU memory. Look where: "
-                         f"`cat /proc/{left[0]}/wchan`. Only a reboot ends it: drain the box and reboot.")
+                         f"`cat /proc/{str(left[0]).split()[0]}/wchan`. Only a reboot ends it: drain the box and "
+                         "reboot.")
     for e in events:  # a refusal whose decision was paged before (a follow-up): said for its engine, by name
         if e.kind == "kill_refused" and "kill_refused" in keys:
             how = ctx.runs_of(e.engine).restart()
