@@ -2,8 +2,10 @@
 test_golden_scenarios.py plays the others): a real llama-server in a container (tests/peers/docker.py), frozen
 mid-generation with two requests running (a real stall), killed, and started again through the Engine API while
 dockerd is stopped (SIGSTOP) for 18 s: the restart is asked again with backoff (issue 36's "restart retried"),
-the container starts once dockerd resumes, and a real completion says it is back. The recording replays into
-the pages the running daemon made; GPUWARDEN_RECORD_GOLDEN=1 saves it as docker_restart."""
+the container starts once dockerd resumes, and a real completion says it is back (docker_restart). Stopped for
+longer than restart_timeout, every ask goes unanswered: "restart failed", saying what was tried, and the exact
+command with the real container's name (docker_restart_failed). The recordings replay into the pages the running
+daemon made; GPUWARDEN_RECORD_GOLDEN=1 saves them."""
 
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ def kinds(recorder) -> list[str]:
     return [row["kind"] for call in recorder.calls for row in call.get("submit", ())]
 
 
-def test_docker_restart(containers, tmp_path, receiver):
+@pytest.mark.parametrize(("name", "pause", "timeout"), [("docker_restart", PAUSE, 90),
+                                                      ("docker_restart_failed", 30.0, 20)])
+def test_docker_restart(containers, tmp_path, receiver, name, pause, timeout):
     box = containers()
     port = free_port()
     engine = (f'[[engine]]\nname = "llama-8b"\nmetrics_url = "{box.metrics_url}"\nprofile = "llamacpp"\n'
               'scrape_interval = "1s"\nmin_stall = "5s"\nkill_grace = "2s"\ncanary_timeout = "5s"\n'
-              'on_stall = "restart"\non_unresponsive = "restart"\nrestart_timeout = "90s"\n'
+              f'on_stall = "restart"\non_unresponsive = "restart"\nrestart_timeout = "{timeout}s"\n'
               f'[engine.target]\nkind = "docker"\ncontainer = "{box.name}"\n')
     dockerd = _dockerd()
 
@@ -49,14 +53,16 @@ def test_docker_restart(containers, tmp_path, receiver):
                 dockerd.suspend()
                 paused = time.monotonic()
                 try:
-                    await until("the retry", lambda: "engine_restart_retrying" in kinds(recorder), PAUSE - 2)
-                    await asyncio.sleep(max(0.0, PAUSE - (time.monotonic() - paused)))
+                    await until("the retry", lambda: "engine_restart_retrying" in kinds(recorder), 16)
+                    await asyncio.sleep(max(0.0, pause - (time.monotonic() - paused)))
                 finally:
                     dockerd.resume()
             finally:
                 freezer.thaw()
-        await until("back", lambda: "engine_back" in kinds(recorder), 90)
+        outcome = "engine_back" if pause < timeout else "engine_restart_failed"
+        await until(outcome, lambda: outcome in kinds(recorder), 90)
 
-    recording = play("docker_restart", tmp_path, config(tmp_path, receiver, engine), scenario, exporter_port=port)
+    recording = play(name, tmp_path, config(tmp_path, receiver, engine), scenario, exporter_port=port)
     said = [row["kind"] for call in recording["calls"] for row in call.get("submit", ())]
-    assert "engine_restart_failed" not in said and said.count("engine_killed") == 1, said
+    assert said.count("engine_killed") == 1 and said.count("engine_restarting") == 1, said
+    assert ("engine_restart_failed" in said) == (pause > timeout) and ("engine_back" in said) == (pause < timeout)
