@@ -133,24 +133,6 @@ SITUATIONS = {
                                                             BEFORE))],
     "gpus_missing": [(0, recovery.verdict_event(recovery.compare(BEFORE, {GPU1: replace(
         BEFORE[GPU1], links=((GPU1, 16.0, 4),))}), LOST, [GPU0], T0))],
-    # Docker restarts llama-8b: the words as the actuator and the engine watch make them, through the container
-    "docker_restart": [
-        ev(0, "engine_stall", C, "llama-8b: 3 requests running and no token processed for 95 s (threshold 60 s)",
-           engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall", evidence={
-               "figures": {"running": 3.0, "waiting": 1.0, "tokens_processed": 7910.0, "generated_tokens": 7910.0,
-                           "stalled_seconds": 95.2, "threshold_seconds": 60.0, "typical_token_seconds": 0.042,
-                           "cpu_percent": 0.13106514859271545},
-               "spinning": False, "source": "metrics", "decision": [decision("restart", "llama-8b", "stalled")]}),
-        ev(2, "engine_killed", C, "killed llama-8b: 2 processes (stalled); restarting it through its Docker "
-                                  "container", engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall",
-           evidence={"reason": "stalled", "terminated": ["5101", "5102"], "killed": [], "survivors": [],
-                     "dry_run": False, "refused": [], "restart": True}),
-        ev(3, "engine_restarting", W, "llama-8b: asking its Docker container to start it again; back once a real "
-                                      "completion returns", engine="llama-8b", gpu=GPU1,
-           incident="20261204-031207-engine_stall", evidence={"supervisor": "Docker container"}),
-        ev(75, "engine_back", I, "llama-8b back: first completion 73 s after the kill", engine="llama-8b", gpu=GPU1,
-           incident="20261204-031207-engine_stall", evidence={"seconds_since_kill": 73.4}),
-    ],
     # an NVIDIA Xid as the real classifier makes it of a driver's line, on qwen-72b's GPU
     "xid": [(0, replace(xid_event(), evidence={**xid_event().evidence, "incident": "20261204-031207-xid",
                                                 "decision": [decision("kill", "qwen-72b", "kernel reported xid 13 "
@@ -174,14 +156,14 @@ HAND_BUILT = {
     "history_at_start": "a ring timeout logged before the start, " + _KERNEL,
     "gpus_back": "the verdict made at the boot after a GPU was lost: it needs a reboot of this box",
     "gpus_missing": "the verdict made at the boot after a GPU was lost: it needs a reboot of this box",
-    "docker_restart": ("a restart through Docker: a real dockerd runs only in step 2 (tests/peers/docker.py); "
-                       "not recorded yet"),
     "xid": "an NVIDIA Xid, " + _KERNEL,
 }
 
 
 def header(situation) -> str:
     """The golden file's first lines: where its events come from."""
+    if situation.startswith("docker_"):
+        return f"# recorded from the real daemon: tests/integration/test_golden_docker.py ({situation})\n\n"
     if situation in RECORDED:
         return f"# recorded from the real daemon: tests/integration/test_golden_scenarios.py::test_{situation}\n\n"
     return f"# hand-built events (as their makers write them), not recorded: {HAND_BUILT[situation]}\n\n"

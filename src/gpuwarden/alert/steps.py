@@ -68,12 +68,34 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
             how = ctx.runs_of(e.engine).restart()
             steps.append(runbooks.engine_step({"action": "refuse", "by_hand": True, "engine": e.engine}, gone, how))
             keys = [k for k in keys if k != "kill_refused"]
+    for e in events:  # a supervisor that did not start it: the one the daemon asked, by name, not every kind
+        key = runbooks.key_for(e.kind, e.evidence.get("runbook"))
+        if key in ("restart_retrying", "restart_not_started") and key in keys and (said := _supervisor_step(e, key)):
+            steps.append(said)
+            keys = [k for k in keys if k != key]
     if "cache_poisoned" in keys:
         keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
     for k in keys:
         if k not in runbooks.HARDWARE:
             steps.append(runbooks.RUNBOOKS[k] + _its_log(k, events, ctx))
     return list(dict.fromkeys(s for s in steps if s))
+
+
+def _supervisor_step(e: Event, key: str) -> str | None:
+    """What to do when the engine's Docker container or systemd unit did not start it, naming that one."""
+    supervisor, command = e.evidence.get("supervisor") or "", e.evidence.get("command")
+    if supervisor.startswith("Docker container"):
+        look = "dockerd itself: `systemctl status docker` and `journalctl -u docker`"
+    elif supervisor.startswith("systemd unit "):
+        unit = supervisor.removeprefix("systemd unit ")
+        look = f"the unit: `systemctl status {unit}` and `journalctl -u {unit}`"
+    else:
+        return None
+    if key == "restart_retrying":
+        return (f"Nothing to do yet: gpuwarden asks its {supervisor} again with backoff until restart_timeout and "
+                f"pages again either way. If it goes on, look at {look}.")
+    return (f"Look at {look}; then start {e.engine} by hand" + (f": `{command}`" if command else "")
+            + ". gpuwarden will not restart it again.")
 
 
 def _its_log(key: str, events: list[Event], ctx: Context) -> str:
