@@ -295,3 +295,12 @@ def test_the_makers_of_event_messages_count_as_people_do(tmp_path):
 
 def test_each_hand_built_golden_says_why_it_is_not_recorded():
     assert set(HAND_BUILT) == set(SITUATIONS) - set(RECORDED)
+
+
+def test_a_crash_loop_only_alerted_never_says_its_caches_moved():
+    """Recorded with on_crash_loop = "alert": the quarantine found the zero-byte files and moved nothing. The page
+    said "compile caches moved aside" and "The cache was renamed": it tells the person to move them."""
+    [*_, last] = pages("crash_loop")
+    assert "moved aside" not in last["title"] and "was renamed" not in last["text"], last["text"]
+    assert "gpuwarden quarantine /" in last["text"] and 'gpuwarden moved no cache: on_crash_loop = "alert"' in \
+        last["text"]

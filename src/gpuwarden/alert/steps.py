@@ -75,6 +75,14 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
             keys = [k for k in keys if k != key]
     if "cache_poisoned" in keys:
         keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
+        unmoved = [m["dir"] for e in events if e.kind == "cache_poisoned" and e.evidence.get("dry_run")
+                   for m in e.evidence.get("moved") or ()]
+        if unmoved:  # found, not moved (on_crash_loop = "alert", or [cache] dry_run): the person moves them
+            keys = [k for k in keys if k != "cache_poisoned"]
+            steps.append("Zero-byte files in a compile cache are the mark of a write cut by a power loss; the "
+                         "engine dies on them. Move the cache aside (renamed, never deleted): `gpuwarden quarantine "
+                         f"{' '.join(unmoved)}`, then restart the engine so it recompiles (the first start takes "
+                         "longer), and delete the BROKEN folder once it runs.")
     for k in keys:
         if k not in runbooks.HARDWARE:
             steps.append(runbooks.RUNBOOKS[k] + _its_log(k, events, ctx))

@@ -49,8 +49,9 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         return f"engine {e.engine} NOT killed: {e.evidence.get('why') or e.message} — act by hand"
     if e := first(events, "kill_refused"):
         return f"engine {e.engine} NOT killed, act by hand — {_own(cause, e)}"
-    if first(events, "cache_poisoned"):
-        return f"compile caches moved aside — {cause}"
+    if e := first(events, "cache_poisoned"):
+        return f"compile caches {'with zero-byte files, not moved' if e.evidence.get('dry_run') else 'moved aside'}" \
+               f" — {cause}"
     fault = first_fault(events) or events[0]
     if not fault.live:
         return f"{cause} (logged before gpuwarden started; no action)"
