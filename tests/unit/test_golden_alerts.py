@@ -304,3 +304,14 @@ def test_a_crash_loop_only_alerted_never_says_its_caches_moved():
     assert "moved aside" not in last["title"] and "was renamed" not in last["text"], last["text"]
     assert "gpuwarden quarantine /" in last["text"] and 'gpuwarden moved no cache: on_crash_loop = "alert"' in \
         last["text"]
+
+
+def test_a_crash_loop_paged_before_its_caches_are_moved_says_gpuwarden_is_moving_them():
+    """The quarantine decided, its outcome not yet known (the move outlasted the group window): the page told the
+    person to run `gpuwarden quarantine` themselves, beside the decision that gpuwarden does it."""
+    loop = ev(0, "engine_crash_loop", C, "llama-8b exited 5 times within 600 s", engine="llama-8b",
+              incident="20261204-031207-engine_crash_loop",
+              evidence={"exits": 5, "decision": [decision("quarantine", None, "crash_loop")]})
+    [page] = messages([loop])
+    assert "Nothing to do yet: gpuwarden looks for zero-byte files in llama-8b's compile caches" in page.text
+    assert "`docker logs llama-8b`" in page.body and "gpuwarden quarantine finds them" not in page.text

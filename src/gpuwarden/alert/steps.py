@@ -56,7 +56,8 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                 its_log = ctx.runs_of(engine).logs(None) if engine != "the engine" else None
                 steps.append(f"Nothing to do yet: gpuwarden looks for zero-byte files in {engine}'s compile caches "
                              "and moves each such cache aside (renamed, never deleted), then pages what it moved. "
-                             f"If it moves none, {engine}'s own log says why it dies" + (f": {its_log}." if its_log else "."))
+                             f"If it moves none, {engine}'s own log says why it dies"
+                             + (f": {its_log}." if its_log else "."))
     for e in events:
         if e.kind == "engine_killed" and (left := e.evidence.get("survivors")):
             steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL, {pids(left)}: "
