@@ -154,8 +154,11 @@ HAND_BUILT = {
     "gpu_lost_with_engines": "a GPU ring timeout and a failed reset, " + _KERNEL,
     "stranger_fault": "a GPU page fault of another user's process, " + _KERNEL,
     "history_at_start": "a ring timeout logged before the start, " + _KERNEL,
-    "gpus_back": "the verdict made at the boot after a GPU was lost: it needs a reboot of this box",
-    "gpus_missing": "the verdict made at the boot after a GPU was lost: it needs a reboot of this box",
+    "gpus_back": ("the verdict made at the boot after a GPU was lost: the daemon can be shown a last boot "
+                  "(tests/integration/test_recovery_boot.py), but its page then updates that boot's paged incident, "
+                  "which a recording's replay (a fresh alerter) does not carry yet"),
+    "gpus_missing": ("the verdict made at the boot after a GPU was lost, with a GPU still missing: the daemon waits "
+                     "10 minutes for it, and its page updates the last boot's incident (see gpus_back)"),
     "xid": "an NVIDIA Xid, " + _KERNEL,
 }
 
