@@ -38,18 +38,27 @@ def test_docker_restart(containers, tmp_path, receiver, name, pause, timeout):
               f'[engine.target]\nkind = "docker"\ncontainer = "{box.name}"\n')
     dockerd = _dockerd()
 
-    def stalled() -> bool:
-        return 'gpuwarden_engine_stalled{engine="llama-8b"} 1.0' in http_get(f"http://127.0.0.1:{port}/metrics")
+    def gauge(name: str) -> float:
+        """The daemon's own gauge for the engine, read over loopback (faster than the store)."""
+        return max((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{port}/metrics").splitlines()
+                    if line.startswith(f'{name}{{engine="llama-8b"')), default=0.0)
+
+    async def until_gauge(name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while await asyncio.to_thread(gauge, name) < 1:
+            assert time.monotonic() < deadline, f"no {name} within {timeout:.0f} s"
+            await asyncio.sleep(0.05)
 
     async def scenario(recorder, daemon):
         pid = box.engine_pid()
         with Load(box.url, streams=2, max_tokens=300, deadline=120, timeout=120):
-            await asyncio.sleep(3)  # generating: the stall detector learns its pace
+            # generating, as the daemon sees it: frozen before, it would be an idle engine whose /metrics hangs
+            await until_gauge("gpuwarden_engine_requests_running", 30)
+            await asyncio.sleep(2)  # the stall detector learns its pace
             freezer = Freezer(pid).__enter__()
             try:
                 # the moment the stall is said, dockerd stops: the restart that follows meets a paused dockerd
-                while not await asyncio.to_thread(stalled):
-                    await asyncio.sleep(0.05)
+                await until_gauge("gpuwarden_engine_stalled", 60)
                 dockerd.suspend()
                 paused = time.monotonic()
                 try:
