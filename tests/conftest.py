@@ -47,7 +47,7 @@ GROUPS = {"security/": "host", "security/test_attack_saturation.py": "llamacpp",
           "integration/test_real_prefill.py": ENGINES, "integration/test_restart.py": ENGINES,
           "integration/test_box_on_fire.py": ENGINES,
           "integration/test_docker.py": "llamacpp", "integration/test_real_systemd.py": "llamacpp",
-          "integration/test_image.py": "llamacpp"}
+          "integration/test_golden_docker.py": "llamacpp", "integration/test_image.py": "llamacpp"}
 HOST_FIXTURES = {"journald", "attacker", "attacker_account"}
 TESTS = Path(__file__).parent
 

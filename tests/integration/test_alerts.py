@@ -38,7 +38,7 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     d = daemon_factory(config).start()
     d.wait_serving()
     append(d, LOST.format(bus="03"))
-    wait_for(lambda: len(receiver.received) >= 2, 15, what="both deliveries")
+    wait_for(lambda: len(receiver.received) >= 3, 45, what="both deliveries, and ntfy's picture")
 
     [hook] = [b for b in receiver.json_bodies("/hook") if "GPU 0000:03:00.0" in b["title"]]  # not the loop's lag
     assert hook["type"] == "failure"
@@ -48,11 +48,14 @@ def test_json_and_ntfy_receive_the_alert_with_evidence_and_runbook(daemon_factor
     assert "alert id: gw-" in hook["message"]
     assert "**What to do**\n1. Reboot, then wait" in hook["message"]  # apprise's JSON plugin takes Markdown
 
-    [ntfy] = [r for r in receiver.received if not r["path"].startswith("/hook")]
-    # a critical page rings through Do Not Disturb (ntfy's max priority), tagged; no SVG (a phone shows none), so
-    # the message goes in the JSON body, not in the URL's query
+    ntfy, picture = [r for r in receiver.received if not r["path"].startswith("/hook")]
+    # a critical page rings through Do Not Disturb (ntfy's max priority), tagged; no SVG (a phone shows none):
+    # the message goes in the JSON body, not in the URL's query, and then the incident's timeline as a PNG
+    # (which ntfy's app previews), alone and at low priority (it does not ring twice)
     assert ntfy["headers"]["X-Priority"] == "max" and "rotating_light" in ntfy["headers"]["X-Tags"]
     assert "?" not in ntfy["path"] and not ntfy["raw"].startswith(b"<svg ")
+    assert picture["raw"].startswith(b"\x89PNG\r\n\x1a\n") and picture["headers"]["X-Priority"] == "low"
+    assert picture["path"] == "/gpu-box?filename=timeline.png"  # nothing of the message in the URL
     ntfy_text = json.loads(ntfy["body"])["message"]
     assert "device lost from bus!" in ntfy_text and "GPU 0000:03:00.0 fell off the bus" in json.loads(
         ntfy["body"])["title"]

@@ -46,9 +46,11 @@ ENGINE = '[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:1/metrics"\n'
     ('[exporter]\nenabled = true\nlisten = "127.0.0.1:99999"\n',
      ":3: exporter.listen: '127.0.0.1:99999': port 99999 is above 65535"),
     ('[alerts]\ncooldown = "10m"\nurls = ["ntfys://ntfy.example.org/box", "notaservice://x"]\n',
-     ":3: alerts.urls[1]: apprise does not accept this URL (2:notaservice)"),
+     ":3: alerts.urls[1]: apprise has no service for notaservice://; its services and their URLs: "
+     "https://appriseit.com/services/"),
     ('[alerts]\n\n[[alerts.target]]\nurl = "ntfys://ntfy.example.org/box"\n\n[[alerts.target]]\nname = "pager"\n'
-     'url = "tgram://bottoken/chatid"\n', ":8: alerts.target[1].url: apprise does not accept this URL (pager)"),
+     'url = "tgram://bottoken/chatid"\n', ":8: alerts.target[1].url: apprise's Telegram service (tgram://) does "
+     "not accept this URL: a part is missing or malformed (its form: https://appriseit.com/services/telegram/)"),
     (ENGINE + '[engine.target]\nkind = "cmdline"\npattern = "vllm serve (Qwen"\n',
      ":6: engine[0].target.pattern: not a regular expression: missing ), unterminated subpattern"),
     ('[[kernel.rule]]\npattern = "my_driver: fatal"\nkind = "gpu_reset"\nrunbook = "devce_lost"\n',

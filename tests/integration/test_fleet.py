@@ -17,6 +17,8 @@ SCRAPE = ROOT / "config/prometheus/prometheus.yml"
 ALERTMANAGER = ROOT / "config/alertmanager/alertmanager.yml"
 # The only change to the shipped rules: GpuwardenDown waits 2 s, not 2 minutes. Expressions are untouched.
 FOR = {"GpuwardenDown": "2s"}
+DOCS = "https://github.com/gpuwarden/gpuwarden/blob/main/docs"  # the rules' runbook base unless configured
+WIKI = "https://wiki.example.org/gpuwarden"  # a team's own copy of the docs, as an external label names it
 LOST = f"Dec 02 16:22:28 host kernel: amdgpu {TEST_GPU}: amdgpu: device lost from bus!\n"
 
 
@@ -82,7 +84,10 @@ def test_every_alert_is_documented_as_it_is_in_the_rules():
     sections = {m[1] for m in re.finditer(r"^#### (Gpuwarden\w+)$", doc, re.M)}
     for name, rule in rules.items():
         assert rule["annotations"].keys() == {"summary", "description", "runbook_url"}, name
-        assert rule["annotations"]["runbook_url"] == f"docs/fleet.md#{name.lower()}" and name in sections, name
+        # absolute (a relative URL leads nowhere from a page), at the base the Prometheus' external label
+        # gpuwarden_docs names, else the project's docs
+        assert rule["annotations"]["runbook_url"] == (f'{{{{ or $externalLabels.gpuwarden_docs "{DOCS}" }}}}'
+                                                      f"/fleet.md#{name.lower()}") and name in sections, name
     assert sections == set(rules)
 
 
@@ -138,7 +143,8 @@ def start_prometheus(tmp: Path, target: int, alertmanager: int) -> tuple[Server,
     assert changed == set(FOR)
     (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
     config = yaml.safe_load(SCRAPE.read_text())
-    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s",
+                        "external_labels": {"gpuwarden_docs": WIKI}}
     [job] = config["scrape_configs"]
     job.update(scrape_interval="1s", static_configs=[{"targets": [f"127.0.0.1:{target}"]}])
     config["rule_files"] = [str(tmp / "rules.yml")]
@@ -192,6 +198,7 @@ def test_alerts_reach_a_webhook_through_prometheus_and_alertmanager(daemon_facto
         took_stall = time.monotonic() - started
         assert stalled["labels"]["severity"] == "critical" and stalled["labels"]["job"] == "gpuwarden"
         assert stalled["annotations"]["summary"].startswith("engine_stall on 127.0.0.1:")
+        assert stalled["annotations"]["runbook_url"] == f"{WIKI}/fleet.md#gpuwardenincident"  # the base configured
         assert stalled["labels"]["id"] in {e["evidence"].get("incident") for e in d.events()}
 
         started = time.monotonic()

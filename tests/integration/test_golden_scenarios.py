@@ -27,12 +27,12 @@ RECORD = os.environ.get("GPUWARDEN_RECORD_GOLDEN") == "1"
 ENGINE = {"scrape_interval": '"0.5s"', "min_stall": '"2s"', "kill_grace": '"1s"', "gpus": f'["{TEST_GPU}"]'}
 
 
-def config(tmp_path, receiver, engines: str, extra: str = "") -> str:
+def config(tmp_path, receiver, engines: str, extra: str = "", cache: str = "") -> str:
     sysfs = build(tmp_path / "sys", {TEST_GPU: "rdna3"})
     (tmp_path / "kern.log").touch()
     return (f'\n[kernel]\nsource = "file"\nfile = "{tmp_path / "kern.log"}"\n'
             f'[gpu]\nsysfs_root = "{sysfs}"\nnvml = false\n[guard]\nenabled = false\n'
-            f'[cache]\ndirs = ["{tmp_path / "cache"}"]\n'
+            f'[cache]\ndirs = ["{tmp_path / "cache"}"]\n{cache}'
             f'[alerts]\nhostname = "box1"\ngroup_window = "1s"\n'
             f'urls = ["json://127.0.0.1:{receiver.port}/pager"]\n{engines}\n{extra}')
 
@@ -53,10 +53,10 @@ def kinds(recorder: golden.Recorder) -> list[str]:
     return [row["kind"] for call in recorder.calls for row in call.get("submit", ())]
 
 
-def play(name: str, tmp_path, daemon_config: str, scenario) -> None:
+def play(name: str, tmp_path, daemon_config: str, scenario, exporter_port: int | None = None) -> dict:
     """Run `scenario(recorder)` against the real daemon, wait for its pages to settle, then check that the
     recording replays into the same pages, and save it where asked."""
-    daemon = daemon_in(tmp_path, daemon_config)
+    daemon = daemon_in(tmp_path, daemon_config, exporter_port)
 
     async def main():
         async with running(daemon):
@@ -72,6 +72,7 @@ def play(name: str, tmp_path, daemon_config: str, scenario) -> None:
     assert golden.replay(recording, tmp_path / "replay.db") == recorder.pages  # the replay is the daemon's path
     if RECORD:
         golden.save(name, recording)
+    return recording
 
 
 def test_stall_kill(tmp_path, receiver, fake_engine):
@@ -131,14 +132,13 @@ def test_engine_not_answering(tmp_path, receiver):
         "llama-8b", url, restart_timeout='"4s"')), scenario)
 
 
-
-def test_quarantine(tmp_path, receiver, fake_engine):
+def crash_loop(name: str, tmp_path, receiver, fake_engine, cache_settings: str = "") -> dict:
     """An engine that keeps dying (its processes killed under it twice) is a crash loop; its compile cache holds
-    zero-byte files (a write cut by a power loss): gpuwarden moves the cache aside."""
+    zero-byte files (a write cut by a power loss)."""
     cache = tmp_path / "cache" / "torch_compile_cache"
     cache.mkdir(parents=True)
-    for name in ("fx_graph_0.py", "fx_graph_1.py"):
-        (cache / name).touch()  # zero bytes
+    for file in ("fx_graph_0.py", "fx_graph_1.py"):
+        (cache / file).touch()  # zero bytes
     (cache / "index.json").write_text("{}")
     fake = fake_engine("progress")
     port = fake.port
@@ -151,7 +151,101 @@ def test_quarantine(tmp_path, receiver, fake_engine):
         await asyncio.sleep(3)
         again.kill()
         await until("the crash loop", lambda: "engine_crash_loop" in kinds(recorder))
-        await until("the caches moved", lambda: "cache_poisoned" in kinds(recorder))
+        if not cache_settings:
+            await until("the caches moved", lambda: "cache_poisoned" in kinds(recorder))
 
-    play("quarantine", tmp_path, config(tmp_path, receiver, engine("llama-8b", fake.url, crash_loop_exits="2")),
+    return play(name, tmp_path, config(tmp_path, receiver, engine("llama-8b", fake.url, crash_loop_exits="2"),
+                                       cache=cache_settings), scenario)
+
+
+def test_quarantine(tmp_path, receiver, fake_engine):
+    """gpuwarden moves the poisoned cache aside: the move names the engine whose crash loop it ends, so it is
+    told in that incident (it was an incident of its own)."""
+    recording = crash_loop("quarantine", tmp_path, receiver, fake_engine)
+    rows = {row["kind"]: row for call in recording["calls"] for row in call.get("submit", ())}
+    assert rows["cache_poisoned"]["engine"] == "llama-8b"
+    assert rows["cache_poisoned"]["evidence"]["incident"] == rows["engine_crash_loop"]["evidence"]["incident"]
+
+
+def test_crash_loop(tmp_path, receiver, fake_engine):
+    """The same crash loop where the configuration says only to alert (on_crash_loop = "alert"): nothing moves."""
+    crash_loop("crash_loop", tmp_path, receiver, fake_engine, 'on_crash_loop = "alert"\n')
+
+
+def test_stall_alert_only(tmp_path, receiver, fake_engine):
+    """on_stall = "alert": the stall is paged, nothing is killed, and it ends by itself, told on its page."""
+    fake = fake_engine("progress")
+
+    async def scenario(recorder, daemon):
+        await asyncio.sleep(2)
+        fake.set_mode("stall")
+        await until("the stall", lambda: "engine_stall" in kinds(recorder))
+        await asyncio.sleep(3)
+        fake.set_mode("progress")
+        await until("its end", lambda: any("resolve" in call for call in recorder.calls))
+
+    play("stall_alert_only", tmp_path, config(tmp_path, receiver, engine("qwen-72b", fake.url, on_stall='"alert"')),
          scenario)
+
+
+def test_kill_not_done(tmp_path, receiver, fake_engine, monkeypatch):
+    """Issue 36's failure path: a stalled engine never looked at before, and every look at its processes late
+    (the host too slow: the look's own deadline shrunk to nothing, as tests/integration/test_kill_not_done.py
+    does); the kill cannot run: "NOT killed", then the kill once a look answers again."""
+    from gpuwarden.engine import looks
+
+    fake = fake_engine("progress")
+    monkeypatch.setattr(looks, "DEADLINE", 0.0)  # every look is late: none ever answers in time
+
+    async def scenario(recorder, daemon):
+        await asyncio.sleep(2)
+        fake.set_mode("stall")
+        await until("the kill not done", lambda: "kill_not_done" in kinds(recorder))
+        await asyncio.sleep(daemon.alerter.config.group_window + 0.5)  # its page out before the kill
+        monkeypatch.setattr(looks, "DEADLINE", 10.0)  # the host answers again
+        await until("the kill", lambda: "engine_killed" in kinds(recorder))
+
+    play("kill_not_done", tmp_path, config(tmp_path, receiver, engine("qwen-72b", fake.url, canary='"off"')),
+         scenario)
+
+
+class Frozen:
+    """A process frozen in a cgroup-v1 freezer cgroup of its own: in state D, as a process stuck in a GPU driver
+    is, it survives SIGKILL until it is thawed (then the pending SIGKILL ends it)."""
+
+    ROOT = "/sys/fs/cgroup/freezer"
+
+    def __init__(self, pid: int) -> None:
+        from pathlib import Path
+
+        self.dir = Path(self.ROOT) / f"gpuwarden-golden-{os.getpid()}-{pid}"
+        self.dir.mkdir()
+        (self.dir / "tasks").write_text(str(pid))
+        (self.dir / "freezer.state").write_text("FROZEN")
+
+    def thaw(self) -> None:
+        (self.dir / "freezer.state").write_text("THAWED")
+        for _ in range(100):  # its SIGKILL ends it once it runs: the cgroup empties, and goes
+            if not (self.dir / "tasks").read_text().strip():
+                break
+            time.sleep(0.05)
+        self.dir.rmdir()
+
+
+def test_kill_survivors(tmp_path, receiver, fake_engine):
+    """A stalled engine one of whose processes is stuck in the kernel (frozen in a freezer cgroup: state D, as in a
+    GPU driver) survives SIGKILL: the page says the kill left it, with its pid."""
+    fake = fake_engine("progress")
+    frozen = []
+
+    async def scenario(recorder, daemon):
+        await asyncio.sleep(2)
+        frozen.append(Frozen(fake.pids()[1]))  # its worker process
+        fake.set_mode("stall")
+        await until("the kill", lambda: "engine_killed" in kinds(recorder), 45)
+
+    try:
+        play("kill_survivors", tmp_path, config(tmp_path, receiver, engine("qwen-72b", fake.url)), scenario)
+    finally:
+        for f in frozen:
+            f.thaw()

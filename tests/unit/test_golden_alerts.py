@@ -1,12 +1,14 @@
 """Golden messages: what the person woken at 3 a.m. reads, one file per situation (tests/data/golden/alerts/).
 
-Where a situation could be played here by the real daemon (a stall and its kill, a hung /metrics, a spent kill
-budget, an engine that never answers), its golden text is made by the real path: the scenario recorded from the
-running daemon (tests/integration/test_golden_scenarios.py, tests/data/golden/scenarios/) is replayed through a
-real alerter (tests/golden.py), read in the CET zone. The others (a GPU lost, a restart through systemd or
-Docker, a reboot...) cannot happen on this box: their events are written as their makers write them and go
-through the real storm control and composer, as the alerter does. The plain text (`.txt`, what ntfy, SMS and
-e-mail show) and the Markdown (`.md`) of every message are compared with the files. After a deliberate change of
+Where a situation can be played here by the real daemon (a stall and its kill, a kill not done, a kill that
+leaves a process stuck in the kernel, a hung /metrics, a spent kill budget, an engine that never answers, a crash
+loop with and without the quarantine, a stall only alerted), its golden text is made by the real path: the
+scenario recorded from the running daemon (tests/integration/test_golden_scenarios.py,
+tests/data/golden/scenarios/) is replayed through a real alerter (tests/golden.py), read in the CET zone. The
+others cannot happen on this box (HAND_BUILT says why, and so does each one's golden file): their events are
+written as their makers write them and go through the real storm control and composer, as the alerter does.
+The plain text (`.txt`, what ntfy, SMS and e-mail show) and the Markdown (`.md`) of every message are compared
+with the files. After a deliberate change of
 the text, regenerate them with `GPUWARDEN_REGEN_GOLDEN=1 pytest tests/unit/test_golden_alerts.py` and read every
 changed file as the person woken by it before committing.
 """
@@ -59,7 +61,7 @@ def ev(at, kind, severity, message, incident="20261204-031207-engine_stall", **f
     return at, Event(kind, severity, message, T0 + at, evidence=evidence, **fields)
 
 
-STALL = ev(0, "engine_stall", C, "qwen-72b: 4 request(s) running and no token processed for 120 s (threshold 60 s)",
+STALL = ev(0, "engine_stall", C, "qwen-72b: 4 requests running and no token processed for 120 s (threshold 60 s)",
            engine="qwen-72b", gpu=GPU0, evidence={
                "figures": {"running": 4, "generated_tokens": 1834112, "stalled_seconds": 120.0,
                            "threshold_seconds": 60.0, "typical_token_seconds": 0.031, "cpu_percent": 100.0},
@@ -126,46 +128,11 @@ SITUATIONS = {
                              "seq=1203", "history": "logged before gpuwarden started",
                      "decision": [decision("refuse", "llama-8b", "history: logged before gpuwarden started")]}),
     ],
-    "crash_loop": [
-        ev(0, "engine_crash_loop", C, "llama-8b exited 5 times within 600 s", engine="llama-8b",
-           incident="20261204-031207-engine_crash_loop", evidence={"exits": 5, "decision": [
-               decision("quarantine", None, "crash_loop", dry_run=True)]}),
-    ],
     # after the reboot, the verdicts as recovery.py makes them (the incident that lost GPU 0 in the last boot)
     "gpus_back": [(0, recovery.verdict_event(recovery.compare(BEFORE, BEFORE), LOST, [GPU0], T0,
                                                             BEFORE))],
     "gpus_missing": [(0, recovery.verdict_event(recovery.compare(BEFORE, {GPU1: replace(
         BEFORE[GPU1], links=((GPU1, 16.0, 4),))}), LOST, [GPU0], T0))],
-    # on_stall = "alert": the message says so, without hedging; the stall ends by itself, told on its page
-    "stall_alert_only": [
-        (0, replace(STALL[1], evidence={**STALL[1].evidence, "decision": [
-            decision("alert_only", "qwen-72b", 'on_stall = "alert"')]})),
-        (95, ("resolve", STALL[1].dedupe_key, "qwen-72b makes progress again: 1,250 tokens in the last 5 s")),
-    ],
-    # Docker restarts llama-8b: the words as the actuator and the engine watch make them, through the container
-    "docker_restart": [
-        ev(0, "engine_stall", C, "llama-8b: 3 request(s) running and no token processed for 95 s (threshold 60 s)",
-           engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall", evidence={
-               "figures": {"running": 3.0, "waiting": 1.0, "tokens_processed": 7910.0, "generated_tokens": 7910.0,
-                           "stalled_seconds": 95.2, "threshold_seconds": 60.0, "typical_token_seconds": 0.042,
-                           "cpu_percent": 0.13106514859271545},
-               "spinning": False, "source": "metrics", "decision": [decision("restart", "llama-8b", "stalled")]}),
-        ev(2, "engine_killed", C, "killed llama-8b: 2 processes (stalled); restarting it through its Docker "
-                                  "container", engine="llama-8b", gpu=GPU1, incident="20261204-031207-engine_stall",
-           evidence={"reason": "stalled", "terminated": ["5101", "5102"], "killed": [], "survivors": [],
-                     "dry_run": False, "refused": [], "restart": True}),
-        ev(3, "engine_restarting", W, "llama-8b: asking its Docker container to start it again; back once a real "
-                                      "completion returns", engine="llama-8b", gpu=GPU1,
-           incident="20261204-031207-engine_stall", evidence={"supervisor": "Docker container"}),
-        ev(75, "engine_back", I, "llama-8b back: first completion 73 s after the kill", engine="llama-8b", gpu=GPU1,
-           incident="20261204-031207-engine_stall", evidence={"seconds_since_kill": 73.4}),
-    ],
-    # a process stuck in the driver survives SIGKILL: the engine is still stuck, said with the pids
-    "kill_survivors": [STALL, ev(
-        12, "engine_killed", C, "killed qwen-72b: 3 processes (1 needed SIGKILL); 1 survived SIGKILL: 4303 (stalled)",
-        engine="qwen-72b", gpu=GPU0, evidence={"reason": "stalled", "terminated": ["4301", "4302", "4303"],
-                                               "killed": ["4303"], "survivors": ["4303"], "dry_run": False,
-                                               "refused": [], "restart": False})],
     # an NVIDIA Xid as the real classifier makes it of a driver's line, on qwen-72b's GPU
     "xid": [(0, replace(xid_event(), evidence={**xid_event().evidence, "incident": "20261204-031207-xid",
                                                 "decision": [decision("kill", "qwen-72b", "kernel reported xid 13 "
@@ -174,6 +141,35 @@ SITUATIONS = {
 
 
 RECORDED = sorted(p.stem for p in golden.SCENARIOS.glob("*.json"))
+
+# Why each situation above is built by hand, not recorded from the real daemon: said at the top of its golden file
+_KERNEL = ("a driver's kernel line, which this box's drivers do not print: written to the real /dev/kmsg from user "
+           "space it is an unverified line (facility 1, no device metadata) that gpuwarden rightly never acts on, so "
+           "a recording would be another situation")
+_SYSTEMD = ("a restart through a systemd unit: this box has no systemd as PID 1 (a real unit's restart is "
+            "tests/integration/test_real_systemd.py's, in the nspawn lane)")
+HAND_BUILT = {
+    "restart_back": _SYSTEMD,
+    "restart_failed": _SYSTEMD + "; and a start that runs but never serves for 600 s",
+    "gpu_lost_with_engines": "a GPU ring timeout and a failed reset, " + _KERNEL,
+    "stranger_fault": "a GPU page fault of another user's process, " + _KERNEL,
+    "history_at_start": "a ring timeout logged before the start, " + _KERNEL,
+    "gpus_back": ("the verdict made at the boot after a GPU was lost: the daemon can be shown a last boot "
+                  "(tests/integration/test_recovery_boot.py), but its page then updates that boot's paged incident, "
+                  "which a recording's replay (a fresh alerter) does not carry yet"),
+    "gpus_missing": ("the verdict made at the boot after a GPU was lost, with a GPU still missing: the daemon waits "
+                     "10 minutes for it, and its page updates the last boot's incident (see gpus_back)"),
+    "xid": "an NVIDIA Xid, " + _KERNEL,
+}
+
+
+def header(situation) -> str:
+    """The golden file's first lines: where its events come from."""
+    if situation.startswith("docker_"):
+        return f"# recorded from the real daemon: tests/integration/test_golden_docker.py ({situation})\n\n"
+    if situation in RECORDED:
+        return f"# recorded from the real daemon: tests/integration/test_golden_scenarios.py::test_{situation}\n\n"
+    return f"# hand-built events (as their makers write them), not recorded: {HAND_BUILT[situation]}\n\n"
 
 
 def messages(events, ctx=CTX):
@@ -219,7 +215,7 @@ def test_the_docs_show_golden_messages_as_they_are():
 @pytest.mark.parametrize("situation", sorted({*SITUATIONS, *RECORDED}))
 @pytest.mark.parametrize("suffix", [".txt", ".md"])
 def test_golden(situation, suffix):
-    text = render(situation, suffix == ".md")
+    text = header(situation) + render(situation, suffix == ".md")
     path = GOLDEN / f"{situation}{suffix}"
     if REGEN:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,7 +232,8 @@ _PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")  # <its unit>, <container>
 _TIME = re.compile(r"(?<![\dT:])\d{2}:\d{2}:\d{2}(?![\d,])")
 _ZONED = re.compile(r"\d{2}:\d{2}:\d{2}(?: [A-Z]{3,5}\b| to \d{2}:\d{2}:\d{2} [A-Z]{3,5}\b)")
 _TWICE = re.compile(r"(\d{2}:\d{2}:\d{2}) (\w+) \(\1 \2\)")
-_PLURAL = re.compile(r"\(s\)|\b1 (?:processes|requests|tokens|tries|lines|events|kills)\b")
+_PLURAL = re.compile(r"\(e?s\)|\b1 (?:processes|requests|tokens|tries|lines|events|kills|files|zero-byte files|"
+                     r"connections|times)\b")
 
 
 def faults(text: str) -> list[str]:
@@ -262,3 +259,62 @@ def test_the_check_catches_what_pages_used_to_show():
                 "`docker logs <container>`", "03:12:07  killed qwen-72b"):
         assert faults(old), old
     assert not faults("When: 2026-12-04 03:12:07 CET (02:12:07 UTC); from 03:10:07 to 03:12:07 CET; 16.0 GT/s x16")
+
+
+def event_messages(situation) -> list[str]:
+    """The events' own messages (what `gpuwarden events`, the status page and the incident report show), as the
+    daemon made them in a recorded scenario, or as their makers write them in a hand-built one."""
+    if situation in RECORDED:
+        calls = golden.load(situation)["calls"]
+        return [*(row["message"] for call in calls for row in [*call.get("submit", ()), *filter(None, [
+                    call.get("repeated")])]), *(call["resolve"][1] for call in calls if "resolve" in call)]
+    return [event[2] if isinstance(event, tuple) else event.message for _, event in SITUATIONS[situation]]
+
+
+@pytest.mark.parametrize("situation", sorted({*SITUATIONS, *RECORDED}))
+def test_no_event_message_shows_a_float_count_or_an_unmade_plural(situation):
+    """The checker above, on the events themselves: made outside alert/ (the engine watch, the actuator, the
+    quarantine), they once said `2 request(s) running`, `1 processes`."""
+    for message in event_messages(situation):
+        assert not faults(message), (message, faults(message))
+
+
+def test_the_makers_of_event_messages_count_as_people_do(tmp_path):
+    """One process killed, one zero-byte file moved: the killer and the quarantine said `1 processes`, `1
+    zero-byte file(s)` (their messages are the events' and the incident report's)."""
+    from gpuwarden.act.killer import KillReport
+    from gpuwarden.act.quarantine import quarantine_all
+
+    said = [KillReport(["4301 python3"], [], [], False).summary("qwen-72b"),
+            KillReport(["4301 python3"], [], [], True).summary("qwen-72b")]
+    cache = tmp_path / "torch_compile_cache"
+    cache.mkdir()
+    (cache / "fx_graph_0.py").touch()
+    (cache / "index.json").write_text("{}")
+    said.append(quarantine_all([cache], "crash_loop", T0, dry_run=True).message)
+    assert [faults(s) for s in said] == [[], [], []], said
+    assert said[0] == "killed qwen-72b: 1 process"
+
+
+def test_each_hand_built_golden_says_why_it_is_not_recorded():
+    assert set(HAND_BUILT) == set(SITUATIONS) - set(RECORDED)
+
+
+def test_a_crash_loop_only_alerted_never_says_its_caches_moved():
+    """Recorded with on_crash_loop = "alert": the quarantine found the zero-byte files and moved nothing. The page
+    said "compile caches moved aside" and "The cache was renamed": it tells the person to move them."""
+    [*_, last] = pages("crash_loop")
+    assert "moved aside" not in last["title"] and "was renamed" not in last["text"], last["text"]
+    assert "gpuwarden quarantine /" in last["text"] and 'gpuwarden moved no cache: on_crash_loop = "alert"' in \
+        last["text"]
+
+
+def test_a_crash_loop_paged_before_its_caches_are_moved_says_gpuwarden_is_moving_them():
+    """The quarantine decided, its outcome not yet known (the move outlasted the group window): the page told the
+    person to run `gpuwarden quarantine` themselves, beside the decision that gpuwarden does it."""
+    loop = ev(0, "engine_crash_loop", C, "llama-8b exited 5 times within 600 s", engine="llama-8b",
+              incident="20261204-031207-engine_crash_loop",
+              evidence={"exits": 5, "decision": [decision("quarantine", None, "crash_loop")]})
+    [page] = messages([loop])
+    assert "Nothing to do yet: gpuwarden looks for zero-byte files in llama-8b's compile caches" in page.text
+    assert "`docker logs llama-8b`" in page.body and "gpuwarden quarantine finds them" not in page.text

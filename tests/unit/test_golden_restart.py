@@ -35,6 +35,8 @@ docker_socket = "{SOCKET}"
 """
 
 
+HEADER = ("# the restart's events made by the real actuator asking a Docker daemon that is not there; the stall, "
+          "the kill and the back hand-built: a real dockerd runs only in step 2 (tests/peers/docker.py)\n\n")
 # here qwen-72b runs in the Docker container of CONFIG: the pages name it, never test_golden_alerts' unit
 DOCKER_CTX = replace(CTX, runs={**CTX.runs, "qwen-72b": Runs(container="qwen-72b")})
 
@@ -100,7 +102,7 @@ def test_golden_restart(name, suffix):
     for n, m in enumerate(messages(situation(name), DOCKER_CTX), 1):
         parts.append(f"===== message {n} ({'all-clear, ' if m.resolved else ''}routed as {m.severity}) =====\n"
                      f"{m.title}\n\n" + (m.body if suffix == ".md" else m.text))
-    text = "\n\n".join(parts) + "\n"
+    text = HEADER + "\n\n".join(parts) + "\n"
     last = parts[-1]  # back, or the failure: never a hedge, a placeholder or a reason that did not happen
     for false in ("<container>", "<unit>", "did not come back", "never completed a request"):
         assert false not in last, false

@@ -27,6 +27,7 @@ from gpuwarden.act import restart
 from gpuwarden.act.killer import kill
 from gpuwarden.config.settings import CacheConfig
 from gpuwarden.core import families, policy
+from gpuwarden.core.counts import plural
 from gpuwarden.core.model import Event, Severity, Sink
 from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.runtime.offloop import Busy, OffLoop
@@ -180,10 +181,10 @@ class Actuator:
             if not action.dry_run:
                 self.sink.count(families.ENGINE_KILLS, name)
             # still a kill (the budget counts it, the lifecycle learns it), not one to restart after
-            self.sink.record([Event("engine_killed", severity, f"{name}: signals sent to {len(target.procs)} "
-                                    f"process(es) ({action.reason}) but they were not seen gone within "
-                                    f"{deadline:.0f} s (stuck in the kernel?); not restarting it: look at it by "
-                                    "hand", time.time(), engine=name, gpu=target.gpu,
+            self.sink.record([Event("engine_killed", severity, f"{name}: signals sent to "
+                                    f"{plural(len(target.procs), 'process')} ({action.reason}) but they were not "
+                                    f"seen gone within {deadline:.0f} s (stuck in the kernel?); not restarting it: "
+                                    "look at it by hand", time.time(), engine=name, gpu=target.gpu,
                                     evidence={"reason": action.reason, "unfinished": True,
                                               "dry_run": action.dry_run, "refused": target.refused,
                                               "restart": False})])
@@ -236,7 +237,7 @@ class Actuator:
             return
         try:
             event = await _CACHES.run("caches", _CACHE_DEADLINE, _quarantine_caches, self.cache, action.reason,
-                                      time.time(), action.dry_run, owner)
+                                      time.time(), action.dry_run, owner, action.engine)
         except (Busy, TimeoutError) as exc:
             log.error("moving poisoned caches (%s) did not finish: %s", action.reason, exc or "timed out")
             return
@@ -246,9 +247,10 @@ class Actuator:
             log.info("%s: no zero-byte file in the compile caches", action.reason)
 
 
-def _quarantine_caches(cache: CacheConfig, reason: str, now: float, dry_run: bool, owner: int) -> Event | None:
+def _quarantine_caches(cache: CacheConfig, reason: str, now: float, dry_run: bool, owner: int,
+                       engine: str | None) -> Event | None:
     """In the cache pool: the caches are found (the user database read) and moved there, and quarantine.py (with
     ctypes) is imported there on first use: only a crash loop moves caches, and a daemon's start skips it."""
     from gpuwarden.act.quarantine import cache_dirs, quarantine_all
 
-    return quarantine_all(cache_dirs(cache, owner), reason, now, dry_run, owner)
+    return quarantine_all(cache_dirs(cache, owner), reason, now, dry_run, owner, engine)

@@ -11,6 +11,7 @@ from pathlib import Path
 from gpuwarden.act.guard import Guard, GuardError, paths_for, status
 from gpuwarden.config.settings import GuardConfig
 from gpuwarden.core import families
+from gpuwarden.core.counts import plural
 from gpuwarden.core.model import Event, Severity, Sink
 from gpuwarden.runtime.offloop import Busy, OffLoop
 
@@ -53,7 +54,7 @@ class GuardWatch:
         if lost:
             self.sink.record([Event(
                 "guard_lost", Severity.WARNING,
-                f"the recovery guard on {len(lost)} file(s) was gone (driver reload, PCI rescan, or an "
+                f"the recovery guard on {plural(len(lost), 'file')} was gone (driver reload, PCI rescan, or an "
                 "umount) and is applied again", time.time(), evidence={"paths": [str(p) for p in lost]})])
         states = await _GUARD.run("status", _GUARD_DEADLINE, status, paths, self.sysfs_root)
         intact = sum(ok for _, ok in states)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from gpuwarden.core.counts import plural
 from gpuwarden.engine.processes import is_killable, is_running
 
 
@@ -37,8 +38,9 @@ class KillReport:
 
     def summary(self, engine: str) -> str:
         if self.dry_run:
-            return f"dry run: would kill {engine}: {len(self.terminated)} processes ({', '.join(self.terminated)})"
-        text = f"killed {engine}: {self.count} processes"
+            return (f"dry run: would kill {engine}: {plural(len(self.terminated), 'process')} "
+                    f"({', '.join(self.terminated)})")
+        text = f"killed {engine}: {plural(self.count, 'process')}"
         if self.killed:
             text += f" ({len(self.killed)} needed SIGKILL)"
         if self.survivors:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gpuwarden import enginekinds
 from gpuwarden.config.settings import CacheConfig
+from gpuwarden.core.counts import plural
 from gpuwarden.core.model import Event, Severity
 
 # Where the libraries engines share keep compiled artefacts, per user ({home}, {user}); each engine kind adds its
@@ -217,14 +218,16 @@ def quarantine(directory: Path, reason: str, now: float, dry_run: bool = False) 
 
 
 def quarantine_all(dirs: list[Path], reason: str, now: float, dry_run: bool = False,
-                   owner: int | None = None) -> Event | None:
+                   owner: int | None = None, engine: str | None = None) -> Event | None:
     """Move aside every poisoned cache among `dirs` (only `owner`'s, when given); the `cache_poisoned` event
     that says what moved, or None."""
-    return moved_event(scan(dirs, owner), reason, now, dry_run)
+    return moved_event(scan(dirs, owner), reason, now, dry_run, engine)
 
 
-def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool = False) -> Event | None:
-    """Quarantine each of `poisoned` and describe the outcome; a directory that cannot be moved is said so."""
+def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool = False,
+                engine: str | None = None) -> Event | None:
+    """Quarantine each of `poisoned` and describe the outcome; a directory that cannot be moved is said so. The
+    event names `engine`, whose crash loop moved them: it joins that incident and pages with it."""
     if not poisoned:
         return None
     moves, failures = [], []
@@ -242,6 +245,7 @@ def moved_event(poisoned: list[Poisoned], reason: str, now: float, dry_run: bool
     verb = "would move" if dry_run else "moved"
     said = [f"{verb} " + "; ".join(f"{m['dir']} -> {m['to']}" for m in moves)] if moves else []
     said += [f"could not move {f['dir']} ({f['error']})" for f in failures]
-    message = f"{files} zero-byte file(s) in compile caches ({reason}): " + ("; ".join(said) or f"{verb} nothing")
-    return Event("cache_poisoned", Severity.CRITICAL if failures else Severity.WARNING, message, now,
+    message = f"{plural(files, 'zero-byte file')} in compile caches ({reason}): " + ("; ".join(said) or
+                                                                                   f"{verb} nothing")
+    return Event("cache_poisoned", Severity.CRITICAL if failures else Severity.WARNING, message, now, engine=engine,
                  evidence={"moved": moves, "failed": failures, "reason": reason, "dry_run": dry_run})

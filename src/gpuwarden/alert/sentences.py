@@ -66,18 +66,25 @@ def _unresponsive(e: Event, ctx: Context) -> str | None:
                            "it has never answered"))
 
 
+def pids(processes: list) -> str:
+    """`pid 4303 (python3)`, `pids 4303 (python3), 4304`: the killer's "pid name" entries (a bare pid in old
+    events) as a person reads them, and a pid alone where a command needs it."""
+    said = [f"{p} ({n})" if n else p for p, _, n in (str(x).partition(" ") for x in processes)]
+    return f"pid{'s' if len(said) > 1 else ''} {', '.join(said)}"
+
+
 def _killed(e: Event, ctx: Context) -> str | None:
     ev = e.evidence
     if ev.get("unfinished") or "terminated" not in ev:
         return None  # the signals' wait never ended: its own message says what is known
-    procs = len(ev.get("terminated") or ())
+    procs = len(ev.get("terminated") or ()) + len(ev.get("killed") or ())  # ended by SIGTERM, and by SIGKILL
     if ev.get("dry_run"):
         return f"dry run: would have killed {e.engine}'s {plural(procs, 'process')}"
     text = f"killed {e.engine}: {plural(procs, 'process')}"
     if killed := ev.get("killed"):
         text += f", {len(killed)} of them only by SIGKILL"
     if survivors := ev.get("survivors"):
-        text += f"; {plural(len(survivors), 'process')} survived SIGKILL (pid {', '.join(map(str, survivors))})"
+        text += f"; {plural(len(survivors), 'process')} survived SIGKILL: {pids(survivors)}"
     return text  # a restart that follows is an event of its own (engine_restarting)
 
 

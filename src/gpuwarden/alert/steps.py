@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuwarden.alert import runbooks
 from gpuwarden.alert.context import Context, first, is_lost
-from gpuwarden.alert.sentences import stall_start
+from gpuwarden.alert.sentences import pids, stall_start
 from gpuwarden.alert.storm import Outgoing
 from gpuwarden.alert.words import plural
 from gpuwarden.core.model import Event
@@ -49,23 +49,62 @@ def what_to_do(out: Outgoing, ctx: Context) -> list[str]:
                 keys = [k for k in keys if k != "gpu_fault"]  # about the engine's own requests: not this case
             if d.get("action") == "quarantine" and d.get("dry_run"):
                 steps.append(f"gpuwarden moved no cache: {ctx.cache_dry_run or 'a dry run'}.")
+            elif d.get("action") == "quarantine" and not first(events, "cache_poisoned"):
+                # decided, not done yet: what the runbook tells a person to do is what gpuwarden is doing
+                keys = [k for k in keys if k != "crash_loop"]
+                engine = d.get("engine") or e.engine or "the engine"  # the crash loop's engine
+                its_log = ctx.runs_of(engine).logs(None) if engine != "the engine" else None
+                steps.append(f"Nothing to do yet: gpuwarden looks for zero-byte files in {engine}'s compile caches "
+                             "and moves each such cache aside (renamed, never deleted), then pages what it moved. "
+                             f"If it moves none, {engine}'s own log says why it dies"
+                             + (f": {its_log}." if its_log else "."))
     for e in events:
         if e.kind == "engine_killed" and (left := e.evidence.get("survivors")):
-            pids = ", ".join(map(str, left))
-            steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL (pid {pids}): "
+            steps.append(f"{plural(len(left), 'process')} of {e.engine} survived SIGKILL, {pids(left)}: "
                          "stuck in the kernel, most likely in the GPU driver, holding its GPU memory. Look where: "
-                         f"`cat /proc/{left[0]}/wchan`. Only a reboot ends it: drain the box and reboot.")
+                         f"`cat /proc/{str(left[0]).split()[0]}/wchan`. Only a reboot ends it: drain the box and "
+                         "reboot.")
     for e in events:  # a refusal whose decision was paged before (a follow-up): said for its engine, by name
         if e.kind == "kill_refused" and "kill_refused" in keys:
             how = ctx.runs_of(e.engine).restart()
             steps.append(runbooks.engine_step({"action": "refuse", "by_hand": True, "engine": e.engine}, gone, how))
             keys = [k for k in keys if k != "kill_refused"]
+    for e in events:  # a supervisor that did not start it: the one the daemon asked, by name, not every kind
+        key = runbooks.key_for(e.kind, e.evidence.get("runbook"))
+        if key in ("restart_retrying", "restart_not_started") and key in keys and (said := _supervisor_step(e, key)):
+            steps.append(said)
+            keys = [k for k in keys if k != key]
     if "cache_poisoned" in keys:
         keys = [k for k in keys if k != "crash_loop"]  # what it tells to do is done
+        unmoved = [m["dir"] for e in events if e.kind == "cache_poisoned" and e.evidence.get("dry_run")
+                   for m in e.evidence.get("moved") or ()]
+        if unmoved:  # found, not moved (on_crash_loop = "alert", or [cache] dry_run): the person moves them
+            keys = [k for k in keys if k != "cache_poisoned"]
+            steps.append("Zero-byte files in a compile cache are the mark of a write cut by a power loss; the "
+                         "engine dies on them. Move the cache aside (renamed, never deleted): `gpuwarden quarantine "
+                         f"{' '.join(unmoved)}`, then restart the engine so it recompiles (the first start takes "
+                         "longer), and delete the BROKEN folder once it runs.")
     for k in keys:
         if k not in runbooks.HARDWARE:
             steps.append(runbooks.RUNBOOKS[k] + _its_log(k, events, ctx))
     return list(dict.fromkeys(s for s in steps if s))
+
+
+def _supervisor_step(e: Event, key: str) -> str | None:
+    """What to do when the engine's Docker container or systemd unit did not start it, naming that one."""
+    supervisor, command = e.evidence.get("supervisor") or "", e.evidence.get("command")
+    if supervisor.startswith("Docker container"):
+        look = "dockerd itself: `systemctl status docker` and `journalctl -u docker`"
+    elif supervisor.startswith("systemd unit "):
+        unit = supervisor.removeprefix("systemd unit ")
+        look = f"the unit: `systemctl status {unit}` and `journalctl -u {unit}`"
+    else:
+        return None
+    if key == "restart_retrying":
+        return (f"Nothing to do yet: gpuwarden asks its {supervisor} again with backoff until restart_timeout and "
+                f"pages again either way. If it goes on, look at {look}.")
+    return (f"Look at {look}; then start {e.engine} by hand" + (f": `{command}`" if command else "")
+            + ". gpuwarden will not restart it again.")
 
 
 def _its_log(key: str, events: list[Event], ctx: Context) -> str:

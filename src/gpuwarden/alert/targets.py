@@ -75,8 +75,24 @@ def _channel(url: str, name: str, loc: tuple, resend: float) -> Channel:
 
     obj = apprise.Apprise()
     if not obj.add(url):
-        raise ConfigError(f"{key}: apprise does not accept this URL ({name})", loc)
+        raise ConfigError(f"{key}: {_refused(url)}", loc)
     return AppriseChannel(name, obj)
+
+
+def _refused(url: str) -> str:
+    """Why apprise refused the URL, in words (apprise itself says nothing): a scheme it has no service for, or a
+    service whose URL's form is wrong. Never the URL: it holds secrets."""
+    from apprise.manager_plugins import NotificationManager
+
+    from gpuwarden.config.schema import hint
+
+    services, scheme = NotificationManager(), urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in services:
+        return (f"apprise has no service for {scheme}://{hint(scheme, services.schemas())}; its services and their "
+                "URLs: https://appriseit.com/services/")
+    service = services[scheme]
+    return (f"apprise's {getattr(service, 'service_name', scheme)} service ({scheme}://) does not accept this URL: "
+            f"a part is missing or malformed (its form: {getattr(service, 'setup_url', None) or 'apprise wiki'})")
 
 
 def _from_apprise_config(path: Path, severity: Severity, start: int) -> list[Target]:

@@ -29,7 +29,9 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         engines = [f"{name} (killed)" if name in killed else name for name in ctx.engines_on(lost.gpu or "")]
         return f"{_cause(lost, ctx)} — reboot needed" + (f"; on it: engine {', '.join(engines)}" if engines else "")
     if e := first(events, "engine_restart_failed"):
-        return f"engine {e.engine} NOT back after the restart — {_own(cause, e)}"
+        # its supervisor never started it, or started it and it never served: the title says which
+        verb = "NOT started again" if e.evidence.get("started") is False else "NOT back after the restart"
+        return f"engine {e.engine} {verb} — {_own(cause, e)}"
     if e := first(events, "engine_back"):
         return f"engine {e.engine} back — {_back(e)}"
     if e := first(events, "engine_restart_retrying"):
@@ -47,8 +49,9 @@ def headline(events: list[Event], ctx: Context, earlier: list[Event] = ()) -> st
         return f"engine {e.engine} NOT killed: {e.evidence.get('why') or e.message} — act by hand"
     if e := first(events, "kill_refused"):
         return f"engine {e.engine} NOT killed, act by hand — {_own(cause, e)}"
-    if first(events, "cache_poisoned"):
-        return f"compile caches moved aside — {cause}"
+    if e := first(events, "cache_poisoned"):
+        return f"compile caches {'with zero-byte files, not moved' if e.evidence.get('dry_run') else 'moved aside'}" \
+               f" — {cause}"
     fault = first_fault(events) or events[0]
     if not fault.live:
         return f"{cause} (logged before gpuwarden started; no action)"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, tzinfo
 
+from gpuwarden.core.counts import plural as plural  # the pages count as the events do
+
 # the evidence figures' names as words, and their unit (a figure not named here: its key, spaces for underscores)
 _FIGURES = {
     "running": ("requests running", ""), "waiting": ("requests waiting", ""),
@@ -16,16 +18,6 @@ _FIGURES = {
     "cpu_percent": ("CPU of its busiest process", "%"), "canary_seconds": ("canary took", "s"),
     "silent_seconds": ("silent for", "s"), "failures": ("failed scrapes in a row", ""),
 }
-
-
-def plural(n: float, word: str, many: str | None = None) -> str:
-    """`1 process`, `2 processes`, `1,250 tokens`."""
-    n = round(n)
-    return f"{n:,} {word if n == 1 else many or _plural(word)}"
-
-
-def _plural(word: str) -> str:
-    return word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
 
 
 def number(value: object) -> str:

@@ -19,6 +19,7 @@ import pwd
 from collections import Counter
 from pathlib import Path
 
+from gpuwarden.core.counts import plural
 from gpuwarden.core.plain import plain
 from gpuwarden.runtime.sockets import _endpoint_hex
 
@@ -54,7 +55,8 @@ def saturation(port: int, pids: list[int], proc: Path = Path("/proc")) -> Satura
         held, limit = _descriptors(pid, proc, {f"socket:[{inode}]" for inode in listeners})
         if held is not None and limit and held >= limit - _SPARE:
             return Saturation(port, f"pid {pid} holds {held} of the {limit} descriptors its limit allows, "
-                              f"{queued} connection(s) wait to be accepted", _peers(rows, port))
+                              f"{plural(queued, 'connection')} {'waits' if queued == 1 else 'wait'} to be accepted",
+                              _peers(rows, port))
     return None
 
 

@@ -24,6 +24,7 @@ import psutil
 from gpuwarden.config.schema import Secret
 from gpuwarden.config.settings import EngineConfig, EnginesConfig, api_key, user_id
 from gpuwarden.core import conditions, families
+from gpuwarden.core.counts import plural
 from gpuwarden.core.model import CROWD, Event, Severity, Sink
 from gpuwarden.core.policy import EngineView, budget_spent
 from gpuwarden.engine import lifecycle as lc
@@ -217,7 +218,7 @@ class EngineWatch:
             return "it is no longer watched"
         cfg = state.config
         if budget_spent(state.view(), time.monotonic()):
-            return f"its kill budget is spent ({cfg.kill_budget} kills within {cfg.kill_budget_window:.0f} s)"
+            return f"its kill budget is spent ({plural(cfg.kill_budget, 'kill')} within {cfg.kill_budget_window:.0f} s)"
         if stuck and not state.stuck:
             return "it is no longer stalled or unanswering"
         return None
@@ -660,7 +661,7 @@ class EngineWatch:
 
     def _stall_event(self, state: EngineState, stalled: lc.Stalled) -> Event:
         sample, verdict, spinning, life = state.sample, stalled.verdict, stalled.spinning, state.lifecycle
-        message = (f"{state.name}: {sample.running:.0f} request(s) running and no token processed for "
+        message = (f"{state.name}: {plural(sample.running or 0, 'request')} running and no token processed for "
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
             message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
@@ -692,8 +693,9 @@ class EngineWatch:
                      evidence={"exits": change.exits})
 
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
-        message = (f"{state.name}: {result.detail} (a one-token canary) while its {len(state.procs)} process(es) "
-                   f"live" + (f"; a process spins at {state.cpu:.0f} % CPU" if is_spinning(state.cpus) else ""))
+        message = (f"{state.name}: {result.detail} (a one-token canary) while its "
+                   f"{plural(len(state.procs), 'process')} {_live(state.procs)}"
+                   + (f"; a process spins at {state.cpu:.0f} % CPU" if is_spinning(state.cpus) else ""))
         figures = {"canary_seconds": round(result.seconds, 1), "running": sample.running, "cpu_percent": state.cpu,
                    "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL, message, time.time(), engine=state.name,
@@ -706,11 +708,13 @@ class EngineWatch:
         (alert)."""
         last = change.last
         running = last.running if last else None
-        was = (f"{running:.0f} request(s) were running when it last answered" if running
+        was = (f"{plural(running, 'request')} {'was' if round(running) == 1 else 'were'} running when it last "
+               "answered" if running
                else "no request was running when it last answered" if last else "it has never answered")
         endpoint = _ENDPOINT[state.config.source]
-        message = (f"{state.name} has not answered {endpoint} for {change.silent_for:.0f} s ({change.failures} "
-                   f"tries, last: {error}) while its {len(state.procs)} process(es) live; {was}")
+        message = (f"{state.name} has not answered {endpoint} for {change.silent_for:.0f} s "
+                   f"({plural(change.failures, 'try', 'tries')}, last: {error}) while its "
+                   f"{plural(len(state.procs), 'process')} {_live(state.procs)}; {was}")
         figures = {"failures": change.failures, "silent_seconds": round(change.silent_for, 1), "running": running,
                    "cpu_percent": state.cpu, "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL if running else Severity.WARNING, message, time.time(),
@@ -721,7 +725,8 @@ class EngineWatch:
         cfg, answering = state.config, state.answering
         address = where(cfg.metrics_url) if cfg.source == "metrics" else where(cfg.url or cfg.metrics_url) \
             if cfg.source == "slots" else "its log"
-        processes = f"{len(state.procs)} process(es) of it live" if state.procs else "no process of it was found"
+        processes = f"{plural(len(state.procs), 'process')} of it {_live(state.procs)}" if state.procs else \
+            "no process of it was found"
         message = (f"{state.name} has not answered at {address} for {silent:.0f} s, since {answering.began} "
                    f"(last error: {error or 'none'}); {processes}")
         return Event("engine_not_answering", Severity.CRITICAL, message, time.time(), engine=state.name,
@@ -735,7 +740,7 @@ class EngineWatch:
         when = (f"{back.since_kill:.0f} s after the kill" if back.since_kill is not None
                 else f"{back.since_start:.0f} s after it started again")
         if result is None:
-            message = f"{name} back: {back.tokens:.0f} tokens in its first {back.serving:.0f} s ({when})"
+            message = f"{name} back: {plural(back.tokens, 'token')} in its first {back.serving:.0f} s ({when})"
         else:
             proof = "first completion" if result.outcome == "ok" else "answers again (the canary is off)"
             message = f"{name} back: {proof} {when}" + (f" ({result.detail})" if result.detail else "")
@@ -813,6 +818,10 @@ def _retrieved(task: asyncio.Future) -> None:
     """A late look's outcome, taken when it comes (its state is written by the look itself)."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.warning("a look at an engine's processes failed: %s", exc)
+
+
+def _live(procs: list) -> str:
+    return "lives" if len(procs) == 1 else "live"
 
 
 def is_spinning(cpus: list[float]) -> bool:

@@ -12,9 +12,15 @@ event (the kill, the restart, "back") or its close, whichever is later.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import subprocess
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 WIDTH, HEIGHT = 1100, 800
 LEFT, RIGHT, TOP, BOTTOM, GAP = 80, 20, 70, 40, 14  # margins of the panel area, and between panels
@@ -25,6 +31,36 @@ PANELS = (("power_watts", "power (W)", 1.0), ("temperature_celsius", "hottest se
 ENGINE_PANELS = (("tokens_per_second", "tokens generated per second", 1.0),
                  ("running", "requests running", 1.0), ("waiting", "requests waiting", 1.0))
 _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+
+
+def png(picture: Path, timeout: float = 10.0) -> Path | None:
+    """The picture as PNG beside it (timeline.png), for a channel that shows images but no SVG (ntfy on a
+    phone): drawn once, by rsvg-convert (librsvg2-bin), bounded by `timeout`. None where rsvg-convert is not
+    installed or fails (said in the log): the message then goes without a picture."""
+    out = picture.with_suffix(".png")
+    try:
+        if out.stat().st_mtime_ns >= picture.stat().st_mtime_ns:  # drawn from this picture already
+            return out
+    except FileNotFoundError:
+        pass
+    import shutil  # here: only a picture for ntfy needs it, and `run` starts without it
+
+    tool = shutil.which("rsvg-convert")
+    if tool is None:
+        log.warning("no PNG of %s for the targets that show no SVG: rsvg-convert is not installed "
+                    "(apt install librsvg2-bin)", picture)
+        return None
+    partial = out.with_name(f".{out.name}.{os.getpid()}")
+    try:
+        subprocess.run([tool, "--format=png", f"--output={partial}", str(picture)], check=True, timeout=timeout,
+                       capture_output=True, stdin=subprocess.DEVNULL)
+        os.replace(partial, out)  # whole, or not there: a reader never sends half a PNG
+        return out
+    except (OSError, subprocess.SubprocessError) as exc:
+        said = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else ""
+        log.warning("no PNG of %s: rsvg-convert failed: %s", picture, said or exc)
+        partial.unlink(missing_ok=True)
+        return None
 
 
 def svg(content: dict[str, Any]) -> str:
