@@ -394,6 +394,19 @@ def test_a_stalls_processes_going_before_its_kill_is_learnt_are_held_then_ours()
     assert lc.learned(True, restart=True, now=at + 22) == [] and lc.kills == (at,)  # one outcome, one kill
 
 
+def test_an_engine_silent_while_its_stalls_kill_is_awaited_is_the_kill_working_not_a_second_trouble():
+    """The kill's signals took its HTTP server; one process survives (stuck in the driver) while the actuator
+    waits: the scrapes fail with a process alive, which is the kill at work, not an unresponsive engine to kill
+    again (it was paged as a second 'killing' with its own decision). Once the outcome is learnt and it was no
+    kill (refused), no answer is judged as ever."""
+    lc = life(kill_stall=True)
+    at = stalled_at(lc)
+    survivor = frozenset({(101, 1.5)})
+    assert Unresponsive not in kinds(looks(lc, at + 1, at + 20, None, processes=survivor))
+    lc.learned(False, restart=False, now=at + 20)
+    assert Unresponsive in kinds(looks(lc, at + 21, at + 40, None, processes=survivor))
+
+
 def test_a_kill_learnt_before_its_processes_go_makes_their_going_ours():
     lc = life(kill_stall=True)
     at = stalled_at(lc)

@@ -573,6 +573,7 @@ class Lifecycle:
             out.append(Silent(self._failures))
         silent_for = look.now - (self._answered if self._answered is not None else self._since)
         if (self._failures >= self.rules.unresponsive_after and self._instance and not self._unresponsive
+                and not self._awaiting(look.now)  # silent while a kill's outcome is awaited: the kill at work
                 and silent_for >= self.detector.threshold(look.spinning, self.suspected(look.now))):
             self._unresponsive = True
             out.append(self._said(Unresponsive(silent_for, self._failures, self.sample), look.now))
