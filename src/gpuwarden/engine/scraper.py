@@ -1,4 +1,5 @@
-"""Scrape an engine's /metrics over HTTP: bounded in time and size, one kept-alive client per engine.
+"""Scrape an engine's /metrics over HTTP: bounded in time and size, one client per engine, one pool of kept-alive
+connections for all of them.
 
 `timeout` bounds the whole scrape (connect, every byte of the body, the parse), not each read: a server that
 sends one byte a second fails at the deadline. A large body is parsed off the loop, and only the lines of the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import weakref
 from typing import TYPE_CHECKING
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
@@ -53,12 +55,47 @@ class Scraper:
         await self._client.aclose()
 
 
-def client(timeout: float) -> httpx.AsyncClient:
-    """One kept-alive connection per engine, no proxy from the environment, the process's one TLS context."""
+def client(timeout: float, *, shared: bool = True) -> httpx.AsyncClient:
+    """An engine's client: no proxy from the environment, the process's one TLS context, and the connections of
+    the loop's one pool (shared_transport), where each engine keeps its kept-alive connection. `shared=False`
+    for a client of a throwaway loop (discovery's probe runs one per asyncio.run): a pool of its own, closed
+    with it."""
     import httpx  # on first use: 90 ms of import that a start without engines never needs
 
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)), verify=tls(),
+                             transport=shared_transport() if shared else None,
                              limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
+
+
+# the running loop's pool of connections to the engines (a connection belongs to the loop that opened it)
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport] = weakref.WeakKeyDictionary()
+_SHARED: list[httpx.AsyncBaseTransport] = []
+KEPT_ALIVE = 128  # idle connections the pool keeps (5 s each): 32 engines' scrapes, /slots and canaries
+
+
+def shared_transport() -> httpx.AsyncBaseTransport:
+    """The one transport of every engine client and canary. httpx gives each client its own pool (0.7 MB with
+    its TLS context, per engine); this one hands each request to the running loop's pool, and a client's close
+    leaves the pool to the others. No limit on connections: a stuck engine holding its requests must not make
+    another engine's scrape wait for a free one (each request is bounded by its own timeout)."""
+    if not _SHARED:
+        import httpx
+
+        class Shared(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                loop = asyncio.get_running_loop()
+                pool = _POOLS.get(loop)
+                if pool is None:
+                    pool = _POOLS[loop] = httpx.AsyncHTTPTransport(
+                        verify=tls(), trust_env=False,
+                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEPT_ALIVE))
+                return await pool.handle_async_request(request)
+
+            async def aclose(self) -> None:
+                """A client closing: the pool stays, for the other engines' clients."""
+
+        _SHARED.append(Shared())
+    return _SHARED[0]
 
 
 _TLS: list[ssl.SSLContext] = []
