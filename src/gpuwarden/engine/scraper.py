@@ -34,8 +34,6 @@ class ScrapeError(Exception):
 
 class Scraper:
     def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
-        import prometheus_client.parser  # noqa: F401  (here, not on the first parse in a pool's thread)
-
         self.url, self.profile, self.timeout, self.max_bytes = url, profile, timeout, max_bytes
         self._client = client(timeout)
 
@@ -45,6 +43,8 @@ class Scraper:
                 body = await fetch(self._client, self.url, self.max_bytes)
                 if len(body) <= OFF_LOOP_BYTES:
                     return _parse(body, self.profile)
+                # the parser's import on the loop, not in a pool's thread (once: an engine's start needs none)
+                import prometheus_client.parser  # noqa: F401
                 return await _PARSES.run(self.url, self.timeout, _parse, body, self.profile)
         except TimeoutError:
             raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None
