@@ -13,7 +13,8 @@ DEFERRED = ("apprise", "httpx", "httpcore", "anyio", "email", "prometheus_client
 
 
 def loaded_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+    listed = "import json, sys\nprint(json.dumps(sorted(k for k, v in sys.modules.items() if v)))"
+    out = subprocess.run([sys.executable, "-c", f"{code}\n{listed}"],
                          capture_output=True, text=True, check=True).stdout
     return {name.split(".")[0] for name in json.loads(out)} & set(DEFERRED)
 
@@ -27,3 +28,11 @@ def test_an_engines_start_loads_its_http_client_but_not_the_metrics_parser():
     running"; the first scrape does now."""
     loaded = loaded_after("from gpuwarden.engine.scraper import Scraper\nScraper('http://127.0.0.1:9/metrics')")
     assert "httpx" in loaded and loaded - {"httpx", "httpcore", "anyio", "email"} == set()
+
+
+def test_httpx_comes_without_its_command_line_client():
+    """httpx's __init__ imports its CLI (click, pygments) where click is installed, as apprise installs it."""
+    out = subprocess.run([sys.executable, "-c", "import gpuwarden, httpx, json, sys\n"
+                          "print(json.dumps(sorted({k.split('.')[0] for k, v in sys.modules.items() if v})))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert {"httpx", "click", "pygments"} & set(json.loads(out)) == {"httpx"}
