@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import weakref
 from typing import TYPE_CHECKING
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
@@ -67,8 +66,9 @@ def client(timeout: float, *, shared: bool = True) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
 
 
-# the running loop's pool of connections to the engines (a connection belongs to the loop that opened it)
-_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport] = weakref.WeakKeyDictionary()
+# the running loop's pool of connections to the engines (a connection belongs to the loop that opened it); not
+# weak: a pool's connections hold their loop
+_POOLS: dict[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport] = {}
 _SHARED: list[httpx.AsyncBaseTransport] = []
 KEPT_ALIVE = 128  # idle connections the pool keeps (5 s each): 32 engines' scrapes, /slots and canaries
 
@@ -86,6 +86,8 @@ def shared_transport() -> httpx.AsyncBaseTransport:
                 loop = asyncio.get_running_loop()
                 pool = _POOLS.get(loop)
                 if pool is None:
+                    for closed in [other for other in _POOLS if other.is_closed()]:  # a CLI's or a test's run
+                        del _POOLS[closed]
                     pool = _POOLS[loop] = httpx.AsyncHTTPTransport(
                         verify=tls(), trust_env=False,
                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEPT_ALIVE))
