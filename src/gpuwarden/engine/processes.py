@@ -537,7 +537,18 @@ def _kernel_thread(pid: int) -> bool:
 
 
 def _protected() -> set[int]:
-    return {1, os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    """PID 1, this daemon and its ancestors, up the parent chain of /proc/PID/stat (psutil's parents() built a
+    Process of each, start time and all: a millisecond of every look). An ancestor whose pid was reused midway is
+    protected with its own ancestors: more protected, never less."""
+    out, pid = {1, os.getpid()}, os.getppid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
 
 
 def describe(proc: psutil.Process) -> str:
