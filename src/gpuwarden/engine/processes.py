@@ -471,9 +471,15 @@ def _family(uid: int) -> dict[int, tuple[int, int]]:
     one (`ours`): the list need not be strict."""
     out = {}
     for pid in pids_of(uid, strict=False):
+        # os.open and os.read: 11 µs a process where a buffered open() took 20-30 (for an engine of root's: each of
+        # root's processes, every look)
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            fields = data.rsplit(b")", 1)[1].split(maxsplit=3)
             out[pid] = int(fields[1]), int(fields[2])  # ppid, pgrp
         except (OSError, IndexError, ValueError):
             continue
