@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import sys
 from typing import TYPE_CHECKING
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
@@ -79,7 +80,14 @@ def shared_transport() -> httpx.AsyncBaseTransport:
     leaves the pool to the others. No limit on connections: a stuck engine holding its requests must not make
     another engine's scrape wait for a free one (each request is bounded by its own timeout)."""
     if not _SHARED:
+        import importlib.util
+
         import httpx
+
+        if importlib.util.find_spec("sniffio") is None:
+            # httpcore imports sniffio on each request, where it may be: absent (anyio no longer needs it), each
+            # try searched sys.path again, 60 µs; marked absent, the import fails at once
+            sys.modules["sniffio"] = None
 
         class Shared(httpx.AsyncBaseTransport):
             async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
