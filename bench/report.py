@@ -25,6 +25,7 @@ BENCHES = [
     ("kernel_bench.py", ["--lines", "300000", "--writes", "200"], 420),
     ("kernel_eval.py", ["--figures"], 120),
     ("engine_bench.py", ["--kills", "3"], 300),
+    ("engines_bench.py", [], 300),
     ("telemetry_bench.py", ["--seconds", "30"], 300),
     ("target_bench.py", [], 180),
     ("look_bench.py", [], 300),

@@ -301,3 +301,21 @@ def test_a_start_reads_the_alerted_events_through_the_time_index(tmp_path):
     plan = store._db.execute("EXPLAIN QUERY PLAN " + ALERTED_EVENTS, (1010.0, None, 10)).fetchall()
     assert any("USING INDEX events_time" in row[-1] for row in plan), plan
     assert not any(row[-1] == "SCAN events" for row in plan), plan
+
+
+def test_the_spool_reads_back_what_it_holds_across_its_read_blocks(tmp_path):
+    """Start reads the spool a block at a time up to its end (not the reserved megabyte whole): records longer
+    than a block, and records that end on a block's edge, come back whole; an empty spool reads as none."""
+    from gpuwarden.store.sqlite import _SPOOL_BLOCK, Spool
+
+    spool = Spool(tmp_path / "s.spool")
+    assert spool.read() == []
+    records = [{"n": i, "text": "x" * (_SPOOL_BLOCK // 3)} for i in range(7)]
+    assert spool.write(records) == 0
+    assert spool.read() == records
+    spool.close()
+    reopened = Spool(tmp_path / "s.spool")
+    assert reopened.read() == records
+    reopened.clear()
+    assert reopened.read() == []
+    reopened.close()

@@ -130,12 +130,12 @@ async def canary(base_url: str, api: CanaryApi, timeout: float, client: Client |
     drops new connections, and that too is a completion that does not return."""
     import httpx  # on first use: 90 ms of import that a start without engines never needs
 
-    from gpuwarden.engine.scraper import tls
+    from gpuwarden.engine.scraper import shared_transport
 
     client = client or Client()
     api, started, last = client.api(api), time.monotonic(), ""
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False, headers=client.sent(),
-                                 verify=tls()) as http:  # the process's one TLS context, not one per canary
+                                 transport=shared_transport()) as http:  # the engine clients' pool, not one per canary
         try:
             async with asyncio.timeout(timeout):
                 while True:

@@ -297,7 +297,8 @@ def _answers(url: str) -> bool:
     import httpx  # on first use: 90 ms of import that a start without engines never needs
 
     async def status() -> int:
-        async with client(_PROBE_TIMEOUT) as http, asyncio.timeout(_PROBE_TIMEOUT), http.stream("GET", url) as r:
+        async with (client(_PROBE_TIMEOUT, shared=False) as http, asyncio.timeout(_PROBE_TIMEOUT),
+                    http.stream("GET", url) as r):
             return r.status_code
     try:
         return asyncio.run(status()) == 200

@@ -97,7 +97,7 @@ def _timing(values: dict[str, float], timings: tuple[Timing, ...]) -> tuple[floa
 def _values(text: str, wanted: set[str]) -> dict[str, float]:
     """Sum of the samples of each wanted name. A name with no sample is absent, not 0; so is a name with a
     NaN or infinite sample (it says nothing usable)."""
-    from prometheus_client.parser import text_string_to_metric_families  # loaded by Scraper(): not in `run`'s start
+    from prometheus_client.parser import text_string_to_metric_families  # first used by a scrape: not in `run`'s start
 
     starts = tuple(wanted)
     lines = [line for line in text.splitlines() if line.startswith(starts)]

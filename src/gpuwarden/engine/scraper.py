@@ -1,4 +1,5 @@
-"""Scrape an engine's /metrics over HTTP: bounded in time and size, one kept-alive client per engine.
+"""Scrape an engine's /metrics over HTTP: bounded in time and size, one client per engine, one pool of kept-alive
+connections for all of them.
 
 `timeout` bounds the whole scrape (connect, every byte of the body, the parse), not each read: a server that
 sends one byte a second fails at the deadline. A large body is parsed off the loop, and only the lines of the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import sys
 from typing import TYPE_CHECKING
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
@@ -32,8 +34,6 @@ class ScrapeError(Exception):
 
 class Scraper:
     def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
-        import prometheus_client.parser  # noqa: F401  (here, not on the first parse in a pool's thread)
-
         self.url, self.profile, self.timeout, self.max_bytes = url, profile, timeout, max_bytes
         self._client = client(timeout)
 
@@ -43,6 +43,8 @@ class Scraper:
                 body = await fetch(self._client, self.url, self.max_bytes)
                 if len(body) <= OFF_LOOP_BYTES:
                     return _parse(body, self.profile)
+                # the parser's import on the loop, not in a pool's thread (once: an engine's start needs none)
+                import prometheus_client.parser  # noqa: F401
                 return await _PARSES.run(self.url, self.timeout, _parse, body, self.profile)
         except TimeoutError:
             raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None
@@ -53,12 +55,57 @@ class Scraper:
         await self._client.aclose()
 
 
-def client(timeout: float) -> httpx.AsyncClient:
-    """One kept-alive connection per engine, no proxy from the environment, the process's one TLS context."""
+def client(timeout: float, *, shared: bool = True) -> httpx.AsyncClient:
+    """An engine's client: no proxy from the environment, the process's one TLS context, and the connections of
+    the loop's one pool (shared_transport), where each engine keeps its kept-alive connection. `shared=False`
+    for a client of a throwaway loop (discovery's probe runs one per asyncio.run): a pool of its own, closed
+    with it."""
     import httpx  # on first use: 90 ms of import that a start without engines never needs
 
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)), verify=tls(),
+                             transport=shared_transport() if shared else None,
                              limits=httpx.Limits(max_keepalive_connections=1), trust_env=False)
+
+
+# the running loop's pool of connections to the engines (a connection belongs to the loop that opened it); not
+# weak: a pool's connections hold their loop
+_POOLS: dict[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport] = {}
+_SHARED: list[httpx.AsyncBaseTransport] = []
+KEPT_ALIVE = 128  # idle connections the pool keeps (5 s each): 32 engines' scrapes, /slots and canaries
+
+
+def shared_transport() -> httpx.AsyncBaseTransport:
+    """The one transport of every engine client and canary. httpx gives each client its own pool (0.7 MB with
+    its TLS context, per engine); this one hands each request to the running loop's pool, and a client's close
+    leaves the pool to the others. No limit on connections: a stuck engine holding its requests must not make
+    another engine's scrape wait for a free one (each request is bounded by its own timeout)."""
+    if not _SHARED:
+        import importlib.util
+
+        import httpx
+
+        if importlib.util.find_spec("sniffio") is None:
+            # httpcore imports sniffio on each request, where it may be: absent (anyio no longer needs it), each
+            # try searched sys.path again, 60 µs; marked absent, the import fails at once
+            sys.modules["sniffio"] = None
+
+        class Shared(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                loop = asyncio.get_running_loop()
+                pool = _POOLS.get(loop)
+                if pool is None:
+                    for closed in [other for other in _POOLS if other.is_closed()]:  # a CLI's or a test's run
+                        del _POOLS[closed]
+                    pool = _POOLS[loop] = httpx.AsyncHTTPTransport(
+                        verify=tls(), trust_env=False,
+                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEPT_ALIVE))
+                return await pool.handle_async_request(request)
+
+            async def aclose(self) -> None:
+                """A client closing: the pool stays, for the other engines' clients."""
+
+        _SHARED.append(Shared())
+    return _SHARED[0]
 
 
 _TLS: list[ssl.SSLContext] = []

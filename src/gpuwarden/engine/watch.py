@@ -148,6 +148,7 @@ class EngineWatch:
         self._tasks: asyncio.TaskGroup | None = None
         self._looker = Looker(nvml)
         self._watching: dict[str, asyncio.Task] = {}  # each discovered engine's watch
+        self._started = 0  # engine watches started: each gets its own phase of the scrape interval (_watch)
 
     def reconfigured(self, settings: EnginesConfig, engines: list[EngineConfig], nvml: bool = True) -> EngineWatch:
         """A watch for a new configuration that keeps the kill budgets and process trackers of engines that
@@ -301,7 +302,13 @@ class EngineWatch:
 
     async def _watch(self, state: EngineState) -> None:
         interval = state.config.scrape_interval
-        tick = time.monotonic()  # the stall detector's clock
+        # The regular looks of each engine at a phase of its own, spread over the interval (the golden ratio's
+        # steps: even for any count, the first engine's at 0): engines started together looked together, 32 looks
+        # at once in 32 threads every 5 s, and the loop waited up to 127 ms for its turn at the GIL. The first
+        # look comes at once all the same.
+        phase = (self._started * 0.6180339887498949) % 1.0 * interval
+        self._started += 1
+        tick = time.monotonic() + phase  # the stall detector's clock
         try:
             while True:
                 looked = await self._poll(state)

@@ -1,0 +1,38 @@
+"""What `gpuwarden run` imports before it runs (issue 40: start-up CPU): the libraries only some paths use are
+imported where they are first used, not by the daemon's modules, nor by an engine's start. Each check runs in a
+fresh interpreter: this process has imported them all by now."""
+
+import json
+import subprocess
+import sys
+
+# loaded on first use: a page (apprise), an engine's HTTP (httpx and what it drags in), a scrape's parse
+# (prometheus_client), YAML and bcrypt of a web config, uevents (pyudev), NVML (pynvml)
+DEFERRED = ("apprise", "httpx", "httpcore", "anyio", "email", "prometheus_client", "yaml", "bcrypt", "pyudev",
+            "pynvml")
+
+
+def loaded_after(code: str) -> set[str]:
+    listed = "import json, sys\nprint(json.dumps(sorted(k for k, v in sys.modules.items() if v)))"
+    out = subprocess.run([sys.executable, "-c", f"{code}\n{listed}"],
+                         capture_output=True, text=True, check=True).stdout
+    return {name.split(".")[0] for name in json.loads(out)} & set(DEFERRED)
+
+
+def test_the_daemons_modules_import_none_of_the_deferred_libraries():
+    assert loaded_after("import gpuwarden.cli.main, gpuwarden.daemon") == set()
+
+
+def test_an_engines_start_loads_its_http_client_but_not_the_metrics_parser():
+    """Scraper() imported prometheus_client's parser (30 ms) for every configured engine before "gpuwarden
+    running"; the first scrape does now."""
+    loaded = loaded_after("from gpuwarden.engine.scraper import Scraper\nScraper('http://127.0.0.1:9/metrics')")
+    assert "httpx" in loaded and loaded - {"httpx", "httpcore", "anyio", "email"} == set()
+
+
+def test_httpx_comes_without_its_command_line_client():
+    """httpx's __init__ imports its CLI (click, pygments) where click is installed, as apprise installs it."""
+    out = subprocess.run([sys.executable, "-c", "import gpuwarden, httpx, json, sys\n"
+                          "print(json.dumps(sorted({k.split('.')[0] for k, v in sys.modules.items() if v})))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert {"httpx", "click", "pygments"} & set(json.loads(out)) == {"httpx"}
