@@ -37,7 +37,7 @@ def test_replay_reads_stdin_and_counts_malformed_lines():
     assert result.returncode == 3  # a failed reset is critical
     [event] = [json.loads(line) for line in result.stdout.splitlines()]
     assert (event["kind"], event["gpu"]) == ("reset_failed", "0000:03:00.0")
-    assert "1 malformed line(s) skipped" in result.stderr
+    assert "1 malformed line skipped" in result.stderr
 
 
 def test_replay_table_and_missing_file(corpus, tmp_path):

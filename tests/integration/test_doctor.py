@@ -145,11 +145,11 @@ def test_zero_byte_cache_files_and_the_table_output(tmp_path):
     (tmp_path / "cache" / "triton" / "k.hsaco").touch()
     code, findings = doctor(tmp_path, sysfs)
     [cache] = problems(findings)
-    assert code == 1 and cache["check"] == "cache" and cache["what"] == "1 zero-byte file(s), e.g. triton/k.hsaco"
+    assert code == 1 and cache["check"] == "cache" and cache["what"] == "1 zero-byte file, e.g. triton/k.hsaco"
     table = subprocess.run([*GPUWARDEN, "--config", str(tmp_path / "gw.toml"), "doctor"], capture_output=True,
                            text=True, timeout=60)
     assert table.returncode == 1 and "WARNING  cache" in table.stdout and "gpuwarden quarantine" in table.stdout
-    assert "0 critical, 1 warning(s)" in table.stdout
+    assert "0 critical, 1 warning" in table.stdout
 
 
 def test_an_aer_storm_on_a_pch_root_port_names_the_gpu_behind_it(daemon_factory, corpus, tmp_path):

@@ -67,7 +67,7 @@ def test_the_daemon_is_judged_by_its_own_metrics():
     assert npd.judge_daemon(healthy)[0] == npd.OK
     assert npd.judge_daemon('node_load1 0.5\n')[0] == npd.UNKNOWN  # another exporter on the port
     assert npd.judge_daemon(healthy.replace('"gpus"} 1.0', '"gpus"} 0.0')) == (
-        npd.PROBLEM, "gpuwarden component(s) failing: gpus")
+        npd.PROBLEM, "gpuwarden component failing: gpus")
     assert npd.judge_daemon(healthy.replace("writable 1.0", "writable 0.0"))[0] == npd.PROBLEM
 
 

@@ -13,6 +13,7 @@ from gpuwarden.act import guard
 from gpuwarden.act.quarantine import Poisoned, cache_dirs, scan
 from gpuwarden.alert.runbooks import runbook_for
 from gpuwarden.config.settings import Config, GpuConfig
+from gpuwarden.core.counts import plural
 from gpuwarden.core.model import GpuSample, Severity
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import Gpu, discover
@@ -253,7 +254,7 @@ def _guard(status: list[tuple[Path, bool]]) -> list[Finding]:
 
 
 def _caches(poisoned: list[Poisoned]) -> list[Finding]:
-    return [Finding(W, "cache", str(p.dir), f"{p.count} zero-byte file(s), e.g. {', '.join(p.examples)}",
+    return [Finding(W, "cache", str(p.dir), f"{plural(p.count, 'zero-byte file')}, e.g. {', '.join(p.examples)}",
                     f"A write cut by a power loss: move the cache aside with `gpuwarden quarantine {p.dir}` and let "
                     "the engine recompile.") for p in poisoned]
 

@@ -22,6 +22,7 @@ import gpuwarden.kernel.rules  # noqa: F401  (and rule names)
 from gpuwarden import __version__, enginekinds
 from gpuwarden.config import settings as configuration
 from gpuwarden.config.settings import ConfigError, parse_duration
+from gpuwarden.core.counts import plural
 from gpuwarden.runtime import logsetup
 from gpuwarden.runtime.logsetup import redact
 from gpuwarden.store.sqlite import Store, StoreError
@@ -604,7 +605,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found))
     if malformed:
-        print(f"gpuwarden replay: {malformed} malformed line(s) skipped", file=sys.stderr)
+        print(f"gpuwarden replay: {plural(malformed, 'malformed line')} skipped", file=sys.stderr)
     return EXIT_CRITICAL if critical else EXIT_OK
 
 
@@ -793,8 +794,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if f.advice:
                 print(f"{'':<35}-> {f.advice}")
         counts = {s: sum(f.severity == s for f in findings) for s in Severity}
-        print(f"\n{counts[Severity.CRITICAL]} critical, {counts[Severity.WARNING]} warning(s), "
-              f"{counts[Severity.INFO]} note(s)")
+        print(f"\n{counts[Severity.CRITICAL]} critical, {plural(counts[Severity.WARNING], 'warning')}, "
+              f"{plural(counts[Severity.INFO], 'note')}")
     return EXIT_FAILURE if doctor.worst(findings) >= Severity.WARNING else EXIT_OK
 
 
@@ -807,8 +808,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     def text(row: dict) -> str:
         stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
         picture = "timeline.svg" if row["picture"] else "no picture"
-        return (f"{stamp}  {row['kind']:<16} {row['subject']:<13} {row['events']:>3} event(s) "
-                f"{row['actions']:>2} action(s)  {picture:<12}  {row['folder']}"
+        return (f"{stamp}  {row['kind']:<16} {row['subject']:<13} {plural(row['events'], 'event'):>10} "
+                f"{plural(row['actions'], 'action'):>10}  {picture:<12}  {row['folder']}"
                 + (f"\n    ended: {row['ended']}" if row.get("ended") else ""))
     if not _emit(args, rows, text) and not (args.json or args.jsonl):
         print("no incident reports", file=sys.stderr)

@@ -93,7 +93,8 @@ def judge_daemon(metrics: str) -> Verdict:
     if not ours:  # another exporter on gpuwarden's port says nothing about gpuwarden
         return UNKNOWN, "unknown: what answers on the exporter's port is not gpuwarden"
     if down:
-        return PROBLEM, f"gpuwarden component(s) failing: {', '.join(sorted(down))}"
+        parts = "component" if len(down) == 1 else "components"
+        return PROBLEM, f"gpuwarden {parts} failing: {', '.join(sorted(down))}"
     if store == 0:
         return PROBLEM, "gpuwarden cannot write its event store"
     return OK, "gpuwarden runs, every component up"

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from gpuwarden.config.settings import KernelConfig
 from gpuwarden.core import families
+from gpuwarden.core.counts import plural
 from gpuwarden.core.model import Event, Severity, Sink
 from gpuwarden.kernel.classifier import Burst, Classifier
 from gpuwarden.kernel.records import KernelRecord
@@ -194,5 +195,5 @@ def behind_port(event: Event, gpus_behind: Callable[[str], list[str]]) -> Event:
 
 def _overrun_event(now: float, lost: int) -> Event:
     return Event(kind="kmsg_overrun", severity=Severity.WARNING, time=now,
-                 message=f"/dev/kmsg overwrote records before gpuwarden read them ({lost} overrun(s)); "
+                 message=f"/dev/kmsg overwrote records before gpuwarden read them ({plural(lost, 'overrun')}); "
                          "kernel messages were lost", evidence={"overruns": lost})
