@@ -1,9 +1,10 @@
-"""Alert targets from the config: one channel each (Alertmanager for `alertmanager://` URLs, apprise for the
-rest), a name safe to log, a severity floor, tags."""
+"""Alert targets from the config: one channel each (a registered channel for its URL schemes, Alertmanager for
+`alertmanager://`; apprise for the rest), a name safe to log, a severity floor, tags."""
 
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,29 @@ from gpuwarden.alert.alertmanager import SCHEMES, AlertmanagerChannel
 from gpuwarden.alert.channel import Channel
 from gpuwarden.config.settings import AlertsConfig, ConfigError
 from gpuwarden.core.model import Severity
+
+# The channels besides apprise, by the URL schemes each serves. Adding one is a module implementing
+# alert/channel.Channel and one registration line below. Its maker takes (url, target name, resend seconds), and
+# raises ValueError saying what is wrong with a URL of its scheme (`check` shows it at the URL's key).
+# Every other scheme is apprise's.
+Maker = Callable[[str, str, float], Channel]
+_CHANNELS: dict[str, Maker] = {}
+
+
+def register(schemes: Iterable[str], make: Maker) -> None:
+    for scheme in schemes:
+        if scheme in _CHANNELS:
+            raise ValueError(f"a channel for {scheme}:// is registered already")
+        _CHANNELS[scheme] = make
+
+
+def unregister(schemes: Iterable[str]) -> None:
+    """For a test's own channel: the built-in ones stay."""
+    for scheme in schemes:
+        del _CHANNELS[scheme]
+
+
+register(SCHEMES, lambda url, name, resend: AlertmanagerChannel(url, resend))
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -64,9 +88,9 @@ def build(config: AlertsConfig) -> list[Target]:
 def _channel(url: str, name: str, loc: tuple, resend: float) -> Channel:
     """The channel a URL names: its scheme picks it, as apprise's own schemes do."""
     key = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[")
-    if urllib.parse.urlsplit(url).scheme in SCHEMES:
+    if make := _CHANNELS.get(urllib.parse.urlsplit(url).scheme):
         try:
-            return AlertmanagerChannel(url, resend)
+            return make(url, name, resend)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc} ({name})", loc) from None
     import apprise  # here, not at the top: 130 ms and 10 MB that a box without apprise targets never needs
