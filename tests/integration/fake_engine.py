@@ -4,7 +4,8 @@ seeded from a real dump in the test corpus. POST /mode/<mode> switches what it d
 - progress: 2 requests running, 40 tokens a second, a request of 0.3 s finishing every 0.3 s
 - stall: requests running, counters frozen (with --spin, a child process spins a core meanwhile)
 - idle: nothing running
-- slow: 1 request running, one token every 1.5 s
+- slow: 1 request running, one token a second (slower than its scrapes, well inside a 2 s floor: seen at
+  0.5 s scrapes, the gaps are 1 to 1.5 s)
 - hang: /metrics stops answering (the handler sleeps)
 
 It serves a one-token completion (/v1/models, /v1/completions: the canary) while it progresses or idles, and
@@ -190,12 +191,18 @@ def main():
     set_mode(args.mode)
 
     def ticker():
+        step = int(time.time())
         while True:
             time.sleep(0.1)
             engine.tick(0.1)
-            if engine.mode == "slow" and int(time.time() / 1.5) != int((time.time() - 0.1) / 1.5):
+            # slow: a token on every second's boundary passed since the last tick, however late this tick came (on
+            # a loaded box a tick can take longer than 0.1 s: a boundary in the gap was lost). It was one every 1.5 s
+            # against a 2 s floor: seen at 0.5 s scrapes a gap was up to 2 s, a stall at the least jitter.
+            now = int(time.time())
+            if engine.mode == "slow" and now != step:
                 with engine.lock:
                     engine.tokens += 1
+            step = now
 
     threading.Thread(target=ticker, daemon=True).start()
     server.serve_forever()
