@@ -17,7 +17,7 @@ from helpers import free_port, http_get
 from test_docker import PAUSE, _dockerd
 from test_golden_scenarios import config, play, until
 
-from peers.freezer import Freezer
+from peers.freezer import freeze_inside_a_decode
 from peers.load import Load
 
 pytestmark = pytest.mark.root  # dockerd, ptrace, and killing root's container processes
@@ -55,7 +55,9 @@ def test_docker_restart(containers, tmp_path, receiver, name, pause, timeout):
             # generating, as the daemon sees it: frozen before, it would be an idle engine whose /metrics hangs
             await until_gauge("gpuwarden_engine_requests_running", 30)
             await asyncio.sleep(2)  # the stall detector learns its pace
-            freezer = Freezer(pid).__enter__()
+            # inside a decode, where /metrics still answers: a stall (frozen elsewhere, /metrics hangs too and no
+            # stall gauge ever rises: both recordings once waited out their 60 s for one)
+            freezer = await asyncio.to_thread(freeze_inside_a_decode, pid, box.metrics_url)
             try:
                 # the moment the stall is said, dockerd stops: the restart that follows meets a paused dockerd
                 await until_gauge("gpuwarden_engine_stalled", 60)
