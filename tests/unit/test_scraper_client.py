@@ -2,7 +2,11 @@
 time, 0.7 MB and milliseconds per engine, for http:// too); they share the process's one."""
 
 import asyncio
+import json
 import ssl
+from http.server import BaseHTTPRequestHandler
+
+from test_canary import Loopback
 
 from gpuwarden.engine import scraper
 
@@ -27,15 +31,11 @@ def test_engine_clients_share_one_tls_context(monkeypatch):
     asyncio.run(close())
 
 
-class KeepAlive:
+class KeepAlive(Loopback):
     """A loopback HTTP/1.1 server that keeps connections open and counts those it accepted: /metrics, and
     Ollama's /api/ps and /api/generate for a canary."""
 
     def __init__(self):
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         fake = self
         self.connections = 0
 
@@ -60,17 +60,7 @@ class KeepAlive:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 def test_engine_clients_and_canaries_share_one_pool_of_connections():
