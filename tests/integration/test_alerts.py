@@ -205,3 +205,24 @@ def test_a_critical_event_writes_an_incident_report_and_the_alert_attaches_its_p
     assert (row["kind"], row["subject"], row["picture"]) == ("device_lost", "0000:03:00.0",
                                                              str(folder / "timeline.svg"))
     assert d.stop() == 0
+
+
+def test_a_stall_that_ends_before_its_page_leaves_is_paged_then_resolved(daemon_factory, fake_engine, receiver):
+    """The stall ends while its page still waits in the group window (fc5, a loaded box, had the window close
+    late): the page still goes out, and its all-clear after it. Before, the end was dropped because its page had
+    not left yet, and the owner was told of a stall that never ended."""
+    engine = fake_engine("progress")
+    d = daemon_factory(
+        f'[alerts]\ngroup_window = "8s"\n[[alerts.target]]\nname = "pager"\n'
+        f'url = "json://127.0.0.1:{receiver.port}/pager"\n'
+        f'[[engine]]\nname = "vllm-a"\nmetrics_url = "{engine.url}"\nscrape_interval = "0.5s"\n'
+        f'min_stall = "2s"\non_stall = "alert"\n').start()
+    d.wait_serving()
+    d.wait_progress("vllm-a")
+    engine.set_mode("stall")
+    wait_for(lambda: any(e["kind"] == "engine_stall" for e in d.events()), 20, 0.2, "the engine_stall event")
+    engine.set_mode("progress")
+    assert receiver.json_bodies("/pager") == []  # the window is open: nothing has left yet
+    wait_for(lambda: any(b["type"] == "success" for b in receiver.json_bodies("/pager")), 30, 0.2, "the all-clear")
+    assert [b["type"] for b in receiver.json_bodies("/pager")] == ["failure", "success"]  # the page, then its end
+    d.stop()

@@ -110,6 +110,35 @@ def test_a_resolved_condition_of_an_incident_nothing_was_done_about_is_a_follow_
     assert resolved.incident == "i1" and resolved.follow_up and resolved.ends
 
 
+def test_an_incident_whose_condition_ends_inside_its_window_is_paged_then_resolved():
+    """fc5 (a fresh clone beside the engines' build): the stall ended while its page waited in the window, the
+    resolution was dropped (its page not sent yet), and the page went out alone: a stall that never ended."""
+    storm = StormControl(group_window=5)
+    storm.offer(inc(0, "engine_stall", decision=[{"action": "alert_only", "engine": "qwen"}]), 1, 0)
+    assert storm.resolve("engine_stall:qwen", "qwen makes progress again", 2) is None  # its page is not out yet
+    page, resolved = storm.due(5)
+    assert [e.kind for e in page.events] == ["engine_stall"] and not page.follow_up
+    assert resolved.resolved == "qwen makes progress again" and resolved.follow_up and resolved.at == 2
+    assert storm.due(100) == [] and storm.resolve("engine_stall:qwen", "again") is None  # once
+
+
+def test_an_alert_whose_condition_ends_inside_its_window_is_resolved_after_its_message_not_before():
+    storm = StormControl(group_window=5)
+    storm.offer(ev(1.0, "thermal"), 1, 1.0)
+    assert storm.resolve("thermal:0000:03:00.0", "junction 71 °C, back to normal", 2.0) is None
+    message, resolved = storm.due(6.0)
+    assert [e.kind for e in message.events] == ["thermal"] and resolved.resolved == "junction 71 °C, back to normal"
+
+
+def test_a_resolution_held_in_a_window_moves_with_its_events_into_the_incident_they_led_to():
+    storm = StormControl(group_window=5)
+    storm.offer(ev(0.0, "sq_intr"), 1, 0.0)
+    storm.resolve("sq_intr:0000:03:00.0", "quiet again", 0.5)
+    storm.offer(inc(1.0, "device_lost", incident="lost", gpu="0000:03:00.0", engine=None), 2, 1.0)
+    page, *ends = storm.due(5.0)
+    assert [e.kind for e in page.events] == ["sq_intr", "device_lost"] and len(ends) == 1
+
+
 def test_history_and_dry_runs_never_page():
     storm = StormControl(group_window=0)
     storm.offer(Event("ring_timeout", Severity.CRITICAL, "x", 0, gpu="ffff:03:00.0").as_history(), 1, 0)

@@ -15,7 +15,8 @@
   message for that key says "and N more since ...", and if none comes, a follow-up with the count goes out when
   the cooldown ends.
 - `resolve(key)` makes a short "resolved" message when an alert for that key was sent; for a key of an incident
-  that gpuwarden acted on, the incident's own follow-ups ("back") tell the end, so it makes none.
+  that gpuwarden acted on, the incident's own follow-ups ("back") tell the end, so it makes none. A condition
+  that ends while its page still waits in its group window is resolved right after that page, never before it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class _Group:
     opened: float
     events: list[Event] = field(default_factory=list)
     event_ids: list[int] = field(default_factory=list)
+    ends: list[tuple[str, str, float | None]] = field(default_factory=list)  # resolutions held until it is sent
 
 
 @dataclass(eq=False, repr=False)
@@ -154,6 +156,11 @@ class StormControl:
         key = self._keys.get(dedupe_key)
         if not key or not key.open:
             return None
+        if (group := self._groups.get(key.subject)) and any(e is key.event for e in group.events):
+            # It ended inside its own group window: the page still tells it began, and the end follows that page
+            # (made now, the end would come first, or, for an incident not paged yet, never).
+            group.ends.append((dedupe_key, message, now))
+            return None
         key.open = False
         if key.incident is not None:
             state = self._incidents.get(key.incident)
@@ -170,6 +177,7 @@ class StormControl:
             if now - group.opened >= self.group_window:
                 del self._groups[subject]
                 out.append(self._message(subject, group, now))
+                out += [end for held in group.ends if (end := self.resolve(*held))]
         for dedupe_key, key in self._keys.items():
             if key.suppressed and now - key.last_sent >= self.cooldown:
                 message = Outgoing(key.subject, severity=key.severity)
@@ -206,6 +214,7 @@ class StormControl:
         target = self._groups.setdefault(f"incident {incident}", _Group(opened=group.opened))
         target.opened = min(target.opened, group.opened)
         target.events[:0], target.event_ids[:0] = group.events, group.event_ids
+        target.ends[:0] = group.ends
         for event in group.events:
             if key := self._keys.get(event.dedupe_key):
                 key.subject, key.incident = f"incident {incident}", incident
