@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import free_port, wait_for
 
 from fakesysfs import build
 from gpuwarden.gpu import amd
@@ -74,7 +74,8 @@ def test_a_gpu_that_disappears_is_gpu_missing(daemon_factory, tmp_path):
 def test_status_prints_every_gpu(tmp_path):
     root = build(tmp_path / "sys", {"0000:03:00.0": "rdna3", "0000:83:00.0": "mi300"})
     cfg = tmp_path / "gw.toml"
-    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n' + gpu_config(root))
+    # a port nothing listens on: a gpuwarden running on this machine (the README's `make run`) must not answer
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[exporter]\nport = {free_port()}\n' + gpu_config(root))
     out = subprocess.run([sys.executable, "-m", "gpuwarden", "--config", str(cfg), "status"], capture_output=True,
                          text=True, timeout=60).stdout
     assert "0000:03:00.0  amd    Radeon RX 7900 XTX     ok" in out and "272 W" in out and "junction=67" in out
