@@ -1,15 +1,23 @@
-"""README's contributing section, done as it says: a new alert channel is a class implementing
-alert/channel.Channel and one registration line (alert/targets.register), and the real daemon, in this process,
-delivers to it from a config URL of its scheme, as it does to apprise's. (An engine kind's fake, toyllm, is
-tests/integration/test_engine_kinds.py's.)"""
+"""README's contributing section, done as it says, each with the real daemon in this process: a new alert channel
+is a class implementing alert/channel.Channel and one registration line (alert/targets.register), and the daemon
+delivers to it from a config URL of its scheme, as it does to apprise's; a new GPU vendor is one GpuVendor
+(gpu/vendors/base.py) and one registration line (gpu/vendors.register), and the daemon finds its GPU, exports its
+readings and raises its conditions. (An engine kind's fake, toyllm, is tests/integration/test_engine_kinds.py's.)"""
 
 import asyncio
+import os
+from pathlib import Path
 
 from helpers import TEST_GPU, driver_record
 from inprocess import daemon_in, running
 
 from gpuwarden.alert import targets
 from gpuwarden.alert.channel import Alert
+from gpuwarden.config.settings import GpuConfig
+from gpuwarden.core import conditions, families
+from gpuwarden.core.model import GpuSample
+from gpuwarden.gpu import vendors
+from gpuwarden.gpu.vendors.base import GpuVendor, Opened
 
 GOT: list[Alert] = []
 
@@ -60,3 +68,59 @@ def test_a_channel_registered_in_one_line_gets_the_daemons_alerts(tmp_path):
     [alert] = GOT
     print(alert.title)
     assert alert.title.startswith("box1: ") and "fallen off the bus" in alert.body, (alert.title, alert.body)
+
+
+# A GPU vendor of this test's own, "acme" (PCI vendor ID 0xacee): no such device exists here, so its sysfs tree is
+# one the test makes (mocked: a directory that looks like /sys/bus/pci/devices/<bdf>), and its reader reads the
+# one sensor file the test writes there. The rest is the real daemon's.
+def _acme_open(config: GpuConfig) -> Opened:
+    def reader(gpu):
+        device = config.sysfs_root / "bus/pci/devices" / gpu.pci
+
+        def read(now: float) -> GpuSample:
+            celsius = int((device / "acme_hotspot_millicelsius").read_text()) / 1000
+            return GpuSample(gpu=gpu.pci, vendor="acme", model="Acme A1", time=now, temperatures={"junction": celsius},
+                             throttle=("acme_hot",) if celsius > 100 else ())
+        return read
+
+    return Opened(reader)
+
+
+ACME = GpuVendor("acme", frozenset({"0xacee"}), open=_acme_open, throttle_reasons=("acme_hot", "acme_power"))
+
+
+def _acme_gpu(sysfs: Path, bdf: str, celsius: float) -> None:
+    device = sysfs / "bus/pci/devices" / bdf
+    device.mkdir(parents=True)
+    (device / "vendor").write_text("0xacee\n")
+    (device / "class").write_text("0x120000\n")  # a processing accelerator
+    (sysfs / "bus/pci/drivers/acmegpu").mkdir(parents=True)
+    os.symlink(sysfs / "bus/pci/drivers/acmegpu", device / "driver")
+    (device / "acme_hotspot_millicelsius").write_text(f"{int(celsius * 1000)}\n")
+
+
+def test_a_gpu_vendor_registered_in_one_line_is_found_read_exported_and_judged(tmp_path):
+    vendors.register(ACME)  # the one line
+    sysfs = tmp_path / "sys"
+    _acme_gpu(sysfs, TEST_GPU, 104.0)  # above [gpu] junction_warn_celsius (100)
+    daemon = daemon_in(tmp_path, f'[gpu]\nsysfs_root = "{sysfs}"\ninterval = "200ms"\nnvml = false\n'
+                                 '[guard]\nenabled = false\n')
+    hot = conditions.degraded(f"thermal:{TEST_GPU}:junction")
+    base = (TEST_GPU, "acme", "Acme A1")
+
+    async def scenario():
+        async with running(daemon):
+            for _ in range(100):
+                if hot in daemon.hub.conditions:
+                    break
+                await asyncio.sleep(0.1)
+            return daemon.metrics.snapshot(), [g.vendor for g in daemon.inventory.gpus], dict(daemon.hub.conditions)
+    try:
+        metrics, found, raised = asyncio.run(scenario())
+    finally:
+        vendors.unregister("acme")
+    assert found == ["acme"]
+    assert metrics[families.GPU_TEMPERATURE.name] == {(*base, "junction"): 104.0}
+    assert metrics[families.GPU_THROTTLE.name] == {(*base, "acme_hot"): 1.0, (*base, "acme_power"): 0.0}
+    assert metrics[families.GPU_READER_UP.name] == {base: 1.0}
+    assert hot in raised, list(raised)
