@@ -166,6 +166,10 @@ class Table(Mapping[str, V]):
             raise KeyError(kind)
         return value
 
+    def __contains__(self, kind: object) -> bool:  # without Mapping's KeyError round trip (asked of every event)
+        row = CATALOG.get(kind)  # type: ignore[call-overload]
+        return row is not None and bool(self._value(row))
+
     def __iter__(self) -> Iterator[str]:
         return (kind for kind, row in CATALOG.items() if self._value(row))
 
