@@ -37,6 +37,7 @@ from gpuwarden.hub import snapshot
 from gpuwarden.hub.health import Current, Health, Loop, Summary
 from gpuwarden.hub.hub import Evidence, Hub
 from gpuwarden.hub.queue import Outbox, Report
+from gpuwarden.hub.tracker import IncidentTracker
 from gpuwarden.kernel.clock import printk_now
 from gpuwarden.kernel.watch import KernelWatch
 from gpuwarden.runtime import logsetup, reloads
@@ -139,11 +140,10 @@ class Daemon:
         self.alert_context = AlertContext(self.recorder, self.inventory, cfg)  # the hub's evidence tells it
         evidence = Evidence(self.store, self.recorder, self.metrics, cfg.alerts.hostname, self.engines.views(),
                             self.alert_context)
-        incidents = report.Incidents(cfg.daemon.state_dir / "incidents", evidence.gather, evidence.save,
-                                     keep=cfg.daemon.incidents_keep)
-        self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, incidents.folder_for,
-                               incidents.folder, self.alert_context,
-                               incidents.is_open)
+        folders = report.Folders(cfg.daemon.state_dir / "incidents")  # what the alerts ask of the incidents
+        incidents = IncidentTracker(folders, evidence, keep=cfg.daemon.incidents_keep)
+        self.alerter = Alerter(cfg.alerts, build_targets(cfg.alerts), self.store, self.metrics, folders.folder_for,
+                               folders.folder, self.alert_context, folders.is_open)
         self.hub = Hub(self.reports, self.store, self.alerter, self.actuator, self.inventory, incidents, evidence,
                        self.metrics, self._dry_run(), self.engines)
         self.status = Status(loop, self.settings, self.started, self.metrics, self.summary, self.health,

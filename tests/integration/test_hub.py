@@ -13,6 +13,7 @@ from gpuwarden.core.model import Event, Severity
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.hub.hub import Evidence, Hub
 from gpuwarden.hub.queue import Outbox, Report
+from gpuwarden.hub.tracker import IncidentTracker
 from gpuwarden.store import bundles as report
 from gpuwarden.store.sqlite import Store
 
@@ -37,7 +38,7 @@ def hub_for(tmp_path, engines: list[policy.EngineView]) -> Hub:
     reports, metrics, store = asyncio.Queue(), SelfMetrics(), Store(tmp_path / "gpuwarden.db")
     actuator = Actuator(Outbox("actuator", reports, metrics), OwnUser(), CacheConfig(dirs=[tmp_path / "cache"]))
     evidence = Evidence(store, FlightRecorder(), metrics, "test")
-    incidents = report.Incidents(tmp_path / "incidents", evidence.gather, evidence.save)
+    incidents = IncidentTracker(report.Folders(tmp_path / "incidents"), evidence)
     hub = Hub(reports, store, None, actuator, Seen(), incidents, evidence, metrics, dry_run=False)
     hub.handle(Report("engines", engines=engines), 1000.0)  # the engine watch's report, as it comes
     return hub

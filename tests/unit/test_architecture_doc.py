@@ -255,10 +255,11 @@ def test_the_stated_counts_are_the_walks_own():
 def test_every_walk_enters_each_component_once():
     """A fault, a stall and an action's outcome (issue 25's acceptance): the stall's kill takes the look that
     found the stall, and its lifecycle learns the kill from the outcome, in walk 3. Only the hub enters a module
-    again, and only below it in the foundation, the store and the alerter (each call returns to the hub)."""
+    again, and only below it in the foundation, the store and the alerter, or its own incidents component (each
+    call returns to the hub)."""
     for arrows, _ in walks():
         again = entered_twice(arrows)
-        assert [m for m in again if m.split("/")[0] not in ("core", "store", "alert")] == []
+        assert [m for m in again if m.split("/")[0] not in ("core", "store", "alert") and m != "hub/tracker.py"] == []
 
 
 def test_a_doubled_entry_is_caught():

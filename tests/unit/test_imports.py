@@ -3,7 +3,8 @@ down these layers, and never in a cycle. A folder may import others of its own l
 
     entry points    cli (the command, its man page and completion, install, doctor, npd-check), __main__
     wiring          daemon (the one loose module besides the package's entry points)
-    the event path  hub (the queue, the hub that drains it, the daemon's health, the state snapshot)
+    the event path  hub (the queue, the hub that drains it, its incidents component, the daemon's health, the state
+                    snapshot)
     effects         act (the actuator, killer, guard, quarantine), alert, web (the exporter and status page)
     components      kernel, gpu, engine: they only emit, through core/model.Sink; they never act nor alert
     configuration   config (the TOML file and the web config), enginekinds (one module per engine kind), store

@@ -152,6 +152,7 @@ def test_an_nvml_xid_honours_the_xid_overrides_as_a_kernel_log_xid_does(xid, ove
     from gpuwarden.config.settings import GpuConfig
     from gpuwarden.core.model import Severity
     from gpuwarden.gpu.recorder import FlightRecorder
+    from gpuwarden.gpu.vendors import nvidia as vendor
     from gpuwarden.gpu.watch import GpuWatch
     from gpuwarden.kernel.classifier import Classifier
     from gpuwarden.kernel.records import KernelRecord
@@ -159,8 +160,7 @@ def test_an_nvml_xid_honours_the_xid_overrides_as_a_kernel_log_xid_does(xid, ove
     parsed = {code: Severity.parse(s) for code, s in overrides.items()}
     sink = _Events()
     watch = GpuWatch(GpuConfig(), list, sink, FlightRecorder(), xid_overrides=parsed)
-    watch.nvml = _nvml_with_xids(xid)
-    asyncio.run(watch._watch_xids())
+    asyncio.run(watch._watch_xids(vendor.opened(_nvml_with_xids(xid))))
     [nvml_event] = sink.events
     kernel, *_implied = Classifier(xid_overrides=parsed).feed(
         KernelRecord(f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1, name=python", 1.0), 1.0)

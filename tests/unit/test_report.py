@@ -169,13 +169,13 @@ def test_only_the_newest_bundles_are_kept_and_nothing_else_is_touched(tmp_path):
     (incidents / "notes").mkdir()
     newest = incidents / report.folder_name(Event("device_lost", Severity.CRITICAL, "x", T0 + 86400 * 5))
 
-    report.Incidents._write(newest, incident(), keep=3)
+    report.write(newest, incident(), keep=3)
 
     assert sorted(p.name for p in incidents.iterdir()) == [
         "20261129-000000-device_lost", "20261130-000000-device_lost", "20261204-162228-device_lost",
         "20261205-162228-device_lost", newest.name, "notes"]
     assert (outside / "precious").read_text() == "keep me" and newest.name == "20261207-162228-device_lost"
-    report.Incidents._write(newest, incident(), keep=1)  # written again (the window's end): no new folder
+    report.write(newest, incident(), keep=1)  # written again (the window's end): no new folder
     assert (incidents / "20261204-162228-device_lost").is_dir()
 
 
@@ -185,7 +185,7 @@ def test_the_bundle_being_written_is_never_deleted_even_when_older(tmp_path):
     for name in ("20261203-000000-device_lost", "20261204-000000-device_lost"):
         (incidents / name).mkdir(parents=True)
     spare = incidents / "20261201-000000-gpu_reset"
-    report.Incidents._write(spare, incident(), keep=2)
+    report.write(spare, incident(), keep=2)
     assert sorted(p.name for p in incidents.iterdir()) == [spare.name, "20261204-000000-device_lost"]
     report.prune(incidents, 1, spare)
     assert [p.name for p in incidents.iterdir()] == [spare.name]
@@ -200,7 +200,7 @@ def test_bundles_are_pruned_in_the_order_they_were_written_whatever_the_wall_clo
     before = [Event("device_lost", Severity.CRITICAL, "x", T0 + 60 * i, gpu=GPUS[0]) for i in range(3)]
     after = [Event("gpu_reset", Severity.CRITICAL, "x", T0 - 86400 + 60 * i, gpu=GPUS[0]) for i in range(3)]
     for event in before + after:
-        report.Incidents._write(incidents / report.folder_name(event), incident(), keep=3)
+        report.write(incidents / report.folder_name(event), incident(), keep=3)
     written = [report.folder_name(e) for e in after]
     assert sorted(p.name for p in incidents.iterdir()) == written
     assert [Path(r["folder"]).name for r in report.listing(incidents)] == written

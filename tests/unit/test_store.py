@@ -289,7 +289,7 @@ def test_incident_bundles_live_in_a_private_folder(tmp_path):
     incidents = tmp_path / "incidents"
     incidents.mkdir()
     incidents.chmod(0o755)  # an incidents folder from before the rule
-    report.Incidents._write(incidents / "20261203-120000-sq_intr", {"trigger": {}})
+    report.write(incidents / "20261203-120000-sq_intr", {"trigger": {}})
     assert stat.S_IMODE(incidents.stat().st_mode) == 0o700
 
 

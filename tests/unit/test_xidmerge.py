@@ -8,6 +8,7 @@ from test_nvidia_reader import _Events, _nvml_with_xids
 from gpuwarden.config.settings import GpuConfig
 from gpuwarden.core.model import Event, Severity
 from gpuwarden.gpu.recorder import FlightRecorder
+from gpuwarden.gpu.vendors import nvidia
 from gpuwarden.gpu.watch import GpuWatch
 from gpuwarden.gpu.xidmerge import XidMerge
 
@@ -58,7 +59,7 @@ def test_the_kernel_tap_notes_live_kernel_xids_and_passes_everything_on():
 def test_the_gpu_watch_records_nvmls_copy_only_when_the_kernel_had_none():
     sink, merge = _Events(), XidMerge(window=3)
     watch = GpuWatch(GpuConfig(), list, sink, FlightRecorder(), xid_merge=merge)
-    watch.nvml = _nvml_with_xids(31, 79)
+    opened = nvidia.opened(_nvml_with_xids(31, 79))
     merge.kernel(GPU, 31, __import__("time").monotonic())  # the kernel log printed Xid 31 just now
-    asyncio.run(watch._watch_xids())
+    asyncio.run(watch._watch_xids(opened))
     assert [e.evidence["xid"] for e in sink.events] == [79] and merge.merged == 1

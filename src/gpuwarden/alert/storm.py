@@ -23,12 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuwarden.core.eventkinds import GPU_LOST_KINDS, OUTCOMES
+from gpuwarden.core.eventkinds import FOLLOW_UP_KINDS, GPU_LOST_KINDS
 from gpuwarden.core.model import CROWD, Event, Severity
 
-# Outcomes of an incident worth a follow-up of their own, besides gpuwarden's own actions (OUTCOMES)
-FOLLOW_UP_KINDS = frozenset({"engine_restarting", "engine_back", "engine_restart_failed", "gpus_back",
-                             "gpus_changed"}) | OUTCOMES
 ENDS = frozenset({"engine_back", "gpus_back"})  # the good end of an incident: its follow-up is an all-clear
 _ACTED = frozenset({"kill", "restart", "quarantine"})
 

@@ -15,7 +15,7 @@ from gpuwarden.alert.runbooks import runbook_for
 from gpuwarden.config.settings import Config, GpuConfig
 from gpuwarden.core.counts import plural
 from gpuwarden.core.model import GpuSample, Severity
-from gpuwarden.gpu import pci
+from gpuwarden.gpu import pci, vendors
 from gpuwarden.gpu.discovery import Gpu, discover
 from gpuwarden.gpu.pci import PciNode
 from gpuwarden.gpu.rules import TelemetryRules
@@ -168,7 +168,7 @@ def _root_port(g: GpuFacts, gpu_count: int) -> list[Finding]:
             f"CPU; root port {root.bdf}",
             "It shares the chipset's uplink (often PCIe x4) with USB, SATA and NVMe, and chipset ports often "
             "complete no AtomicOps. Put the GPUs that talk to each other in CPU-attached slots."))
-    needs_atomics = g.gpu.vendor == "amd"
+    needs_atomics = (vendor := vendors.named(g.gpu.vendor)) is not None and vendor.needs_atomics
     if root.pcie is None:
         findings.append(Finding(I, "atomics", g.gpu.pci, f"AtomicOp support of root port {root.bdf} unknown: its "
                                 "config space is readable by root only", "Run `gpuwarden doctor` as root."))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuwarden.core.eventkinds import CATALOG
+from gpuwarden.core.eventkinds import Table
 from gpuwarden.core.model import CONDITION, ConditionKey, ConditionKind, Event, Severity
 from gpuwarden.core.plain import plain
 
@@ -88,11 +88,10 @@ class Change:
 State = Mapping[Key, Condition]
 
 # Event kinds -> the conditions they raise on their subject, and those they resolve: the catalog's rows
-# (eventkinds.py), a kind of a "gpu" condition raising GPU_LOST.
-RAISES: dict[str, tuple[Kind, ...]] = {
-    kind: row.raises + ((Kind.GPU_LOST,) if row.condition == "gpu" else ()) for kind, row in CATALOG.items()
-    if row.raises or row.condition == "gpu"}
-RESOLVES: dict[str, tuple[Kind, ...]] = {kind: row.resolves for kind, row in CATALOG.items() if row.resolves}
+# (eventkinds.py, read when asked: a kind registered later counts), a kind of a "gpu" condition raising GPU_LOST.
+RAISES: Mapping[str, tuple[Kind, ...]] = Table(lambda row: row.raises + ((Kind.GPU_LOST,) if row.condition == "gpu"
+                                                                          else ()))
+RESOLVES: Mapping[str, tuple[Kind, ...]] = Table(lambda row: row.resolves)
 GPUS_PRESENT = "gpus_present"  # evidence of gpus_back / gpus_changed: the PCI addresses that are there now
 
 

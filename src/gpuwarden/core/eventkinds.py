@@ -1,14 +1,21 @@
 """The one catalog of event kinds, a row each holding all that is known of the kind: the runbook its alert points
 to, the words a title says of it, the node conditions it raises and resolves, whether it is a GPU fault, an
 escalation of one or a crash loop to the policy, an action gpuwarden took or an outcome (what a report lists under
-"actions"). Adding a kind is one row here (and its runbook's text in alert/runbooks.py when it names a new one).
-An event may name a runbook of its own in its evidence (a kernel rule does; a wedged GPU that recovers by itself
-points to "reset"): that wins."""
+"actions"). Adding a kind is one row in CATALOG below, or, from a module of its own, one call:
+`register("kind", Kind(...))` (and its runbook's text in alert/runbooks.py when it names a new one). Every set and
+table derived from the rows (GPU_FAULT_KINDS..., conditions.RAISES) is a view read off the catalog when asked, so
+a kind registered after import is whole everywhere. An event may name a runbook of its own in its evidence (a
+kernel rule does; a wedged GPU that recovers by itself points to "reset"): that wins."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Set
+from typing import TypeVar
+
 from gpuwarden.core.model import ConditionKind as C
 from gpuwarden.core.plain import plain
+
+V = TypeVar("V")
 
 
 @plain
@@ -27,6 +34,7 @@ class Kind:
     resolves: tuple[C, ...] = ()  # the conditions it ends on its subject
     escalation: bool = False  # the GPU got worse (reset, lost): the policy's suspect engines on it are killed
     quarantine: bool = False  # a crash loop: the policy moves the engine's poisoned compile caches aside
+    follow_up: bool = False  # an incident's alert follows up on it (every outcome's does too): the GPUs came back
 
 
 CATALOG: dict[str, Kind] = {
@@ -100,24 +108,90 @@ CATALOG: dict[str, Kind] = {
     "store_unwritable": Kind("store", raises=(C.STORE_UNWRITABLE,)),
     "exporter_port_taken": Kind(None),  # another user serves on the exporter's port: Prometheus scrapes it
     # the confirmation after a reboot that followed a lost GPU (recovery.py)
-    "gpus_back": Kind(None, resolves=(C.GPU_LOST,)),
-    "gpus_changed": Kind("gpus_changed", resolves=(C.GPU_LOST,)),
+    "gpus_back": Kind(None, resolves=(C.GPU_LOST,), follow_up=True),
+    "gpus_changed": Kind("gpus_changed", resolves=(C.GPU_LOST,), follow_up=True),
 }
+_BUILT_IN = frozenset(CATALOG)
 
-KINDS = frozenset(CATALOG)
-GPU_FAULT_KINDS = frozenset(k for k, v in CATALOG.items() if v.gpu_fault)
-ACTION_KINDS = frozenset(k for k, v in CATALOG.items() if v.action)
-OUTCOMES = frozenset(k for k, v in CATALOG.items() if v.outcome)
-GPU_LOST_KINDS = frozenset(k for k, v in CATALOG.items() if v.condition == "gpu")
-ENGINE_KINDS = frozenset(k for k, v in CATALOG.items() if v.condition == "engine")
+
+def register(kind: str, row: Kind) -> None:
+    """A kind from a module of its own: one call, and every view below counts it."""
+    if kind in CATALOG:
+        raise ValueError(f"event kind {kind!r} is in the catalog already")
+    CATALOG[kind] = row
+
+
+def unregister(kind: str) -> None:
+    """For a test's own kind: the built-in ones stay."""
+    if kind in _BUILT_IN:
+        raise ValueError(f"{kind!r} is a built-in event kind")
+    del CATALOG[kind]
+
+
+class Kinds(Set):
+    """The kinds whose row passes `test`, read off the catalog at each question (a membership test is one dict
+    look-up and one attribute): a kind registered after import is counted, as a frozenset made then would not."""
+
+    __slots__ = ("_test",)
+
+    def __init__(self, test: Callable[[Kind], bool]) -> None:
+        self._test = test
+
+    def __contains__(self, kind: object) -> bool:
+        row = CATALOG.get(kind)  # type: ignore[call-overload]
+        return row is not None and self._test(row)
+
+    def __iter__(self) -> Iterator[str]:
+        return (kind for kind, row in CATALOG.items() if self._test(row))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @classmethod
+    def _from_iterable(cls, kinds) -> frozenset[str]:  # what `|`, `&`, `-` make: a plain frozenset of that moment
+        return frozenset(kinds)
+
+
+class Table(Mapping[str, V]):
+    """kind -> what `value` makes of its row, for the kinds where that is not empty; read off the catalog at each
+    question, as Kinds is."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Callable[[Kind], V]) -> None:
+        self._value = value
+
+    def __getitem__(self, kind: str) -> V:
+        if (row := CATALOG.get(kind)) is None or not (value := self._value(row)):
+            raise KeyError(kind)
+        return value
+
+    def __contains__(self, kind: object) -> bool:  # without Mapping's KeyError round trip (asked of every event)
+        row = CATALOG.get(kind)  # type: ignore[call-overload]
+        return row is not None and bool(self._value(row))
+
+    def __iter__(self) -> Iterator[str]:
+        return (kind for kind, row in CATALOG.items() if self._value(row))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+KINDS = Kinds(lambda row: True)
+GPU_FAULT_KINDS = Kinds(lambda row: row.gpu_fault)
+ACTION_KINDS = Kinds(lambda row: row.action)
+OUTCOMES = Kinds(lambda row: row.outcome)
+FOLLOW_UP_KINDS = Kinds(lambda row: row.outcome or row.follow_up)  # an incident's alert follows up on these
+GPU_LOST_KINDS = Kinds(lambda row: row.condition == "gpu")
+ENGINE_KINDS = Kinds(lambda row: row.condition == "engine")
 
 
 def runbook(kind: str) -> str | None:
     """The kind's runbook key (an unknown kind, a user rule's own, has none)."""
     entry = CATALOG.get(kind)
     return entry.runbook if entry else None
-ESCALATION_KINDS = frozenset(k for k, v in CATALOG.items() if v.escalation)
-QUARANTINE_KINDS = frozenset(k for k, v in CATALOG.items() if v.quarantine)
+ESCALATION_KINDS = Kinds(lambda row: row.escalation)
+QUARANTINE_KINDS = Kinds(lambda row: row.quarantine)
 
 
 def words(kind: str) -> str | None:

@@ -5,7 +5,7 @@ the socket that serves its address is its own (`taken`: who holds it when not)."
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Callable, Mapping
 
 import psutil
 
@@ -15,14 +15,13 @@ from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.lifecycle import Instance
 from gpuwarden.engine.parts import target_spec
 from gpuwarden.engine.processes import Tracker, gpus_in_use, port_taken, resolve
-from gpuwarden.gpu import nvidia
+from gpuwarden.gpu import vendors
 from gpuwarden.runtime.offloop import Busy, OffLoop
 
 log = logging.getLogger(__name__)
 
 DEADLINE = 10.0
 _INSPECTS = OffLoop("process look-up", limit=64)  # one per engine: a hung NVML holds one thread each, no more
-_NVML_CALL = threading.Lock()  # and at most one of them waits inside NVML; the others skip it
 
 
 @plain
@@ -41,7 +40,8 @@ class Processes:
 
 class Looker:
     def __init__(self, nvml: bool = True) -> None:
-        self._nvml = None if nvml else False  # loaded on first use; False when off ([gpu] nvml) or no driver
+        # the vendors' pid -> GPU lookups (NVML's), opened on first use; none when off ([gpu] nvml)
+        self._by_pid: list[Callable[[], Mapping[int, str]]] | None = None if nvml else []
 
     async def look(self, name: str, config: EngineConfig, tracker: Tracker) -> Processes | None:
         """None: the look-up did not answer within its deadline, or one that outran it still holds its thread (a
@@ -65,15 +65,12 @@ class Looker:
                          frozenset(listener.inode for listener in found.listeners))
 
     def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
-        """From the device files they hold open, and for NVIDIA from NVML's process lists."""
+        """From the device files they hold open, and from the vendors' libraries (NVML's process lists)."""
         found = gpus_in_use(procs) or set()
-        if self._nvml is None:
-            self._nvml = nvidia.load() or False
-        if self._nvml and _NVML_CALL.acquire(blocking=False):
-            try:
-                by_pid = nvidia.gpus_of_processes(self._nvml)
-            finally:
-                _NVML_CALL.release()
+        if self._by_pid is None:
+            self._by_pid = [lookup for v in vendors.all_vendors() if v.process_gpus and (lookup := v.process_gpus())]
+        for lookup in self._by_pid:
+            by_pid = lookup()
             found |= {by_pid[p.pid] for p in procs if p.pid in by_pid}
         return found or None
 

@@ -34,6 +34,7 @@ from gpuwarden import enginekinds
 from gpuwarden.core.model import normalize_pci
 from gpuwarden.core.plain import plain
 from gpuwarden.engine.dockerapi import container_pids
+from gpuwarden.gpu import vendors
 from gpuwarden.runtime import sockets
 from gpuwarden.runtime.logsetup import redact_command
 from gpuwarden.runtime.sockets import Listener
@@ -575,14 +576,15 @@ def _user_name(uid: int) -> str:
 
 
 _RENDER = re.compile(r"^/dev/dri/(renderD\d+|card\d+)$")
-_NVIDIA = re.compile(r"^/dev/nvidia(\d+)$")
 
 
 def gpus_in_use(procs: list[psutil.Process], proc_root: Path = Path("/proc"),
                 sys_root: Path = Path("/sys")) -> set[str] | None:
-    """PCI addresses of the GPUs these processes hold open (DRM nodes, /dev/nvidiaN); None when they hold a
-    GPU that cannot be told apart (only /dev/kfd) or none at all: then the engine counts as using every GPU."""
+    """PCI addresses of the GPUs these processes hold open (DRM nodes, a vendor's own: /dev/nvidiaN); None when
+    they hold a GPU that cannot be told apart (only /dev/kfd) or none at all: then the engine counts as using
+    every GPU."""
     found: set[str] = set()
+    nodes = [node for vendor in vendors.all_vendors() for node in vendor.device_nodes]
     for proc in procs:
         fd_dir = proc_root / str(proc.pid) / "fd"
         try:
@@ -592,8 +594,11 @@ def gpus_in_use(procs: list[psutil.Process], proc_root: Path = Path("/proc"),
         for link in links:
             if m := _RENDER.match(link):
                 found |= _drm_pci(sys_root, m.group(1))
-            elif m := _NVIDIA.match(link):
-                found |= _nvidia_pci(proc_root, int(m.group(1)))
+                continue
+            for node in nodes:
+                if m := node.pattern.match(link):
+                    found |= node.gpus(proc_root, m)
+                    break
     return found or None
 
 
@@ -603,12 +608,3 @@ def _drm_pci(sys_root: Path, node: str) -> set[str]:
     except (OSError, ValueError):
         return set()
 
-
-def _nvidia_pci(proc_root: Path, minor: int) -> set[str]:
-    for info in (proc_root / "driver/nvidia/gpus").glob("*/information"):
-        try:
-            if re.search(rf"^Device Minor:\s*{minor}\s*$", info.read_text(), re.M):
-                return {normalize_pci(info.parent.name)}
-        except (OSError, ValueError):
-            continue
-    return set()

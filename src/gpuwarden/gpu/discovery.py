@@ -1,4 +1,5 @@
-"""Find GPUs by PCI address in sysfs: display-class devices (PCI class 0x03xxxx) of known vendors."""
+"""Find GPUs by PCI address in sysfs: display-class devices (PCI class 0x03xxxx) of the registered vendors
+(gpu/vendors/)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import os
 from pathlib import Path
 
 from gpuwarden.core.plain import plain
+from gpuwarden.gpu import vendors
 
-VENDORS = {"0x1002": "amd", "0x10de": "nvidia", "0x8086": "intel"}
 GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct and data-centre cards)
 
 
@@ -37,12 +38,12 @@ def discover(sysfs_root: Path = Path("/sys")) -> list[Gpu]:
     gpus = []
     for name in names:
         try:
-            vendor = _attribute(f"{devices}/{name}/vendor")
-            if vendor not in VENDORS or not is_gpu_class(_attribute(f"{devices}/{name}/class")):
+            vendor = vendors.of_pci_id(_attribute(f"{devices}/{name}/vendor"))
+            if vendor is None or not is_gpu_class(_attribute(f"{devices}/{name}/class")):
                 continue
         except OSError:
             continue  # gone while we looked
-        gpus.append(Gpu(name, VENDORS[vendor], driver_of(Path(devices, name))))
+        gpus.append(Gpu(name, vendor.name, driver_of(Path(devices, name))))
     return gpus
 
 

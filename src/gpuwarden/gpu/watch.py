@@ -14,23 +14,24 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 
 from gpuwarden.config.settings import GpuConfig
 from gpuwarden.core import conditions, families
 from gpuwarden.core.model import Event, GpuSample, NullSink, Severity, Sink
-from gpuwarden.gpu import amd, nvidia
+from gpuwarden.gpu import vendors
 from gpuwarden.gpu.discovery import Gpu
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.gpu.rules import TelemetryRules
+from gpuwarden.gpu.vendors.base import Opened
 from gpuwarden.gpu.xidmerge import XidMerge
 from gpuwarden.kernel import xid as xid_catalog
 from gpuwarden.runtime.offloop import Busy, OffLoop
 from gpuwarden.runtime.ticks import next_tick
 
 log = logging.getLogger(__name__)
-_NVML = OffLoop("nvml", limit=2)  # opening NVML, waiting for Xids: a hung driver holds these two
-_NVML_DEADLINE = 30.0
+# opening the vendors' libraries (NVML), waiting for their Xids: a hung driver holds these two
+_LIBRARY = OffLoop("gpu library", limit=2)
+_LIBRARY_DEADLINE = 30.0
 # what a GPU that answers reads again, or is back on the bus, is cured of (not of a failed reset: gpu_lost)
 _UNRESPONSIVE, _MISSING = frozenset({"gpu_unresponsive"}), frozenset({"gpu_missing"})
 
@@ -100,25 +101,25 @@ class GpuWatch:
         self._unresponsive: set[str] = set()
         self._seen: dict[str, Gpu] = {}
         self._missing: set[str] = set()
-        self.nvml = None
-        self._nv_handles: dict[str, object] = {}
+        self.opened: dict[str, Opened] = {}  # vendor -> what it opened to read its GPUs here
         self._durations: dict[str, float] = {}
         self._readers: dict[str, Callable[[float], GpuSample]] = {}
 
-    def open_nvml(self) -> None:
-        """Load NVML (when configured and there) and find the NVIDIA GPUs. Blocking: run off the loop."""
-        if self.config.nvml:
-            self.nvml = nvidia.load()
-            if self.nvml:
-                self._nv_handles = nvidia.handles(self.nvml)
-                log.info("NVML reader on: %d NVIDIA GPU(s)", len(self._nv_handles))
+    def open(self) -> None:
+        """Open each registered vendor's readers (NVML when configured and there). Blocking: run off the loop."""
+        for vendor in vendors.all_vendors():
+            if vendor.open and (opened := vendor.open(self.config)):
+                self.opened[vendor.name] = opened
+                if opened.gpus is not None:
+                    log.info("%s reader on: %d GPU(s)", vendor.name, opened.gpus)
 
     async def run(self) -> None:
-        await _NVML.run("open", _NVML_DEADLINE, self.open_nvml)
+        await _LIBRARY.run("open", _LIBRARY_DEADLINE, self.open)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._sample_forever())
-            if self.nvml and self._nv_handles:
-                tasks.create_task(self._watch_xids())
+            for opened in self.opened.values():
+                if opened.xid_events:
+                    tasks.create_task(self._watch_xids(opened))
 
     async def _sample_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -180,13 +181,8 @@ class GpuWatch:
     def _reader(self, gpu: Gpu) -> Callable[[float], GpuSample] | None:
         if gpu.pci in self._readers:
             return self._readers[gpu.pci]
-        reader = None
-        if gpu.vendor == "amd" and gpu.driver == "amdgpu":
-            reader = amd.AmdReader(self.config.sysfs_root / "bus/pci/devices" / gpu.pci, gpu.pci).read
-        elif gpu.vendor == "nvidia" and gpu.pci in self._nv_handles:
-            nvml, handle = self.nvml, self._nv_handles[gpu.pci]
-            reader = partial(nvidia.read, nvml, handle, gpu.pci)
-        if reader:
+        opened = self.opened.get(gpu.vendor)
+        if reader := opened and opened.reader(gpu):
             self._readers[gpu.pci] = reader
         return reader
 
@@ -224,24 +220,26 @@ class GpuWatch:
         self.sink.replace_series(families.GPU_READ_DURATION,
                                  {(pci,): self._durations[pci] for pci in gpus if pci in self._durations})
 
-    async def _watch_xids(self) -> None:
+    async def _watch_xids(self, opened: Opened) -> None:
+        """The Xids a vendor's library reports (NVML's), merged with the kernel log's copies."""
         while True:
             try:
-                events = await _NVML.run("xid events", _NVML_DEADLINE, nvidia.xid_events, self.nvml, 1000)
+                events = await _LIBRARY.run("xid events", _LIBRARY_DEADLINE, opened.xid_events, 1000)
             except (Busy, TimeoutError):
                 await asyncio.sleep(1.0)  # a hung wait still holds its thread: try again once it returns
                 continue
             except Exception as exc:
-                log.warning("NVML Xid events unavailable: %s", exc)
+                log.warning("%s Xid events unavailable: %s", opened.library, exc)
                 for event in self.xid_merge.due(float("inf")):  # what is held has no other way out
                     self.sink.record([event])
                 return
             now = time.monotonic()
             for pci, xid in events:
                 severity, meaning = xid_catalog.judge(xid, self.xid_overrides)
-                self.xid_merge.nvml(pci, xid, Event("xid", severity, f"{meaning} on {pci} (NVML)", time.time(),
-                                                    gpu=pci, evidence={"xid": xid, "source": "nvml"}), now)
-            for event in self.xid_merge.due(now):  # no kernel copy came: NVML's is the only word of it
+                self.xid_merge.nvml(pci, xid, Event("xid", severity, f"{meaning} on {pci} ({opened.library})",
+                                                    time.time(), gpu=pci,
+                                                    evidence={"xid": xid, "source": opened.library.lower()}), now)
+            for event in self.xid_merge.due(now):  # no kernel copy came: the library's is the only word of it
                 self.sink.record([event])
 
 
@@ -280,7 +278,7 @@ def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple
             for limit, value in zip(("slowdown", "shutdown"), pair, strict=True):
                 if value is not None:
                     out[families.GPU_TEMPERATURE_LIMIT][(*base, sensor, limit)] = value
-        known = nvidia.THROTTLE_BITS.values() if s.vendor == "nvidia" else ()
+        known = vendor.throttle_reasons if (vendor := vendors.named(s.vendor)) else ()
         for reason in {*known, *s.throttle}:
             out[families.GPU_THROTTLE][(*base, reason)] = 1.0 if reason in s.throttle else 0.0
     return out
@@ -293,7 +291,7 @@ def read_once(config: GpuConfig, gpus: list[Gpu]) -> dict[str, GpuSample]:
 
     async def read_all():
         watch = GpuWatch(config, lambda: gpus, NullSink(), FlightRecorder())
-        watch.open_nvml()
+        watch.open()
         return await watch.sample_once()
 
     return asyncio.run(read_all())

@@ -28,6 +28,7 @@ from gpuwarden.gpu import recovery
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
 from gpuwarden.hub.queue import Report
+from gpuwarden.hub.tracker import IncidentTracker
 from gpuwarden.runtime import logsetup
 from gpuwarden.store import bundles as report
 from gpuwarden.store.sqlite import QueuedStore, Store
@@ -144,7 +145,7 @@ class Conditions:
 class Incidents:
     """Which incident each event opens or joins (the incidents component, its bundle written off the loop)."""
 
-    def __init__(self, incidents: report.Incidents) -> None:
+    def __init__(self, incidents: IncidentTracker) -> None:
         self.incidents = incidents
 
     def run(self, batch: Batch) -> None:
@@ -161,7 +162,7 @@ class Changed:
     row (a raise with its event's id), the gauges, the incidents, the log; an alert ends with its condition
     unless an event ended it (that event is alerted itself)."""
 
-    def __init__(self, store: Store | QueuedStore, incidents: report.Incidents, alerter: Alerter | None,
+    def __init__(self, store: Store | QueuedStore, incidents: IncidentTracker, alerter: Alerter | None,
                  metrics: SelfMetrics) -> None:
         self.store, self.incidents, self.alerter, self.metrics = store, incidents, alerter, metrics
 
@@ -195,7 +196,7 @@ class Record:
     """Stored, with the source's cursor (the store never refuses and never waits: what it cannot write yet it
     keeps and retries); each stored row told to its incident and its raises; the changes stored; counted, logged."""
 
-    def __init__(self, store: Store | QueuedStore, incidents: report.Incidents, changed: Changed,
+    def __init__(self, store: Store | QueuedStore, incidents: IncidentTracker, changed: Changed,
                  metrics: SelfMetrics) -> None:
         self.store, self.incidents, self.changed, self.metrics = store, incidents, changed, metrics
         self.rows: OrderedDict[tuple[str, int], int] = OrderedDict()  # an outbox's reference -> its stored row
@@ -253,7 +254,7 @@ class Act:
 
 class Hub:
     def __init__(self, reports: asyncio.Queue[Report], store: Store | QueuedStore, alerter: Alerter | None,
-                 actuator: Actuator, inventory: GpuInventory, incidents: report.Incidents, evidence: Evidence,
+                 actuator: Actuator, inventory: GpuInventory, incidents: IncidentTracker, evidence: Evidence,
                  metrics: SelfMetrics, dry_run: bool, engines: Learns | None = None) -> None:
         """`reports`: the one queue every component's outbox puts on; the hub is its only consumer. The
         situation the policy decides in is the hub's own: the engines as the engine watch last reported them,

@@ -3,12 +3,12 @@
 what gpuwarden did and how it went) and `timeline.svg`.
 
 The bundle is pure (`bundle`), and so is its picture (`timeline.svg`, SVG text written directly: a few
-milliseconds, no plotting library); `Incidents` is the daemon's edge that gathers and writes both, off the loop.
+milliseconds, no plotting library); `write` puts both on disk. The incidents component that gathers them and has
+them written, off the loop, is the hub's (hub/tracker.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -16,26 +16,20 @@ import re
 import stat
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.core import incidents
-from gpuwarden.core.conditions import Change, Key
 from gpuwarden.core.eventkinds import OUTCOMES
 from gpuwarden.core.model import Event, GpuSample
-from gpuwarden.runtime.offloop import OffLoop
 from gpuwarden.store.sqlite import private_folder
 from gpuwarden.store.timeline import svg
 
 log = logging.getLogger(__name__)
-_WRITES = OffLoop("incident write", limit=4)  # one per bundle: a hung disk holds these, never a kill's
-_WRITE_DEADLINE = 60.0
 
 BEFORE = 300.0  # seconds of events and kernel lines before the trigger that go into the bundle
-SETTLE = 2.0  # the first write waits this long, so the lines that follow the trigger are in it
-WINDOW = 60.0  # the incident stays open this long: critical events join it, and it is written again at the end
 KERNEL_LINES = 2000  # the daemon keeps this many recent kernel lines for the bundles
 PICTURE, BUNDLE, FAILED = "timeline.svg", "incident.json", "render-error.txt"
 # In each bundle: its place in the order bundles were written, and the wall-clock time then. Pruning and the
@@ -44,7 +38,7 @@ PICTURE, BUNDLE, FAILED = "timeline.svg", "incident.json", "render-error.txt"
 ORDER = "order.json"
 _TELEMETRY = ("power_watts", "sclk_hz", "busy_ratio", "state")
 KEEP = 100  # bundles kept ([daemon] incidents_keep): one a minute, forever, would fill the state disk
-_NAMED = re.compile(r"\d{8}-\d{6}-[a-z_]{1,64}(?:-\d{1,9})?")  # what folder_name and _unique make
+_NAMED = re.compile(r"\d{8}-\d{6}-[a-z_]{1,64}(?:-\d{1,9})?")  # what folder_name and unique make
 
 
 def folder_name(event: Event) -> str:
@@ -82,134 +76,44 @@ def _point(s: GpuSample) -> dict[str, Any]:
     return point
 
 
-class Incidents:
-    """The incidents' edge: groups live events into incidents (incidents.py decides), names each member event's
-    incident, saves each incident as it changes (`save(row, open incidents)`), and writes its
-    bundle after SETTLE, once more when WINDOW has passed, and a last time when it closes, each time followed by
-    a fresh picture. Incidents loaded at a start close on the condition changes (or the events) that come; their
-    bundles are not written again."""
+class Folders:
+    """The incidents this process writes, as an alert asks about them: which incident each event belongs to (its
+    folder: its picture is coming) and which are still open. The hub's incident tracker (hub/tracker.py) keeps
+    them; the alerter, below the hub, only reads (tests/integration/test_upward_calls.py)."""
 
-    def __init__(self, folder: Path, gather: Callable[[Event, int, float], dict[str, Any]],
-                 save: Callable[[dict[str, Any], Iterable[incidents.Incident]], None], settle: float = SETTLE,
-                 window: float = WINDOW, keep: int = KEEP) -> None:
-        self.folder, self.gather, self.save = folder, gather, save
-        self.settle, self.window, self.keep = settle, window, keep
-        self.open: dict[str, incidents.Incident] = {}
-        self._by_event: dict[int, str] = {}  # event id -> incident id, while it is open
-        self._trigger: dict[str, tuple[Event, int | None]] = {}
-        self._closed: dict[str, asyncio.Event] = {}
-        self._latest: dict[str, incidents.Incident] = {}  # each followed incident as it is now, closed or not
-        self._tasks: set[asyncio.Task] = set()
-
-    def load(self, rows: list[dict[str, Any]], open_keys: list[Key], now: float) -> None:
-        """A daemon's start: the stored incidents still open go on (a lost GPU's, until it is back)."""
-        for row in rows:
-            incident = incidents.settle(incidents.from_row(row, open_keys), [], now, self.window)
-            if incident.closed is None:
-                self.open[incident.id] = incident
-            self.save(incident.row(), self.open.values())
-
-    def offer(self, event: Event, raised: list[Key], decisions: list[dict[str, Any]],
-              engine_gpus: dict[str, frozenset[str] | None]) -> str | None:
-        """The id of the incident the event opens or joins, or None."""
-        current = incidents.joins(self.open.values(), event, engine_gpus)
-        new_id = ""
-        if current is None and incidents.opens(event):  # a look at the folder, only for a new one
-            new_id = _unique(self.folder / folder_name(event), taken=self.open.keys()).name
-        incident = incidents.offer(current, event, raised, decisions, new_id, time.time())
-        if incident is None:
-            return None
-        before = self.open.get(incident.id)
-        if before is None:
-            self._trigger[incident.id] = (event, None)
-            self._closed[incident.id] = asyncio.Event()
-            task = asyncio.get_running_loop().create_task(self._follow(incident.id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        self.open[incident.id] = self._latest[incident.id] = incident
-        if incidents.grew(before, incident):  # not for each line of a storm
-            self.save(incident.row(), self.open.values())
-        return incident.id
-
-    def stored(self, event_id: int, incident_id: str) -> None:
-        """An event of the incident got its id (its alert finds the incident's folder)."""
-        self._by_event[event_id] = incident_id
-        trigger, known = self._trigger.get(incident_id, (None, 0))
-        if trigger is not None and known is None:
-            self._trigger[incident_id] = (trigger, event_id)
-
-    def changed(self, changes: list[Change], now: float) -> None:
-        """Condition changes, or only time passing (no changes): incidents may close."""
-        for incident_id, incident in list(self.open.items()):
-            settled = incidents.settle(incident, changes, now, self.window)
-            if settled == incident:
-                continue
-            if incident_id in self._latest:
-                self._latest[incident_id] = settled
-            if settled.closed is None:
-                self.open[incident_id] = settled
-            else:
-                del self.open[incident_id]
-                self._by_event = {i: p for i, p in self._by_event.items() if p != incident_id}
-                if closed := self._closed.get(incident_id):
-                    closed.set()
-            self.save(settled.row(), self.open.values())
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.open: dict[str, incidents.Incident] = {}  # the open incidents by id, as the tracker has them now
+        self.by_event: dict[int, str] = {}  # event id -> incident id, while it is open
 
     def is_open(self, incident_id: str) -> bool:
         return incident_id in self.open
 
     def folder_for(self, event_ids: list[int]) -> Path | None:
         """The incident that these events belong to (an alert names it or attaches its picture)."""
-        return next((self.folder / self._by_event[i] for i in event_ids if i in self._by_event), None)
+        return next((self.folder / self.by_event[i] for i in event_ids if i in self.by_event), None)
 
-    async def _follow(self, incident_id: str) -> None:
-        path, closed = self.folder / incident_id, self._closed[incident_id]
-        opened = time.time()
-        await asyncio.sleep(self.settle)
-        await self._write_bundle(path, incident_id, opened)
-        await asyncio.sleep(self.window - self.settle)
-        await self._write_bundle(path, incident_id, opened)
-        while not closed.is_set():
-            try:
-                await asyncio.wait_for(closed.wait(), self.window)
-            except TimeoutError:
-                self.changed([], time.time())  # quiet long enough, or past its bound
-        await self._write_bundle(path, incident_id, opened)  # how it ended
-        for followed in (self._trigger, self._closed, self._latest):
-            followed.pop(incident_id, None)
 
-    async def _write_bundle(self, path: Path, incident_id: str, opened: float) -> None:
-        trigger, trigger_id = self._trigger[incident_id]
+def write(path: Path, content: dict[str, Any], keep: int = KEEP) -> None:
+    """Write an incident's bundle and its picture into `path` (blocking: the tracker runs it off the loop); a
+    new bundle prunes the oldest beyond `keep`."""
+    private_folder(path.parent, ours=True)  # bundles hold kernel lines and process lists
+    if callable(content.get("telemetry")):  # gathered as a copy of the flight recorder, rebuilt here off the loop
+        content["telemetry"] = content["telemetry"]()
+    new = not path.exists()
+    path.mkdir(exist_ok=True)
+    if new:
+        last = max((_written(p)[0] for p in path.parent.iterdir() if p != path), default=0)
+        _atomic(path / ORDER, json.dumps({"sequence": max(last, 0) + 1, "written": time.time()}).encode())
+    (path / FAILED).unlink(missing_ok=True)
+    _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
+    log.info("incident report written: %s", path)
+    draw(path, content)
+    if new:
         try:
-            content = self.gather(trigger, trigger_id or 0, opened)
-            content["incident"] = self._latest[incident_id].row()
-            await _WRITES.run(path.name, _WRITE_DEADLINE, self._write, path, content, self.keep)
-        except Exception:
-            log.exception("incident report %s could not be written", path)
-
-    @staticmethod
-    def _write(path: Path, content: dict[str, Any], keep: int = KEEP) -> None:
-        private_folder(path.parent, ours=True)  # bundles hold kernel lines and process lists
-        if callable(content.get("telemetry")):  # gathered as a copy of the flight recorder, rebuilt here off the loop
-            content["telemetry"] = content["telemetry"]()
-        new = not path.exists()
-        path.mkdir(exist_ok=True)
-        if new:
-            last = max((_written(p)[0] for p in path.parent.iterdir() if p != path), default=0)
-            _atomic(path / ORDER, json.dumps({"sequence": max(last, 0) + 1, "written": time.time()}).encode())
-        (path / FAILED).unlink(missing_ok=True)
-        _atomic(path / BUNDLE, json.dumps(content, indent=1, default=str).encode())
-        log.info("incident report written: %s", path)
-        draw(path, content)
-        if new:
-            try:
-                prune(path.parent, keep, path)
-            except OSError as exc:  # the new bundle is written all the same, and its picture drawn
-                log.error("cannot delete old incident reports in %s: %s", path.parent, exc)
-
-    def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+            prune(path.parent, keep, path)
+        except OSError as exc:  # the new bundle is written all the same, and its picture drawn
+            log.error("cannot delete old incident reports in %s: %s", path.parent, exc)
 
 
 def prune(folder: Path, keep: int, spare: Path | None = None) -> list[str]:
@@ -240,7 +144,7 @@ def _written(path: Path) -> tuple[int, str]:
         return -1, path.name
 
 
-def _unique(path: Path, taken: Iterable[str] = ()) -> Path:
+def unique(path: Path, taken: Iterable[str] = ()) -> Path:
     """`path`, or `path-N`: a name no folder has, nor an incident not yet written (`taken`)."""
     n, candidate, taken = 1, path, set(taken)
     while candidate.exists() or candidate.name in taken:
