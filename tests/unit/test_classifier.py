@@ -430,3 +430,13 @@ def test_a_storm_line_that_joins_its_open_burst_is_counted_without_matching_the_
     # each burst's evidence is its first line's, as when every line was judged in full
     assert [b.event.evidence["line"] for b in started] == [lines[0], lines[200]]
     assert started[1].event.evidence["process"] == {"pid": 4242, "name": "python3"}
+
+
+def test_the_cheaper_automaton_before_the_gate_finds_a_piece_of_every_gate_literal():
+    """A driver line the pre-gate finds nothing in is refused without the gate: so every literal of the gate must
+    hold one of the pre-gate's words, or a rule's line would be refused. Its words start with fewer characters than
+    the gate's (what makes it cheaper per character)."""
+    c = Classifier()
+    gate, pregate = list(c._gate.keys()), list(c._pregate.keys())
+    assert len(gate) > 100 and all(any(piece in word for piece in pregate) for word in gate)
+    assert len({w[0] for w in pregate}) < len({w[0] for w in gate}) / 2
