@@ -7,7 +7,10 @@ Timed as installed (footprint_bench.py's way): the modules' bytecode cached, as 
 in a cache folder of the bench's own (PYTHONPYCACHEPREFIX), filled by a start that is not measured. Under this
 machine's PYTHONDONTWRITEBYTECODE a checkout compiles every gpuwarden module at every start: 400 ms, not ~250.
 
-    .venv/bin/python bench/startup_bench.py [--rounds N] [--events N ...]
+    .venv/bin/python bench/startup_bench.py [--rounds N] [--events N ...] [--against REV]
+
+With `--against REV`, the same starts of the code of an earlier commit (its `src/` taken with `git archive`) are
+timed in the same rounds, interleaved, on the same stores.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ def filled(state: Path, events: int) -> None:
     store.close()
 
 
-def cpu_ms_at_running(tmp: Path) -> float:
-    d = Daemon(tmp)
+def cpu_ms_at_running(tmp: Path, src: Path | None = None) -> float:
+    """`src`: the `src/` folder of another tree to run (an earlier commit's)."""
+    d = Daemon(tmp, env={"PYTHONPATH": str(src)} if src else None)
     before = d.stderr_path.stat().st_size if d.stderr_path.exists() else 0  # the log of the earlier rounds
     d.start()
     try:
@@ -82,11 +86,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--events", type=int, nargs=2, default=[10_000, 1_000_000])
+    parser.add_argument("--against", metavar="REV", help="also time the starts of this commit's code")
     args = parser.parse_args()
     small, large = args.events
     with tempfile.TemporaryDirectory() as root:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the daemons and the import runs inherit these
         os.environ["PYTHONPYCACHEPREFIX"] = str(Path(root) / "bytecode")
+        old = None
+        if args.against:
+            old = Path(root) / "against"
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.against, "src"], capture_output=True,
+                                     check=True)
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+            old = old / "src"
         dirs = {}
         for n in (small, large):
             dirs[n] = Path(root) / str(n)
@@ -94,22 +107,32 @@ def main() -> None:
             filled(dirs[n] / "state", n)
             print(f"stored {n:,} events ({(dirs[n] / 'state' / 'gpuwarden.db').stat().st_size >> 20} MB)", flush=True)
         cpu_ms_at_running(dirs[small])  # not measured: fills the bytecode cache
+        if old:
+            cpu_ms_at_running(dirs[small], old)
         times: dict[int, list[float]] = {small: [], large: []}
+        before: list[float] = []  # the earlier commit's, at `large`
         imports, classifier, bare = [], [], []
         for _ in range(args.rounds):
             for n in (small, large):
                 times[n].append(cpu_ms_at_running(dirs[n]))
+            if old:
+                before.append(cpu_ms_at_running(dirs[large], old))
             imports.append(child_ms(IMPORTS))
             classifier.append(child_ms(CLASSIFIER))
             bare.append(child_ms("pass"))
     med = {n: statistics.median(v) for n, v in times.items()}
     print(json.dumps({str(n): v for n, v in times.items()} | {"imports": imports, "classifier": classifier,
-                                                              "bare": bare}))
+                                                              "bare": bare, "against": before}))
+    if before:
+        print(f"start-up CPU at {large:,} events, the code of {args.against}: {statistics.median(before):.0f} ms "
+              f"({min(before):.0f}–{max(before):.0f}), this tree's {med[large]:.0f} ms, same rounds")
     imported, built = statistics.median(imports), statistics.median(classifier)
     figure(f"start-up CPU with {large:,} stored events (to 'gpuwarden running')", med[large], "ms",
            f"{small:,} events: {med[small]:.0f} ms; of it, a bare interpreter {statistics.median(bare):.0f} ms, the "
            f"imports {imported:.0f} ms, the kernel classifier's build {built - imported:.0f} ms (medians of "
-           f"{args.rounds} interleaved, {min(times[large]):.0f}–{max(times[large]):.0f} at {large:,}; {load()})",
+           f"{args.rounds} interleaved, {min(times[large]):.0f}–{max(times[large]):.0f} at {large:,}"
+           + (f"; the code of {args.against} {statistics.median(before):.0f} ms in the same rounds" if before else "")
+           + f"; {load()})",
            "≤ 150 ms", med[large] <= 150)
     figure(f"start-up CPU the store adds: {large:,} events against {small:,}", med[large] - med[small], "ms",
            f"{med[large]:.0f} against {med[small]:.0f} ms (clock ticks of {1000 / TICK:.0f} ms)", "≤ 13 ms "

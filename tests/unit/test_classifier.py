@@ -400,3 +400,43 @@ def test_a_process_line_written_from_user_space_does_not_name_a_drivers_faults_p
     c.feed(fault, 1.0)
     [event] = [b.event for b in c.feed(real, 1.0)]
     assert event.evidence["process"] == {"pid": 4242, "name": "vllm"}
+
+
+class _Counted:
+    """A compiled expression that counts its matches (the classifier's own, wrapped: nothing is mocked)."""
+
+    def __init__(self, regex) -> None:
+        self.regex, self.calls = regex, 0
+
+    def match(self, text: str):
+        self.calls += 1
+        return self.regex.match(text)
+
+
+def test_a_storm_line_that_joins_its_open_burst_is_counted_without_matching_the_rules_again():
+    """Issue 40: a flood of fault lines cost a core because every line was judged in full (~20 expressions). A line
+    whose text was judged before, while its burst is open, is counted from what its text decided: the rules'
+    expression runs once per distinct text, and the events are those of judging each line in full."""
+    lines = [f"amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error, detail 0x00000000, type 1, wave_id {i % 5}"
+             for i in range(200)] + [f"NVRM: Xid (PCI:ffff:fe:1f): 13, pid=4242, name=python3, GPC {i % 3}"
+                                     for i in range(200)]
+    records = [KernelRecord(text, 100.0 + i * 0.001) for i, text in enumerate(lines)]
+    counted = Classifier()
+    counted._combined = _Counted(counted._combined)
+    started = [b for _, bursts in counted.feed_all(records, 1000.0) for b in bursts]
+    assert counted._combined.calls == 5 + 3
+    assert [(b.event.kind, b.count, b.last) for b in started] == [("sq_intr", 200, records[199].timestamp),
+                                                                   ("xid", 200, records[399].timestamp)]
+    # each burst's evidence is its first line's, as when every line was judged in full
+    assert [b.event.evidence["line"] for b in started] == [lines[0], lines[200]]
+    assert started[1].event.evidence["process"] == {"pid": 4242, "name": "python3"}
+
+
+def test_the_cheaper_automaton_before_the_gate_finds_a_piece_of_every_gate_literal():
+    """A driver line the pre-gate finds nothing in is refused without the gate: so every literal of the gate must
+    hold one of the pre-gate's words, or a rule's line would be refused. Its words start with fewer characters than
+    the gate's (what makes it cheaper per character)."""
+    c = Classifier()
+    gate, pregate = list(c._gate.keys()), list(c._pregate.keys())
+    assert len(gate) > 100 and all(any(piece in word for piece in pregate) for word in gate)
+    assert len({w[0] for w in pregate}) < len({w[0] for w in gate}) / 2
