@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -110,8 +110,10 @@ class EngineState:
         return self.lifecycle.sample
 
     def last_scrape(self) -> dict | None:
-        """Its last scrape as a record (for incident reports); None where none succeeded yet."""
-        return asdict(self.sample) if self.sample else None
+        """Its last scrape as a record (for incident reports); None where none succeeded yet. Field by field:
+        its values are numbers, strings and tuples of them (asdict's deep copy was 64 µs of every poll)."""
+        sample = self.sample
+        return {f.name: getattr(sample, f.name) for f in fields(sample)} if sample else None
 
     def view(self, target: KillTarget | Refused | None = None) -> EngineView:
         """`target`: with a stall or silence it reports, the kill's target judged on the same look."""
