@@ -143,10 +143,8 @@ def refusal(proc: psutil.Process, uid: int | None, protected: set[int] | None = 
 
 def owned_by(proc: psutil.Process, uid: int) -> bool:
     """Real, effective and saved uid are all `uid` (a setuid child of the engine is someone else's)."""
-    try:
-        return set(proc.uids()) == {uid}
-    except psutil.Error:
-        return False
+    uids = _uids(proc.pid)
+    return uids is not None and set(uids[:3]) == {uid}
 
 
 def _serving(host: str | None, port: int, uid: int | None = None,
