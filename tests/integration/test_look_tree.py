@@ -124,10 +124,10 @@ def test_a_process_of_the_engines_user_outside_its_tree_is_never_taken():
             stranger.kill()
 
 
-def test_a_kills_look_takes_a_process_that_joined_the_roots_group_outside_its_tree(user_reads):
+def test_a_kills_look_takes_a_process_that_joined_the_roots_group_outside_its_tree(user_reads, monkeypatch):
     """A pipeline's other command (a process of the root's group that the root did not fork), started after the
-    first look: a scrape's look does not read the user's processes, so it does not see it; the kill's look (the
-    watch's `take`) does, as every look did before."""
+    first look: a scrape's look reads the user's processes only WIDE_AFTER after the last time, so it sees it no
+    later than that; the kill's look (the watch's `take`) at once, as every look did before."""
     with engine(process_group=0) as (root, port, _):  # a group of its own, in this session
         settings = parse(f'[[engine]]\nname = "e"\nmetrics_url = "http://127.0.0.1:{port}/metrics"\n')
         watch = EngineWatch(settings.engines, settings.engine, NullSink(), nvml=False)
@@ -141,6 +141,15 @@ def test_a_kills_look_takes_a_process_that_joined_the_roots_group_outside_its_tr
                 target = asyncio.run(watch.take("e", restart=False, dry_run=True))
                 assert isinstance(target, KillTarget)
                 assert {root.pid, sibling.pid} <= {p.pid for p in target.procs}
+                state.tracker = Tracker()  # a tracker that never saw it: the first look reads them all
+                asyncio.run(watch.inspect(state))
+                with subprocess.Popen(SLEEPER, process_group=root.pid) as late:
+                    try:
+                        monkeypatch.setattr(processes, "WIDE_AFTER", 0.0)  # the time to read them again has come
+                        assert asyncio.run(watch.inspect(state))
+                        assert late.pid in {p.pid for p in state.procs}
+                    finally:
+                        late.kill()
             finally:
                 sibling.kill()
 

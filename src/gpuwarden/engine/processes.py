@@ -17,6 +17,7 @@ engine's user: a scrape's look skips it unless something changed (Tracker.refres
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import pwd
 import re
@@ -382,6 +383,7 @@ def _ppid(proc: psutil.Process) -> int | None:
 
 
 CPU_WINDOW = 1.0
+WIDE_AFTER = 30.0  # seconds: a scrape's look reads every process of the engine's user at least this often
 
 
 @dataclass(eq=False, repr=False)
@@ -394,6 +396,7 @@ class Tracker:
     # each member's start in clock ticks since boot (/proc/PID/stat): the same process whatever the wall clock did
     started: dict[tuple[int, float], int] = field(default_factory=dict)
     reads: _Reads | None = None  # the last refresh's reads of /proc (its CPU times: cpu_percents)
+    wide_at: float = -math.inf  # when a refresh last read every process of the engine's user (monotonic)
 
     def refresh(self, found: Resolved, wide: bool = True) -> list[psutil.Process]:
         """The engine's live processes now: the accepted roots, their descendants, the roots' own process
@@ -404,8 +407,9 @@ class Tracker:
         by the kernel's list of each thread's children (/proc/PID/task/TID/children): the cost is the engine's
         size, not the host's. What only a read of every process of the engine's user finds (a member of a root's
         process group outside the tree: a process orphaned before this tracker saw it, a pipeline's other
-        commands) is read on a wide look: asked for (a kill's look; by default), and whenever a root is new to
-        this tracker or a member it knew is gone (its children, unseen, may be orphans now)."""
+        commands) is read on a wide look: asked for (a kill's look; by default), whenever a root is new to this
+        tracker or a member it knew is gone (its children, unseen, may be orphans now), and WIDE_AFTER after the
+        last (what a GPU fault's pid is matched against is never older than that)."""
         current: dict[tuple[int, float], psutil.Process] = {}
         self.uid = uid = found.uid if found.uid is not None else self.uid
         self.reads = reads = _Reads(found.protected if found.protected is not None else _protected())
@@ -419,8 +423,12 @@ class Tracker:
         started = {key: ticks for key, ticks in self.started.items() if key in self.seen}
         kept = {key: proc for key, proc in self.seen.items()
                 if started.get(key) == reads.started(proc.pid) and ours(proc)}  # a zombie too: not gone yet
-        wide = wide or len(kept) < len(self.seen) or any(_key(root) not in self.seen for root in found.roots)
+        now = time.monotonic()
+        wide = wide or len(kept) < len(self.seen) or any(_key(root) not in self.seen for root in found.roots) \
+            or now - self.wide_at >= WIDE_AFTER
         family = _family(uid) if wide and found.roots and uid is not None else None
+        if family is not None:
+            self.wide_at = now
         for proc in found.roots:
             add(proc)
             if family is not None:
