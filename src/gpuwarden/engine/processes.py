@@ -409,7 +409,9 @@ class Tracker:
         process group outside the tree: a process orphaned before this tracker saw it, a pipeline's other
         commands) is read on a wide look: asked for (a kill's look; by default), whenever a root is new to this
         tracker or a member it knew is gone (its children, unseen, may be orphans now), and WIDE_AFTER after the
-        last (what a GPU fault's pid is matched against is never older than that)."""
+        last (what a GPU fault's pid is matched against is never older than that); every look where the kernel
+        keeps no list of children. A wide look also follows the parent each of the user's processes names: it
+        takes all that every look took before the walk."""
         current: dict[tuple[int, float], psutil.Process] = {}
         self.uid = uid = found.uid if found.uid is not None else self.uid
         self.reads = reads = _Reads(found.protected if found.protected is not None else _protected())
@@ -425,7 +427,7 @@ class Tracker:
                 if started.get(key) == reads.started(proc.pid) and ours(proc)}  # a zombie too: not gone yet
         now = time.monotonic()
         wide = wide or len(kept) < len(self.seen) or any(_key(root) not in self.seen for root in found.roots) \
-            or now - self.wide_at >= WIDE_AFTER
+            or now - self.wide_at >= WIDE_AFTER or not _CHILDREN
         family = _family(uid) if wide and found.roots and uid is not None else None
         if family is not None:
             self.wide_at = now
@@ -437,7 +439,7 @@ class Tracker:
         for key, proc in kept.items():
             current.setdefault(key, proc)  # an orphan: its parent exited, it did not
         if uid is not None:
-            for member in _descendants(list(current.values()), uid, ours):
+            for member in _descendants(list(current.values()), uid, ours, family):
                 add(member)
         self.seen, self.started = current, {key: started[key] for key in current}
         return [p for key, p in current.items() if reads.running(p.pid, started[key]) and ours(p)]
@@ -501,13 +503,19 @@ def _family(uid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _descendants(procs: list[psutil.Process], uid: int, ours) -> list[psutil.Process]:
-    """Children, grandchildren, ... of `procs`, by the kernel's list of each of their threads' children; a child
-    that is not `ours`, or whose /proc entry is not `uid`'s (a non-dumpable process, as the user-wide read never
-    finds it), is left out with everything below it."""
+def _descendants(procs: list[psutil.Process], uid: int, ours,
+                 family: dict[int, tuple[int, int]] | None = None) -> list[psutil.Process]:
+    """Children, grandchildren, ... of `procs`, by the kernel's list of each of their threads' children, and on a
+    wide look by the parent each process of `family` (the user's) names too; a child that is not `ours`, or whose
+    /proc entry is not `uid`'s (a non-dumpable process, as the user-wide read never finds it), is left out with
+    everything below it."""
+    named: dict[int, list[int]] = {}
+    for pid, (ppid, _) in (family or {}).items():
+        named.setdefault(ppid, []).append(pid)
     out, todo, seen = [], list(procs), {p.pid for p in procs}
     while todo:
-        for pid in children_of(todo.pop().pid):
+        parent = todo.pop().pid
+        for pid in [*children_of(parent), *named.get(parent, ())]:
             if pid in seen:
                 continue
             seen.add(pid)
@@ -521,6 +529,10 @@ def _descendants(procs: list[psutil.Process], uid: int, ours) -> list[psutil.Pro
                 out.append(child)
                 todo.append(child)
     return out
+
+
+# the kernel lists each thread's children (CONFIG_PROC_CHILDREN, in Debian's kernels); without it every look is wide
+_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def children_of(pid: int) -> list[int]:
