@@ -165,3 +165,18 @@ def test_an_orphan_born_between_two_looks_is_in_the_kills_look():
         target = asyncio.run(watch.take("e", restart=False, dry_run=True))
         assert isinstance(target, KillTarget)
         assert {root.pid, orphan} <= {p.pid for p in target.procs}
+
+
+def test_without_the_kernels_children_lists_every_look_reads_the_users_processes(user_reads, monkeypatch):
+    """A kernel built without CONFIG_PROC_CHILDREN lists no thread's children: each look is then a wide one, and
+    finds the worker by the parent it names. Such a kernel cannot be had here (this one lists them): its answer,
+    no list, is mocked."""
+    monkeypatch.setattr(processes, "_CHILDREN", False)
+    monkeypatch.setattr(processes, "children_of", lambda pid: [])  # what such a kernel lets a walk see
+    with engine(start_new_session=True) as (root, port, fork):
+        looker, tracker = Looker(nvml=False), Tracker()
+        looker._look(config(port), tracker)
+        worker = fork()
+        user_reads.clear()
+        assert {root.pid, worker} <= pids(looker._look(config(port), tracker))
+        assert user_reads != []
