@@ -777,9 +777,9 @@ class EngineWatch:
                                "started": failed.started, "processes": len(state.procs)})
 
     async def _record_with_target(self, state: EngineState, event: Event) -> None:
-        """An event the policy may kill for, reported with the kill's target judged on the look that found it
-        (in its view, the same report: the actuator kills that target and asks nothing back), taken now as a
-        kill's look (wide: the scrapes' looks walk the engine's tree alone, Tracker.refresh)."""
+        """An event the policy may kill for, reported with the kill's target (in its view, the same report: the
+        actuator kills that target and asks nothing back), judged on a look taken now, a kill's (wide: a scrape's
+        look walks the engine's tree alone, Tracker.refresh)."""
         late = ""
         if not await self.inspect(state, wide=True):
             late = self._late(state)  # the kill takes the last good look's processes: said if there are none
