@@ -484,8 +484,11 @@ def queued_seconds(pid: int) -> float:
         with os.scandir(f"/proc/{pid}/task") as tasks:
             for task in tasks:
                 try:
-                    with open(f"{task.path}/schedstat", "rb") as f:
-                        total += int(f.read().split()[1])
+                    fd = os.open(f"{task.path}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        total += int(os.read(fd, 256).split()[1])
+                    finally:
+                        os.close(fd)
                 except (OSError, IndexError, ValueError):
                     continue
     except OSError:
