@@ -726,8 +726,6 @@ def gpus_in_use(procs: list[psutil.Process], proc_root: Path = Path("/proc"),
         except OSError:
             continue
         for link in links:
-            if not link.startswith("/dev/"):
-                continue  # sockets, pipes, files: most of a process's descriptors
             if m := _RENDER.match(link):
                 found |= _drm_pci(sys_root, m.group(1))
             elif m := _NVIDIA.match(link):
