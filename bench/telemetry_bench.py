@@ -233,10 +233,12 @@ def main() -> None:
                                f"{rss['node']:.1f} MB; the median window's ratio {ratio:.2f}, the {len(side)} "
                                f"windows' {', '.join(f'{r:.2f}' for r, _ in ratios)}, measured at once ({load()})")
             else:
-                cpu, node_cpu = statistics.median(w[name] for w in side), None
+                cpu, ratio = statistics.median(w[name] for w in side), None
                 alternative = "node-exporter not installed: not compared"
+            # judged on the median window's own ratio: its CPU against the median of node-exporter's over every
+            # window mixed two windows (0.265 % in one at 0.40x read as met)
             figure(what, cpu, "% of a core", alternative, "≤ 0.3× node-exporter's (issue 40)",
-                   cpu <= 0.3 * node_cpu if node_cpu else None)
+                   ratio <= 0.3 if ratio is not None else None)
         figure("8 GPUs read every 1 s: RSS, recorder full", steady, "MB",
                f"{rss['reads']:.1f} MB read after {took:.0f} s, and the flight recorder's growth to its {window:.0f} "
                f"s window ({full:.1f} MB when full); node-exporter {rss.get('node', float('nan')):.1f} MB; before "

@@ -43,24 +43,28 @@ class Looker:
         # the vendors' pid -> GPU lookups (NVML's), opened on first use; none when off ([gpu] nvml)
         self._by_pid: list[Callable[[], Mapping[int, str]]] | None = None if nvml else []
 
-    async def look(self, name: str, config: EngineConfig, tracker: Tracker) -> Processes | None:
+    async def look(self, name: str, config: EngineConfig, tracker: Tracker, wide: bool = False) -> Processes | None:
         """None: the look-up did not answer within its deadline, or one that outran it still holds its thread (a
-        hung NVML): keep what is known."""
+        hung NVML): keep what is known. `wide`: a kill's look, whose tree includes what only a read of every
+        process of the engine's user finds (Tracker.refresh)."""
         try:
-            return await _INSPECTS.run(name, DEADLINE, self._look, config, tracker)
+            return await _INSPECTS.run(name, DEADLINE, self._look, config, tracker, wide)
         except TimeoutError:
             log.warning("looking at %s's processes took longer than %.0f s", name, DEADLINE)
         except Busy:
             pass
         return None
 
-    def _look(self, config: EngineConfig, tracker: Tracker) -> Processes:
+    def _look(self, config: EngineConfig, tracker: Tracker, wide: bool = False) -> Processes:
         spec = target_spec(config)
         found = resolve(spec, tracker.uid, (pid for pid, _ in tracker.seen))
-        procs = tracker.refresh(found)
-        gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
+        procs = tracker.refresh(found, wide)
         taken = port_taken(spec, found, procs)
-        return Processes(procs, instance_of(procs), found.refused, tracker.cpu_percents(procs),
+        if taken and not wide:  # not the engine's socket on a narrow look: said only if the wide one agrees
+            procs = tracker.refresh(found, wide=True)
+            taken = port_taken(spec, found, procs)
+        gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
+        return Processes(procs, instance_of(procs), found.refused, tracker.cpu_percents(procs, reads=tracker.reads),
                          frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]), taken,
                          frozenset(listener.inode for listener in found.listeners))
 

@@ -8,14 +8,16 @@ effective and saved uid) the engine's user; only then are descendants and the pr
 tree is never followed into another user's process. A `docker` target's roots are what a trusted Engine API
 names, each proven by its cgroup (engine/dockerapi.py).
 
-Orphans: psutil's `children()` loses descendants whose parent exited, so a tracker remembers every descendant
+Orphans: a walk down the tree loses descendants whose parent exited, so a tracker remembers every descendant
 it has seen (by pid and start time, so a reused pid is never mistaken for it), and also takes members of the
-root's process group when the root leads that group.
+root's process group when the root leads that group. That group is found only by reading every process of the
+engine's user: a scrape's look skips it unless something changed (Tracker.refresh); a kill's look reads it.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import pwd
 import re
@@ -143,10 +145,8 @@ def refusal(proc: psutil.Process, uid: int | None, protected: set[int] | None = 
 
 def owned_by(proc: psutil.Process, uid: int) -> bool:
     """Real, effective and saved uid are all `uid` (a setuid child of the engine is someone else's)."""
-    try:
-        return set(proc.uids()) == {uid}
-    except psutil.Error:
-        return False
+    uids = _uids(proc.pid)
+    return uids is not None and set(uids[:3]) == {uid}
 
 
 def _serving(host: str | None, port: int, uid: int | None = None,
@@ -219,14 +219,8 @@ def pids_of(uid: int, strict: bool = True, proc: Path = Path("/proc")) -> list[i
 
 def _uid_of(pid: int) -> int | None:
     """The process's real uid (/proc/PID/status), None when gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    uids = _uids(pid)
+    return uids[0] if uids else None
 
 
 def _holds(pid: int, link: str, budget: list[int] | None = None) -> bool:
@@ -390,6 +384,7 @@ def _ppid(proc: psutil.Process) -> int | None:
 
 
 CPU_WINDOW = 1.0
+WIDE_AFTER = 30.0  # seconds: a scrape's look reads every process of the engine's user at least this often
 
 
 @dataclass(eq=False, repr=False)
@@ -399,48 +394,80 @@ class Tracker:
     seen: dict[tuple[int, float], psutil.Process] = field(default_factory=dict)
     uid: int | None = None  # the engine's user as last known: orphans outlive the socket that told it
     cpu_seen: dict[tuple[int, float], deque[tuple[float, float]]] = field(default_factory=dict)  # (when, CPU s)
+    # each member's start in clock ticks since boot (/proc/PID/stat): the same process whatever the wall clock did
+    started: dict[tuple[int, float], int] = field(default_factory=dict)
+    reads: _Reads | None = None  # the last refresh's reads of /proc (its CPU times: cpu_percents)
+    wide_at: float = -math.inf  # when a refresh last read every process of the engine's user (monotonic)
 
-    def refresh(self, found: Resolved) -> list[psutil.Process]:
+    def refresh(self, found: Resolved, wide: bool = True) -> list[psutil.Process]:
         """The engine's live processes now: the accepted roots, their descendants, the roots' own process
-        groups, and every earlier member still alive; all of them the engine user's and killable. Only the
-        engine user's processes are read (their parent and group): the cost is the engine's, not the host's."""
+        groups, and every earlier member (and its descendants) still alive; all of them the engine user's and
+        killable.
+
+        A narrow look (`wide` False, each scrape's) walks the tree down from the roots and the members it knows,
+        by the kernel's list of each thread's children (/proc/PID/task/TID/children): the cost is the engine's
+        size, not the host's. What only a read of every process of the engine's user finds (a member of a root's
+        process group outside the tree: a process orphaned before this tracker saw it, a pipeline's other
+        commands) is read on a wide look: asked for (a kill's look; by default), whenever a root is new to this
+        tracker or a member it knew is gone (its children, unseen, may be orphans now), and WIDE_AFTER after the
+        last (what a GPU fault's pid is matched against is never older than that); every look where the kernel
+        keeps no list of children. A wide look also follows the parent each of the user's processes names: it
+        takes all that every look took before the walk."""
         current: dict[tuple[int, float], psutil.Process] = {}
         self.uid = uid = found.uid if found.uid is not None else self.uid
-        protected = found.protected if found.protected is not None else _protected()
-        ours = (lambda p: owned_by(p, uid) and is_killable(p, protected)) if uid is not None else (lambda p: False)
-        family = _family(uid) if found.roots and uid is not None else {}
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in family.items():
-            children.setdefault(ppid, []).append(pid)
-        for proc in found.roots:
-            for member in [proc, *_descendants(proc, children, ours), *filter(ours, _group_members(proc, family))]:
-                key = _key(member)
-                if key:
-                    current[key] = self.seen.get(key, member)
-        for key, proc in self.seen.items():
-            if key not in current and _key(proc) == key and ours(proc):
-                current[key] = proc  # an orphan: its parent exited, it did not
-        self.seen = current
-        return [p for p in current.values() if is_running(p) and ours(p)]
+        self.reads = reads = _Reads(found.protected if found.protected is not None else _protected())
+        ours = (lambda p: reads.ours(p.pid, uid)) if uid is not None else (lambda p: False)
 
-    def cpu_percents(self, procs: list[psutil.Process], now: float | None = None) -> list[float]:
+        def add(member: psutil.Process) -> None:
+            if (key := _key(member)) and key not in current and (ticks := reads.started(member.pid)) is not None:
+                current[key] = self.seen.get(key, member)
+                started.setdefault(key, ticks)  # a member's start as first read: the same process at every look
+
+        started = {key: ticks for key, ticks in self.started.items() if key in self.seen}
+        kept = {key: proc for key, proc in self.seen.items()
+                if started.get(key) == reads.started(proc.pid) and ours(proc)}  # a zombie too: not gone yet
+        now = time.monotonic()
+        wide = wide or len(kept) < len(self.seen) or any(_key(root) not in self.seen for root in found.roots) \
+            or now - self.wide_at >= WIDE_AFTER or not _CHILDREN
+        family = _family(uid) if wide and found.roots and uid is not None else None
+        if family is not None:
+            self.wide_at = now
+        for proc in found.roots:
+            add(proc)
+            if family is not None:
+                for member in filter(ours, _group_members(proc, family)):
+                    add(member)
+        for key, proc in kept.items():
+            current.setdefault(key, proc)  # an orphan: its parent exited, it did not
+        if uid is not None:
+            for member in _descendants(list(current.values()), uid, ours, family):
+                add(member)
+        self.seen, self.started = current, {key: started[key] for key in current}
+        return [p for key, p in current.items() if reads.running(p.pid, started[key]) and ours(p)]
+
+    def cpu_percents(self, procs: list[psutil.Process], now: float | None = None,
+                     reads: _Reads | None = None) -> list[float]:
         """Each process's share of a core over the last CPU_WINDOW seconds at least (0 at the first look): the
         time it ran or waited on a run queue to run. A spinning process on a busy box gets half a core or less
         (other sessions' work has its fair share whatever the nice values) and waits the rest: measured 47-74 %
         here in CI's test runs, on CPU time alone. Looks come as close as a quarter second apart, and over so short
-        a window the 10 ms ticks and one scheduler slice swing a spinning process's share by a tenth."""
+        a window the 10 ms ticks and one scheduler slice swing a spinning process's share by a tenth. `reads`: the
+        look's own reads of /proc (refresh's), where the CPU times are read already."""
         now = time.monotonic() if now is None else now
         seen, values = {}, []
         for proc in procs:
             key = _key(proc)
+            cpu = reads.cpu_seconds(proc.pid) if reads else None
             try:
-                times = proc.cpu_times()
+                if cpu is None:
+                    times = proc.cpu_times()
+                    cpu = times.user + times.system
             except psutil.Error:
                 continue
             if key is None:
                 continue
             history = seen[key] = self.cpu_seen.get(key) or deque()
-            history.append((now, times.user + times.system + queued_seconds(proc.pid)))
+            history.append((now, cpu + queued_seconds(proc.pid)))
             while len(history) > 1 and now - history[1][0] >= CPU_WINDOW:
                 history.popleft()  # keep the newest look at least a window old, and every one after it
             (then, used), (_, total) = history[0], history[-1]
@@ -458,8 +485,11 @@ def queued_seconds(pid: int) -> float:
         with os.scandir(f"/proc/{pid}/task") as tasks:
             for task in tasks:
                 try:
-                    with open(f"{task.path}/schedstat", "rb") as f:
-                        total += int(f.read().split()[1])
+                    fd = os.open(f"{task.path}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        total += int(os.read(fd, 256).split()[1])
+                    finally:
+                        os.close(fd)
                 except (OSError, IndexError, ValueError):
                     continue
     except OSError:
@@ -472,28 +502,66 @@ def _family(uid: int) -> dict[int, tuple[int, int]]:
     one (`ours`): the list need not be strict."""
     out = {}
     for pid in pids_of(uid, strict=False):
-        # os.open and os.read: 11 µs a process where a buffered open() took 20-30 (for an engine of root's: each of
-        # root's processes, every look)
-        try:
-            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            fields = data.rsplit(b")", 1)[1].split(maxsplit=3)
+        if fields := _stat(pid):
             out[pid] = int(fields[1]), int(fields[2])  # ppid, pgrp
-        except (OSError, IndexError, ValueError):
-            continue
     return out
 
 
-def _descendants(proc: psutil.Process, children: dict[int, list[int]], ours) -> list[psutil.Process]:
-    """Children, grandchildren, ...; a child that is not `ours` is left out with everything below it."""
-    out, todo = [], [proc]
+def _descendants(procs: list[psutil.Process], uid: int, ours,
+                 family: dict[int, tuple[int, int]] | None = None) -> list[psutil.Process]:
+    """Children, grandchildren, ... of `procs`, by the kernel's list of each of their threads' children, and on a
+    wide look by the parent each process of `family` (the user's) names too; a child that is not `ours`, or whose
+    /proc entry is not `uid`'s (a non-dumpable process, as the user-wide read never finds it), is left out with
+    everything below it."""
+    named: dict[int, list[int]] = {}
+    for pid, (ppid, _) in (family or {}).items():
+        named.setdefault(ppid, []).append(pid)
+    out, todo, seen = [], list(procs), {p.pid for p in procs}
     while todo:
-        kept = [c for c in _alive(children.get(todo.pop().pid, ())) if ours(c)]
-        out += kept
-        todo += kept
+        parent = todo.pop().pid
+        for pid in [*children_of(parent), *named.get(parent, ())]:
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                if os.stat(f"/proc/{pid}").st_uid != uid:
+                    continue
+                child = psutil.Process(pid)
+            except (OSError, psutil.Error):
+                continue
+            if ours(child):
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+# the kernel lists each thread's children (CONFIG_PROC_CHILDREN, in Debian's kernels); without it every look is wide
+_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids of the process's children: those each of its threads forked (/proc/PID/task/TID/children,
+    CONFIG_PROC_CHILDREN). A thread's list comes in one read() while it fits a page (~700 children): past that
+    the kernel resumes it by position, and a child that exits between two reads can make it skip another."""
+    out: list[int] = []
+    try:
+        with os.scandir(f"/proc/{pid}/task") as tasks:
+            for task in tasks:
+                try:
+                    fd = os.open(f"{task.path}/children", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    data = b""
+                    while chunk := os.read(fd, 65536):
+                        data += chunk
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+                out += map(int, data.split())
+    except OSError:
+        return out
     return out
 
 
@@ -521,6 +589,76 @@ def is_running(proc: psutil.Process) -> bool:
         return False
 
 
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command (state at 0, ppid 1, pgrp 2, flags 6, utime 11, stime 12,
+    starttime 19); None when gone. os.open and os.read: half the time of a buffered open()."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = data.rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 19 else None
+
+
+def _uids(pid: int) -> tuple[int, ...] | None:
+    """Real, effective, saved and filesystem uid (/proc/PID/status); None when gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+        return tuple(map(int, data.split(b"\nUid:", 1)[1].split(b"\n", 1)[0].split()))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class _Reads:
+    """One look's reads of /proc: each process's stat and status read once, however often the look asks (it
+    asked each process's up to six times, through psutil)."""
+
+    def __init__(self, protected: set[int]) -> None:
+        self.protected = protected
+        self._stats: dict[int, list[bytes] | None] = {}
+        self._uids: dict[int, tuple[int, ...] | None] = {}
+
+    def stat(self, pid: int) -> list[bytes] | None:
+        if pid not in self._stats:
+            self._stats[pid] = _stat(pid)
+        return self._stats[pid]
+
+    def started(self, pid: int) -> int | None:
+        """Its start, in clock ticks since boot (None: gone)."""
+        fields = self.stat(pid)
+        return int(fields[19]) if fields else None
+
+    def running(self, pid: int, started: int) -> bool:
+        """The process that started then is alive and not a zombie."""
+        fields = self.stat(pid)
+        return fields is not None and int(fields[19]) == started and fields[0] != b"Z"
+
+    def ours(self, pid: int, uid: int) -> bool:
+        """Wholly `uid`'s (real, effective and saved uid: a setuid child of the engine is someone else's) and
+        killable (is_killable)."""
+        if pid not in self._uids:
+            self._uids[pid] = _uids(pid)
+        uids, fields = self._uids[pid], self.stat(pid)
+        return uids is not None and set(uids[:3]) == {uid} and fields is not None and \
+            pid not in self.protected and not _kernel(pid, fields)
+
+    def cpu_seconds(self, pid: int) -> float | None:
+        """User and system CPU time, as psutil's cpu_times reads them."""
+        fields = self._stats.get(pid)
+        return (int(fields[11]) + int(fields[12])) / _TICKS if fields else None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 _PF_KTHREAD = 0x00200000  # task flag of kernel threads (include/linux/sched.h)
 
 
@@ -535,11 +673,11 @@ def is_killable(proc: psutil.Process, protected: set[int] | None = None) -> bool
 
 
 def _kernel_thread(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True  # gone or unreadable: not something to signal
+    fields = _stat(pid)
+    return fields is None or _kernel(pid, fields)  # gone or unreadable: not something to signal
+
+
+def _kernel(pid: int, fields: list[bytes]) -> bool:
     return pid == 2 or int(fields[1]) == 2 or bool(int(fields[6]) & _PF_KTHREAD)  # ppid, flags
 
 
@@ -550,11 +688,9 @@ def _protected() -> set[int]:
     out, pid = {1, os.getpid()}, os.getppid()
     while pid > 1 and pid not in out:
         out.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        if (fields := _stat(pid)) is None:
             break
+        pid = int(fields[1])
     return out
 
 
@@ -586,9 +722,9 @@ def gpus_in_use(procs: list[psutil.Process], proc_root: Path = Path("/proc"),
     found: set[str] = set()
     nodes = [node for vendor in vendors.all_vendors() for node in vendor.device_nodes]
     for proc in procs:
-        fd_dir = proc_root / str(proc.pid) / "fd"
         try:
-            links = [os.readlink(fd_dir / name) for name in os.listdir(fd_dir)]
+            with os.scandir(f"{proc_root}/{proc.pid}/fd") as entries:
+                links = [os.readlink(entry.path) for entry in entries]
         except OSError:
             continue
         for link in links:

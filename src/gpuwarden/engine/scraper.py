@@ -43,8 +43,6 @@ class Scraper:
                 body = await fetch(self._client, self.url, self.max_bytes)
                 if len(body) <= OFF_LOOP_BYTES:
                     return _parse(body, self.profile)
-                # the parser's import on the loop, not in a pool's thread (once: an engine's start needs none)
-                import prometheus_client.parser  # noqa: F401
                 return await _PARSES.run(self.url, self.timeout, _parse, body, self.profile)
         except TimeoutError:
             raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None

@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar
 from urllib.parse import urlsplit
 
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 SPINNING_PERCENT = 75.0  # near a full core (a loaded box gives a spinning process less than one)
 
 _ENDPOINT = {"slots": "/slots", "log": "its log", "metrics": "/metrics"}  # where a source reads progress
-FRESH = 1.0  # seconds: a kill's look older than this (a canary ran since, a look-up missed) is taken again
 # what a stall's lifecycle awaits after its report (a kill_not_done that is tried again is none yet)
 _KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused", "kill_not_done"})
 _KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported with the kill's target
@@ -71,6 +70,7 @@ class EngineState:
     instance: lc.Instance = frozenset()  # its processes' (pid, start time) at the last look
     refused: list[str] = field(default_factory=list)  # candidates the target named but may not be killed
     looking: asyncio.Future | None = None  # the look-up of the engine's processes under way
+    looking_wide: bool = False  # and whether it is a kill's (Looker.look's `wide`)
     gpus: frozenset[str] | None = None
     cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
     seen_at: float = -1e18  # when its processes were last looked at (monotonic)
@@ -110,8 +110,10 @@ class EngineState:
         return self.lifecycle.sample
 
     def last_scrape(self) -> dict | None:
-        """Its last scrape as a record (for incident reports); None where none succeeded yet."""
-        return asdict(self.sample) if self.sample else None
+        """Its last scrape as a record (for incident reports); None where none succeeded yet. Field by field:
+        its values are numbers, strings and tuples of them (asdict's deep copy was 64 µs of every poll)."""
+        sample = self.sample
+        return {f.name: getattr(sample, f.name) for f in fields(sample)} if sample else None
 
     def view(self, target: KillTarget | Refused | None = None) -> EngineView:
         """`target`: with a stall or silence it reports, the kill's target judged on the same look."""
@@ -182,7 +184,7 @@ class EngineWatch:
         state = self.engines.get(name)
         if state is None:
             return None
-        looked = await self.inspect(state)
+        looked = await self.inspect(state, wide=True)
         judged = state.target("" if looked else self._late(state))
         if isinstance(judged, KillTarget) and judged.procs and not dry_run:
             state.lifecycle.killing(time.monotonic(), restart)
@@ -624,16 +626,19 @@ class EngineWatch:
         state.saturated = found
         return found
 
-    async def inspect(self, state: EngineState) -> bool:
+    async def inspect(self, state: EngineState, wide: bool = False) -> bool:
         """Find the engine's processes, their CPU and GPUs, off the loop and with a deadline; False when the
-        look-up did not answer. A kill that comes while the scrape's look-up runs waits for that one (its answer
-        is the one it needs), never for nothing."""
+        look-up did not answer. `wide`: a kill's look, whose tree includes what only a read of all of the
+        engine user's processes finds (Tracker.refresh); a scrape's look under way is awaited first, then one
+        taken for the kill. Another kill's look under way is the one it needs: awaited, never for nothing."""
+        while wide and state.looking is not None and not state.looking.done() and not state.looking_wide:
+            await asyncio.wait({state.looking})  # bounded: a look has its deadline
         if state.looking is None or state.looking.done():
-            state.looking = asyncio.ensure_future(self._look(state))
+            state.looking, state.looking_wide = asyncio.ensure_future(self._look(state, wide)), wide
         return await asyncio.shield(state.looking)
 
-    async def _look(self, state: EngineState) -> bool:
-        seen = await self._looker.look(state.name, state.config, state.tracker)
+    async def _look(self, state: EngineState, wide: bool = False) -> bool:
+        seen = await self._looker.look(state.name, state.config, state.tracker, wide)
         if seen is None:
             return False
         state.procs, state.instance, state.refused, state.cpus = seen.procs, seen.instance, seen.refused, seen.cpus
@@ -772,11 +777,11 @@ class EngineWatch:
                                "started": failed.started, "processes": len(state.procs)})
 
     async def _record_with_target(self, state: EngineState, event: Event) -> None:
-        """An event the policy may kill for, reported with the kill's target judged on the look that found it
-        (in its view, the same report: the actuator kills that target and asks nothing back). A look older than
-        FRESH (a canary ran since, the poll's look-up did not answer) is taken again first."""
+        """An event the policy may kill for, reported with the kill's target (in its view, the same report: the
+        actuator kills that target and asks nothing back), judged on a look taken now, a kill's (wide: a scrape's
+        look walks the engine's tree alone, Tracker.refresh)."""
         late = ""
-        if time.monotonic() - state.seen_at > FRESH and not await self.inspect(state):
+        if not await self.inspect(state, wide=True):
             late = self._late(state)  # the kill takes the last good look's processes: said if there are none
         self.sink.engines([state.view(state.target(late))], {state.name: state.last_scrape()}, whole=False)
         self._record(event)

@@ -45,8 +45,8 @@ def listeners(port: int | None = None, proc_net: Path = Path("/proc/net")) -> li
     9 ms a read on a host with 27 sockets); the files are read where netlink cannot answer."""
     if proc_net == Path("/proc/net"):
         try:
-            return [listener for family in (socket.AF_INET, socket.AF_INET6) for listener in _diag(family)
-                    if port is None or listener.port == port]
+            with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as nl:
+                return [found for family in (socket.AF_INET, socket.AF_INET6) for found in _diag(nl, family, port)]
         except OSError:
             pass
     out = []
@@ -66,32 +66,31 @@ _REQUEST = struct.Struct("=BBBBI48x")  # inet_diag_req_v2: family, protocol, ext
 _MESSAGE = struct.Struct("=BBBB2s2s16s16sI8sIIIII")  # inet_diag_msg
 
 
-def _diag(family: int, timeout: float = 1.0) -> list[Listener]:
-    """The TCP sockets of `family` in the LISTEN state, from the kernel's sock_diag (bounded: `timeout` a read)."""
+def _diag(nl: socket.socket, family: int, port: int | None = None, timeout: float = 1.0) -> list[Listener]:
+    """The TCP sockets of `family` in the LISTEN state (on `port`: every one, None), from the kernel's sock_diag
+    over `nl` (bounded: `timeout` a read). Another port's socket is passed over before its address is made (an
+    engine's look asked this of every listener on the host)."""
     request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
     out = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as nl:
-        nl.settimeout(timeout)
-        nl.sendall(_HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _DUMP, 1, 0) + request)
-        while True:
-            data = nl.recv(1 << 16)
-            if not data:
-                raise OSError("sock_diag: no answer")
-            offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, kind = _HEADER.unpack_from(data, offset)[:2]
-                if kind == _NLMSG_DONE:
-                    return out
-                if kind == _NLMSG_ERROR or length < _HEADER.size:
-                    raise OSError("sock_diag: the kernel refused the request")
-                fields = _MESSAGE.unpack_from(data, offset + _HEADER.size)
-                sport, src, uid, inode = fields[4], fields[6], fields[13], fields[14]
-                raw = src[:4] if family == socket.AF_INET else src
-                address = ipaddress.ip_address(raw)
-                if inode:
-                    out.append(Listener(getattr(address, "ipv4_mapped", None) or address,
-                                        int.from_bytes(sport, "big"), uid, inode))
-                offset += (length + 3) & ~3
+    nl.settimeout(timeout)
+    nl.sendall(_HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _DUMP, 1, 0) + request)
+    while True:
+        data = nl.recv(1 << 16)
+        if not data:
+            raise OSError("sock_diag: no answer")
+        offset = 0
+        while offset + _HEADER.size <= len(data):
+            length, kind = _HEADER.unpack_from(data, offset)[:2]
+            if kind == _NLMSG_DONE:
+                return out
+            if kind == _NLMSG_ERROR or length < _HEADER.size:
+                raise OSError("sock_diag: the kernel refused the request")
+            fields = _MESSAGE.unpack_from(data, offset + _HEADER.size)
+            bound, src, uid, inode = int.from_bytes(fields[4], "big"), fields[6], fields[13], fields[14]
+            if inode and (port is None or bound == port):
+                address = ipaddress.ip_address(src[:4] if family == socket.AF_INET else src)
+                out.append(Listener(getattr(address, "ipv4_mapped", None) or address, bound, uid, inode))
+            offset += (length + 3) & ~3
 
 
 def _rows(proc_net: Path, port: int | None):

@@ -89,42 +89,50 @@ def number(value: float) -> str:
 
 
 class Process:
-    """process_* as ProcessCollector gave them: one read of /proc/self/stat and one listdir of /proc/self/fd a
-    scrape; the start time and the system's constants read once."""
+    """process_* as ProcessCollector gave them: one read of /proc/self/stat and one stat() of /proc/self/fd a
+    scrape (its size is the number of open descriptors since Linux 6.2: a listdir of it cost 100 µs with the
+    daemon's ~150 open, the kernel making an entry for each; listed where the size says nothing, the listing's
+    own descriptor not counted); the start time, the system's constants and the fixed text made once."""
 
     def __init__(self, proc: str = "/proc") -> None:
         self._proc = proc
         self._tick, self._page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-        self._start: float | None = None
+        self._start: str | None = None  # its start time's lines
 
     def render(self) -> str:
         try:
-            with open(f"{self._proc}/self/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()  # after the command, which may hold spaces and ')'
+            fd = os.open(f"{self._proc}/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            fields = data.rsplit(b")", 1)[1].split()  # after the command, which may hold spaces and ')'
             tick = self._tick
             if self._start is None:
-                self._start = self._boot() + int(fields[19]) / self._tick
-            lines = [_gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", float(fields[20])),
-                     _gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
-                            float(int(fields[21]) * self._page)),
-                     _gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
-                            self._start),
-                     "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
-                     "# TYPE process_cpu_seconds_total counter\n"
-                     f"process_cpu_seconds_total {number(int(fields[11]) / tick + int(fields[12]) / tick)}\n"]
-            lines.append(_gauge("process_open_fds", "Number of open file descriptors.",
-                                float(len(os.listdir(f"{self._proc}/self/fd")))))
+                self._start = _START + f"{number(self._boot() + int(fields[19]) / tick)}\n"
+            fds = os.stat(f"{self._proc}/self/fd").st_size or len(os.listdir(f"{self._proc}/self/fd")) - 1
+            text = (f"{_VIRTUAL}{number(float(fields[20]))}\n{_RESIDENT}{number(float(int(fields[21]) * self._page))}"
+                    f"\n{self._start}{_CPU}{number(int(fields[11]) / tick + int(fields[12]) / tick)}\n"
+                    f"{_FDS}{number(float(fds))}\n")
         except (OSError, IndexError, ValueError):
             return ""  # no /proc (a container without it): no process_* rather than no metrics
         # getrlimit: the soft limit /proc/self/limits says, without reading and parsing that file
-        lines.append(_gauge("process_max_fds", "Maximum number of open file descriptors.",
-                            float(resource.getrlimit(resource.RLIMIT_NOFILE)[0])))
-        return "".join(lines)
+        return f"{text}{_MAX_FDS}{number(float(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))}\n"
 
     def _boot(self) -> float:
         with open(f"{self._proc}/stat", "rb") as f:
             return float(next(line.split()[1] for line in f if line.startswith(b"btime ")))
 
 
-def _gauge(name: str, doc: str, value: float) -> str:
-    return f"# HELP {name} {doc}\n# TYPE {name} gauge\n{name} {number(value)}\n"
+def _gauge(name: str, doc: str) -> str:
+    """A gauge's head and its name, its value to follow."""
+    return f"# HELP {name} {doc}\n# TYPE {name} gauge\n{name} "
+
+
+_VIRTUAL = _gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.")
+_RESIDENT = _gauge("process_resident_memory_bytes", "Resident memory size in bytes.")
+_START = _gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.")
+_CPU = ("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ")
+_FDS = _gauge("process_open_fds", "Number of open file descriptors.")
+_MAX_FDS = _gauge("process_max_fds", "Maximum number of open file descriptors.")
