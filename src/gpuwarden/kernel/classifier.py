@@ -54,6 +54,7 @@ from gpuwarden.kernel.rules import (
     GHES_SEVERITY,
     GPU_DRIVERS,
     GPU_MODULES,
+    GPU_VENDORS,
     GSP_FRAME,
     HUNG_AFTER_GPU_FAULT,
     HUNG_TASK,
@@ -128,7 +129,6 @@ _CORRELATED = frozenset(name for corr in CORRELATIONS for name in (*corr.after, 
 # rule -> the rules of the lines its line may complete a correlation with (Classifier._correlations, all of them)
 _PARTNERS = {name: tuple({p for corr in CORRELATIONS if name in corr.then or (corr.either_order and name in corr.after)
                           for p in (corr.after if name in corr.then else corr.then)}) for name in _CORRELATED}
-_GPU_VENDORS = ("amd", "nvidia")
 _TEXT_LOG = "a text log does not say who wrote the line"  # unverified() of a record without metadata
 
 
@@ -394,14 +394,14 @@ class Classifier:
             gpu, device = self._attribute(record, vendor, stamp)
         else:  # _attribute's answer for a line that names its device
             gpu, device = named
-            if gpu is not None and vendor in _GPU_VENDORS:
+            if gpu is not None and vendor in GPU_VENDORS:
                 self._carry[vendor] = (gpu, stamp)
         severity, meaning, xid, context_process = severity or rule.severity, rule.meaning, None, None
         if name in BOOT_RESETS and self._gpu_line_before(gpu, stamp, RESET_AFTER_FAULT, "amd") is None:
             severity = Severity.INFO
             meaning = "a full GPU reset with no fault before it: the driver resetting the GPU as it starts it"
         why_not = unverified(record, _device_group(m)) if record.metadata else _TEXT_LOG
-        if vendor in _GPU_VENDORS and not (why_not and record.metadata):  # context only from proven lines
+        if vendor in GPU_VENDORS and not (why_not and record.metadata):  # context only from proven lines
             self._gpu_lines.append((gpu, stamp, severity, vendor))
             if len(self._gpu_lines) > 16:  # the latest 16 (one line at a time comes in)
                 del self._gpu_lines[0]
@@ -642,7 +642,7 @@ class Classifier:
         that gave GPU4's address; the status lines of a page fault)."""
         gpu, device = _named(record, vendor)
         if gpu is not None:
-            if vendor in ("amd", "nvidia"):
+            if vendor in GPU_VENDORS:
                 self._carry[vendor] = (gpu, stamp)
         elif device is None and (carried := self._carry.get(vendor)) and 0 <= stamp - carried[1] <= self.storm_window:
             gpu = carried[0]
@@ -764,8 +764,8 @@ def _named(record: KernelRecord, vendor: str) -> tuple[str | None, str | None]:
     if facts.nvrm is not None:
         return facts.nvrm, None
     if record.device:
-        return (record.device, None) if vendor in ("amd", "nvidia") else (None, record.device)
-    if vendor in ("amd", "nvidia") and (m := _ANY_PCI.search(record.text)):  # `GPU 0000:03:00.0 ...` in the message
+        return (record.device, None) if vendor in GPU_VENDORS else (None, record.device)
+    if vendor in GPU_VENDORS and (m := _ANY_PCI.search(record.text)):  # `GPU 0000:03:00.0 ...` in the message
         return _normalized(m.group(0)), None
     return None, None
 

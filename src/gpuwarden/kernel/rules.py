@@ -787,6 +787,9 @@ GSP_FRAME = r"\b_?kgsp\w+\+0x[0-9a-f]+/0x[0-9a-f]+ \[nvidia"
 GPU_MODULES = frozenset({"amdgpu", "amdkfd", "amdxcp", "radeon", "nvidia", "nvidia_uvm", "nvidia_drm",
                          "nvidia_modeset", "nouveau", "i915", "xe"})
 GPU_DRIVERS = frozenset({"amdgpu", "radeon", "nvidia", "nouveau", "i915", "xe"})
+# the rules' vendors that are GPUs' (a "pcie" rule is a port's): their lines name a GPU, or the last one their
+# driver named (kernel/classifier.py)
+GPU_VENDORS = frozenset({"amd", "nvidia"})
 # The DRM core's modules (drivers/gpu/drm/*.c, scheduler, TTM, helpers): a WARNING there, with a GPU driver in the
 # report's `Modules linked in:`, is the GPU stack's (a driver's misuse of the core, or the core on its behalf).
 DRM_CORE_MODULES = frozenset({"drm", "drm_kms_helper", "drm_display_helper", "drm_ttm_helper", "ttm", "gpu_sched",
