@@ -39,6 +39,7 @@ from gpuwarden.engine.dockerapi import container_pids
 from gpuwarden.gpu import vendors
 from gpuwarden.runtime import sockets
 from gpuwarden.runtime.logsetup import redact_command
+from gpuwarden.runtime.procfs import read_small
 from gpuwarden.runtime.sockets import Listener
 
 
@@ -485,11 +486,7 @@ def queued_seconds(pid: int) -> float:
         with os.scandir(f"/proc/{pid}/task") as tasks:
             for task in tasks:
                 try:
-                    fd = os.open(f"{task.path}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        total += int(os.read(fd, 256).split()[1])
-                    finally:
-                        os.close(fd)
+                    total += int(read_small(f"{task.path}/schedstat", 256).split()[1])
                 except (OSError, IndexError, ValueError):
                     continue
     except OSError:
@@ -593,12 +590,7 @@ def _stat(pid: int) -> list[bytes] | None:
     """/proc/PID/stat's fields after the command (state at 0, ppid 1, pgrp 2, flags 6, utime 11, stime 12,
     starttime 19); None when gone. os.open and os.read: half the time of a buffered open()."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        fields = data.rsplit(b")", 1)[1].split()
+        fields = read_small(f"/proc/{pid}/stat", 4096).rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return fields if len(fields) > 19 else None
@@ -607,11 +599,7 @@ def _stat(pid: int) -> list[bytes] | None:
 def _uids(pid: int) -> tuple[int, ...] | None:
     """Real, effective, saved and filesystem uid (/proc/PID/status); None when gone."""
     try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 8192)
-        finally:
-            os.close(fd)
+        data = read_small(f"/proc/{pid}/status", 8192)
         return tuple(map(int, data.split(b"\nUid:", 1)[1].split(b"\n", 1)[0].split()))
     except (OSError, IndexError, ValueError):
         return None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpuwarden.core.plain import plain
 from gpuwarden.gpu import vendors
+from gpuwarden.runtime.procfs import read_small
 
 GPU_CLASSES = ("03", "12")  # display controllers; processing accelerators (some Instinct and data-centre cards)
 
@@ -48,11 +49,7 @@ def discover(sysfs_root: Path = Path("/sys")) -> list[Gpu]:
 
 
 def _attribute(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 64).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+    return read_small(path, 64).decode("ascii", "replace").strip()
 
 
 def driver_of(device: Path) -> str | None:

@@ -11,6 +11,7 @@ import os
 import resource
 
 from gpuwarden.core.families import FAMILIES, Family
+from gpuwarden.runtime.procfs import read_small
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HEADS: dict[str, str] = {}  # name -> its "# HELP" and "# TYPE" lines, made once
@@ -101,12 +102,8 @@ class Process:
 
     def render(self) -> str:
         try:
-            fd = os.open(f"{self._proc}/self/stat", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            fields = data.rsplit(b")", 1)[1].split()  # after the command, which may hold spaces and ')'
+            # the fields after the command, which may hold spaces and ')'
+            fields = read_small(f"{self._proc}/self/stat", 4096).rsplit(b")", 1)[1].split()
             tick = self._tick
             if self._start is None:
                 self._start = _START + f"{number(self._boot() + int(fields[19]) / tick)}\n"
