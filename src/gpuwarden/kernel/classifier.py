@@ -440,10 +440,7 @@ class Classifier:
             meaning = f"{meaning} (unverified: {why_not})"
         pid = process["pid"] if process else None
         key = (rule.kind, severity, gpu or device, xid, pid)
-        burst = self._bursts.get(key if pid is not None else self._latest.get(key[:4], key))
-        if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst:
-            burst.count += 1  # the line joins its open burst (_joins): its count, and no evidence is made
-            burst.last, burst.arrived = stamp, now
+        if self._joins(key, stamp, now):  # the line joins its open burst: its count, and no evidence is made
             bursts = outcomes
         else:
             bursts = [self._start(key, gpu, device, meaning, _evidence(*made), stamp, now), *outcomes]
