@@ -26,7 +26,7 @@ def test_a_spinner_sharing_its_core_is_still_read_as_spinning():
         cpu_before = sum(watched.cpu_times()[:2])
         started = time.monotonic()
         time.sleep(1.5)
-        [share] = tracker.cpu_percents([watched])
+        [share] = tracker.cpu_percents([watched]).values()
         cpu_share = 100 * (sum(watched.cpu_times()[:2]) - cpu_before) / (time.monotonic() - started)
         assert cpu_share < SPINNING_PERCENT, f"it had the core to itself ({cpu_share:.0f} %): no contention made"
         assert share >= SPINNING_PERCENT, f"read {share:.0f} % ({cpu_share:.0f} % of it on the CPU)"
@@ -43,7 +43,7 @@ def test_a_sleeping_process_is_not_read_as_busy():
         time.sleep(0.3)  # its start-up is past
         tracker.cpu_percents([watched])
         time.sleep(1.2)
-        [share] = tracker.cpu_percents([watched])
+        [share] = tracker.cpu_percents([watched]).values()
         assert share < 5
     finally:
         sleeper.kill()

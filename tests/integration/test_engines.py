@@ -44,6 +44,9 @@ def test_a_stalled_engine_is_killed_with_its_whole_tree_orphans_included(daemon_
     assert figures["running"] == 2 and figures["threshold_seconds"] == MIN_STALL
     assert figures["stalled_seconds"] <= MIN_STALL + INTERVAL + 0.25  # threshold plus one scrape interval
     assert stall["evidence"]["spinning"] and "spins at" in stall["message"], json.dumps(stall)
+    spinner = engine.pids()[-1]  # the child the stall started, the one process of the tree that spins
+    assert stall["evidence"]["busiest"].startswith(f"pid {spinner} (python") and \
+        f"pid {spinner} (python" in stall["message"], json.dumps(stall)  # the page says which one spins
     assert "killed fake" in killed["message"] and "(stalled)" in killed["message"]
     wait_for(lambda: not engine.alive(), 10, what="every process of the tree to be gone")
     print(f"stall to kill: {elapsed:.2f} s (threshold {MIN_STALL} s, interval {INTERVAL} s)")

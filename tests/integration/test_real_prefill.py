@@ -108,7 +108,7 @@ def prefill_then_hang(d, server, profile: str, sized: Sized, hang) -> None:
     figures = stall["evidence"]["figures"]
     print(f"{profile}: stopped mid-prefill, called stalled {stall['time'] - stopped_at:.1f} s later "
           f"(threshold {figures['threshold_seconds']} s, scrape {INTERVAL} s)")
-    assert figures["running"] >= 1 and not stall["evidence"]["spinning"]  # a stopped engine does not spin
+    assert figures["running"] >= 1 and not stall["evidence"]["spinning"], stall  # a stopped engine does not spin
     assert min_stall <= figures["threshold_seconds"] <= most
     # measured by the daemon from the last progress
     assert figures["stalled_seconds"] <= figures["threshold_seconds"] + INTERVAL + 2

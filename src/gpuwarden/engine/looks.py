@@ -17,6 +17,7 @@ from gpuwarden.engine.parts import target_spec
 from gpuwarden.engine.processes import Tracker, gpus_in_use, port_taken, resolve
 from gpuwarden.gpu import vendors
 from gpuwarden.runtime.offloop import Busy, OffLoop
+from gpuwarden.runtime.procfs import read_small
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class Processes:
     procs: list[psutil.Process]
     instance: Instance
     refused: list[str]  # candidates the target named but may not be killed
-    cpus: list[float]  # each process's share of a core since the last look
+    cpus: dict[int, float]  # each process's share of a core since the last look, by pid
+    busiest: str | None  # the process with the largest share, as a page names it: "pid 4242 (VLLM::Worker)"
     gpus: frozenset[str] | None
     pasids: frozenset[int] | None  # None: none to read
     taken: str | None = None  # who holds the engine's address when not the engine (uid, pid, command)
@@ -64,7 +66,8 @@ class Looker:
             procs = tracker.refresh(found, wide=True)
             taken = port_taken(spec, found, procs)
         gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
-        return Processes(procs, instance_of(procs), found.refused, tracker.cpu_percents(procs, reads=tracker.reads),
+        cpus = tracker.cpu_percents(procs, reads=tracker.reads)
+        return Processes(procs, instance_of(procs), found.refused, cpus, _named(max(cpus, key=cpus.get, default=None)),
                          frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]), taken,
                          frozenset(listener.inode for listener in found.listeners))
 
@@ -88,3 +91,13 @@ def instance_of(procs: list[psutil.Process]) -> Instance:
         except psutil.Error:
             continue
     return frozenset(keys)
+
+
+def _named(pid: int | None) -> str | None:
+    """`pid 4242 (VLLM::Worker)`: its command as the kernel names it (a thread's title, as ps shows)."""
+    if pid is None:
+        return None
+    try:
+        return f"pid {pid} ({read_small(f'/proc/{pid}/comm', 64).decode(errors='replace').strip()})"
+    except OSError:
+        return f"pid {pid}"

@@ -447,15 +447,16 @@ class Tracker:
         return [p for key, p in current.items() if reads.running(p.pid, started[key]) and ours(p)]
 
     def cpu_percents(self, procs: list[psutil.Process], now: float | None = None,
-                     reads: _Reads | None = None) -> list[float]:
+                     reads: _Reads | None = None) -> dict[int, float]:
         """Each process's share of a core over the last CPU_WINDOW seconds at least (0 at the first look): the
         time it ran or waited on a run queue to run. A spinning process on a busy box gets half a core or less
         (other sessions' work has its fair share whatever the nice values) and waits the rest: measured 47-74 %
         here in CI's test runs, on CPU time alone. Looks come as close as a quarter second apart, and over so short
         a window the 10 ms ticks and one scheduler slice swing a spinning process's share by a tenth. `reads`: the
-        look's own reads of /proc (refresh's), where the CPU times are read already."""
+        look's own reads of /proc (refresh's), where the CPU times are read already. Keyed by pid: which process
+        spins is the evidence a page quotes."""
         now = time.monotonic() if now is None else now
-        seen, values = {}, []
+        seen, values = {}, {}
         for proc in procs:
             key = _key(proc)
             cpu = reads.cpu_seconds(proc.pid) if reads else None
@@ -472,7 +473,7 @@ class Tracker:
             while len(history) > 1 and now - history[1][0] >= CPU_WINDOW:
                 history.popleft()  # keep the newest look at least a window old, and every one after it
             (then, used), (_, total) = history[0], history[-1]
-            values.append(max(0.0, 100.0 * (total - used) / (now - then)) if now > then else 0.0)
+            values[proc.pid] = max(0.0, 100.0 * (total - used) / (now - then)) if now > then else 0.0
         self.cpu_seen = seen
         return values
 

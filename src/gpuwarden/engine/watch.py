@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -72,7 +72,8 @@ class EngineState:
     looking: asyncio.Future | None = None  # the look-up of the engine's processes under way
     looking_wide: bool = False  # and whether it is a kill's (Looker.look's `wide`)
     gpus: frozenset[str] | None = None
-    cpus: list[float] = field(default_factory=list)  # each process's share of a core since the last look
+    cpus: dict[int, float] = field(default_factory=dict)  # each process's share of a core since the last look
+    busiest: str | None = None  # the process with the largest share (Processes.busiest)
     seen_at: float = -1e18  # when its processes were last looked at (monotonic)
     pasids: frozenset[int] | None = None  # its processes' KFD pasids (AMD); None: none to read
     log_refused: str | None = None  # why its log file was last refused (said once)
@@ -98,7 +99,11 @@ class EngineState:
 
     @property
     def cpu(self) -> float | None:
-        return max(self.cpus) if self.cpus else None
+        return max(self.cpus.values()) if self.cpus else None
+
+    def spinner(self) -> str:
+        """Which process spins: `pid 4242 (VLLM::Worker) spins at 100 % CPU`."""
+        return f"{self.busiest or 'a process'} spins at {self.cpu or 0:.0f} % CPU"
 
     @property
     def gpu(self) -> str | None:
@@ -642,6 +647,7 @@ class EngineWatch:
         if seen is None:
             return False
         state.procs, state.instance, state.refused, state.cpus = seen.procs, seen.instance, seen.refused, seen.cpus
+        state.busiest = seen.busiest
         state.gpus, state.pasids, state.seen_at = seen.gpus, seen.pasids, time.monotonic()
         state.taken = seen.taken
         if seen.taken:
@@ -676,7 +682,7 @@ class EngineWatch:
         message = (f"{state.name}: {plural(sample.running or 0, 'request')} running and no token processed for "
                    f"{verdict.stalled_for:.0f} s (threshold {verdict.threshold:.0f} s)")
         if spinning:
-            message += f"; a process spins at {state.cpu:.0f} % CPU: the classic hang"
+            message += f"; {state.spinner()}: the classic hang"
         suspect = life.suspected(time.monotonic())
         if suspect:
             message += f"; under suspicion since {life.suspicion}"
@@ -686,7 +692,7 @@ class EngineWatch:
                    f"typical_{'token' if verdict.per_step else 'request'}_seconds": verdict.typical,
                    "cpu_percent": state.cpu}
         source = state.config.source
-        evidence = {"figures": figures, "spinning": spinning, "source": source,
+        evidence = {"figures": figures, "spinning": spinning, "busiest": state.busiest, "source": source,
                     **({"suspicion": life.suspicion} if suspect else {})}
         if source == "log":
             message += f" (read from {state.scraper.where})"
@@ -707,7 +713,7 @@ class EngineWatch:
     def _canary_event(self, state: EngineState, sample: EngineSample, result: CanaryResult) -> Event:
         message = (f"{state.name}: {result.detail} (a one-token canary) while its "
                    f"{plural(len(state.procs), 'process')} {_live(state.procs)}"
-                   + (f"; a process spins at {state.cpu:.0f} % CPU" if is_spinning(state.cpus) else ""))
+                   + (f"; {state.spinner()}" if is_spinning(state.cpus) else ""))
         figures = {"canary_seconds": round(result.seconds, 1), "running": sample.running, "cpu_percent": state.cpu,
                    "processes": len(state.procs)}
         return Event("engine_unresponsive", Severity.CRITICAL, message, time.time(), engine=state.name,
@@ -836,8 +842,8 @@ def _live(procs: list) -> str:
     return "lives" if len(procs) == 1 else "live"
 
 
-def is_spinning(cpus: list[float]) -> bool:
+def is_spinning(cpus: Mapping[int, float]) -> bool:
     """A process of the engine runs near a full core with no progress: the seed incident's hang (both processes
     at 200 % and no throughput; a hung GPU's waiter spins). A stopped or frozen engine does not spin."""
-    return bool(cpus) and max(cpus) >= SPINNING_PERCENT
+    return bool(cpus) and max(cpus.values()) >= SPINNING_PERCENT
 
