@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from gpuwarden.engine.processes import Tracker
+from gpuwarden.engine.processes import Tracker, queued_seconds
 from gpuwarden.engine.watch import SPINNING_PERCENT
 
 SPIN = "while True: pass"
@@ -48,3 +48,46 @@ def test_a_sleeping_process_is_not_read_as_busy():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# a process that only sleeps and wakes, at the kernel's lowest priority (SCHED_IDLE, inherited by its threads):
+# beside a spinner on its core each wake waits its turn, up to seconds, and runs for microseconds
+STARVED = """import os, threading, time
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+def wake():
+    while True:
+        time.sleep(0.005)
+for _ in range(3):
+    threading.Thread(target=wake, daemon=True).start()
+wake()"""
+
+
+def test_a_starved_process_that_barely_runs_is_not_read_as_spinning():
+    """The kernel adds a thread's wait on a run queue to its schedstat when the wait ends, all at once: a real
+    vLLM's EngineCore, starved behind its Worker during a prefill, read 54-98 % with 0-1 % of CPU. Its waits count
+    at most QUEUED_PER_RUN times the CPU it got."""
+    core = {min(os.sched_getaffinity(0))}
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+    starved = subprocess.Popen([sys.executable, "-c", STARVED])
+    try:
+        for proc in (spinner, starved):
+            os.sched_setaffinity(proc.pid, core)
+        for task in os.listdir(f"/proc/{starved.pid}/task"):  # a thread started before the pinning
+            os.sched_setaffinity(int(task), core)
+        time.sleep(0.5)  # its start-up is past
+        watched, tracker = psutil.Process(starved.pid), Tracker()
+        tracker.cpu_percents([watched])
+        cpu_before, queued_before = sum(watched.cpu_times()[:2]), queued_seconds(starved.pid)
+        started = time.monotonic()
+        time.sleep(1.5)
+        [share] = tracker.cpu_percents([watched]).values()
+        elapsed = time.monotonic() - started
+        cpu_share = 100 * (sum(watched.cpu_times()[:2]) - cpu_before) / elapsed
+        queued_share = 100 * (queued_seconds(starved.pid) - queued_before) / elapsed
+        assert queued_share >= SPINNING_PERCENT and cpu_share < 10, \
+            f"not starved: {queued_share:.0f} % waiting, {cpu_share:.0f} % on the CPU"  # the old reading: spinning
+        assert share < SPINNING_PERCENT, f"read {share:.0f} % ({cpu_share:.0f} % on the CPU)"
+    finally:
+        for proc in (spinner, starved):
+            proc.kill()
+            proc.wait()

@@ -385,6 +385,12 @@ def _ppid(proc: psutil.Process) -> int | None:
 
 
 CPU_WINDOW = 1.0
+# A thread's wait on a run queue counts toward its share at most this many times the CPU it got in the same
+# window. The kernel adds a wait to schedstat when it ends, all at once: a thread that waited 3 s behind a busy
+# core and then ran for a millisecond added 3 s in that one window (a starved, not a spinning, process: a real
+# vLLM's EngineCore read 54-98 % with 0-1 % of CPU during a prefill). A spinner gets a share of its core in every
+# window: one that gets a quarter still reads as a full core.
+QUEUED_PER_RUN = 3.0
 WIDE_AFTER = 30.0  # seconds: a scrape's look reads every process of the engine's user at least this often
 
 
@@ -449,12 +455,12 @@ class Tracker:
     def cpu_percents(self, procs: list[psutil.Process], now: float | None = None,
                      reads: _Reads | None = None) -> dict[int, float]:
         """Each process's share of a core over the last CPU_WINDOW seconds at least (0 at the first look): the
-        time it ran or waited on a run queue to run. A spinning process on a busy box gets half a core or less
-        (other sessions' work has its fair share whatever the nice values) and waits the rest: measured 47-74 %
-        here in CI's test runs, on CPU time alone. Looks come as close as a quarter second apart, and over so short
-        a window the 10 ms ticks and one scheduler slice swing a spinning process's share by a tenth. `reads`: the
-        look's own reads of /proc (refresh's), where the CPU times are read already. Keyed by pid: which process
-        spins is the evidence a page quotes."""
+        time it ran or waited on a run queue to run (that wait at most QUEUED_PER_RUN times the time it ran). A
+        spinning process on a busy box gets half a core or less (other sessions' work has its fair share whatever
+        the nice values) and waits the rest: measured 47-74 % here in CI's test runs, on CPU time alone. Looks
+        come as close as a quarter second apart, and over so short a window the 10 ms ticks and one scheduler slice
+        swing a spinning process's share by a tenth. `reads`: the look's own reads of /proc (refresh's), where the
+        CPU times are read already. Keyed by pid: which process spins is the evidence a page quotes."""
         now = time.monotonic() if now is None else now
         seen, values = {}, {}
         for proc in procs:
@@ -469,11 +475,12 @@ class Tracker:
             if key is None:
                 continue
             history = seen[key] = self.cpu_seen.get(key) or deque()
-            history.append((now, cpu + queued_seconds(proc.pid)))
+            history.append((now, cpu, queued_seconds(proc.pid)))
             while len(history) > 1 and now - history[1][0] >= CPU_WINDOW:
                 history.popleft()  # keep the newest look at least a window old, and every one after it
-            (then, used), (_, total) = history[0], history[-1]
-            values[proc.pid] = max(0.0, 100.0 * (total - used) / (now - then)) if now > then else 0.0
+            (then, ran_before, queued_before) = history[0]
+            ran, queued = max(0.0, cpu - ran_before), max(0.0, history[-1][2] - queued_before)
+            values[proc.pid] = 100.0 * (ran + min(queued, QUEUED_PER_RUN * ran)) / (now - then) if now > then else 0.0
         self.cpu_seen = seen
         return values
 
