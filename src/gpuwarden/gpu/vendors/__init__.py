@@ -13,9 +13,12 @@ _BY_PCI_ID: dict[str, GpuVendor] = {}
 
 
 def register(vendor: GpuVendor) -> GpuVendor:
-    taken = [i for i in vendor.pci_ids if i in _BY_PCI_ID]
-    if vendor.name in _VENDORS or taken:
-        raise ValueError(f"GPU vendor {vendor.name!r} (PCI IDs {sorted(vendor.pci_ids)}) is registered already")
+    """One vendor more; a name or a PCI ID another vendor holds is refused (a GPU has one vendor)."""
+    if vendor.name in _VENDORS:
+        raise ValueError(f"GPU vendor {vendor.name!r} is registered already")
+    if taken := sorted(i for i in vendor.pci_ids if i in _BY_PCI_ID):
+        raise ValueError(f"GPU vendor {vendor.name!r}: PCI ID {', '.join(taken)} belongs to "
+                         f"{_BY_PCI_ID[taken[0]].name!r} already")
     _VENDORS[vendor.name] = vendor
     _BY_PCI_ID.update(dict.fromkeys(vendor.pci_ids, vendor))
     return vendor
