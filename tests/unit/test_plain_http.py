@@ -200,3 +200,13 @@ def test_the_fetch_of_slots_and_metrics_names_the_endpoint(raw):
             await client.aclose()
     with pytest.raises(ScrapeError, match=r"^http: /slots: HTTP 404$"):
         asyncio.run(run())
+
+
+def test_the_profiles_lines_are_found_whatever_the_line_ends_and_only_at_a_lines_start():
+    """Guard of the one-pass line filter (scraper._lines_of): CRLF line ends, a wanted name inside another line
+    (a label value) or after an indent is not a line of it."""
+    lf = (b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{m="a"} 2\n'
+          b'other{v="\\nvllm:num_requests_running 50"} 1\n vllm:num_requests_waiting 9\nvllm:num_requests_waiting 4\n')
+    for body in (lf, lf.replace(b"\n", b"\r\n")):
+        sample = scraper._parse(body, "auto")
+        assert (sample.profile, sample.running, sample.waiting) == ("vllm", 2.0, 4.0)

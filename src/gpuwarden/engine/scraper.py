@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
+import re
 import ssl
 import sys
 from typing import TYPE_CHECKING
@@ -24,6 +26,8 @@ OFF_LOOP_BYTES = 256 << 10  # a body above this is parsed in a thread (a 7.7 MB 
 MAX_SERIES = 10_000  # lines of the profile's metrics; an engine reports a few hundred
 if TYPE_CHECKING:
     import httpx
+
+    from gpuwarden.enginekinds.base import EngineKind
 
 _PARSES = OffLoop("metrics parse", limit=32)  # one parse in flight per engine
 
@@ -322,6 +326,21 @@ def _closed(what: str, exc: Exception, length: str | None = None) -> ScrapeError
     return ScrapeError("http", f"{what}the server closed the connection before the whole answer")
 
 
+_LINES: dict[str, re.Pattern[str]] = {}
+
+
+def _lines_of(kind: EngineKind) -> re.Pattern[str]:
+    """The lines of the kind's metrics, found in one C pass: the names' common prefix after a newline is a literal
+    the regex engine searches for (a split into lines and a startswith of each took 3x as long: 107 µs of a
+    300-line vLLM body)."""
+    if (lines := _LINES.get(kind.name)) is None:
+        names = sorted(kind.metrics.names())
+        common = os.path.commonprefix(names)  # noqa: RUF071 (character by character: meant)
+        rest = "|".join(re.escape(name[len(common):]) for name in names)
+        lines = _LINES[kind.name] = re.compile(f"\\n({re.escape(common)}(?:{rest})[^\\r\\n]*)")
+    return lines
+
+
 def _parse(body: bytes, profile: str) -> EngineSample:
     """Only the profile's lines reach the parser, and at most MAX_SERIES of them."""
     text = body.decode("utf-8", "replace")
@@ -329,8 +348,7 @@ def _parse(body: bytes, profile: str) -> EngineSample:
         kind = chosen(text, profile)
     except UnparsableMetrics as exc:
         raise ScrapeError("unparsable", str(exc)) from None
-    starts = tuple(kind.metrics.names())
-    lines = [line for line in text.splitlines() if line.startswith(starts)]
+    lines = _lines_of(kind).findall("\n" + text)
     if len(lines) > MAX_SERIES:
         raise ScrapeError("too_large", f"{len(lines)} series of {kind.name}'s metrics (at most {MAX_SERIES})")
     try:
