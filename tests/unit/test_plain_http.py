@@ -183,9 +183,9 @@ def test_a_body_in_an_encoding_not_asked_for_is_an_error(raw):
 
 def test_the_urls_user_and_query_are_sent(raw):
     server = raw(lambda n: ok())
-    get(server.url.replace("http://", "http://us%40er:p%3Ass@") + "?name[]=a")
+    get(server.url.replace("http://", "http://us%40er:p%3Ass@") + "?name[]=a b&c=%41")
     request = server.requests[0].decode()
-    assert request.startswith("GET /metrics?name[]=a HTTP/1.1\r\n")
+    assert request.startswith("GET /metrics?name[]=a%20b&c=%41 HTTP/1.1\r\n")  # encoded as httpx did
     assert "Authorization: Basic dXNAZXI6cDpzcw==\r\n" in request  # us@er:p:ss
 
 

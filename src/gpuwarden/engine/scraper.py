@@ -17,7 +17,7 @@ import re
 import ssl
 import sys
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from gpuwarden.engine.metrics import EngineSample, UnparsableMetrics, chosen, parse
 from gpuwarden.runtime.offloop import Busy, OffLoop
@@ -160,6 +160,7 @@ async def fetch(http: Plain | httpx.AsyncClient, url: str, max_bytes: int, what:
 HEAD_BYTES = 16 << 10  # the status line and headers of an answer, as h11 (httpx) bounds them; also trailers
 CONNECT_S = 2.0  # at most, for the connection (as httpx's connect timeout was)
 _HEX = b"0123456789abcdefABCDEF"
+_PCHARS = "%:@!$&'()*+,;=-._~"  # kept as they are in a path or query (RFC 3986); other bytes %-encoded, as by httpx
 
 
 class Plain:
@@ -181,7 +182,9 @@ class Plain:
         parts = urlsplit(url)
         self.host, self.port, self.timeout = parts.hostname or "", parts.port or 80, timeout
         host = f"[{self.host}]" if ":" in self.host else self.host
-        lines = [f"GET {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
+        target = quote(parts.path or "/", safe=_PCHARS + "/") + (f"?{quote(parts.query, safe=_PCHARS + '/?[]')}"
+                                                                   if parts.query else "")
+        lines = [f"GET {target} HTTP/1.1",
                  f"Host: {host}{f':{parts.port}' if parts.port else ''}", "Accept: */*",
                  "Accept-Encoding: identity", "User-Agent: gpuwarden"]
         if parts.username is not None:  # the URL's user and password, as httpx sent them
@@ -201,9 +204,10 @@ class Plain:
                     raise
         except TimeoutError:
             raise ScrapeError("timeout", f"{what}no whole answer within {self.timeout:g} s") from None
-        if keep:
-            self._kept = asyncio.get_running_loop(), reader, writer
-        else:
+        if keep:  # one kept connection (two gets at once each took their own: the other one is closed)
+            kept, self._kept = self._kept, (asyncio.get_running_loop(), reader, writer)
+            writer = kept[2] if kept else None
+        if writer is not None:
             writer.transport.abort()
         return body
 
