@@ -39,3 +39,10 @@ def test_httpx_comes_without_its_command_line_client():
                           "print(json.dumps(sorted({k.split('.')[0] for k, v in sys.modules.items() if v})))"],
                          capture_output=True, text=True, check=True).stdout
     assert {"httpx", "click", "pygments"} & set(json.loads(out)) == {"httpx"}
+
+
+def test_discoverys_probe_of_an_http_engine_loads_no_httpx():
+    """Discovery probed each engine it found through httpx (its import, 9 MB of RSS at 32 engines with its pool):
+    its probes are all http://, read by scraper.Plain now."""
+    assert loaded_after("from gpuwarden.engine.discovery import _answers\n_answers('http://127.0.0.1:9/metrics')") \
+        == set()

@@ -210,3 +210,13 @@ def test_the_profiles_lines_are_found_whatever_the_line_ends_and_only_at_a_lines
     for body in (lf, lf.replace(b"\n", b"\r\n")):
         sample = scraper._parse(body, "auto")
         assert (sample.profile, sample.running, sample.waiting) == ("vllm", 2.0, 4.0)
+
+
+def test_discoverys_probe_reads_the_status_alone_within_its_deadline(raw):
+    """A status is all discovery asks: a 200 whose body never ends still answers; a dripping head does not."""
+    from gpuwarden.engine.discovery import _answers
+
+    endless = raw(lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"] + [b"#"] * 100, gap=0.1)
+    dripping = raw(lambda n: [bytes([b]) for b in ok()], gap=0.2)
+    assert _answers(endless.url) is True
+    assert _answers(dripping.url) is False

@@ -211,6 +211,13 @@ class Plain:
             writer.transport.abort()
         return body
 
+    async def status(self) -> int:
+        """The answer's status alone (its body unread), the whole within the timeout; the connection not kept."""
+        async with asyncio.timeout(self.timeout):
+            _, writer, head = await self._answer("")
+        writer.transport.abort()
+        return int(head[":status"])
+
     async def _answer(self, what: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, str]]:
         kept, self._kept = self._kept, None
         if kept and kept[0] is asyncio.get_running_loop() and not kept[1].at_eof():
