@@ -36,7 +36,7 @@ from measure import free_port, rss_mb
 # What each runtime dependency is for (a dependency pulled in by another is listed under it by the closure)
 PURPOSE = {
     "apprise": "alert delivery to 100+ services (loaded only when a target is built)",
-    "httpx": "https:// engine scrapes, canary completions, discovery probes (loaded on first use)",
+    "httpx": "https:// engine scrapes, canary completions (loaded on first use)",
     "psutil": "engine process trees, CPU and memory of engines",
     "nvidia-ml-py": "NVIDIA sensors through NVML (loaded only when the driver is there)",
     "pyudev": "GPU hot-plug and driver-bind uevents",
