@@ -70,7 +70,7 @@ def ok(body=BODY, extra=b""):
     return b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body
 
 
-def get(url, max_bytes=1 << 20, timeout=2.0, times=1):
+def get(url, max_bytes=1 << 20, timeout=10.0, times=1):  # a deadline no loaded machine meets by chance
     async def run():
         client = Plain(url, timeout)
         try:
@@ -212,11 +212,13 @@ def test_the_profiles_lines_are_found_whatever_the_line_ends_and_only_at_a_lines
         assert (sample.profile, sample.running, sample.waiting) == ("vllm", 2.0, 4.0)
 
 
-def test_discoverys_probe_reads_the_status_alone_within_its_deadline(raw):
+def test_discoverys_probe_reads_the_status_alone_within_its_deadline(raw, monkeypatch):
     """A status is all discovery asks: a 200 whose body never ends still answers; a dripping head does not."""
-    from gpuwarden.engine.discovery import _answers
+    from gpuwarden.engine import discovery
 
     endless = raw(lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"] + [b"#"] * 100, gap=0.1)
-    dripping = raw(lambda n: [bytes([b]) for b in ok()], gap=0.2)
-    assert _answers(endless.url) is True
-    assert _answers(dripping.url) is False
+    dripping = raw(lambda n: [bytes([b]) for b in ok()], gap=0.2)  # 20 s for the whole head
+    monkeypatch.setattr(discovery, "_PROBE_TIMEOUT", 10.0)  # the endless body's 10 s are never waited for
+    assert discovery._answers(endless.url) is True
+    monkeypatch.setattr(discovery, "_PROBE_TIMEOUT", 1.0)
+    assert discovery._answers(dripping.url) is False
