@@ -36,7 +36,7 @@ from measure import free_port, rss_mb
 # What each runtime dependency is for (a dependency pulled in by another is listed under it by the closure)
 PURPOSE = {
     "apprise": "alert delivery to 100+ services (loaded only when a target is built)",
-    "httpx": "engine /metrics scrapes, canary completions, discovery probes (loaded on first use)",
+    "httpx": "https:// engine scrapes, canary completions (loaded on first use)",
     "psutil": "engine process trees, CPU and memory of engines",
     "nvidia-ml-py": "NVIDIA sensors through NVML (loaded only when the driver is there)",
     "pyudev": "GPU hot-plug and driver-bind uevents",
@@ -201,7 +201,7 @@ def main() -> None:
         print(f"| the same, gpuwarden's sources compiled at each start (a checkout under PYTHONDONTWRITEBYTECODE) "
               f"| {spread(times['compiled'])} |")
         for module, when in (("psutil", "at start"), ("prometheus_client", "with the first engine scraped: its parser"),
-                             ("httpx", "with the first engine or Alertmanager target"),
+                             ("httpx", "with the first https:// engine, canary or Alertmanager target"),
                              ("apprise", "with the first apprise target")):
             print(f"| import {module} alone ({when}; median of {args.runs}) "
                   f"| {import_ms(f'import {module}', args.runs, env):.0f} |")

@@ -17,7 +17,7 @@ from gpuwarden import enginekinds
 from gpuwarden.config.settings import EngineTarget
 from gpuwarden.core.plain import plain
 from gpuwarden.engine.dockerapi import container_of, container_pids, name_of, published
-from gpuwarden.engine.scraper import client
+from gpuwarden.engine.scraper import Plain, ScrapeError, client
 from gpuwarden.runtime import sockets
 
 _PROBE_TIMEOUT = 2.0
@@ -293,7 +293,13 @@ def unit_of(pid: int, proc: Path = Path("/proc")) -> str | None:
 
 def _answers(url: str) -> bool:
     """A 200 status within _PROBE_TIMEOUT for the whole exchange: anyone can serve what discovery asks, one byte
-    at a time (a timeout per read would wait on it for ever, and on every engine after it)."""
+    at a time (a timeout per read would wait on it for ever, and on every engine after it). http:// through
+    scraper.Plain (discovery's are all http://: no httpx loaded), https:// through httpx."""
+    if urlsplit(url).scheme == "http":
+        try:
+            return asyncio.run(Plain(url, _PROBE_TIMEOUT).status()) == 200
+        except (ScrapeError, TimeoutError, ValueError):  # ValueError: a port that is no number
+            return False
     import httpx  # on first use: 90 ms of import that a start without engines never needs
 
     async def status() -> int:

@@ -15,7 +15,7 @@ import asyncio
 import json
 
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.scraper import ScrapeError, client, fetch
+from gpuwarden.engine.scraper import ScrapeError, client_for, fetch
 
 
 class SlotsProgress:
@@ -45,7 +45,7 @@ class SlotsScraper:
     def __init__(self, base_url: str, timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
         self.url, self.timeout, self.max_bytes = base_url.rstrip("/") + "/slots", timeout, max_bytes
         self.progress = SlotsProgress()
-        self._client = client(timeout)
+        self._client = client_for(self.url, timeout)
 
     async def scrape(self) -> EngineSample:
         try:
