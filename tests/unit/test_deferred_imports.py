@@ -36,3 +36,15 @@ def test_httpx_comes_without_its_command_line_client():
                           "print(json.dumps(sorted({k.split('.')[0] for k, v in sys.modules.items() if v})))"],
                          capture_output=True, text=True, check=True).stdout
     assert {"httpx", "click", "pygments"} & set(json.loads(out)) == {"httpx"}
+
+
+def test_a_host_without_the_nvidia_driver_never_imports_pynvml():
+    """pynvml's import (10 ms of CPU, its ctypes structures) came before it found no libnvidia-ml, at every start
+    of a host without the driver (this one: the check below says so). Same answer, same log line, no import."""
+    out = subprocess.run([sys.executable, "-c", "import ctypes, logging, sys\nlogging.basicConfig(level='INFO')\n"
+                          "try:\n    ctypes.CDLL('libnvidia-ml.so.1')\nexcept OSError:\n    pass\n"
+                          "else:\n    sys.exit('this host has the NVIDIA driver: no host without it to check')\n"
+                          "from gpuwarden.gpu import nvidia\nprint(nvidia.load(), 'pynvml' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "False"]
+    assert "NVML not available (NVML Shared Library Not Found): the NVIDIA reader is off" in out.stderr
