@@ -4,8 +4,9 @@ Python 3.11 compiles each method a dataclass generates from source at import (0.
 `__hash__` and `__repr__` of the records `run` loads were 15 ms of every start, and the frozen guard's
 `__setattr__` and `__delattr__`, one pair per class, another 10 ms. So only `__init__` is compiled here; the guard is
 one pair shared by every record (no record subclasses another, so it refuses every assignment as the generated one
-did). Equality and hashing are an object's own (identity): a record that is compared by value or kept in a set (a
-condition's key, a policy's action that tests compare) stays a full dataclass."""
+did). Equality and hashing are an object's own (identity). A record that is compared by value or kept in a set (a
+condition's key, an event, a policy's action that tests compare) is `@compared`: the same, with the `__eq__`,
+`__hash__` and `__repr__` (and, asked for, the ordering) a frozen dataclass generates."""
 
 from dataclasses import MISSING, FrozenInstanceError, dataclass, fields
 
@@ -13,7 +14,18 @@ _FACTORY = object()  # an argument left out whose field has a default_factory
 
 
 def plain(cls: type) -> type:
-    cls = dataclass(cls, init=False, repr=False, eq=False, slots=True)
+    return _record(cls, repr=False, eq=False)
+
+
+def compared(cls: type | None = None, /, *, order: bool = False):
+    if cls is None:
+        return lambda cls: compared(cls, order=order)
+    # unsafe_hash: the __hash__ of a frozen dataclass (over the compared fields), which one not frozen leaves out
+    return _record(cls, unsafe_hash=True, order=order)
+
+
+def _record(cls: type, **generated) -> type:
+    cls = dataclass(cls, init=False, slots=True, **generated)
     params, body, names = [], [], {"_set": object.__setattr__, "_FACTORY": _FACTORY}
     for f in fields(cls):
         if not f.init or f.kw_only or f.name in ("self", "_set", "_FACTORY"):
