@@ -46,3 +46,21 @@ def test_discoverys_probe_of_an_http_engine_loads_no_httpx():
     its probes are all http://, read by scraper.Plain now."""
     assert loaded_after("from gpuwarden.engine.discovery import _answers\n_answers('http://127.0.0.1:9/metrics')") \
         == set()
+
+
+def test_pynvml_is_imported_only_on_a_host_with_the_nvidia_driver():
+    """pynvml's import (10 ms of CPU, its ctypes structures) came before it found no libnvidia-ml, at every start
+    of a host without the driver. Without the library: no import, same answer (None), same log line; with it (a
+    GPU box): imported and asked, as before."""
+    out = subprocess.run([sys.executable, "-c", "import ctypes, logging, sys\nlogging.basicConfig(level='INFO')\n"
+                          "try:\n    ctypes.CDLL('libnvidia-ml.so.1')\nexcept OSError:\n    driver = False\n"
+                          "else:\n    driver = True\n"
+                          "from gpuwarden.gpu import nvidia\nnvml = nvidia.load()\n"
+                          "print(driver, nvml is None, 'pynvml' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    driver, none, imported = out.stdout.split()
+    if driver == "True":
+        assert imported == "True", out
+    else:
+        assert (none, imported) == ("True", "False"), out
+        assert "NVML not available (NVML Shared Library Not Found): the NVIDIA reader is off" in out.stderr

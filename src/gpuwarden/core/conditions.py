@@ -14,11 +14,11 @@ or is passed in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from gpuwarden.core.eventkinds import Table
 from gpuwarden.core.model import CONDITION, ConditionKey, ConditionKind, Event, Severity
-from gpuwarden.core.plain import plain
+from gpuwarden.core.plain import compared, plain
 
 Kind = ConditionKind  # the kinds and the key live in model.py: the Sink's resolve() takes a key
 Key = ConditionKey
@@ -55,7 +55,7 @@ def degraded(telemetry_condition: str) -> Key:
 STORE = Key(Kind.STORE_UNWRITABLE, "host")
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Condition:
     """A condition that holds now: raised by an event, ended by another or by its watch."""
 

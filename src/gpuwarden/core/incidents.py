@@ -8,12 +8,13 @@ how it ended. Times are wall-clock seconds, passed in."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gpuwarden.core.conditions import Change, Key
 from gpuwarden.core.eventkinds import OUTCOMES
 from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.plain import compared
 
 INCIDENT = "incident"  # evidence key: the incident an event belongs to
 DECISION = "decision"  # evidence key: what the policy decided about it, with the reasons
@@ -21,7 +22,7 @@ WINDOW = 60.0  # an incident with no open condition stays open this long after i
 BOUND = 7 * 86400.0  # and one whose conditions nobody resolves closes after this long
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Incident:
     """Events that belong together, from the one that opened it to the last."""
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Protocol
 
 from gpuwarden.core.families import Family
-from gpuwarden.core.plain import plain
+from gpuwarden.core.plain import compared, plain
 
 
 class Severity(enum.IntEnum):
@@ -41,7 +41,7 @@ class ConditionKind(enum.StrEnum):
     STORE_UNWRITABLE = "store_unwritable"  # gpuwarden's own: events wait in memory
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@compared(order=True)
 class ConditionKey:
     """A condition's identity: its kind and its subject (an engine's name, a GPU's PCI address, a telemetry
     condition's id, or "host"). Made by conditions.stalled(engine), conditions.lost(gpu)..., never by hand."""
@@ -53,7 +53,7 @@ class ConditionKey:
         return f"{self.kind}:{self.subject}"
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Event:
     """Something gpuwarden noticed. `time` is wall-clock seconds since the epoch."""
 

@@ -34,11 +34,11 @@ Times given to the policy (`now`, kills, exits) are monotonic seconds: the polic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from gpuwarden.core.eventkinds import ESCALATION_KINDS, GPU_FAULT_KINDS, QUARANTINE_KINDS
 from gpuwarden.core.model import Event, Severity
-from gpuwarden.core.plain import plain
+from gpuwarden.core.plain import compared, plain
 
 OUR_KILL_SLACK = 10.0  # seconds beyond kill_grace in which an engine's processes going is taken for our kill
 KILL_SLACK = 30.0  # beyond kill_grace, the longest a kill's signals are waited for (SIGKILL's own 5 s, the looks)
@@ -76,7 +76,7 @@ class Situation:
     cache_dry_run: bool = False  # [cache] dry_run, or on_crash_loop = "alert"
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Kill:
     """Kill an engine (and maybe restart it)."""
 
@@ -87,7 +87,7 @@ class Kill:
     target: object | None = field(default=None, repr=False)  # the view's target (None: the actuator looks)
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Quarantine:
     """Move the compiled caches away: a crash loop may come from a poisoned one."""
 
@@ -96,7 +96,7 @@ class Quarantine:
     engine: str | None = None  # whose crash loop: only that engine's user's caches move
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Refuse:
     """An action the config asks for that may not be done: reported, never done. `by_hand`: it is needed and a
     person must do it (kill_refused, alerted); otherwise the evidence does not allow it (a log line)."""
@@ -106,7 +106,7 @@ class Refuse:
     by_hand: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class AlertOnly:
     """An action the config turned into an alert (on_stall = "alert"...): the event's alert is all there is."""
 
@@ -114,7 +114,7 @@ class AlertOnly:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class Suspect:
     """A fault with no owner on the engine's GPU: alert, drop its stall threshold to the floor and run a canary;
     a kill follows only from what the engine then does (a stall, no answer) or from an escalation."""

@@ -6,12 +6,14 @@ hand over a stand-in at the library boundary.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from types import ModuleType
 
 from gpuwarden.core.model import GpuSample, normalize_pci
 
 log = logging.getLogger(__name__)
+_LIBRARY = "libnvidia-ml.so.1"  # the driver's library, as pynvml's nvmlInit loads it on Linux
 
 # nvmlClocksEventReasons bits (nvml.h), the ones that mean "slowed down"
 THROTTLE_BITS = {0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
@@ -20,6 +22,11 @@ THROTTLE_BITS = {0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowd
 
 def load() -> ModuleType | None:
     """pynvml, initialised; None when there is no NVIDIA driver (or no nvidia-ml-py)."""
+    try:
+        ctypes.CDLL(_LIBRARY)  # first: importing pynvml costs 10 ms of CPU that a host without the driver never needs
+    except OSError:
+        log.info("NVML not available (NVML Shared Library Not Found): the NVIDIA reader is off")  # pynvml's words
+        return None
     try:
         import pynvml
     except ImportError:

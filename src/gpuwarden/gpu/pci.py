@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.core.plain import plain
+from gpuwarden.core.plain import compared, plain
 
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?)\s*GT/s")
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -27,7 +26,7 @@ DEVCAP2_ATOMIC_ROUTING, DEVCAP2_ATOMIC32, DEVCAP2_ATOMIC64 = 1 << 6, 1 << 7, 1 <
 IORESOURCE_MEM, IORESOURCE_PREFETCH = 0x200, 0x2000
 
 
-@dataclass(frozen=True, slots=True)
+@compared
 class PcieCap:
     """What a device's PCIe capability says of AtomicOps."""
 

@@ -26,6 +26,7 @@ from typing import Any
 from gpuwarden.core import conditions
 from gpuwarden.core.incidents import Incident
 from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.plain import plain
 from gpuwarden.gpu import pci
 from gpuwarden.gpu.discovery import discover
 from gpuwarden.runtime.offloop import OffLoop
@@ -40,7 +41,7 @@ _READS = OffLoop("recovery", limit=1)  # sysfs, the baseline file: a hung read h
 _READ_DEADLINE = 60.0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@plain
 class GpuState:
     """A GPU as saved before a reboot, compared after it."""
 
@@ -53,7 +54,7 @@ class GpuState:
     atomics: bool | None  # the root port completes AtomicOps; None: unknown (config space needs root)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@plain
 class Verdict:
     """How the GPUs came back after a reboot."""
 
