@@ -71,6 +71,14 @@ def test_a_field_plain_cannot_build_is_refused_at_the_class():
         class Hidden:
             """."""
             a: int = dataclasses.field(default=0, init=False)
+    with pytest.raises(TypeError, match="no __post_init__"):
+        @plain
+        class Checked:
+            """A dataclass would call it; the __init__ @plain compiles would not."""
+            a: int
+
+            def __post_init__(self) -> None:
+                raise ValueError
 
 
 @compared(order=True)

@@ -25,6 +25,8 @@ def compared(cls: type | None = None, /, *, order: bool = False):
 
 
 def _record(cls: type, **generated) -> type:
+    if hasattr(cls, "__post_init__"):  # the __init__ below never calls it
+        raise TypeError(f"{cls.__name__}: a @plain record has no __post_init__")
     cls = dataclass(cls, init=False, slots=True, **generated)
     params, body, names = [], [], {"_set": object.__setattr__, "_FACTORY": _FACTORY}
     for f in fields(cls):
