@@ -217,7 +217,7 @@ class Follower:
     def line(self, text: str, timeout: float) -> bool:
         """Whether the line of `text` (a line that ends with it) arrived within `timeout` seconds; the lines before
         it are dropped (those of earlier writes, a matching line of another writer): only this write's line times it."""
-        want = text.encode()
+        want, deadline = text.encode(), time.monotonic() + timeout
         while True:
             lines = self.pending.split(b"\n")
             for i, line in enumerate(lines[:-1]):
@@ -225,10 +225,9 @@ class Follower:
                     self.pending = b"\n".join(lines[i + 1:])
                     return True
             self.pending = lines[-1]
-            if not select.select([self.fd], [], [], timeout)[0]:
+            if not select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 return False
             self.pending += os.read(self.fd, 65536)
-            timeout = 0.0  # what came is read; a partial line's rest is waited for by the caller's next call
 
     def close(self) -> None:
         os.killpg(self.proc.pid, 15)
@@ -314,25 +313,21 @@ def _wait(predicate, timeout: float, what: str, poll: float = 0.05):
 
 
 def naive_latency(writes: int) -> list[float]:
-    pipeline = subprocess.Popen(
-        f"journalctl -kf -n0 -o cat | grep --line-buffered -E '{NAIVE_PATTERN}'", shell=True,
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pipeline = Follower(f"journalctl -kf -n0 -o cat | grep --line-buffered -E '{NAIVE_PATTERN}'")
     try:
         time.sleep(1.0)  # let journalctl reach the tail
         latencies = []
         for i in range(writes):
+            text = f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}"
             start = time.perf_counter()
-            write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
-            ready, _, _ = select.select([pipeline.stdout], [], [], 5)
-            if not ready:
+            write_kmsg(text)
+            if not pipeline.line(text, 5):  # its own line: another writer's matching line times nothing
                 raise RuntimeError("journalctl | grep printed nothing within 5 s")
-            pipeline.stdout.readline()
             latencies.append(time.perf_counter() - start)
             time.sleep(0.01)
         return latencies
     finally:
-        os.killpg(pipeline.pid, 15)
-        pipeline.wait(10)
+        pipeline.close()
 
 
 @contextlib.contextmanager
