@@ -214,14 +214,20 @@ class Follower:
         self.fd = self.proc.stdout.fileno()
         self.pending = b""
 
-    def line(self, timeout: float) -> bool:
-        """Whether a whole line arrived within `timeout` seconds (one line is taken)."""
-        if b"\n" not in self.pending and select.select([self.fd], [], [], timeout)[0]:
+    def line(self, text: str, timeout: float) -> bool:
+        """Whether the line of `text` (a line that ends with it) arrived within `timeout` seconds; the lines before
+        it are dropped (those of earlier writes, a matching line of another writer): only this write's line times it."""
+        want, deadline = text.encode(), time.monotonic() + timeout
+        while True:
+            lines = self.pending.split(b"\n")
+            for i, line in enumerate(lines[:-1]):
+                if line.endswith(want):
+                    self.pending = b"\n".join(lines[i + 1:])
+                    return True
+            self.pending = lines[-1]
+            if not select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return False
             self.pending += os.read(self.fd, 65536)
-        if b"\n" in self.pending:
-            self.pending = self.pending.split(b"\n", 1)[1]
-            return True
-        return False
 
     def close(self) -> None:
         os.killpg(self.proc.pid, 15)
@@ -261,14 +267,18 @@ def gpuwarden_latency(writes: int, source: str, shown: str | None = None,
             try:
                 for i in range(writes):
                     kind = kinds[i % len(kinds)]
+                    text = LATENCY_LINES[kind].format(i=i)
                     start = time.perf_counter()
-                    write_kmsg(LATENCY_LINES[kind].format(i=i))
-                    row = printed = None
-                    while row is None or (follower and printed is None):
+                    write_kmsg(text)
+                    # printed: False, not None, until the line comes: the loop asked the pipeline once before (its
+                    # first empty answer, False, ended the asking), so a write was timed only when some line was
+                    # already waiting, an earlier write's, and the other writes not at all
+                    row, printed = None, False
+                    while row is None or (follower and not printed):
                         if row is None and (row := _newer(db, last)):
                             latencies[kind].append(time.perf_counter() - start)
-                        if follower and printed is None:
-                            if printed := follower.line(0.0005 if row is None else 0.05):
+                        if follower and not printed:
+                            if printed := follower.line(text, 0.0005 if row is None else 0.05):
                                 latencies[f"{kind} beside"].append(time.perf_counter() - start)
                         elif row is None:
                             time.sleep(0.0005)
@@ -303,25 +313,21 @@ def _wait(predicate, timeout: float, what: str, poll: float = 0.05):
 
 
 def naive_latency(writes: int) -> list[float]:
-    pipeline = subprocess.Popen(
-        f"journalctl -kf -n0 -o cat | grep --line-buffered -E '{NAIVE_PATTERN}'", shell=True,
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pipeline = Follower(f"journalctl -kf -n0 -o cat | grep --line-buffered -E '{NAIVE_PATTERN}'")
     try:
         time.sleep(1.0)  # let journalctl reach the tail
         latencies = []
         for i in range(writes):
+            text = f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}"
             start = time.perf_counter()
-            write_kmsg(f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq={i}")
-            ready, _, _ = select.select([pipeline.stdout], [], [], 5)
-            if not ready:
+            write_kmsg(text)
+            if not pipeline.line(text, 5):  # its own line: another writer's matching line times nothing
                 raise RuntimeError("journalctl | grep printed nothing within 5 s")
-            pipeline.stdout.readline()
             latencies.append(time.perf_counter() - start)
             time.sleep(0.01)
         return latencies
     finally:
-        os.killpg(pipeline.pid, 15)
-        pipeline.wait(10)
+        pipeline.close()
 
 
 @contextlib.contextmanager
