@@ -292,19 +292,21 @@ class Receiver:
     def __init__(self) -> None:
         self.port = free_port()
         self.received: list[dict] = []
+        self.delay = 0.0  # seconds it waits, the message received, before it answers
         self._server = None
 
     def start(self) -> Receiver:
         import http.server
         import threading
 
-        received = self.received
+        received, receiver = self.received, self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))  # ntfy posts attachments raw
                 received.append({"path": self.path, "headers": dict(self.headers), "raw": raw,
                                  "body": raw.decode(errors="replace")})
+                time.sleep(receiver.delay)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()

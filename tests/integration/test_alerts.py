@@ -125,6 +125,25 @@ def test_sigkill_with_alerts_pending_delivers_them_after_restart(daemon_factory,
     assert d.stop() == 0
 
 
+def test_a_page_the_target_took_as_the_daemon_stopped_is_not_sent_again_at_the_next_start(daemon_factory,
+                                                                                          receiver):
+    """A stop that comes while the target has the page and has not answered yet: the send is waited for (a little),
+    and recorded. It was cancelled unrecorded, and the next start paged the owner again for the same thing."""
+    receiver.delay = 1.0  # the page received, the answer a second later: the stop comes in between
+    d = daemon_factory(alerts_config(receiver)).start()
+    d.wait_serving()
+    append(d, LOST.format(bus="21"))
+    wait_for(lambda: receiver.received, 20, what="the page")
+    assert d.stop() == 0
+    receiver.delay = 0.0
+    d.start()
+    d.wait_serving()
+    time.sleep(3)  # the last run's outbox is taken up at the start, and its due rows sent at once
+    assert [b["title"].split(";")[0] for b in receiver.json_bodies()] == \
+        ["box1: GPU 0000:21:00.0 fell off the bus — reboot needed"]
+    assert d.stop() == 0
+
+
 def test_a_storm_of_10000_identical_kernel_events_is_one_message_and_a_count(daemon_factory, receiver):
     d = daemon_factory(alerts_config(receiver, cooldown='"3s"')).start()
     d.wait_serving()

@@ -42,6 +42,9 @@ _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture,
 _SKEW = 60.0  # an event's own time may precede the incident's opening (when gpuwarden saw it) by this much
 _READS = OffLoop("alerts-resume", limit=1)  # the last run's alerts, read once at a start
 _READ_DEADLINE = 30.0  # a hung disk: start afresh rather than never
+# a stop while a send is under way waits this long for it (inside the daemon's stop grace, 3 s): a page the target
+# took but this run never recorded is sent again at the next start, and the owner is paged twice for one thing
+_SEND_AT_STOP = 2.0
 
 
 class Alerter:
@@ -260,7 +263,12 @@ class Alerter:
                 self.metrics.inc(families.ALERTS_UNDELIVERABLE, target.name, row.severity)
                 self._done(rows, row)
                 continue
-            retry, error = await self._send(target, row)
+            sending = asyncio.ensure_future(self._send(target, row))
+            try:
+                retry, error = await asyncio.shield(sending)
+            except asyncio.CancelledError:
+                await self._send_stopped(sending, rows, row)
+                raise
             if error is None:
                 self._done(rows, row)
                 self.metrics.inc(families.ALERTS_SENT, target.name, row.severity)
@@ -282,6 +290,16 @@ class Alerter:
                 self.recent.failed(target.name, error, time.time(), False)
                 log.warning("alert %s to %s failed (%s); retrying in %.1f s", row.alert_id, target.name, error,
                             delay)
+
+    async def _send_stopped(self, sending: asyncio.Future, rows: deque[OutboxRow], row: OutboxRow) -> None:
+        """The component is stopping while `row` is being sent: what the send did, if it ends within
+        _SEND_AT_STOP, is recorded (a delivered page is not sent again at the next start); else it stays in the
+        outbox, sent at the next start."""
+        await asyncio.wait({sending}, timeout=_SEND_AT_STOP)
+        if not sending.done():
+            sending.cancel()
+        elif not sending.cancelled() and sending.exception() is None and sending.result()[1] is None:
+            self._done(rows, row)
 
     async def _refresh(self, target: Target) -> None:
         """What the target's channel holds firing, sent again when due (Alertmanager forgets it otherwise)."""
