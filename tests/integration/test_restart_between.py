@@ -147,7 +147,7 @@ def test_a_stalled_engine_no_longer_configured_after_a_restart_is_said_ended_on_
     d.write_config(alerts)  # no [[engine]], no discovery
     d.start()
     d.wait_serving()
-    # about the engine only: on a loaded machine the daemon may also page its own blocked loop
+    # the engine's pages, each once: the stall's, then its end (the host's own pages, if any, are not this test's)
     about = lambda: [b for b in receiver.json_bodies("/pager") if "engine fake" in b["title"]]  # noqa: E731
     wait_for(lambda: any("resolved" in b["title"] for b in about()), 20, what="the follow-up")
     bodies = about()
