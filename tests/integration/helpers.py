@@ -186,9 +186,7 @@ class Daemon:
     def write_config(self, extra: str = "", kernel: str | None = None) -> None:
         if kernel is not None:
             self._kernel = kernel
-        # Discovery sees every engine-like server on the host, other tests' too (they run side by side): a daemon
-        # discovers only where its test asks for it ([engines]); one with an [[engine]] never does.
-        quiet = "" if "[engines]" in extra or "[[engine]]" in extra else "[engines]\ndiscover = false\n"
+        quiet = quiet_discovery(extra)
         self.config_path.write_text(
             f'[daemon]\nstate_dir = "{self.state}"\nstatus_interval = "1s"\n'
             f'[exporter]\nport = {self.port}\n[cache]\ndirs = ["{self.caches}"]\n'  # never the machine's own caches
@@ -283,6 +281,12 @@ def driver_record(text: str, device: str | None = TEST_GPU, level: int = 3) -> s
             raise ValueError(f"refusing a plausible real GPU address in a test's kernel line: {text!r}")
     meta = f" SUBSYSTEM=pci\n DEVICE=+pci:{device}\n" if device else ""
     return f"{level},{next(_SEQ)},{time.monotonic_ns() // 1000},-;{text}\n{meta}"
+
+
+def quiet_discovery(extra: str) -> str:
+    """Discovery sees every engine-like server on the host, other tests' too (they run side by side): a test's
+    daemon discovers only where its test asks for it ([engines]); one with an [[engine]] never does."""
+    return "" if "[engines]" in extra or "[[engine]]" in extra else "[engines]\ndiscover = false\n"
 
 
 class Receiver:

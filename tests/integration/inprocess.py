@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from helpers import quiet_discovery
+
 from gpuwarden.config.settings import parse
 from gpuwarden.daemon import Daemon
 from gpuwarden.runtime.sdnotify import Notifier
@@ -14,7 +16,7 @@ from gpuwarden.runtime.sdnotify import Notifier
 
 def daemon_in(tmp_path, extra: str = "", exporter_port: int | None = None) -> Daemon:
     exporter = f'listen = "127.0.0.1"\nport = {exporter_port}' if exporter_port else "enabled = false"
-    config = parse(f'[daemon]\nstate_dir = "{tmp_path}"\n{extra}\n[exporter]\n{exporter}\n')
+    config = parse(f'[daemon]\nstate_dir = "{tmp_path}"\n{extra}\n[exporter]\n{exporter}\n{quiet_discovery(extra)}')
     return Daemon(config, None, Notifier({}))
 
 
