@@ -134,10 +134,14 @@ def test_a_stopped_vllm_engine_core_or_worker_is_a_stall_and_the_whole_tree_goes
     stall = events(d, {"engine_stall"})[0]
     figures = stall["evidence"]["figures"]
     assert figures["running"] >= 1 and figures["threshold_seconds"] == MIN_STALL
-    assert "killed engine" in events(d, {"engine_killed"})[0]["message"]
+    killed = events(d, {"engine_killed"})[0]
+    assert "killed engine" in killed["message"]
     print(f"vLLM {title} stopped: stall onset to tree gone {took:.1f} s (threshold {MIN_STALL} s + scrape "
-          f"{INTERVAL} s)")
-    assert took <= MIN_STALL + INTERVAL + GRACE  # it never waited out the grace for the stopped process
+          f"{INTERVAL} s); {killed['message']}")
+    # the stopped process, continued, acted on SIGTERM: the kill never waited on it
+    assert any(name.split(" ", 1)[1].startswith(title[:15]) for name in killed["evidence"]["terminated"]), killed
+    # the API server may spin a core through the whole grace in its shutdown (6.6 s measured), then take SIGKILL
+    assert took <= MIN_STALL + INTERVAL + GRACE + 2
 
 
 def test_a_stopped_vllm_api_server_is_unresponsive_and_killed_as_configured(servers, daemon_factory):
