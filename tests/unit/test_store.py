@@ -319,3 +319,25 @@ def test_the_spool_reads_back_what_it_holds_across_its_read_blocks(tmp_path):
     reopened.clear()
     assert reopened.read() == []
     reopened.close()
+
+
+def test_two_openers_of_a_new_store_at_once_both_open_it(tmp_path):
+    """The daemon makes its store while `gpuwarden events` opens it (a test polls events as the daemon starts):
+    both read schema version 0 and both ran the first migration; the second failed ("table ... already exists")."""
+    import threading
+
+    def open_it(path, start, errors):
+        start.wait()
+        try:
+            Store(path).close()
+        except Exception as exc:
+            errors.append(exc)
+
+    for round_ in range(20):
+        path, start, errors = tmp_path / f"{round_}.db", threading.Barrier(2), []
+        threads = [threading.Thread(target=open_it, args=(path, start, errors)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors

@@ -162,6 +162,32 @@ class StoreError(Exception):
 log = logging.getLogger(__name__)
 
 
+def _to_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """WAL mode. Switching a new store's journal mode while another opener (the daemon starting as `gpuwarden
+    events` opens it) is in its first transaction is refused at once, not waited for by the busy handler: tried
+    again until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _statements(script: str) -> list[str]:
+    """A migration's statements, one by one (sqlite3.complete_statement finds where each ends)."""
+    out, part = [], ""
+    for line in script.splitlines(keepends=True):
+        part += line
+        if sqlite3.complete_statement(part):
+            out.append(part)
+            part = ""
+    return [*out, part] if part.strip() else out
+
+
 class Store:
     def __init__(self, path: Path, timeout: float = 5.0) -> None:
         self.path = path
@@ -169,7 +195,7 @@ class Store:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _private(path)
             self._db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            _to_wal(self._db, timeout)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
@@ -184,7 +210,12 @@ class Store:
             raise StoreError(f"{self.path}: schema version {version} was written by a newer gpuwarden")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self._transaction():
-                self._db.executescript(_MIGRATIONS[target])
+                # read again under the write lock: another opener (the daemon starting while `gpuwarden events`
+                # opens its store) may have made this step since, and running it twice fails ("already exists")
+                if self._db.execute("PRAGMA user_version").fetchone()[0] >= target:
+                    continue
+                for statement in _statements(_MIGRATIONS[target]):  # not executescript: it commits first
+                    self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={target}")
 
     def _transaction(self) -> sqlite3.Connection:
