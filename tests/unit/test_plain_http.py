@@ -4,6 +4,8 @@ held by Plain itself, against real loopback servers that answer each connection 
 import asyncio
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -222,3 +224,117 @@ def test_discoverys_probe_reads_the_status_alone_within_its_deadline(raw, monkey
     assert discovery._answers(endless.url) is True
     monkeypatch.setattr(discovery, "_PROBE_TIMEOUT", 1.0)
     assert discovery._answers(dripping.url) is False
+
+
+# --- a hostile answer: whatever its bytes, a ScrapeError (anything else ended the engines' watch, every engine's) ---
+
+@pytest.mark.parametrize("length", [b"\xb2", b"1" * 5000])  # '²' is a digit to isdigit(), not to int()
+def test_a_content_length_that_is_not_a_number_is_an_error_not_a_crash(raw, length):
+    server = raw(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\n" + BODY)
+    error = failure(server.url)
+    assert error.reason == "http" and "Content-Length" in str(error)
+
+
+def test_a_status_that_is_not_ascii_digits_is_an_error_not_a_crash(raw):
+    server = raw(lambda n: b"HTTP/1.1 \xb200 OK\r\nContent-Length: 0\r\n\r\n")
+    error = failure(server.url)
+    assert error.reason == "http" and "not an HTTP/1 answer" in str(error)
+
+
+def test_a_trailer_line_over_the_cap_is_an_error_not_a_crash(raw):
+    server = raw(lambda n: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: "
+                 + b"y" * HEAD_BYTES + b"\r\n\r\n")
+    error = failure(server.url)
+    assert error.reason == "too_large" and "trailers" in str(error)
+
+
+def test_a_body_of_countless_tiny_chunks_is_refused(raw):
+    """Each chunk is a few reads on the loop, none of which yields while the bytes are there: a fake engine's
+    million one-byte chunks would hold the loop for its whole timeout at each scrape."""
+    server = raw(lambda n: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 + b"1\r\nx\r\n" * (scraper.MAX_CHUNKS + 1) + b"0\r\n\r\n")
+    error = failure(server.url)
+    assert error.reason == "too_large" and f"more than {scraper.MAX_CHUNKS} chunks" in str(error)
+
+
+def test_a_body_of_as_many_chunks_as_allowed_is_read(raw):
+    server = raw(lambda n: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 + b"1\r\nx\r\n" * scraper.MAX_CHUNKS + b"0\r\n\r\n")
+    assert get(server.url) == [b"x" * scraper.MAX_CHUNKS]
+
+
+def test_a_lost_kept_connection_is_replaced_only_with_the_callers_word(raw):
+    """The watch proves the address the engine's before each scrape, not before a connection made within one: the
+    engine killed while a scrape waited on it, a squatter that took its port would get the request (and the URL's
+    credentials) by the reconnect."""
+    server = raw(lambda n: ok() if n == 1 else None)  # the second request: the connection closed unanswered
+    asked = []
+
+    async def run():
+        client = Plain(server.url, 10.0)
+        client.may_reconnect = lambda: asked.append(1) is not None  # no longer the engine's (append gives None)
+        try:
+            assert await client.get(1 << 20) == BODY  # a new connection: the caller's check came just before
+            with pytest.raises(ScrapeError) as caught:
+                await client.get(1 << 20)
+            return caught.value
+        finally:
+            await client.aclose()
+    error = asyncio.run(run())
+    assert error.reason == "refused" and "no longer proven the engine's" in str(error)
+    assert asked == [1] and server.connections == 1
+
+
+def test_an_error_answer_leaves_nothing_for_the_next_scrape_to_read(raw):
+    """A 404 with a body, then a 200: the next scrape reads its own answer, not the rest of the last one."""
+    server = raw(lambda n: b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope\n" if n == 1 else ok())
+
+    async def run():
+        client = Plain(server.url, 10.0)
+        try:
+            with pytest.raises(ScrapeError):
+                await client.get(1 << 20)
+            return await client.get(1 << 20)
+        finally:
+            await client.aclose()
+    assert asyncio.run(run()) == BODY
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'[{"id":0,"id_task":1,"n_past":1e400}]',
+                                  b'[{"id":0,"id_task":1,"n_past":1' + b"0" * 400 + b"}]"])
+def test_a_hostile_slots_body_is_unparsable_not_a_crash(raw, body):
+    from gpuwarden.engine.slots import SlotsScraper
+
+    server = raw(lambda n: ok(body))
+
+    async def run():
+        slots = SlotsScraper(server.url.removesuffix("/metrics"), 10.0)
+        try:
+            await slots.scrape()
+        finally:
+            await slots.close()
+    with pytest.raises(ScrapeError) as caught:
+        asyncio.run(run())
+    assert caught.value.reason == "unparsable"
+
+
+def test_slots_no_longer_answered_are_forgotten():
+    """A /slots answer of new slot ids each time: remembered for ever, 40-60 MB more each scrape of 8 MiB."""
+    from gpuwarden.engine.slots import SlotsProgress
+
+    progress = SlotsProgress()
+    for n in range(50):
+        progress.sample([{"id": n * 1000 + i, "id_task": 1, "n_past": 1} for i in range(1000)])
+    assert len(progress._seen) == 1000
+    assert progress.total == 50 * 1000  # each new slot's tokens counted once
+
+
+def test_a_long_malformed_metrics_line_is_refused_in_one_pass():
+    """A name and a value that could split one run of letters every way: with backtracking, a failed match tried
+    every split, seconds for a line of 100,000 letters with the GIL held. In a child, with a deadline: a regression
+    must fail the test, not hang the run."""
+    code = ("from gpuwarden.engine import scraper\n"
+            "try:\n    scraper._parse(b'vllm:num_requests_running' + b'a' * 100_000 + b' 1 2 3\\n', 'vllm')\n"
+            "except scraper.ScrapeError as e:\n    print(e.reason)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "unparsable", done.stderr[-2000:]

@@ -90,9 +90,11 @@ def _timing(values: dict[str, float], timings: tuple[Timing, ...]) -> tuple[floa
 
 
 # a sample line: its name, labels (a quoted value may hold anything escaped), value, then maybe a timestamp and an
-# exemplar (what prometheus_client's parser accepts); only the lines of the names wanted reach it
-_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]*([^ \t]+)'
-                     r'(?:[ \t]+[^ \t#]+)?(?:[ \t]+#.*)?[ \t]*')
+# exemplar (what prometheus_client's parser accepts); only the lines of the names wanted reach it. Possessive: a
+# malformed line fails in one pass (with backtracking, a name and a value could split one run of letters every way:
+# seconds of a line of 100,000 letters, with the GIL held, off the loop or not)
+_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*+)[ \t]*+(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*+")*+\})?+[ \t]*+([^ \t]++)'
+                     r'(?:[ \t]++[^ \t#]++)?+(?:[ \t]++#.*)?+[ \t]*+')
 
 
 def _values(text: str, wanted: set[str]) -> dict[str, float]:

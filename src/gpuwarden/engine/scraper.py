@@ -16,6 +16,7 @@ import os
 import re
 import ssl
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
@@ -56,6 +57,11 @@ class Scraper:
             raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None
         except Busy as exc:
             raise ScrapeError("timeout", str(exc)) from None
+
+    def reconnect_only_if(self, check: Callable[[], bool]) -> None:
+        """See Plain.may_reconnect (https:// is verified by its certificate instead)."""
+        if isinstance(self._client, Plain):
+            self._client.may_reconnect = check
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -160,6 +166,9 @@ async def fetch(http: Plain | httpx.AsyncClient, url: str, max_bytes: int, what:
 HEAD_BYTES = 16 << 10  # the status line and headers of an answer, as h11 (httpx) bounds them; also trailers
 CONNECT_S = 2.0  # at most, for the connection (as httpx's connect timeout was)
 _HEX = b"0123456789abcdefABCDEF"
+_LENGTH = re.compile(r"[0-9]{1,19}")
+_STATUS = re.compile(r"[0-9]{3}")
+MAX_CHUNKS = 4096  # chunks of one body: a server sends a few large ones; a million of a byte each is CPU for nothing
 _PCHARS = "%:@!$&'()*+,;=-._~"  # kept as they are in a path or query (RFC 3986); other bytes %-encoded, as by httpx
 
 
@@ -175,7 +184,10 @@ class Plain:
     - a body shorter than its Content-Length, a bad chunk, a server that closes before answering: errors (http),
       never a short body taken;
     - any status but 200 is an error (http), a redirect too: not followed, as httpx (follow_redirects off) did not.
-    A kept connection the server closed while idle (its keep-alive timeout) is replaced once by a new one.
+    A kept connection the server closed while idle (its keep-alive timeout) is replaced once by a new one, if
+    `may_reconnect` allows: the caller proved the address the engine's before the get, not before a connection
+    made within it (the engine killed while a scrape waited on it, a squatter on its port by the reconnect).
+    Whatever the answer's bytes, a failure is a ScrapeError: no other exception reaches the caller.
     """
 
     def __init__(self, url: str, timeout: float) -> None:
@@ -192,6 +204,7 @@ class Plain:
             lines.append(f"Authorization: Basic {base64.b64encode(secret).decode()}")
         self._request = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
         self._kept: tuple[asyncio.AbstractEventLoop, asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.may_reconnect: Callable[[], bool] = lambda: True
 
     async def get(self, max_bytes: int, what: str = "") -> bytearray:
         try:
@@ -204,6 +217,8 @@ class Plain:
                     raise
         except TimeoutError:
             raise ScrapeError("timeout", f"{what}no whole answer within {self.timeout:g} s") from None
+        except (ValueError, asyncio.LimitOverrunError, OSError) as exc:  # what a hostile answer could still raise
+            raise ScrapeError("http", f"{what}{type(exc).__name__}: {str(exc)[:200]}") from None
         if keep:  # one kept connection (two gets at once each took their own: the other one is closed)
             kept, self._kept = self._kept, (asyncio.get_running_loop(), reader, writer)
             writer = kept[2] if kept else None
@@ -227,7 +242,10 @@ class Plain:
                 kept[2].transport.abort()
                 if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
                     raise _closed(what, exc) from None
-                # closed while idle, before a byte of the answer: a new connection below
+                # closed while idle, before a byte of the answer: a new connection below, if still the engine's
+                if not self.may_reconnect():
+                    raise ScrapeError("refused", f"{what}the kept connection closed, and the address is no longer "
+                                                 "proven the engine's: not connected again") from None
             except BaseException:
                 kept[2].transport.abort()
                 raise
@@ -259,7 +277,7 @@ class Plain:
             raise ScrapeError("too_large", f"{what}status line and headers larger than {HEAD_BYTES} bytes") from None
         status, *lines = head[:-4].decode("latin-1").split("\r\n")
         version, _, rest = status.partition(" ")
-        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+        if not version.startswith("HTTP/1.") or _STATUS.fullmatch(rest[:3]) is None:
             raise ScrapeError("http", f"{what}not an HTTP/1 answer: {status[:80]!r}")
         headers = {":status": rest[:3], ":version": version}
         for line in lines:
@@ -288,7 +306,7 @@ async def _body(reader: asyncio.StreamReader, head: dict[str, str], max_bytes: i
         if "chunked" in head.get("transfer-encoding", "").lower():
             return await _chunks(reader, max_bytes, what), keep
         if (length := head.get("content-length")) is not None:
-            if not length.isdigit():
+            if _LENGTH.fullmatch(length) is None:  # ASCII digits only: '²' is a digit to isdigit(), not to int()
                 raise ScrapeError("http", f"{what}a Content-Length of {length[:40]!r}")
             if int(length) > max_bytes:
                 raise ScrapeError("too_large", f"{what}body larger than {max_bytes} bytes")
@@ -305,7 +323,7 @@ async def _body(reader: asyncio.StreamReader, head: dict[str, str], max_bytes: i
 
 async def _chunks(reader: asyncio.StreamReader, max_bytes: int, what: str) -> bytearray:
     body = bytearray()
-    while True:
+    for _ in range(MAX_CHUNKS + 1):
         try:
             line = await reader.readuntil(b"\r\n")
         except asyncio.LimitOverrunError:
@@ -320,10 +338,15 @@ async def _chunks(reader: asyncio.StreamReader, max_bytes: int, what: str) -> by
         body += await reader.readexactly(n)
         if await reader.readexactly(2) != b"\r\n":
             raise ScrapeError("http", f"{what}a chunk longer than its size")
+    else:
+        raise ScrapeError("too_large", f"{what}a body in more than {MAX_CHUNKS} chunks")
     trailers = 0
-    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
-        if (trailers := trailers + len(line)) > HEAD_BYTES:
-            raise ScrapeError("too_large", f"{what}trailers larger than {HEAD_BYTES} bytes")
+    try:
+        while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+            if (trailers := trailers + len(line)) > HEAD_BYTES:
+                raise ScrapeError("too_large", f"{what}trailers larger than {HEAD_BYTES} bytes")
+    except asyncio.LimitOverrunError:
+        raise ScrapeError("too_large", f"{what}trailers larger than {HEAD_BYTES} bytes") from None
     return body
 
 

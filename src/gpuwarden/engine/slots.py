@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.scraper import ScrapeError, client_for, fetch
+from gpuwarden.engine.scraper import Plain, ScrapeError, client_for, fetch
 
 
 class SlotsProgress:
@@ -26,7 +27,7 @@ class SlotsProgress:
         self.total = 0
 
     def sample(self, slots: list[dict]) -> EngineSample:
-        running = 0
+        running, seen = 0, {}
         for slot in slots:
             running += bool(slot.get("is_processing"))
             if "id_task" not in slot:
@@ -36,7 +37,8 @@ class SlotsProgress:
             tokens = int(prompt or 0) + decoded
             task, before = self._seen.get(slot["id"], (None, 0))
             self.total += tokens - before if task == slot["id_task"] and tokens >= before else tokens
-            self._seen[slot["id"]] = (slot["id_task"], tokens)
+            seen[slot["id"]] = (slot["id_task"], tokens)
+        self._seen = seen  # the slots it answers now (llama.cpp's are fixed): ids never seen again are forgotten
         return EngineSample(profile="llamacpp slots", running=float(running), waiting=None, generated=None,
                             progress=float(self.total), per_step=True, timing=None)
 
@@ -56,8 +58,13 @@ class SlotsScraper:
         try:
             slots = json.loads(body)
             return self.progress.sample(slots)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ScrapeError("unparsable", f"/slots: {exc}") from None
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:
+            raise ScrapeError("unparsable", f"/slots: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+    def reconnect_only_if(self, check: Callable[[], bool]) -> None:
+        """See Plain.may_reconnect."""
+        if isinstance(self._client, Plain):
+            self._client.may_reconnect = check
 
     async def close(self) -> None:
         await self._client.aclose()

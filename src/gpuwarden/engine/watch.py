@@ -316,6 +316,8 @@ class EngineWatch:
         phase = (self._started * 0.6180339887498949) % 1.0 * interval
         self._started += 1
         tick = time.monotonic() + phase  # the stall detector's clock
+        if state.config.source != "log":  # each look proves its address first; a reconnect within a scrape too
+            state.scraper.reconnect_only_if(lambda: self._not_its_socket(state) is None)
         try:
             while True:
                 looked = await self._poll(state)
