@@ -26,7 +26,7 @@ BENCHES = [
     ("kernel_eval.py", ["--figures"], 120),
     ("engine_bench.py", ["--kills", "3"], 300),
     ("engines_bench.py", [], 300),
-    ("telemetry_bench.py", ["--seconds", "30"], 300),
+    ("telemetry_bench.py", ["--seconds", "30"], 480),
     ("target_bench.py", [], 180),
     ("look_bench.py", [], 300),
     ("fire_bench.py", ["--runs", "3"], 420),

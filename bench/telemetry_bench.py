@@ -1,5 +1,5 @@
-"""Telemetry benchmark: one sampling round of 8 GPUs, and the daemon's steady-state CPU and memory with 8 fake
-GPUs read every second and its /metrics scraped every second, side by side with Debian's prometheus-node-exporter
+"""Telemetry benchmark: one sampling round of 8 GPUs, and the daemon's steady-state CPU and memory with 8 (then 32)
+fake GPUs read every second and its /metrics scraped every second, side by side with Debian's prometheus-node-exporter
 reading the same fake tree (`--path.sysfs`, hwmon and drm collectors) scraped every second: the same work for
 Prometheus, both at once, measured over the same windows, so each window's ratio compares the two under one moment
 of a shared, noisy machine.
@@ -161,6 +161,46 @@ def stopped(*processes: subprocess.Popen) -> None:
         process.wait(10)
 
 
+def side_by_side(tmp: Path, sysfs: Path, args: argparse.Namespace) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Two daemons on `sysfs` (exporter on, as by default; one scraped every second, one not) and node-exporter on
+    the same tree, scraped every second, all at once: each window's CPU of each ("reads", "scraped", "node"), and
+    their RSS at the end ("node" absent where node-exporter is not installed)."""
+    exporter, ports = shutil.which("prometheus-node-exporter"), {"reads": free_port(), "scraped": free_port()}
+    procs = {name: daemon(tmp, sysfs, f"{sysfs.name}-{name}", port) for name, port in ports.items()}
+    scrapes = [f"http://127.0.0.1:{ports['scraped']}/metrics"]
+    try:
+        if exporter:
+            port = free_port()
+            procs["node"] = subprocess.Popen([exporter, f"--path.sysfs={sysfs}", "--collector.disable-defaults",
+                                              "--collector.hwmon", "--collector.drm",
+                                              f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+            scrapes.append(f"http://127.0.0.1:{port}/metrics")
+        side = windows({name: p.pid for name, p in procs.items()}, args.windows, args.seconds, scrapes,
+                       not args.new_connections)
+        return side, {name: rss_mb(p.pid) for name, p in procs.items()}
+    finally:
+        stopped(*procs.values())
+
+
+def ratio_figure(what: str, name: str, side: list[dict[str, float]], rss: dict[str, float], how: str, goal: float,
+                 gpus: int) -> None:
+    """`what`'s figure: the median window's CPU of daemon `name`, judged by that window's own ratio to
+    node-exporter's (the median of node-exporter's over every window would mix two windows: 0.265 % in one at
+    0.40x read as met)."""
+    if "node" not in rss:
+        figure(what, statistics.median(w[name] for w in side), "% of a core",
+               "node-exporter not installed: not compared", f"≤ {goal}× node-exporter's (issue 40)", None)
+        return
+    ratios = sorted((w[name] / w["node"], w[name]) for w in side)
+    ratio, cpu = ratios[(len(ratios) - 1) // 2]  # the median window (the lower one of an even count)
+    node_cpu = statistics.median(w["node"] for w in side)
+    figure(what, cpu, "% of a core",
+           f"node-exporter on the same {gpus} GPUs, scraped every 1 s ({how}): {node_cpu:.2f} % of a core (median), "
+           f"{rss['node']:.1f} MB; the median window's ratio {ratio:.2f}, the {len(side)} windows' "
+           f"{', '.join(f'{r:.2f}' for r, _ in ratios)}, measured at once ({load()})",
+           f"≤ {goal}× node-exporter's (issue 40)", ratio <= goal)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30, help="each window's length")
@@ -168,28 +208,15 @@ def main() -> None:
     parser.add_argument("--new-connections", action="store_true",
                         help="a new connection each scrape (urllib), not one kept connection each as Prometheus keeps")
     args = parser.parse_args()
+    how = "a new connection each scrape" if args.new_connections else "over kept connections, as Prometheus scrapes"
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = build(Path(tmp) / "sys", {f"0000:{0x10 + i * 0x10:02x}:00.0": card for i, card in enumerate(CARDS)})
         cpu_ms, wall_ms = round_cost(sysfs)
         print("## One sampling round, 8 fake GPUs (median of 200)\n")
         print(f"| CPU ms | wall ms |\n|---:|---:|\n| {cpu_ms:.2f} | {wall_ms:.2f} |\n")
-
-        # two daemons (exporter on, as by default; one scraped every second, one not) and node-exporter, at once
-        exporter, ports = shutil.which("prometheus-node-exporter"), {"reads": free_port(), "scraped": free_port()}
-        procs = {name: daemon(Path(tmp), sysfs, name, port) for name, port in ports.items()}
-        scrapes = [f"http://127.0.0.1:{ports['scraped']}/metrics"]
-        try:
-            if exporter:
-                port = free_port()
-                procs["node"] = subprocess.Popen([exporter, f"--path.sysfs={sysfs}", "--collector.disable-defaults",
-                                                  "--collector.hwmon", "--collector.drm",
-                                                  f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
-                scrapes.append(f"http://127.0.0.1:{port}/metrics")
-            side = windows({name: p.pid for name, p in procs.items()}, args.windows, args.seconds, scrapes,
-                           not args.new_connections)
-            rss = {name: rss_mb(p.pid) for name, p in procs.items()}
-        finally:
-            stopped(*procs.values())
+        side, rss = side_by_side(Path(tmp), sysfs, args)
+        many = build(Path(tmp) / "sys32", {f"0000:{0x10 + i:02x}:00.0": CARDS[i % len(CARDS)] for i in range(32)})
+        side32, rss32 = side_by_side(Path(tmp), many, args)
         bare_port = free_port()
         bare = daemon(Path(tmp), Path(tmp) / "no-sys", "bare", bare_port)
         try:
@@ -198,19 +225,23 @@ def main() -> None:
         finally:
             stopped(bare)
 
-        node = "node" in procs
+        node = "node" in rss
         # the RSS read after `took` s, plus what the recorder still grows by to its whole window (linear in time)
         window, took = GpuConfig().recorder_window, 3 + args.windows * args.seconds
         full, add_us, history_ms = recorder_mb(sysfs, int(window))
         steady = rss["reads"] + full * max(0.0, 1 - took / window)
-        how = "a new connection each scrape" if args.new_connections else "over kept connections, as Prometheus scrapes"
-        print(f"## Side by side, {args.windows} windows of {args.seconds:.0f} s, all at once, {how} ({load()})\n")
-        print("| window | gpuwarden run, 8 GPUs read every 1 s: CPU % of one core | the same, its /metrics scraped "
-              "every 1 s | node-exporter, hwmon + drm, scraped every 1 s | ratios |\n|---:|---:|---:|---:|---:|")
-        for i, w in enumerate(side, 1):
-            ratios = f"{w['reads'] / w['node']:.2f}, {w['scraped'] / w['node']:.2f}" if node else "—"
-            print(f"| {i} | {w['reads']:.3f} | {w['scraped']:.3f} | {w.get('node', float('nan')):.3f} | {ratios} |")
-        print("\n| process | CPU % of one core, median | RSS MB |\n|---|---:|---:|")
+        for gpus, windows_of in ((8, side), (32, side32)):
+            print(f"## {gpus} GPUs side by side, {args.windows} windows of {args.seconds:.0f} s, all at once, {how} "
+                  f"({load()})\n")
+            print(f"| window | gpuwarden run, {gpus} GPUs read every 1 s: CPU % of one core | the same, its /metrics "
+                  "scraped every 1 s | node-exporter, hwmon + drm, scraped every 1 s | ratios |\n"
+                  "|---:|---:|---:|---:|---:|")
+            for i, w in enumerate(windows_of, 1):
+                ratios = f"{w['reads'] / w['node']:.2f}, {w['scraped'] / w['node']:.2f}" if node else "—"
+                print(f"| {i} | {w['reads']:.3f} | {w['scraped']:.3f} | {w.get('node', float('nan')):.3f} | "
+                      f"{ratios} |")
+            print()
+        print("| process | CPU % of one core, median | RSS MB |\n|---|---:|---:|")
         print(f"| gpuwarden run (8 GPUs read every 1 s, rules, recorder, exporter on; kernel and engine watch idle) | "
               f"{statistics.median(w['reads'] for w in side):.3f} | {rss['reads']:.1f} |")
         print(f"| the same, its /metrics scraped every 1 s | {statistics.median(w['scraped'] for w in side):.3f} | "
@@ -223,22 +254,11 @@ def main() -> None:
               f"{full * 1e6 / window / 8:.0f} B a sample, add() {add_us:.1f} µs, one GPU's history() "
               f"{history_ms:.1f} ms) | | {full:.1f} |")
 
-        for name, what in (("reads", "8 GPUs read every 1 s: CPU"),
-                           ("scraped", "8 GPUs read every 1 s, its /metrics scraped every 1 s: CPU")):
-            if node:
-                ratios = sorted((w[name] / w["node"], w[name]) for w in side)
-                ratio, cpu = ratios[(len(ratios) - 1) // 2]  # the median window (the lower one of an even count)
-                node_cpu = statistics.median(w["node"] for w in side)
-                alternative = (f"node-exporter scraped every 1 s ({how}): {node_cpu:.2f} % of a core (median), "
-                               f"{rss['node']:.1f} MB; the median window's ratio {ratio:.2f}, the {len(side)} "
-                               f"windows' {', '.join(f'{r:.2f}' for r, _ in ratios)}, measured at once ({load()})")
-            else:
-                cpu, ratio = statistics.median(w[name] for w in side), None
-                alternative = "node-exporter not installed: not compared"
-            # judged on the median window's own ratio: its CPU against the median of node-exporter's over every
-            # window mixed two windows (0.265 % in one at 0.40x read as met)
-            figure(what, cpu, "% of a core", alternative, "≤ 0.3× node-exporter's (issue 40)",
-                   ratio <= 0.3 if ratio is not None else None)
+        ratio_figure("8 GPUs read every 1 s: CPU", "reads", side, rss, how, 0.3, 8)
+        ratio_figure("8 GPUs read every 1 s, its /metrics scraped every 1 s: CPU", "scraped", side, rss, how, 0.3, 8)
+        ratio_figure("32 GPUs read every 1 s: CPU", "reads", side32, rss32, how, 0.25, 32)
+        ratio_figure("32 GPUs read every 1 s, its /metrics scraped every 1 s: CPU", "scraped", side32, rss32, how,
+                     0.25, 32)
         figure("8 GPUs read every 1 s: RSS, recorder full", steady, "MB",
                f"{rss['reads']:.1f} MB read after {took:.0f} s, and the flight recorder's growth to its {window:.0f} "
                f"s window ({full:.1f} MB when full); node-exporter {rss.get('node', float('nan')):.1f} MB; before "
