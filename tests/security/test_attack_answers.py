@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import GPUWARDEN, free_port, wait_for
 
+from gpuwarden.runtime import sockets
+
 pytestmark = pytest.mark.root
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -201,13 +203,8 @@ def test_a_user_asking_on_every_connection_the_exporter_allows_does_not_keep_pro
 
 def _served(pid: int, port: int) -> int:
     """How many established TCP connections to local `port` process `pid` holds a descriptor of."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for row in list(f)[1:]:
-                fields = row.split()  # local address (hex ip:port), remote, state (01: established), ..., inode
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    inodes.add(f"socket:[{fields[9]}]")
+    inodes = {f"socket:[{fields[9]}]" for fields in sockets._rows(Path("/proc/net"), port)  # the kernel's tables
+              if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01"}  # local port, established
     held = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):  # closed meanwhile
