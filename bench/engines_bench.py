@@ -50,7 +50,7 @@ def watching(tmp: Path, engines: list[FakeEngine]) -> Daemon:
     sections = "".join(f'[[engine]]\nname = "e{i}"\nmetrics_url = "{e.url}"\nscrape_interval = "5s"\n'
                        for i, e in enumerate(engines))
     tmp.mkdir()
-    return Daemon(tmp, sections).start()
+    return Daemon(tmp, sections, status_interval=None).start()  # its default status interval (30 s), not a test's 1 s
 
 
 def main() -> None:

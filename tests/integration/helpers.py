@@ -169,8 +169,11 @@ class NotifySocket:
 class Daemon:
     """`gpuwarden run` as a child process with its own config, state dir and exporter port."""
 
-    def __init__(self, tmp: Path, config: str = "", env: dict | None = None, kernel: str | None = None) -> None:
+    def __init__(self, tmp: Path, config: str = "", env: dict | None = None, kernel: str | None = None,
+                 status_interval: str | None = "1s") -> None:
+        """`status_interval`: the daemon's (1 s: a test sees its STATUS soon); None, its default (a bench)."""
         self.tmp = tmp
+        self.status_interval = status_interval
         self.port = free_port()
         self.state = tmp / "state"
         self.config_path = tmp / "gpuwarden.toml"
@@ -188,8 +191,9 @@ class Daemon:
             self._kernel = kernel
         quiet = quiet_discovery(extra)
         self.config_path.write_text(
-            f'[daemon]\nstate_dir = "{self.state}"\nstatus_interval = "1s"\n'
-            f'[exporter]\nport = {self.port}\n[cache]\ndirs = ["{self.caches}"]\n'  # never the machine's own caches
+            f'[daemon]\nstate_dir = "{self.state}"\n'
+            + (f'status_interval = "{self.status_interval}"\n' if self.status_interval else "")
+            + f'[exporter]\nport = {self.port}\n[cache]\ndirs = ["{self.caches}"]\n'  # never the machine's own caches
             f'[kernel]\n{self._kernel}\n{extra}\n{quiet}')
 
     def start(self, *prefix: str) -> Daemon:

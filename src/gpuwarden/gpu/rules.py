@@ -118,24 +118,48 @@ class TelemetryRules:
             yield "power:host:psu", Event("power", W, f"all GPUs together draw {total:.0f} W, above the PSU "
                                           f"guard {c.psu_guard_watts:.0f} W", now,
                                           evidence={"figures": {"total_watts": total}})
-        for a, b in combinations(sorted(ok, key=lambda s: s.gpu), 2):
-            if not a.model or a.model != b.model:
+        models: dict[str, list[GpuSample]] = {}
+        for s in ok:
+            if s.model:
+                models.setdefault(s.model, []).append(s)
+        found = []  # told in the order of the pairs' GPUs, models mixed, as ever
+        for group in models.values():
+            if self._alike(group):  # no two of the model differ: no pair to compare (32 GPUs were 496 pairs)
                 continue
-            differences = []
-            if a.power_cap_watts and b.power_cap_watts and \
-                    abs(a.power_cap_watts - b.power_cap_watts) > c.asymmetry_power_cap_watts:
-                differences.append(f"power caps {a.power_cap_watts:.0f} W vs {b.power_cap_watts:.0f} W")
-            if a.overdrive != b.overdrive:
-                differences.append("overdrive settings differ")
-            both_busy = all(s.busy_ratio is not None and s.busy_ratio >= c.busy_ratio for s in (a, b))
-            if both_busy and a.sclk_hz and b.sclk_hz and \
-                    abs(a.sclk_hz - b.sclk_hz) / max(a.sclk_hz, b.sclk_hz) > c.asymmetry_clock_ratio:
-                differences.append(f"clocks under load {a.sclk_hz / 1e6:.0f} vs {b.sclk_hz / 1e6:.0f} MHz")
-            if differences:
-                yield f"config_asymmetry:{a.gpu}:{b.gpu}", Event(
-                    "config_asymmetry", W, f"{a.model} GPUs {a.gpu} and {b.gpu} differ: {'; '.join(differences)} "
-                    "(a setting written to both may have reached only one)", now,
-                    evidence={"gpus": [a.gpu, b.gpu], "differences": differences})
+            for a, b in combinations(sorted(group, key=lambda s: s.gpu), 2):
+                differences = []
+                if a.power_cap_watts and b.power_cap_watts and \
+                        abs(a.power_cap_watts - b.power_cap_watts) > c.asymmetry_power_cap_watts:
+                    differences.append(f"power caps {a.power_cap_watts:.0f} W vs {b.power_cap_watts:.0f} W")
+                if a.overdrive != b.overdrive:
+                    differences.append("overdrive settings differ")
+                if self._busy(a) and self._busy(b) and a.sclk_hz and b.sclk_hz and \
+                        abs(a.sclk_hz - b.sclk_hz) / max(a.sclk_hz, b.sclk_hz) > c.asymmetry_clock_ratio:
+                    differences.append(f"clocks under load {a.sclk_hz / 1e6:.0f} vs {b.sclk_hz / 1e6:.0f} MHz")
+                if differences:
+                    found.append(((a.gpu, b.gpu), Event(
+                        "config_asymmetry", W, f"{a.model} GPUs {a.gpu} and {b.gpu} differ: "
+                        f"{'; '.join(differences)} (a setting written to both may have reached only one)", now,
+                        evidence={"gpus": [a.gpu, b.gpu], "differences": differences})))
+        for (a, b), event in sorted(found, key=lambda pair: pair[0]):
+            yield f"config_asymmetry:{a}:{b}", event
+
+    def _busy(self, s: GpuSample) -> bool:
+        return s.busy_ratio is not None and s.busy_ratio >= self.c.busy_ratio
+
+    def _alike(self, group: list[GpuSample]) -> bool:
+        """Whether no pair of the group differs as _host compares them, told from the group's extremes: the
+        widest gap between two caps is the largest less the smallest; and the relative gap (b - a) / b of two
+        clocks a <= b is at most (max - min) / max, as (x - min) / x grows with x."""
+        c = self.c
+        caps = [s.power_cap_watts for s in group if s.power_cap_watts]
+        if caps and max(caps) - min(caps) > c.asymmetry_power_cap_watts:
+            return False
+        first = group[0].overdrive
+        if any(s.overdrive != first for s in group):
+            return False
+        clocks = [s.sclk_hz for s in group if s.sclk_hz and self._busy(s)]
+        return not clocks or (max(clocks) - min(clocks)) / max(clocks) <= c.asymmetry_clock_ratio
 
     @staticmethod
     def _event(kind: str, severity: Severity, s: GpuSample, now: float, what: str, figures: dict) -> Event:

@@ -258,29 +258,33 @@ SERIES = {  # family -> (extra label, sample fields that fill it)
 
 
 _SCALE = {"voltage_mv": 1e-3, "pcie_speed_gts": 1e9, "pcie_max_speed_gts": 1e9}  # to base units
+# SERIES flat, as series_of walks it for every sample of every round: (family, extra label value or None, field,
+# scale), in SERIES's order
+_PLAN = [(family, extra, attr, _SCALE.get(attr, 1.0)) for family, (label, fields) in SERIES.items()
+         for extra, attr in (fields.items() if label else [(None, fields)])]
 
 
 def series_of(samples: dict[str, GpuSample]) -> dict[families.Family, dict[tuple[str, ...], float]]:
     """Prometheus series for the latest samples, labelled gpu, vendor, model (and the extra label)."""
     out: dict[families.Family, dict[tuple[str, ...], float]] = {family: {} for family in SERIES}
-    out[families.GPU_TEMPERATURE], out[families.GPU_TEMPERATURE_LIMIT], out[families.GPU_THROTTLE] = {}, {}, {}
+    temperature = out[families.GPU_TEMPERATURE] = {}
+    limits = out[families.GPU_TEMPERATURE_LIMIT] = {}
+    throttle = out[families.GPU_THROTTLE] = {}
     for s in samples.values():
         base = (s.gpu, s.vendor, s.model or "")
-        for family, (label, fields) in SERIES.items():
-            for extra, attr in (fields.items() if label else [(None, fields)]):
-                value = getattr(s, attr)
-                if value is not None:
-                    scale = _SCALE.get(attr, 1.0)
-                    out[family][(*base, extra) if extra else base] = float(value) * scale
+        for family, extra, attr, scale in _PLAN:
+            if (value := getattr(s, attr)) is not None:
+                out[family][(*base, extra) if extra else base] = float(value) * scale
         for sensor, value in s.temperatures.items():
-            out[families.GPU_TEMPERATURE][(*base, sensor)] = value
-        for sensor, pair in s.temperature_limits.items():
-            for limit, value in zip(("slowdown", "shutdown"), pair, strict=True):
-                if value is not None:
-                    out[families.GPU_TEMPERATURE_LIMIT][(*base, sensor, limit)] = value
+            temperature[(*base, sensor)] = value
+        for sensor, (slowdown, shutdown) in s.temperature_limits.items():
+            if slowdown is not None:
+                limits[(*base, sensor, "slowdown")] = slowdown
+            if shutdown is not None:
+                limits[(*base, sensor, "shutdown")] = shutdown
         known = vendor.throttle_reasons if (vendor := vendors.named(s.vendor)) else ()
         for reason in {*known, *s.throttle}:
-            out[families.GPU_THROTTLE][(*base, reason)] = 1.0 if reason in s.throttle else 0.0
+            throttle[(*base, reason)] = 1.0 if reason in s.throttle else 0.0
     return out
 
 
