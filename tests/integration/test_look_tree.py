@@ -154,6 +154,32 @@ def test_a_kills_look_takes_a_process_that_joined_the_roots_group_outside_its_tr
                 sibling.kill()
 
 
+
+def test_engines_of_one_user_due_together_share_one_read_of_its_processes(monkeypatch):
+    """Each engine's scrape reads every process of its user WIDE_AFTER after its last such read; engines started
+    together come due together, and a read made within SHARED_FOR serves the others (32 docker engines each read
+    every root process within the same seconds). The read's own time is theirs: none of them holds a read older
+    than WIDE_AFTER. A kill's look, or one after its tree changed, reads anew."""
+    reads, real = [], processes._family
+    monkeypatch.setattr(processes, "_family", lambda uid: reads.append(uid) or real(uid))
+    with engine(start_new_session=True) as (first, port1, _), engine(start_new_session=True) as (second, port2, _):
+        looker, one, two = Looker(nvml=False), Tracker(), Tracker()
+        looker._look(config(port1), one)
+        looker._look(config(port2), two)
+        assert len(reads) == 2  # each tracker's first look: roots new to it, read at once
+        processes._families.clear()  # the last read is older than SHARED_FOR
+        one.wide_at -= processes.WIDE_AFTER  # and both are due by the clock
+        two.wide_at -= processes.WIDE_AFTER
+        assert first.pid in pids(looker._look(config(port1), one))
+        assert second.pid in pids(looker._look(config(port2), two))
+        assert len(reads) == 3 and one.wide_at == two.wide_at  # one read served both
+        looker._look(config(port2), two, wide=True)  # a kill's look
+        assert len(reads) == 4
+        monkeypatch.setattr(processes, "WIDE_AFTER", 0.0)  # due at every look: no read is young enough to share
+        looker._look(config(port1), one)
+        looker._look(config(port2), two)
+        assert len(reads) == 6
+
 def test_an_orphan_born_between_two_looks_is_in_the_kills_look():
     """A child the engine forks forks a grandchild and exits between two looks: the grandchild, never seen as
     part of the tree, is re-parented outside it; the kill's look takes it back by the root's process group."""

@@ -40,3 +40,60 @@ def test_the_serving_socket_and_its_holder_are_found_among_the_owners_processes_
         assert holders(inode, os.geteuid(), first=[os.getpid()]) == [os.getpid()]
         assert holders(inode, 65534) == []  # nobody's processes: ours are never read for them
         assert serving_listeners("localhost", port, lookup=False) is None  # a name is not resolved on the loop
+
+
+def _rows(found):
+    return sorted((str(x.address), x.port, x.inode) for x in found)
+
+
+def test_the_kernel_answers_with_the_ports_listeners_alone_both_families_among_many():
+    """The port is asked of the kernel (a sock_diag filter), not picked from every listener of the host: 40 others
+    here, one per engine on a box of many, each parsed by every look was a cost of the engines squared."""
+    others = [listening(socket.AF_INET, "127.0.0.1") for _ in range(40)]
+    try:
+        with listening(socket.AF_INET, "127.0.0.1") as v4:
+            port = v4.getsockname()[1]
+            with socket.socket(socket.AF_INET6) as v6:
+                v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                v6.bind(("::1", port))
+                v6.listen()
+                asked = sockets.listeners(port)
+                assert _rows(asked) == _rows(sockets.listeners(port, proc_net=Path("/proc/self/net"))) == sorted(
+                    [("127.0.0.1", port, os.fstat(v4.fileno()).st_ino), ("::1", port, os.fstat(v6.fileno()).st_ino)])
+        everyone = sockets.listeners()  # no port: every listener, as discovery asks
+        assert {o.getsockname()[1] for o in others} <= {x.port for x in everyone}
+    finally:
+        for o in others:
+            o.close()
+
+
+def test_an_answer_left_unread_on_the_kept_socket_is_not_taken_for_the_next_one():
+    """A thread keeps its netlink socket between asks; an ask cut short (a timeout mid-answer) leaves the rest of
+    its dump queued there, and the kernel refuses another dump on that socket until it is read (EBUSY). The next
+    ask is still this port's listener alone, from /proc/net, never a message of the dump of every listener asked
+    before; the socket is dropped, and the ask after that makes a new one."""
+    with listening(socket.AF_INET, "127.0.0.1") as sock, listening(socket.AF_INET, "127.0.0.1") as other:
+        port, expected = sock.getsockname()[1], [("127.0.0.1", sock.getsockname()[1], os.fstat(sock.fileno()).st_ino)]
+        sockets.listeners(port)  # the thread's socket is made
+        kept = sockets._netlink.socket
+        request = sockets._REQUEST.pack(socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 1 << sockets._TCP_LISTEN)
+        kept.sendall(sockets._HEADER.pack(sockets._HEADER.size + len(request), sockets._SOCK_DIAG_BY_FAMILY,
+                                          sockets._DUMP, 7777, 0) + request)  # every listener, `other` too: unread
+        assert _rows(sockets.listeners(port)) == expected
+        assert sockets._netlink.socket is None and kept.fileno() == -1
+        assert _rows(sockets.listeners(port)) == expected
+        assert sockets._netlink.socket is not None
+        assert other.getsockname()[1] != port
+
+
+def test_a_failed_ask_drops_the_kept_socket_and_the_next_makes_another():
+    with listening(socket.AF_INET, "127.0.0.1") as sock:
+        port = sock.getsockname()[1]
+        sockets.listeners(port)
+        broken = sockets._netlink.socket
+        broken.close()  # its next use fails (OSError): the tables are read from /proc/net instead
+        expected = [("127.0.0.1", port, os.fstat(sock.fileno()).st_ino)]
+        assert _rows(sockets.listeners(port)) == expected
+        assert sockets._netlink.socket is None
+        assert _rows(sockets.listeners(port)) == expected
+        assert sockets._netlink.socket is not None and sockets._netlink.socket is not broken

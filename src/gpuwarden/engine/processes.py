@@ -392,6 +392,9 @@ CPU_WINDOW = 1.0
 # window: one that gets a quarter still reads as a full core.
 QUEUED_PER_RUN = 3.0
 WIDE_AFTER = 30.0  # seconds: a scrape's look reads every process of the engine's user at least this often
+# seconds a read of every process of a user serves the due wide looks of other engines of that user: 32 engines
+# started together came due together every 30 s, each reading every process of root (docker's engines are root's)
+SHARED_FOR = 5.0
 
 
 @dataclass(eq=False, repr=False)
@@ -434,11 +437,13 @@ class Tracker:
         kept = {key: proc for key, proc in self.seen.items()
                 if started.get(key) == reads.started(proc.pid) and ours(proc)}  # a zombie too: not gone yet
         now = time.monotonic()
-        wide = wide or len(kept) < len(self.seen) or any(_key(root) not in self.seen for root in found.roots) \
-            or now - self.wide_at >= WIDE_AFTER or not _CHILDREN
-        family = _family(uid) if wide and found.roots and uid is not None else None
-        if family is not None:
-            self.wide_at = now
+        changed = wide or len(kept) < len(self.seen) or any(_key(root) not in self.seen for root in found.roots) \
+            or not _CHILDREN
+        family = None
+        if found.roots and uid is not None and (changed or now - self.wide_at >= WIDE_AFTER):
+            # only a look due by the clock takes another engine's read of the last SHARED_FOR seconds (its age
+            # counts toward the next: no read is older than WIDE_AFTER); a kill's, or one after a change, reads now
+            self.wide_at, family = _family_read(uid, now, shared=not changed)
         for proc in found.roots:
             add(proc)
             if family is not None:
@@ -500,6 +505,19 @@ def queued_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return total / 1e9
+
+
+_families: dict[int, tuple[float, dict[int, tuple[int, int]]]] = {}  # uid -> its latest _family read, when made
+
+
+def _family_read(uid: int, now: float, shared: bool) -> tuple[float, dict[int, tuple[int, int]]]:
+    """(when it was read, _family(uid)): with `shared`, one read by any tracker in the last SHARED_FOR seconds (and
+    not itself due: younger than WIDE_AFTER)."""
+    if shared and (latest := _families.get(uid)) is not None and now - latest[0] <= SHARED_FOR \
+            and now - latest[0] < WIDE_AFTER:
+        return latest
+    read = _families[uid] = (now, _family(uid))
+    return read
 
 
 def _family(uid: int) -> dict[int, tuple[int, int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+import threading
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -41,12 +42,11 @@ def peer_uid(sock: socket.socket, proc_net: Path = Path("/proc/net")) -> int | N
 def listeners(port: int | None = None, proc_net: Path = Path("/proc/net")) -> list[Listener]:
     """The listening sockets on `port` (every port: None) in the network namespace of `proc_net`. They name no
     process: who holds a socket is found by its inode in /proc/PID/fd. This namespace's are asked of the kernel
-    over netlink (sock_diag, listening sockets only: /proc/net/tcp walks every bucket of the connection table,
-    9 ms a read on a host with 27 sockets); the files are read where netlink cannot answer."""
+    over netlink (sock_diag, listening sockets on `port` only: /proc/net/tcp walks every bucket of the connection
+    table, 9 ms a read on a host with 27 sockets); the files are read where netlink cannot answer."""
     if proc_net == Path("/proc/net"):
         try:
-            with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as nl:
-                return [found for family in (socket.AF_INET, socket.AF_INET6) for found in _diag(nl, family, port)]
+            return _asked(port)
         except OSError:
             pass
     out = []
@@ -64,32 +64,73 @@ _TCP_LISTEN = 10
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _REQUEST = struct.Struct("=BBBBI48x")  # inet_diag_req_v2: family, protocol, ext, pad, states, an empty sockid
 _MESSAGE = struct.Struct("=BBBB2s2s16s16sI8sIIIII")  # inet_diag_msg
+# INET_DIAG_REQ_BYTECODE: the kernel's filter (inet_diag_bc_run), "local port >= P, then <= P", in ops of
+# inet_diag_bc_op (code, yes, no) each followed by one whose `no` holds the port; a test that fails jumps past the
+# end (no = what is left + 4), which rejects the socket. S_GE and S_LE, not S_EQ: those are in every kernel.
+_INET_DIAG_REQ_BYTECODE, _BC_S_GE, _BC_S_LE = 1, 2, 3
+_OP = struct.Struct("=BBH")
+_BYTECODE = struct.Struct("=HH")  # nlattr
+
+
+def _port_filter(port: int) -> bytes:
+    ops = _OP.pack(_BC_S_GE, 8, 20) + _OP.pack(0, 0, port) + _OP.pack(_BC_S_LE, 8, 12) + _OP.pack(0, 0, port)
+    return _BYTECODE.pack(_BYTECODE.size + len(ops), _INET_DIAG_REQ_BYTECODE) + ops
+
+
+class _Kept(socket.socket):
+    """A thread's sock_diag socket, closed when its thread ends (with the thread's locals): not left to the garbage
+    collector's "unclosed socket" warning."""
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_netlink = threading.local()  # .socket: the thread's _Kept, made at its first ask (a look asks twice a scrape)
+
+
+def _asked(port: int | None) -> list[Listener]:
+    """The listeners of both families from the kernel, over this thread's netlink socket (closed and made again
+    after a failed ask, which may have left part of an answer unread)."""
+    if (nl := getattr(_netlink, "socket", None)) is None:
+        nl = _netlink.socket = _Kept(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
+    try:
+        return [found for family in (socket.AF_INET, socket.AF_INET6) for found in _diag(nl, family, port)]
+    except BaseException:
+        _netlink.socket = None
+        nl.close()
+        raise
 
 
 def _diag(nl: socket.socket, family: int, port: int | None = None, timeout: float = 1.0) -> list[Listener]:
     """The TCP sockets of `family` in the LISTEN state (on `port`: every one, None), from the kernel's sock_diag
-    over `nl` (bounded: `timeout` a read). Another port's socket is passed over before its address is made (an
-    engine's look asked this of every listener on the host)."""
+    over `nl` (bounded: `timeout` a read). The kernel passes over another port's sockets (an engine's look asked
+    this of every listener on the host); an answer to an earlier request (another sequence number) is skipped."""
+    _netlink.sequence = sequence = (getattr(_netlink, "sequence", 0) + 1) & 0xFFFFFFFF
     request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
+    if port is not None:
+        request += _port_filter(port)
     out = []
     nl.settimeout(timeout)
-    nl.sendall(_HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _DUMP, 1, 0) + request)
+    nl.sendall(_HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _DUMP, sequence, 0) + request)
     while True:
         data = nl.recv(1 << 16)
         if not data:
             raise OSError("sock_diag: no answer")
         offset = 0
         while offset + _HEADER.size <= len(data):
-            length, kind = _HEADER.unpack_from(data, offset)[:2]
-            if kind == _NLMSG_DONE:
-                return out
-            if kind == _NLMSG_ERROR or length < _HEADER.size:
-                raise OSError("sock_diag: the kernel refused the request")
-            fields = _MESSAGE.unpack_from(data, offset + _HEADER.size)
-            bound, src, uid, inode = int.from_bytes(fields[4], "big"), fields[6], fields[13], fields[14]
-            if inode and (port is None or bound == port):
-                address = ipaddress.ip_address(src[:4] if family == socket.AF_INET else src)
-                out.append(Listener(getattr(address, "ipv4_mapped", None) or address, bound, uid, inode))
+            length, kind, _, seq = _HEADER.unpack_from(data, offset)[:4]
+            if length < _HEADER.size:
+                raise OSError("sock_diag: a malformed answer")
+            if seq == sequence:
+                if kind == _NLMSG_DONE:
+                    return out
+                if kind == _NLMSG_ERROR:
+                    raise OSError("sock_diag: the kernel refused the request")
+                fields = _MESSAGE.unpack_from(data, offset + _HEADER.size)
+                bound, src, uid, inode = int.from_bytes(fields[4], "big"), fields[6], fields[13], fields[14]
+                if inode and (port is None or bound == port):
+                    address = ipaddress.ip_address(src[:4] if family == socket.AF_INET else src)
+                    out.append(Listener(getattr(address, "ipv4_mapped", None) or address, bound, uid, inode))
             offset += (length + 3) & ~3
 
 
