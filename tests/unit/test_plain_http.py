@@ -338,3 +338,28 @@ def test_a_long_malformed_metrics_line_is_refused_in_one_pass():
             "except scraper.ScrapeError as e:\n    print(e.reason)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "unparsable", done.stderr[-2000:]
+
+
+def test_a_large_slots_answer_is_parsed_off_the_loop_a_small_one_on_it(raw, monkeypatch):
+    """/slots is read as /metrics is: a body over OFF_LOOP_BYTES is parsed in a thread (8 MiB of JSON held the loop
+    0.3 s here, and its slots as long again), a small one on the loop, where a thread would cost more than it."""
+    import json
+
+    from gpuwarden.engine.slots import SlotsProgress, SlotsScraper
+
+    threads, real = [], SlotsProgress.sample
+    monkeypatch.setattr(SlotsProgress, "sample", lambda self, slots: threads.append(
+        threading.current_thread() is threading.main_thread()) or real(self, slots))
+    small = json.dumps([{"id": 0, "id_task": 1, "n_past": 7}]).encode()
+    large = json.dumps([{"id": i, "id_task": 1, "n_past": 7} for i in range(12_000)]).encode()
+    assert len(small) <= scraper.OFF_LOOP_BYTES < len(large)
+    server = raw(lambda n: ok(small if n == 1 else large))
+
+    async def run():
+        slots = SlotsScraper(server.url.removesuffix("/metrics"), 10.0)
+        try:
+            return [(await slots.scrape()).progress for _ in range(2)]
+        finally:
+            await slots.close()
+    assert asyncio.run(run()) == [7.0, 12_000 * 7.0]
+    assert threads == [True, False]

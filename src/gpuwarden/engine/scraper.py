@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from gpuwarden.enginekinds.base import EngineKind
 
-_PARSES = OffLoop("metrics parse", limit=32)  # one parse in flight per engine
+PARSES = OffLoop("metrics parse", limit=32)  # one parse in flight per endpoint (/metrics, /slots)
 
 
 class ScrapeError(Exception):
@@ -52,7 +52,7 @@ class Scraper:
                 body = await fetch(self._client, self.url, self.max_bytes)
                 if len(body) <= OFF_LOOP_BYTES:
                     return _parse(body, self.profile)
-                return await _PARSES.run(self.url, self.timeout, _parse, body, self.profile)
+                return await PARSES.run(self.url, self.timeout, _parse, body, self.profile)
         except TimeoutError:
             raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None
         except Busy as exc:
