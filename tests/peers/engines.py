@@ -15,8 +15,10 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -192,9 +194,20 @@ class Vllm(Server):
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "2048",
                 "--max-num-seqs", "16"]
 
+    ipc: Path | None = None  # where its processes' ZeroMQ sockets are made (VLLM_RPC_BASE_PATH)
+
     def env(self) -> dict[str, str]:
+        if self.ipc is None:  # a folder of its own, removed at its stop: in /tmp they stayed (1,823 sockets here)
+            self.ipc = Path(tempfile.mkdtemp(prefix="gw-vllm-"))  # short: a socket's path holds 107 bytes at most
         return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "VLLM_RPC_BASE_PATH": str(self.ipc)}
+
+    def stop(self) -> None:
+        super().stop()
+        if self.ipc is not None:
+            shutil.rmtree(self.ipc, ignore_errors=True)
+            self.ipc = None
 
     def process(self, title: str) -> int:
         """The pid of the process whose name starts with `title` (VLLM::EngineCore, VLLM::Worker)."""
