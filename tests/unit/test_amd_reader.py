@@ -87,3 +87,19 @@ def test_the_asics_own_temperature_limits_are_read(tmp_path):
     sample = AmdReader(tmp_path, "0000:03:00.0").read(1.0)
     assert sample.temperatures == {"edge": 45.0, "junction": 60.0, "mem": 50.0}
     assert sample.temperature_limits == {"edge": (100.0, 105.0), "junction": (110.0, 115.0)}
+
+
+def test_a_name_or_label_that_cannot_be_read_leaves_it_unnamed_not_the_gpu_unread(tmp_path):
+    """The plan reads each folder's listing once, then the few names it needs: a product_name or a sensor's label
+    that cannot be read (here a folder where the file was; amdgpu answers some with an error on some ASICs) gives
+    no model and the sensor's own name, and the rest of the GPU is read. Before, the error ended the read of the
+    GPU, every round."""
+    build(tmp_path, {"0000:03:00.0": "rdna3"})
+    device = tmp_path / "bus/pci/devices/0000:03:00.0"
+    [hw] = device.glob("hwmon/hwmon*")
+    for unreadable in (device / "product_name", hw / "temp2_label"):
+        unreadable.unlink()
+        unreadable.mkdir()
+    s = read(tmp_path, "0000:03:00.0")
+    assert s.state == "ok" and s.model is None and s.power_watts == 272.0
+    assert s.temperatures == {"edge": 54.0, "temp2": 67.0, "mem": 60.0}

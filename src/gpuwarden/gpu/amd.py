@@ -96,18 +96,22 @@ class AmdReader:
             return None
 
     def _plan(self, now: float) -> None:
+        """What a round reads: the files this GPU has, from one listing of its device folder and one of its hwmon
+        folder (an exists() of each file name and a glob of each sensor family were 1 ms a GPU, every minute)."""
         _close_all(self._fds)
         hw = hwmon_dir(self.device)
+        hw_files, device_files = _listing(hw) if hw else set(), _listing(self.device)
         self.numbers = {}
         for field, (name, scale) in _NUMBERS.items():
-            path = self.device / name[1:] if name.startswith("/") else (hw / name if hw else None)
-            if path is not None and path.exists():
-                self.numbers[field] = (str(path), scale)
-        self.labelled = {prefix: self._labels(hw, prefix) for prefix in ("temp", "freq", "in")} if hw else {}
-        self.limits = self._temperature_limits(hw) if hw else {}
-        self.texts = {name: str(self.device / name) for name in _TEXTS if (self.device / name).exists()}
-        product = self.device / "product_name"
-        self.model = product.read_text().strip() if product.exists() else None
+            if name.startswith("/"):
+                if name[1:] in device_files:
+                    self.numbers[field] = (f"{self.device}{name}", scale)
+            elif name in hw_files:
+                self.numbers[field] = (f"{hw}/{name}", scale)
+        self.labelled = {prefix: self._labels(hw, hw_files, prefix) for prefix in ("temp", "freq", "in")} if hw else {}
+        self.limits = self._temperature_limits(hw, hw_files) if hw else {}
+        self.texts = {name: f"{self.device}/{name}" for name in _TEXTS if name in device_files}
+        self.model = _text(self.device / "product_name") if "product_name" in device_files else None
         # what a round reads: the readings every round, the settings (_SLOW) every SLOW_EVERY-th
         self.fast_numbers = [(f, spec) for f, spec in self.numbers.items() if f not in _SLOW]
         self.slow_numbers = [(f, spec) for f, spec in self.numbers.items() if f in _SLOW]
@@ -122,28 +126,27 @@ class AmdReader:
         self._slow_t: dict[str, str | None] = {}
 
     @staticmethod
-    def _labels(hw: Path, prefix: str) -> dict[str, str]:
+    def _labels(hw: Path, files: set[str], prefix: str) -> dict[str, str]:
         """label -> path of `<prefix>N_input`, with `<prefix>N_label` read once."""
         out = {}
-        for path in sorted(hw.glob(f"{prefix}*_input")):
-            index = path.name[len(prefix):-len("_input")]
-            label_file = hw / f"{prefix}{index}_label"
-            label = label_file.read_text().strip() if label_file.exists() else f"{prefix}{index}"
-            out[label] = str(path)
+        for name in _inputs(files, prefix):
+            index = name[len(prefix):-len("_input")]
+            label = f"{prefix}{index}_label"
+            out[(_text(hw / label) if label in files else None) or f"{prefix}{index}"] = f"{hw}/{name}"
         return out
 
     @staticmethod
-    def _temperature_limits(hw: Path) -> dict[str, tuple[float | None, float | None]]:
+    def _temperature_limits(hw: Path, files: set[str]) -> dict[str, tuple[float | None, float | None]]:
         """label -> (temp<N>_crit, temp<N>_emergency) in °C: where the SMU throttles and where it shuts the ASIC
         down (amdgpu_pm.c; settings of the ASIC, read once per plan)."""
         out = {}
-        for path in sorted(hw.glob("temp*_input")):
-            stem = path.name[:-len("_input")]
-            label_file = hw / f"{stem}_label"
-            label = label_file.read_text().strip() if label_file.exists() else stem
-            limits = tuple(_celsius(hw / f"{stem}_{kind}") for kind in ("crit", "emergency"))
+        for name in _inputs(files, "temp"):
+            stem = name[:-len("_input")]
+            label = f"{stem}_label"
+            limits = tuple(_celsius(hw / f"{stem}_{kind}") if f"{stem}_{kind}" in files else None
+                           for kind in ("crit", "emergency"))
             if limits != (None, None):
-                out[label] = limits
+                out[(_text(hw / label) if label in files else None) or stem] = limits
         return out
 
     def read(self, now: float) -> GpuSample:
@@ -205,6 +208,28 @@ class AmdReader:
         value = parse(text)
         self._texts[name] = (text, value)
         return value
+
+
+def _listing(folder: Path) -> set[str]:
+    """The names in `folder` (none when it cannot be listed: a GPU gone meanwhile)."""
+    try:
+        return set(os.listdir(folder))
+    except OSError:
+        return set()
+
+
+def _inputs(files: set[str], prefix: str) -> list[str]:
+    """`<prefix>*_input` of `files`, in order (as a glob of them gave)."""
+    return sorted(n for n in files if n.startswith(prefix) and n.endswith("_input")
+                  and len(n) >= len(prefix) + len("_input"))
+
+
+def _text(path: Path) -> str | None:
+    """A small sysfs file's text, stripped; None when it cannot be read."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def _celsius(path: Path) -> float | None:
