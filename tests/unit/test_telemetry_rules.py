@@ -111,26 +111,12 @@ def test_asymmetry_between_same_model_gpus():
 
 
 
-def _every_pair(samples, c):
+def _every_pair(samples, rules):
     """The asymmetries as _host found them before it judged a model's GPUs by their extremes: every pair of the
     same model compared (the reference the shortcut must equal, event for event, in the same order)."""
-    out = []
-    busy = lambda x: x.busy_ratio is not None and x.busy_ratio >= c.busy_ratio  # noqa: E731
-    for a, b in combinations(sorted(samples, key=lambda x: x.gpu), 2):
-        if not a.model or a.model != b.model:
-            continue
-        differences = []
-        if a.power_cap_watts and b.power_cap_watts and \
-                abs(a.power_cap_watts - b.power_cap_watts) > c.asymmetry_power_cap_watts:
-            differences.append(f"power caps {a.power_cap_watts:.0f} W vs {b.power_cap_watts:.0f} W")
-        if a.overdrive != b.overdrive:
-            differences.append("overdrive settings differ")
-        if busy(a) and busy(b) and a.sclk_hz and b.sclk_hz and \
-                abs(a.sclk_hz - b.sclk_hz) / max(a.sclk_hz, b.sclk_hz) > c.asymmetry_clock_ratio:
-            differences.append(f"clocks under load {a.sclk_hz / 1e6:.0f} vs {b.sclk_hz / 1e6:.0f} MHz")
-        if differences:
-            out.append((f"config_asymmetry:{a.gpu}:{b.gpu}", differences))
-    return out
+    return [(f"config_asymmetry:{a.gpu}:{b.gpu}", differences)
+            for a, b in combinations(sorted(samples, key=lambda x: x.gpu), 2)
+            if a.model and a.model == b.model and (differences := rules.differences(a, b))]
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -148,9 +134,10 @@ def test_asymmetries_judged_by_a_models_extremes_are_those_of_every_pair(seed):
                          busy_ratio=rng.choice([None, 0.0, 0.95, c.busy_ratio]),
                          sclk_hz=rng.choice([None, 2.4e9, 2.4e9 * (1 - c.asymmetry_clock_ratio),
                                               2.4e9 * (1 - c.asymmetry_clock_ratio) * 0.999, 2.3e9, 1.8e9])))
-    found = [(key, event.evidence["differences"]) for key, event in TelemetryRules(c)._host(
+    rules = TelemetryRules(c)
+    found = [(key, event.evidence["differences"]) for key, event in rules._host(
         {x.gpu: x for x in samples}, 0.0) if key.startswith("config_asymmetry")]
-    assert found == _every_pair(samples, c)
+    assert found == _every_pair(samples, rules)
 
 def test_samples_that_are_not_ok_are_not_judged():
     assert run(TelemetryRules(GpuConfig()), s(state="gone", temperatures={"junction": 150.0})) == []

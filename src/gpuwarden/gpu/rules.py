@@ -87,13 +87,13 @@ class TelemetryRules:
                 yield f"power:{s.gpu}:spike", self._event("power", W, s, now,
                                                           f"power jumped {spike_from:.0f} -> {peak:.0f} W under load",
                                                           {"power_watts": peak})
-            self._previous_power[s.gpu] = (peak, s.busy_ratio is not None and s.busy_ratio >= c.busy_ratio)
+            self._previous_power[s.gpu] = (peak, self._busy(s))
         hottest = max(s.temperatures.values(), default=None)
         stopped = s.fan_rpm == 0 or (s.fan_rpm is None and s.fan_pwm_ratio == 0)
         if stopped and s.fan_state != "passive" and hottest is not None and hottest >= c.fan_hot_celsius:
             yield f"fan:{s.gpu}", self._event("fan", C, s, now, f"fan stopped at {hottest:.0f} °C",
                                               {"fan_rpm": s.fan_rpm, "hottest_celsius": hottest})
-        busy = s.busy_ratio is not None and s.busy_ratio >= c.busy_ratio
+        busy = self._busy(s)
         if busy and s.sclk_hz and s.sclk_max_hz and s.sclk_hz < s.sclk_max_hz * c.clock_low_ratio:
             yield f"clock:{s.gpu}:low", self._event(
                 "clock", W, s, now, f"shader clock {s.sclk_hz / 1e6:.0f} MHz under load, max "
@@ -127,16 +127,7 @@ class TelemetryRules:
             if self._alike(group):  # no two of the model differ: no pair to compare (32 GPUs were 496 pairs)
                 continue
             for a, b in combinations(sorted(group, key=lambda s: s.gpu), 2):
-                differences = []
-                if a.power_cap_watts and b.power_cap_watts and \
-                        abs(a.power_cap_watts - b.power_cap_watts) > c.asymmetry_power_cap_watts:
-                    differences.append(f"power caps {a.power_cap_watts:.0f} W vs {b.power_cap_watts:.0f} W")
-                if a.overdrive != b.overdrive:
-                    differences.append("overdrive settings differ")
-                if self._busy(a) and self._busy(b) and a.sclk_hz and b.sclk_hz and \
-                        abs(a.sclk_hz - b.sclk_hz) / max(a.sclk_hz, b.sclk_hz) > c.asymmetry_clock_ratio:
-                    differences.append(f"clocks under load {a.sclk_hz / 1e6:.0f} vs {b.sclk_hz / 1e6:.0f} MHz")
-                if differences:
+                if differences := self.differences(a, b):
                     found.append(((a.gpu, b.gpu), Event(
                         "config_asymmetry", W, f"{a.model} GPUs {a.gpu} and {b.gpu} differ: "
                         f"{'; '.join(differences)} (a setting written to both may have reached only one)", now,
@@ -144,11 +135,24 @@ class TelemetryRules:
         for (a, b), event in sorted(found, key=lambda pair: pair[0]):
             yield f"config_asymmetry:{a}:{b}", event
 
+    def differences(self, a: GpuSample, b: GpuSample) -> list[str]:
+        """How two GPUs of one model differ in what should be set alike (none: they do not)."""
+        c, out = self.c, []
+        if a.power_cap_watts and b.power_cap_watts and \
+                abs(a.power_cap_watts - b.power_cap_watts) > c.asymmetry_power_cap_watts:
+            out.append(f"power caps {a.power_cap_watts:.0f} W vs {b.power_cap_watts:.0f} W")
+        if a.overdrive != b.overdrive:
+            out.append("overdrive settings differ")
+        if self._busy(a) and self._busy(b) and a.sclk_hz and b.sclk_hz and \
+                abs(a.sclk_hz - b.sclk_hz) / max(a.sclk_hz, b.sclk_hz) > c.asymmetry_clock_ratio:
+            out.append(f"clocks under load {a.sclk_hz / 1e6:.0f} vs {b.sclk_hz / 1e6:.0f} MHz")
+        return out
+
     def _busy(self, s: GpuSample) -> bool:
         return s.busy_ratio is not None and s.busy_ratio >= self.c.busy_ratio
 
     def _alike(self, group: list[GpuSample]) -> bool:
-        """Whether no pair of the group differs as _host compares them, told from the group's extremes: the
+        """Whether no pair of the group differs (`differences`), told from the group's extremes: the
         widest gap between two caps is the largest less the smallest; and the relative gap (b - a) / b of two
         clocks a <= b is at most (max - min) / max, as (x - min) / x grows with x."""
         c = self.c
