@@ -109,7 +109,7 @@ class AmdReader:
             elif name in hw_files:
                 self.numbers[field] = (f"{hw}/{name}", scale)
         self.labelled = {prefix: self._labels(hw, hw_files, prefix) for prefix in ("temp", "freq", "in")} if hw else {}
-        self.limits = self._temperature_limits(hw, hw_files) if hw else {}
+        self.limits = self._temperature_limits(hw_files, self.labelled["temp"]) if hw else {}
         self.texts = {name: f"{self.device}/{name}" for name in _TEXTS if name in device_files}
         self.model = _text(self.device / "product_name") if "product_name" in device_files else None
         # what a round reads: the readings every round, the settings (_SLOW) every SLOW_EVERY-th
@@ -136,17 +136,18 @@ class AmdReader:
         return out
 
     @staticmethod
-    def _temperature_limits(hw: Path, files: set[str]) -> dict[str, tuple[float | None, float | None]]:
-        """label -> (temp<N>_crit, temp<N>_emergency) in °C: where the SMU throttles and where it shuts the ASIC
-        down (amdgpu_pm.c; settings of the ASIC, read once per plan)."""
+    def _temperature_limits(files: set[str],
+                            temperatures: dict[str, str]) -> dict[str, tuple[float | None, float | None]]:
+        """label -> (temp<N>_crit, temp<N>_emergency) in °C of each temperature sensor (`_labels`' label -> path of
+        temp<N>_input): where the SMU throttles and where it shuts the ASIC down (amdgpu_pm.c; settings of the ASIC,
+        read once per plan)."""
         out = {}
-        for name in _inputs(files, "temp"):
-            stem = name[:-len("_input")]
-            label = f"{stem}_label"
-            limits = tuple(_celsius(hw / f"{stem}_{kind}") if f"{stem}_{kind}" in files else None
+        for label, path in temperatures.items():
+            stem = path[:-len("_input")]
+            limits = tuple(_celsius(Path(f"{stem}_{kind}")) if f"{os.path.basename(stem)}_{kind}" in files else None
                            for kind in ("crit", "emergency"))
             if limits != (None, None):
-                out[(_text(hw / label) if label in files else None) or stem] = limits
+                out[label] = limits
         return out
 
     def read(self, now: float) -> GpuSample:
