@@ -206,3 +206,23 @@ def test_without_the_kernels_children_lists_every_look_reads_the_users_processes
         user_reads.clear()
         assert {root.pid, worker} <= pids(looker._look(config(port), tracker))
         assert user_reads != []
+
+
+def test_a_look_reads_each_of_the_engines_processes_once(monkeypatch):
+    """Its descriptors (who holds the engine's socket, whether its tree does, which GPUs it has open) and its
+    status (whose it is) are read once a look: a look read the root's descriptors and status three times each."""
+    with engine(start_new_session=True) as (root, port, fork):
+        looker, tracker = Looker(nvml=False), Tracker()
+        looker._look(config(port), tracker)
+        worker = fork()
+        looker._look(config(port), tracker)  # the worker known: the next look asks it first, with the root
+        listed, read = [], []
+        scandir, read_small = os.scandir, processes.read_small
+        monkeypatch.setattr(os, "scandir", lambda path, *a: listed.append(str(path)) or scandir(path, *a))
+        monkeypatch.setattr(processes, "read_small", lambda path, *a: read.append(str(path)) or read_small(path, *a))
+        seen = looker._look(config(port), tracker)
+        assert {root.pid, worker} <= pids(seen)
+        for pid in (root.pid, worker):
+            assert listed.count(f"/proc/{pid}/fd") == 1, listed
+            assert read.count(f"/proc/{pid}/status") == 1, read
+            assert read.count(f"/proc/{pid}/stat") == 1, read

@@ -14,7 +14,7 @@ from gpuwarden.core.plain import plain
 from gpuwarden.engine.kfd import pasids_of
 from gpuwarden.engine.lifecycle import Instance
 from gpuwarden.engine.parts import target_spec
-from gpuwarden.engine.processes import Tracker, gpus_in_use, port_taken, resolve
+from gpuwarden.engine.processes import Reads, Tracker, gpus_in_use, port_taken, resolve
 from gpuwarden.gpu import vendors
 from gpuwarden.runtime.offloop import Busy, OffLoop
 from gpuwarden.runtime.procfs import read_small
@@ -65,15 +65,16 @@ class Looker:
         if taken and not wide:  # not the engine's socket on a narrow look: said only if the wide one agrees
             procs = tracker.refresh(found, wide=True)
             taken = port_taken(spec, found, procs)
-        gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs)
+        gpus = frozenset(config.gpus) if config.gpus else self._gpus_of(procs, found.reads)
         cpus = tracker.cpu_percents(procs, reads=tracker.reads)
         return Processes(procs, instance_of(procs), found.refused, cpus, _named(max(cpus, key=cpus.get, default=None)),
                          frozenset(gpus) if gpus else None, pasids_of([p.pid for p in procs]), taken,
                          frozenset(listener.inode for listener in found.listeners))
 
-    def _gpus_of(self, procs: list[psutil.Process]) -> set[str] | None:
-        """From the device files they hold open, and from the vendors' libraries (NVML's process lists)."""
-        found = gpus_in_use(procs) or set()
+    def _gpus_of(self, procs: list[psutil.Process], reads: Reads | None) -> set[str] | None:
+        """From the device files they hold open (`reads`: the look's), and from the vendors' libraries (NVML's
+        process lists)."""
+        found = gpus_in_use(procs, reads=reads) or set()
         if self._by_pid is None:
             self._by_pid = [lookup for v in vendors.all_vendors() if v.process_gpus and (lookup := v.process_gpus())]
         for lookup in self._by_pid:

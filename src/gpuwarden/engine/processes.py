@@ -70,7 +70,7 @@ class Resolved:
     listeners: list[Listener] = field(default_factory=list)
     serving: list[psutil.Process] = field(default_factory=list)
     known_uid: int | None = None  # the engine's user as configured or known before this look (not its socket's)
-    protected: set[int] | None = None  # PID 1, gpuwarden and its ancestors as this look found them
+    reads: Reads | None = None  # this look's reads of /proc (PID 1, gpuwarden and its ancestors as it found them)
 
 
 def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int] = ()) -> Resolved:
@@ -78,20 +78,21 @@ def resolve(spec: TargetSpec, known_uid: int | None = None, known: Iterable[int]
     the engine's (a listener of another user on its port is not the engine: `port_taken`); its pids are asked
     first whether they hold the serving socket."""
     engine_uid = spec.uid if spec.uid is not None else known_uid
-    listening, serving = _serving(spec.host, spec.port, engine_uid, known) if spec.port else ([], [])
+    reads = Reads()
+    listening, serving = _serving(spec.host, spec.port, engine_uid, known, reads) if spec.port else ([], [])
     uid = engine_uid if engine_uid is not None else _only_uid(serving)
     candidates, refused = _candidates(spec, serving)
     if engine_uid is None and uid is None and serving:
         refused.append(f"the engine's user is ambiguous: {spec.host or '127.0.0.1'}:{spec.port} is served by "
                        f"processes of several users ({', '.join(describe(p) for p in serving[:4])}); set "
                        "[engine.target] user")
-    accepted, protected = [], _protected()
+    accepted = []
     for proc in candidates:
-        if why := refusal(proc, uid, protected):
+        if why := refusal(proc, uid, reads):
             refused.append(f"{describe(proc)}: {why}")
         else:
             accepted.append(proc)
-    return Resolved(accepted, uid, refused, listening, serving, engine_uid, protected)
+    return Resolved(accepted, uid, refused, listening, serving, engine_uid, reads)
 
 
 # a secret's value in a command line: `--api-key X`, `--token=X`, `HF_TOKEN=X` (the holder's command goes into events)
@@ -106,9 +107,9 @@ def port_taken(spec: TargetSpec, found: Resolved, procs: list[psutil.Process]) -
     look, or the engine's processes run (a target that found them) and none of them holds it. Root holding it
     for a `docker` target is docker-proxy publishing the container's port. Before any user is known, the first
     server seen is the engine, as ever: [engine.target] user says it from the start."""
-    ours = {p.pid for p in procs}
+    ours, reads = {p.pid for p in procs}, found.reads or Reads()
     for listener in found.listeners:
-        holders = [p for p in found.serving if _holds_inode(p.pid, listener.inode)]
+        holders = [p for p in found.serving if reads.holds(p.pid, f"socket:[{listener.inode}]")]
         if any(p.pid in ours for p in holders) or (spec.kind == "docker" and listener.uid == 0):
             continue
         foreign = found.known_uid is not None and listener.uid != found.known_uid
@@ -133,25 +134,19 @@ def _candidates(spec: TargetSpec, serving: list[psutil.Process]) -> tuple[list[p
     raise ValueError(f"no process roots for target kind {spec.kind!r}")
 
 
-def refusal(proc: psutil.Process, uid: int | None, protected: set[int] | None = None) -> str | None:
-    """Why `proc` may not be an engine's root (None: it may)."""
-    if not is_killable(proc, protected):
+def refusal(proc: psutil.Process, uid: int | None, reads: Reads) -> str | None:
+    """Why `proc` may not be an engine's root (None: it may); `reads`: the look's."""
+    if not reads.killable(proc.pid):
         return "PID 1, gpuwarden, one of its ancestors or a kernel thread"
     if uid is None:
         return "the engine's user is unknown (nothing serves its metrics_url here; set [engine.target] user)"
-    if not owned_by(proc, uid):
+    if not reads.owned_by(proc.pid, uid):
         return f"runs as another user than the engine's ({_user_name(uid)})"
     return None
 
 
-def owned_by(proc: psutil.Process, uid: int) -> bool:
-    """Real, effective and saved uid are all `uid` (a setuid child of the engine is someone else's)."""
-    uids = _uids(proc.pid)
-    return uids is not None and set(uids[:3]) == {uid}
-
-
-def _serving(host: str | None, port: int, uid: int | None = None,
-             known: Iterable[int] = ()) -> tuple[list[Listener], list[psutil.Process]]:
+def _serving(host: str | None, port: int, uid: int | None, known: Iterable[int],
+             reads: Reads) -> tuple[list[Listener], list[psutil.Process]]:
     """The sockets that serve host:port (`serving_listeners`) and the processes that hold them: each socket's
     inode looked for among its owner's processes (and the engine's user's, `uid`: a socket root made, as
     systemd's socket activation does, is held by the user's server), the engine's known pids first. Only those
@@ -163,7 +158,7 @@ def _serving(host: str | None, port: int, uid: int | None = None,
             # another user's socket on the engine's port (a squatter's) is searched for its holder, to name it,
             # within a bound: that user may hold a million descriptors
             limit = None if uid is None or owner == uid else FOREIGN_LINKS
-            if found := holders(listener.inode, owner, known, limit):
+            if found := holders(listener.inode, owner, known, limit, reads):
                 pids.update(found)
                 break
     return listening, _alive(pids)
@@ -187,14 +182,19 @@ def serving_listeners(host: str | None, port: int, lookup: bool = True) -> list[
 FOREIGN_LINKS = 20_000  # descriptors read at most to name the holder of a socket not the engine user's
 
 
-def holders(inode: int, uid: int, first: Iterable[int] = (), limit: int | None = None) -> list[int]:
+def holders(inode: int, uid: int, first: Iterable[int] = (), limit: int | None = None,
+            reads: Reads | None = None) -> list[int]:
     """The processes of `uid` that hold the socket `inode` open. The `first` pids (the engine's as last seen)
     are asked first: when one of them holds it, no other is read (a socket is shared only by inheritance, and
     the tracker adds the tree); else every process of `uid`, and no other user's. `limit`: the most descriptors
-    read in all (what is found by then)."""
+    read in all (what is found by then). `reads`: a look's, which keeps what the `first` pids' descriptors link
+    to for the rest of the look (unless `limit` bounds the search)."""
     link, budget = f"socket:[{inode}]", [limit if limit is not None else -1]
     first = list(dict.fromkeys(first))
-    found = [pid for pid in first if _uid_of(pid) == uid and _holds(pid, link, budget)]
+    if reads is not None and limit is None:
+        found = [pid for pid in first if reads.uid(pid) == uid and reads.holds(pid, link)]
+    else:
+        found = [pid for pid in first if _uid_of(pid) == uid and _holds(pid, link, budget)]
     return found or [pid for pid in pids_of(uid) if pid not in first and _holds(pid, link, budget)]
 
 
@@ -224,6 +224,21 @@ def _uid_of(pid: int) -> int | None:
     return uids[0] if uids else None
 
 
+def _links(pid: int, proc: str = "/proc") -> list[str] | None:
+    """What each of the process's descriptors links to; None when they cannot be read."""
+    try:
+        with os.scandir(f"{proc}/{pid}/fd") as entries:
+            out = []
+            for entry in entries:
+                try:
+                    out.append(os.readlink(entry.path))
+                except OSError:
+                    continue  # closed meanwhile
+            return out
+    except OSError:
+        return None
+
+
 def _holds(pid: int, link: str, budget: list[int] | None = None) -> bool:
     """The process has a descriptor open on `link` (`socket:[inode]`). `budget`: descriptors left to read (one
     count shared by a search; negative: no bound). The folder is read lazily: a bound stops the listing too."""
@@ -242,10 +257,6 @@ def _holds(pid: int, link: str, budget: list[int] | None = None) -> bool:
     except OSError:
         return False
     return False
-
-
-def _holds_inode(pid: int, inode: int) -> bool:
-    return _holds(pid, f"socket:[{inode}]")
 
 
 def serves(address, listeners: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]) -> set[int]:
@@ -406,7 +417,7 @@ class Tracker:
     cpu_seen: dict[tuple[int, float], deque[tuple[float, float]]] = field(default_factory=dict)  # (when, CPU s)
     # each member's start in clock ticks since boot (/proc/PID/stat): the same process whatever the wall clock did
     started: dict[tuple[int, float], int] = field(default_factory=dict)
-    reads: _Reads | None = None  # the last refresh's reads of /proc (its CPU times: cpu_percents)
+    reads: Reads | None = None  # the last refresh's reads of /proc (its CPU times: cpu_percents)
     wide_at: float = -math.inf  # when a refresh last read every process of the engine's user (monotonic)
 
     def refresh(self, found: Resolved, wide: bool = True) -> list[psutil.Process]:
@@ -425,7 +436,7 @@ class Tracker:
         takes all that every look took before the walk."""
         current: dict[tuple[int, float], psutil.Process] = {}
         self.uid = uid = found.uid if found.uid is not None else self.uid
-        self.reads = reads = _Reads(found.protected if found.protected is not None else _protected())
+        self.reads = reads = found.reads or Reads()
         ours = (lambda p: reads.ours(p.pid, uid)) if uid is not None else (lambda p: False)
 
         def add(member: psutil.Process) -> None:
@@ -458,7 +469,7 @@ class Tracker:
         return [p for key, p in current.items() if reads.running(p.pid, started[key]) and ours(p)]
 
     def cpu_percents(self, procs: list[psutil.Process], now: float | None = None,
-                     reads: _Reads | None = None) -> dict[int, float]:
+                     reads: Reads | None = None) -> dict[int, float]:
         """Each process's share of a core over the last CPU_WINDOW seconds at least (0 at the first look): the
         time it ran or waited on a run queue to run (that wait at most QUEUED_PER_RUN times the time it ran). A
         spinning process on a busy box gets half a core or less (other sessions' work has its fair share whatever
@@ -631,14 +642,17 @@ def _uids(pid: int) -> tuple[int, ...] | None:
         return None
 
 
-class _Reads:
-    """One look's reads of /proc: each process's stat and status read once, however often the look asks (it
-    asked each process's up to six times, through psutil)."""
+class Reads:
+    """One look's reads of /proc: each process's stat, status and descriptors read once, however often the look
+    asks (it asked each process's stat and status up to six times through psutil, then three times, and its
+    descriptors three times: who holds the engine's socket, whether its tree does, which GPUs it has open). A look
+    takes a millisecond: what it read stays true for it."""
 
-    def __init__(self, protected: set[int]) -> None:
-        self.protected = protected
+    def __init__(self, protected: set[int] | None = None) -> None:
+        self.protected = _protected() if protected is None else protected  # PID 1, gpuwarden, its ancestors
         self._stats: dict[int, list[bytes] | None] = {}
         self._uids: dict[int, tuple[int, ...] | None] = {}
+        self._links: dict[int, frozenset[str]] = {}
 
     def stat(self, pid: int) -> list[bytes] | None:
         if pid not in self._stats:
@@ -655,14 +669,39 @@ class _Reads:
         fields = self.stat(pid)
         return fields is not None and int(fields[19]) == started and fields[0] != b"Z"
 
-    def ours(self, pid: int, uid: int) -> bool:
-        """Wholly `uid`'s (real, effective and saved uid: a setuid child of the engine is someone else's) and
-        killable (is_killable)."""
+    def uids(self, pid: int) -> tuple[int, ...] | None:
         if pid not in self._uids:
             self._uids[pid] = _uids(pid)
-        uids, fields = self._uids[pid], self.stat(pid)
-        return uids is not None and set(uids[:3]) == {uid} and fields is not None and \
-            pid not in self.protected and not _kernel(pid, fields)
+        return self._uids[pid]
+
+    def uid(self, pid: int) -> int | None:
+        """Its real uid (None: gone)."""
+        uids = self.uids(pid)
+        return uids[0] if uids else None
+
+    def owned_by(self, pid: int, uid: int) -> bool:
+        """Real, effective and saved uid are all `uid` (a setuid child of the engine is someone else's)."""
+        uids = self.uids(pid)
+        return uids is not None and set(uids[:3]) == {uid}
+
+    def killable(self, pid: int) -> bool:
+        """Not PID 1, this daemon, one of its ancestors or a kernel thread; alive (is_killable, from this look's
+        reads)."""
+        fields = self.stat(pid)
+        return pid not in self.protected and fields is not None and not _kernel(pid, fields)
+
+    def ours(self, pid: int, uid: int) -> bool:
+        """Wholly `uid`'s and killable."""
+        return self.owned_by(pid, uid) and self.killable(pid)
+
+    def links(self, pid: int) -> frozenset[str]:
+        """What its descriptors link to (none: gone, or not ours to read)."""
+        if pid not in self._links:
+            self._links[pid] = frozenset(_links(pid) or ())
+        return self._links[pid]
+
+    def holds(self, pid: int, link: str) -> bool:
+        return link in self.links(pid)
 
     def cpu_seconds(self, pid: int) -> float | None:
         """User and system CPU time, as psutil's cpu_times reads them."""
@@ -729,19 +768,14 @@ _RENDER = re.compile(r"^/dev/dri/(renderD\d+|card\d+)$")
 
 
 def gpus_in_use(procs: list[psutil.Process], proc_root: Path = Path("/proc"),
-                sys_root: Path = Path("/sys")) -> set[str] | None:
+                sys_root: Path = Path("/sys"), reads: Reads | None = None) -> set[str] | None:
     """PCI addresses of the GPUs these processes hold open (DRM nodes, a vendor's own: /dev/nvidiaN); None when
     they hold a GPU that cannot be told apart (only /dev/kfd) or none at all: then the engine counts as using
-    every GPU."""
+    every GPU. `reads`: the look's, whose descriptors are read already."""
     found: set[str] = set()
     nodes = [node for vendor in vendors.all_vendors() for node in vendor.device_nodes]
     for proc in procs:
-        try:
-            with os.scandir(f"{proc_root}/{proc.pid}/fd") as entries:
-                links = [os.readlink(entry.path) for entry in entries]
-        except OSError:
-            continue
-        for link in links:
+        for link in reads.links(proc.pid) if reads is not None else _links(proc.pid, str(proc_root)) or ():
             if m := _RENDER.match(link):
                 found |= _drm_pci(sys_root, m.group(1))
                 continue

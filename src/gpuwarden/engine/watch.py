@@ -55,6 +55,7 @@ _KILL_OUTCOMES = frozenset({"engine_killed", "kill_refused", "kill_not_done"})
 _KILL_ASKERS = frozenset({"engine_stall", "engine_unresponsive"})  # reported with the kill's target
 _LEARNT = _KILL_OUTCOMES | _KILL_ASKERS
 _NEW = object()  # a socket on the engine's address that no look has judged yet
+LOOK_FIRST = 0.1  # seconds a poll's scrape waits for its look to be done
 LOOK_WAIT = 1.0  # seconds a poll waits for its look once the reading is in
 
 
@@ -329,12 +330,16 @@ class EngineWatch:
             await state.scraper.close()
 
     async def _poll(self, state: EngineState) -> float:
-        """One look: scrape and look at the processes side by side, feed the lifecycle, carry out what it returns.
+        """One look: look at the processes, then scrape, feed the lifecycle, carry out what it returns. The scrape
+        waits for the look up to LOOK_FIRST: side by side, the look's thread and the loop handed the GIL back and
+        forth at each of the look's hundred-odd system calls (64 futex calls a scrape with 32 engines), where a look
+        alone takes about a millisecond; a late look (a hung NVML, a loaded box) holds the scrape back no longer.
         The engine's address is asked only when the socket that serves it is the engine's (`_not_its_socket`: a
         socket no earlier look judged waits for this look). The look is dated when the scrape answered (what it
         shows was so by then): dated once the process look was done too, each stall's clock started that much late
         and its kill came that much later. Returns the look's date."""
         looking = asyncio.ensure_future(self.inspect(state))
+        await asyncio.wait({looking}, timeout=LOOK_FIRST)
         asks = state.config.source != "log"  # a log is the engine's own: only its address can be someone else's
         why = self._not_its_socket(state) if asks else None
         if why is _NEW:  # a socket no look has judged yet: this look proves it the engine's, or names its holder
