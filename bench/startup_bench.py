@@ -82,6 +82,17 @@ CLASSIFIER = (f"{IMPORTS}\nfrom gpuwarden.config.settings import Config\n"
               "from gpuwarden.kernel.watch import classifier_for\nclassifier_for(Config().kernel)")
 
 
+def libraries() -> str:
+    """Code that imports every module of Python's and of the libraries that `CLASSIFIER`'s imports load, and
+    nothing of gpuwarden: the floor of the imports, which no change to gpuwarden's own modules can cut (a module
+    marked absent, None in sys.modules, is not imported)."""
+    listing = (f"{CLASSIFIER}\nimport sys\nprint(' '.join(name for name, module in sys.modules.items() if module "
+               "is not None and name.split('.')[0] not in ('gpuwarden', '__main__')))")
+    listed = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, check=True).stdout.split()
+    return f"import importlib\nfor m in {listed!r}:\n    try:\n        importlib.import_module(m)\n" \
+           "    except Exception:\n        pass"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
@@ -111,7 +122,8 @@ def main() -> None:
             cpu_ms_at_running(dirs[small], old)
         times: dict[int, list[float]] = {small: [], large: []}
         before: list[float] = []  # the earlier commit's, at `large`
-        imports, classifier, bare = [], [], []
+        imports, classifier, bare, floor = [], [], [], []
+        floor_code = libraries()
         for _ in range(args.rounds):
             for n in (small, large):
                 times[n].append(cpu_ms_at_running(dirs[n]))
@@ -120,16 +132,19 @@ def main() -> None:
             imports.append(child_ms(IMPORTS))
             classifier.append(child_ms(CLASSIFIER))
             bare.append(child_ms("pass"))
+            floor.append(child_ms(floor_code))
     med = {n: statistics.median(v) for n, v in times.items()}
     print(json.dumps({str(n): v for n, v in times.items()} | {"imports": imports, "classifier": classifier,
-                                                              "bare": bare, "against": before}))
+                                                              "bare": bare, "floor": floor, "against": before}))
     if before:
         print(f"start-up CPU at {large:,} events, the code of {args.against}: {statistics.median(before):.0f} ms "
               f"({min(before):.0f}–{max(before):.0f}), this tree's {med[large]:.0f} ms, same rounds")
     imported, built = statistics.median(imports), statistics.median(classifier)
     figure(f"start-up CPU with {large:,} stored events (to 'gpuwarden running')", med[large], "ms",
            f"{small:,} events: {med[small]:.0f} ms; of it, a bare interpreter {statistics.median(bare):.0f} ms, the "
-           f"imports {imported:.0f} ms, the kernel classifier's build {built - imported:.0f} ms (medians of "
+           f"imports {imported:.0f} ms, the kernel classifier's build {built - imported:.0f} ms; an interpreter "
+           f"that imports only the Python and library modules these load (asyncio, sqlite3, ssl, psutil...) "
+           f"{statistics.median(floor):.0f} ms (medians of "
            f"{args.rounds} interleaved, {min(times[large]):.0f}–{max(times[large]):.0f} at {large:,}"
            + (f"; the code of {args.against} {statistics.median(before):.0f} ms in the same rounds" if before else "")
            + f"; {load()})",
