@@ -198,7 +198,7 @@ def test_without_the_kernels_children_lists_every_look_reads_the_users_processes
     finds the worker by the parent it names. Such a kernel cannot be had here (this one lists them): its answer,
     no list, is mocked."""
     monkeypatch.setattr(processes, "_CHILDREN", False)
-    monkeypatch.setattr(processes, "children_of", lambda pid: [])  # what such a kernel lets a walk see
+    monkeypatch.setattr(processes, "children_of", lambda pid, tasks=None: [])  # what such a kernel lets a walk see
     with engine(start_new_session=True) as (root, port, fork):
         looker, tracker = Looker(nvml=False), Tracker()
         looker._look(config(port), tracker)
@@ -209,20 +209,22 @@ def test_without_the_kernels_children_lists_every_look_reads_the_users_processes
 
 
 def test_a_look_reads_each_of_the_engines_processes_once(monkeypatch):
-    """Its descriptors (who holds the engine's socket, whether its tree does, which GPUs it has open) and its
-    status (whose it is) are read once a look: a look read the root's descriptors and status three times each."""
+    """Its descriptors (who holds the engine's socket, whether its tree does, which GPUs it has open), its threads
+    (their children, their waits) and its status (whose it is) are read once a look: a look read the root's
+    descriptors and status three times each, and its threads twice."""
     with engine(start_new_session=True) as (root, port, fork):
         looker, tracker = Looker(nvml=False), Tracker()
         looker._look(config(port), tracker)
         worker = fork()
         looker._look(config(port), tracker)  # the worker known: the next look asks it first, with the root
         listed, read = [], []
-        scandir, read_small = os.scandir, processes.read_small
+        scandir, listdir, read_small = os.scandir, os.listdir, processes.read_small
         monkeypatch.setattr(os, "scandir", lambda path, *a: listed.append(str(path)) or scandir(path, *a))
+        monkeypatch.setattr(os, "listdir", lambda path, *a: listed.append(str(path)) or listdir(path, *a))
         monkeypatch.setattr(processes, "read_small", lambda path, *a: read.append(str(path)) or read_small(path, *a))
         seen = looker._look(config(port), tracker)
         assert {root.pid, worker} <= pids(seen)
         for pid in (root.pid, worker):
-            assert listed.count(f"/proc/{pid}/fd") == 1, listed
+            assert listed.count(f"/proc/{pid}/fd") == listed.count(f"/proc/{pid}/task") == 1, listed
             assert read.count(f"/proc/{pid}/status") == 1, read
             assert read.count(f"/proc/{pid}/stat") == 1, read

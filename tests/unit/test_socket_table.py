@@ -97,3 +97,27 @@ def test_a_failed_ask_drops_the_kept_socket_and_the_next_makes_another():
         assert sockets._netlink.socket is None
         assert _rows(sockets.listeners(port)) == expected
         assert sockets._netlink.socket is not None and sockets._netlink.socket is not broken
+
+
+def test_a_dump_of_many_parts_is_read_whole_without_waiting():
+    """The kept socket never waits (the kernel writes each part of a dump as it is read): 300 listeners on one
+    port (SO_REUSEPORT) come in several parts, all read, and from netlink (the kept socket stays: the answer is not
+    /proc/net's, as it would be after a read that found nothing there yet)."""
+    many = []
+    try:
+        for _ in range(300):
+            sock = socket.socket(socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(("127.0.0.1", many[0].getsockname()[1] if many else 0))
+            sock.listen()
+            many.append(sock)
+        port = many[0].getsockname()[1]
+        sockets.listeners(port)
+        kept = sockets._netlink.socket
+        assert kept is not None and kept.gettimeout() == 0.0
+        asked = sockets.listeners(port)
+        assert sockets._netlink.socket is kept
+        assert len(asked) == 300 and _rows(asked) == _rows(sockets.listeners(port, proc_net=Path("/proc/self/net")))
+    finally:
+        for sock in many:
+            sock.close()

@@ -463,7 +463,7 @@ class Tracker:
         for key, proc in kept.items():
             current.setdefault(key, proc)  # an orphan: its parent exited, it did not
         if uid is not None:
-            for member in _descendants(list(current.values()), uid, ours, family):
+            for member in _descendants(list(current.values()), uid, ours, family, reads):
                 add(member)
         self.seen, self.started = current, {key: started[key] for key in current}
         return [p for key, p in current.items() if reads.running(p.pid, started[key]) and ours(p)]
@@ -491,7 +491,7 @@ class Tracker:
             if key is None:
                 continue
             history = seen[key] = self.cpu_seen.get(key) or deque()
-            history.append((now, cpu, queued_seconds(proc.pid)))
+            history.append((now, cpu, queued_seconds(proc.pid, reads.tasks(proc.pid) if reads else None)))
             while len(history) > 1 and now - history[1][0] >= CPU_WINDOW:
                 history.popleft()  # keep the newest look at least a window old, and every one after it
             (then, ran_before, queued_before) = history[0]
@@ -501,21 +501,26 @@ class Tracker:
         return values
 
 
-def queued_seconds(pid: int) -> float:
+def queued_seconds(pid: int, tasks: list[str] | None = None) -> float:
     """How long the process's live threads have waited on a run queue, runnable but not running (the second
     field of each thread's schedstat, in ns); 0 where the kernel keeps none. A thread that exits takes its wait
-    with it: the sum can fall, never rise, by that (the share is read as 0 at worst)."""
+    with it: the sum can fall, never rise, by that (the share is read as 0 at worst). `tasks`: its threads, as
+    the look listed them."""
     total = 0
-    try:
-        with os.scandir(f"/proc/{pid}/task") as tasks:
-            for task in tasks:
-                try:
-                    total += int(read_small(f"{task.path}/schedstat", 256).split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-    except OSError:
-        return 0.0
+    for tid in _tasks(pid) if tasks is None else tasks:
+        try:
+            total += int(read_small(f"/proc/{pid}/task/{tid}/schedstat", 256).split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
     return total / 1e9
+
+
+def _tasks(pid: int) -> list[str]:
+    """The ids of the process's threads (none: gone)."""
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
 
 
 _families: dict[int, tuple[float, dict[int, tuple[int, int]]]] = {}  # uid -> its latest _family read, when made
@@ -541,8 +546,8 @@ def _family(uid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _descendants(procs: list[psutil.Process], uid: int, ours,
-                 family: dict[int, tuple[int, int]] | None = None) -> list[psutil.Process]:
+def _descendants(procs: list[psutil.Process], uid: int, ours, family: dict[int, tuple[int, int]] | None = None,
+                 reads: Reads | None = None) -> list[psutil.Process]:
     """Children, grandchildren, ... of `procs`, by the kernel's list of each of their threads' children, and on a
     wide look by the parent each process of `family` (the user's) names too; a child that is not `ours`, or whose
     /proc entry is not `uid`'s (a non-dumpable process, as the user-wide read never finds it), is left out with
@@ -553,7 +558,7 @@ def _descendants(procs: list[psutil.Process], uid: int, ours,
     out, todo, seen = [], list(procs), {p.pid for p in procs}
     while todo:
         parent = todo.pop().pid
-        for pid in [*children_of(parent), *named.get(parent, ())]:
+        for pid in [*children_of(parent, reads.tasks(parent) if reads else None), *named.get(parent, ())]:
             if pid in seen:
                 continue
             seen.add(pid)
@@ -573,29 +578,26 @@ def _descendants(procs: list[psutil.Process], uid: int, ours,
 _CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
-def children_of(pid: int) -> list[int]:
+def children_of(pid: int, tasks: list[str] | None = None) -> list[int]:
     """The pids of the process's children: those each of its threads forked (/proc/PID/task/TID/children,
     CONFIG_PROC_CHILDREN). A thread's list comes in one read() while it fits a page (~700 children): past that
-    the kernel resumes it by position, and a child that exits between two reads can make it skip another."""
+    the kernel resumes it by position, and a child that exits between two reads can make it skip another.
+    `tasks`: its threads, as the look listed them."""
     out: list[int] = []
-    try:
-        with os.scandir(f"/proc/{pid}/task") as tasks:
-            for task in tasks:
-                try:
-                    fd = os.open(f"{task.path}/children", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                try:
-                    data = b""
-                    while chunk := os.read(fd, 65536):
-                        data += chunk
-                except OSError:
-                    continue
-                finally:
-                    os.close(fd)
-                out += map(int, data.split())
-    except OSError:
-        return out
+    for tid in _tasks(pid) if tasks is None else tasks:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            data = b""
+            while chunk := os.read(fd, 65536):
+                data += chunk
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        out += map(int, data.split())
     return out
 
 
@@ -643,16 +645,17 @@ def _uids(pid: int) -> tuple[int, ...] | None:
 
 
 class Reads:
-    """One look's reads of /proc: each process's stat, status and descriptors read once, however often the look
-    asks (it asked each process's stat and status up to six times through psutil, then three times, and its
-    descriptors three times: who holds the engine's socket, whether its tree does, which GPUs it has open). A look
-    takes a millisecond: what it read stays true for it."""
+    """One look's reads of /proc: each process's stat, status, descriptors and threads read once, however often the
+    look asks (it asked each process's stat and status up to six times through psutil, then three times, its
+    descriptors three times: who holds the engine's socket, whether its tree does, which GPUs it has open; and its
+    threads twice: their children, their waits). A look takes a millisecond: what it read stays true for it."""
 
     def __init__(self, protected: set[int] | None = None) -> None:
         self.protected = _protected() if protected is None else protected  # PID 1, gpuwarden, its ancestors
         self._stats: dict[int, list[bytes] | None] = {}
         self._uids: dict[int, tuple[int, ...] | None] = {}
         self._links: dict[int, frozenset[str]] = {}
+        self._tasks: dict[int, list[str]] = {}
 
     def stat(self, pid: int) -> list[bytes] | None:
         if pid not in self._stats:
@@ -699,6 +702,12 @@ class Reads:
         if pid not in self._links:
             self._links[pid] = frozenset(_links(pid) or ())
         return self._links[pid]
+
+    def tasks(self, pid: int) -> list[str]:
+        """Its threads' ids (its children are listed by thread, and its wait on a run queue read by thread)."""
+        if pid not in self._tasks:
+            self._tasks[pid] = _tasks(pid)
+        return self._tasks[pid]
 
     def holds(self, pid: int, link: str) -> bool:
         return link in self.links(pid)
