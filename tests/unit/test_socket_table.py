@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 from pathlib import Path
 
-from gpuwarden.engine.processes import holders, serving_listeners
+import psutil
+
+from gpuwarden.engine.processes import Reads, Resolved, TargetSpec, holders, port_taken, serving_listeners
 from gpuwarden.runtime import sockets
 
 
@@ -121,3 +124,28 @@ def test_a_dump_of_many_parts_is_read_whole_without_waiting():
     finally:
         for sock in many:
             sock.close()
+
+
+def test_whether_a_process_holds_the_engines_socket_is_read_only_up_to_that_socket(monkeypatch):
+    """A process on the engine's port that is not among the look's (a squatter, of another user) may hold a million
+    descriptors: `port_taken` reads its descriptors until the socket turns up, never all of them (the look keeps
+    whole lists only of the engine's own processes). Here this process, its socket opened before thousands of others."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    others = min(20_000, hard - 500)  # as many as this process may hold
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    held = []
+    try:
+        with listening(socket.AF_INET, "127.0.0.1") as sock:
+            port = sock.getsockname()[1]
+            held = [os.open("/dev/null", os.O_RDONLY) for _ in range(others)]
+            found = Resolved([], os.geteuid(), listeners=sockets.listeners(port), serving=[psutil.Process()],
+                             known_uid=os.geteuid() + 1, reads=Reads())
+            links, readlink = [], os.readlink
+            monkeypatch.setattr(os, "readlink", lambda path, *a: links.append(path) or readlink(path, *a))
+            assert port_taken(TargetSpec("port", port=port, host="127.0.0.1"), found, []).startswith(
+                f"uid {os.geteuid()}")  # held by "another user" than the engine's: its holder named
+            assert 0 < len(links) < 100, len(links)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -192,7 +192,7 @@ def holders(inode: int, uid: int, first: Iterable[int] = (), limit: int | None =
     link, budget = f"socket:[{inode}]", [limit if limit is not None else -1]
     first = list(dict.fromkeys(first))
     if reads is not None and limit is None:
-        found = [pid for pid in first if reads.uid(pid) == uid and reads.holds(pid, link)]
+        found = [pid for pid in first if reads.uid(pid) == uid and link in reads.links(pid)]
     else:
         found = [pid for pid in first if _uid_of(pid) == uid and _holds(pid, link, budget)]
     return found or [pid for pid in pids_of(uid) if pid not in first and _holds(pid, link, budget)]
@@ -710,7 +710,10 @@ class Reads:
         return self._tasks[pid]
 
     def holds(self, pid: int, link: str) -> bool:
-        return link in self.links(pid)
+        """From its descriptors as read (the engine's processes: `links`); else read until `link` turns up: a process
+        of another user on the engine's port (a squatter) may hold a million descriptors, and only this one counts."""
+        links = self._links.get(pid)
+        return link in links if links is not None else _holds(pid, link)
 
     def cpu_seconds(self, pid: int) -> float | None:
         """User and system CPU time, as psutil's cpu_times reads them."""
