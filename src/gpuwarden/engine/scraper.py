@@ -41,22 +41,28 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
-class Scraper:
-    def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
-        self.url, self.profile, self.timeout, self.max_bytes = url, profile, timeout, max_bytes
+class HttpScraper:
+    """An endpoint read over HTTP (/metrics, /slots): the whole answer and its parse within `timeout`, a large
+    body parsed off the loop; a reconnect only where the owner check allows it. `what` names the endpoint in its
+    errors."""
+
+    what = ""
+
+    def __init__(self, url: str, timeout: float, max_bytes: int) -> None:
+        self.url, self.timeout, self.max_bytes = url, timeout, max_bytes
         self._client = client_for(url, timeout)
 
-    async def scrape(self) -> EngineSample:
+    async def _read(self, parse_body: Callable[[bytes], EngineSample]) -> EngineSample:
         try:
             async with asyncio.timeout(self.timeout):
-                body = await fetch(self._client, self.url, self.max_bytes)
+                body = await fetch(self._client, self.url, self.max_bytes, self.what)
                 if len(body) <= OFF_LOOP_BYTES:
-                    return _parse(body, self.profile)
-                return await PARSES.run(self.url, self.timeout, _parse, body, self.profile)
+                    return parse_body(body)
+                return await PARSES.run(self.url, self.timeout, parse_body, body)
         except TimeoutError:
-            raise ScrapeError("timeout", f"no whole answer within {self.timeout:g} s") from None
+            raise ScrapeError("timeout", f"{self.what}no whole answer within {self.timeout:g} s") from None
         except Busy as exc:
-            raise ScrapeError("timeout", str(exc)) from None
+            raise ScrapeError("timeout", f"{self.what}{exc}") from None
 
     def reconnect_only_if(self, check: Callable[[], bool]) -> None:
         """See Plain.may_reconnect (https:// is verified by its certificate instead)."""
@@ -65,6 +71,20 @@ class Scraper:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+class Scraper(HttpScraper):
+    """An engine's /metrics, read as its kind's (`profile`, or detected)."""
+
+    def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
+        super().__init__(url, timeout, max_bytes)
+        self.profile = profile
+
+    async def scrape(self) -> EngineSample:
+        return await self._read(self._parse)
+
+    def _parse(self, body: bytes) -> EngineSample:
+        return _parse(body, self.profile)
 
 
 def client_for(url: str, timeout: float) -> Plain | httpx.AsyncClient:

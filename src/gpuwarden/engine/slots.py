@@ -11,13 +11,10 @@ loop hangs: a timeout here is itself the evidence.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
 
 from gpuwarden.engine.metrics import EngineSample
-from gpuwarden.engine.scraper import OFF_LOOP_BYTES, PARSES, Plain, ScrapeError, client_for, fetch
-from gpuwarden.runtime.offloop import Busy
+from gpuwarden.engine.scraper import HttpScraper, ScrapeError
 
 
 class SlotsProgress:
@@ -44,35 +41,21 @@ class SlotsProgress:
                             progress=float(self.total), per_step=True, timing=None)
 
 
-class SlotsScraper:
+class SlotsScraper(HttpScraper):
+    """llama.cpp's /slots, where its /metrics is off: progress from the slots' decoded tokens."""
+
+    what = "/slots: "
+
     def __init__(self, base_url: str, timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
-        self.url, self.timeout, self.max_bytes = base_url.rstrip("/") + "/slots", timeout, max_bytes
+        # 8 MiB of JSON held the loop 0.3 s here, and its slots as long again: parsed off the loop, as /metrics
+        super().__init__(base_url.rstrip("/") + "/slots", timeout, max_bytes)
         self.progress = SlotsProgress()
-        self._client = client_for(self.url, timeout)
 
     async def scrape(self) -> EngineSample:
-        try:
-            async with asyncio.timeout(self.timeout):  # the whole answer and its parse, as for /metrics
-                body = await fetch(self._client, self.url, self.max_bytes, "/slots: ")
-                if len(body) <= OFF_LOOP_BYTES:
-                    return self._sample(body)
-                # 8 MiB of JSON held the loop 0.3 s here, and its slots as long again: in a thread, as /metrics
-                return await PARSES.run(self.url, self.timeout, self._sample, body)
-        except TimeoutError:
-            raise ScrapeError("timeout", f"/slots: no whole answer within {self.timeout:g} s") from None
-        except Busy as exc:
-            raise ScrapeError("timeout", f"/slots: {exc}") from None
+        return await self._read(self._sample)
 
     def _sample(self, body: bytes) -> EngineSample:
         try:
             return self.progress.sample(json.loads(body))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:
             raise ScrapeError("unparsable", f"/slots: {type(exc).__name__}: {str(exc)[:200]}") from None
-
-    def reconnect_only_if(self, check: Callable[[], bool]) -> None:
-        """See Plain.may_reconnect."""
-        if isinstance(self._client, Plain):
-            self._client.may_reconnect = check
-
-    async def close(self) -> None:
-        await self._client.aclose()
