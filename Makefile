@@ -69,8 +69,8 @@ $(VENV)/.installed: pyproject.toml | system-deps
 # `make install DESTDIR=/tmp/stage PREFIX=/usr/lib/gpuwarden` stages it for a package: the virtualenv in
 # $(DESTDIR)$(PREFIX), then `gpuwarden install` places the unit (its ExecStart names $(PREFIX), not the stage),
 # the configuration (0600; an existing one is kept, only tightened), the man page and the bash completion
-# (below $(DESTDIR)$(DATAPREFIX)/share). A virtualenv names its own path inside: staged elsewhere, it runs
-# only once it is at $(PREFIX).
+# (below $(DESTDIR)$(DATAPREFIX)/share) and gpuwarden on PATH ($(DATAPREFIX)/bin, a link). A virtualenv names its
+# own path inside: staged elsewhere, it runs only once it is at $(PREFIX).
 DESTDIR ?=
 DATAPREFIX ?= /usr/local
 install: system-deps
@@ -85,6 +85,7 @@ uninstall:
 	-@[ -d /run/systemd/system ] && $(SUDO) systemctl disable --now gpuwarden 2>/dev/null; true
 	$(SUDO) rm -f $(DESTDIR)/etc/systemd/system/gpuwarden.service $(DESTDIR)$(DATAPREFIX)/share/man/man1/gpuwarden.1 \
 		$(DESTDIR)$(DATAPREFIX)/share/bash-completion/completions/gpuwarden
+	if [ -L $(DESTDIR)$(DATAPREFIX)/bin/gpuwarden ]; then $(SUDO) rm -f $(DESTDIR)$(DATAPREFIX)/bin/gpuwarden; fi  # ours: a link
 	$(SUDO) rm -rf $(DESTDIR)$(PREFIX)
 	-@[ -d /run/systemd/system ] && $(SUDO) systemctl daemon-reload; true
 	@echo "kept /etc/gpuwarden (your configuration) and /var/lib/gpuwarden (the event store)"

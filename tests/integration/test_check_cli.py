@@ -218,6 +218,7 @@ def test_install_says_the_next_step_and_uninstall_undoes_it(tmp_path):
     left = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
     assert left == ["etc/gpuwarden/gpuwarden.toml"] and (stage / "etc/gpuwarden/gpuwarden.toml").read_text() == \
         "# mine\n"
-    assert undone.stdout.count("removed ") == 3 and "kept " in undone.stdout
+    assert undone.stdout.count("removed ") == 4 and "kept " in undone.stdout  # unit, man page, completion, link
+    assert not os.path.lexists(stage / "usr/local/bin/gpuwarden")
     again = gw("uninstall", "--root", str(stage))
     assert again.returncode == 0 and "nothing to remove" in again.stdout

@@ -1,6 +1,7 @@
 """`gpuwarden install --root DIR`, run for real as a packager stages it: the unit (its ExecStart naming where
 gpuwarden is, checked by systemd-analyze verify), the configuration (issue 24, finding 9: `make install` wrote it
-0644, the file where alert tokens go), the man page and the bash completion, with their modes."""
+0644, the file where alert tokens go), the man page and the bash completion, with their modes, and `gpuwarden` on
+PATH (a link: the README's next step after an install is `gpuwarden check`, which a new user found missing)."""
 
 import os
 import shutil
@@ -38,6 +39,38 @@ def test_install_places_unit_config_man_page_and_completion_with_their_modes(tmp
     assert "/opt/gpuwarden" not in text and "Documentation=man:gpuwarden(1)" in text
     assert man.read_text().startswith(".TH GPUWARDEN 1") and "complete -o bashdefault" in completion.read_text()
     assert f"placed {unit} (mode 644)" in done.stdout
+    command = tmp_path / "usr/bin/gpuwarden"  # the command the man page and the completion name, on PATH
+    assert command.is_symlink() and os.readlink(command) == EXE
+    assert subprocess.run([command, "--version"], capture_output=True, text=True, timeout=60).returncode == 0
+    assert f"linked {command} -> {EXE}" in done.stdout
+
+
+def test_another_installations_command_on_path_is_kept_and_left(tmp_path):
+    """pip installing gpuwarden into the system's Python puts its own script at /usr/local/bin/gpuwarden: install
+    links nothing over it, and uninstall leaves it; a link there (an earlier install's) is replaced, then removed."""
+    command = tmp_path / "usr/local/bin/gpuwarden"
+    command.parent.mkdir(parents=True)
+    command.write_text("#!/bin/sh\necho pip's own\n")
+    command.chmod(0o755)
+    done = install(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not command.is_symlink() and "pip's own" in command.read_text()
+    assert f"kept the existing {command} (mode 755)" in done.stdout
+    undone = subprocess.run([*GPUWARDEN, "uninstall", "--root", str(tmp_path)], capture_output=True, text=True,
+                            timeout=60)
+    assert undone.returncode == 0 and command.is_file() and str(command) not in undone.stdout, undone.stdout
+    command.unlink()
+    command.symlink_to("/old/install/bin/gpuwarden")
+    assert install(tmp_path).returncode == 0 and os.readlink(command) == EXE
+    undone = subprocess.run([*GPUWARDEN, "uninstall", "--root", str(tmp_path)], capture_output=True, text=True,
+                            timeout=60)
+    assert f"removed {command}" in undone.stdout and not os.path.lexists(command)
+
+
+def test_a_command_installed_at_the_links_own_place_is_not_linked_to_itself(tmp_path):
+    done = install(tmp_path, "--exec", "/usr/local/bin/gpuwarden")
+    assert done.returncode == 0, done.stderr
+    assert not os.path.lexists(tmp_path / "usr/local/bin/gpuwarden") and "linked" not in done.stdout
 
 
 def test_the_placed_unit_passes_systemd_analyze_verify(tmp_path):
@@ -91,6 +124,7 @@ def test_make_install_honours_destdir_and_prefix(tmp_path):
     assert f"ExecStart={prefix}/bin/gpuwarden run\n" in unit and str(stage) not in unit
     assert mode(stage / "etc/gpuwarden/gpuwarden.toml") == 0o600
     assert (stage / "usr/share/bash-completion/completions/gpuwarden").is_file()
+    assert os.readlink(stage / "usr/bin/gpuwarden") == f"{prefix}/bin/gpuwarden"  # where it will be, not the stage
 
 
 def test_the_placed_unit_serves_the_watchdog_first(tmp_path):

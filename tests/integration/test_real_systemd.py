@@ -153,6 +153,8 @@ def test_make_install_and_enable_now_start_it_active_with_status(box):
     # a fault logged before the first start: the daemon's catch-up stores it before its alerter starts
     write_kmsg(f"amdgpu {TEST_GPU}: amdgpu: sq_intr: error before-first-start")  # not the kind checked below
     time.sleep(0.5)  # in the container's journal
+    # the next step install names, as the README gives it: `gpuwarden` is on PATH (a link in /usr/local/bin)
+    assert "valid" in box.run(f"gpuwarden check {CONFIG}").stdout
     box.run("systemctl enable --now gpuwarden")
     state = box.show("gpuwarden", "ActiveState", "SubState", "StatusText", "Type", "WatchdogUSec")
     assert state["ActiveState"] == "active" and state["SubState"] == "running", state
@@ -464,4 +466,5 @@ def test_make_uninstall_keeps_config_and_state(box):
     box.run(f"cd {CHECKOUT} && make uninstall")
     box.run(f"test -f {CONFIG} && test -f /var/lib/gpuwarden/gpuwarden.db")
     box.run("test ! -e /opt/gpuwarden && test ! -e /etc/systemd/system/gpuwarden.service")
+    box.run("test ! -L /usr/local/bin/gpuwarden && ! command -v gpuwarden")
     assert box.show("gpuwarden", "LoadState")["LoadState"] == "not-found"

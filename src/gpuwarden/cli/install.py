@@ -1,10 +1,11 @@
 """`gpuwarden install`: puts the files a package manager would (the systemd unit, the example configuration, the
-man page, the bash completion) where systemd, man and bash look for them, for the gpuwarden this one is. Under a
-root (`--root`, a packager's DESTDIR) everything lands below it while the paths written into the unit stay those
-of the running system."""
+man page, the bash completion, `gpuwarden` on PATH) where systemd, man, bash and the shell look for them, for the
+gpuwarden this one is. Under a root (`--root`, a packager's DESTDIR) everything lands below it while the paths
+written into the unit and the link stay those of the running system."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -46,7 +47,8 @@ def unit(exe: str) -> str:
 class Placed:
     path: Path
     mode: int
-    kept: bool = False  # an existing file left as it was (the configuration)
+    kept: bool = False  # an existing file left as it was (the configuration; another installation's command)
+    target: str | None = None  # a link: what it names
 
 
 def _write(path: Path, text: str, mode: int) -> Placed:
@@ -76,27 +78,51 @@ def _config(path: Path) -> Placed:
     return Placed(path, 0o600)
 
 
+def _command(path: Path, exe: str) -> Placed:
+    """`gpuwarden` on PATH: a link to the installation's script (the man page and the completion name a command
+    the shell must find). What is there and is no link is another installation's (pip's own script): kept."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if os.path.lexists(path) and not path.is_symlink():
+        return Placed(path, path.lstat().st_mode & 0o777, kept=True)
+    if not os.path.isabs(exe):
+        raise ValueError(f"--exec {exe!r}: the link on PATH needs an absolute path")
+    tmp = path.with_name(f".{path.name}.new")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(exe, tmp)
+    os.replace(tmp, path)
+    return Placed(path, 0o777, target=exe)
+
+
 def install(root: Path, prefix: str, exe: str, man_page: str, completion: str) -> list[Placed]:
-    """The unit (0644), the configuration (0600, an existing one kept), the man page and the completion (0644)
-    under `root`; the man page and the completion below `prefix` (/usr for a distribution, /usr/local by hand)."""
-    share = root / prefix.lstrip("/") / "share"
-    return [_write(root / UNIT, unit(exe), 0o644),
-            _config(root / CONFIG),
-            _write(share / "man/man1/gpuwarden.1", man_page, 0o644),
-            _write(share / "bash-completion/completions/gpuwarden", completion, 0o644)]
+    """The unit (0644), the configuration (0600, an existing one kept), the man page and the completion (0644),
+    the command on PATH (a link to `exe`) under `root`; the last three below `prefix` (/usr for a distribution,
+    /usr/local by hand). Where `exe` is that very path (pip installed it there), nothing is linked."""
+    base = root / prefix.lstrip("/")
+    placed = [_write(root / UNIT, unit(exe), 0o644),
+              _config(root / CONFIG),
+              _write(base / "share/man/man1/gpuwarden.1", man_page, 0o644),
+              _write(base / "share/bash-completion/completions/gpuwarden", completion, 0o644)]
+    if os.path.normpath(exe) != os.path.normpath(f"/{prefix.strip('/')}/bin/gpuwarden"):
+        placed.append(_command(base / "bin/gpuwarden", exe))
+    return placed
 
 
 def placed_paths(root: Path, prefix: str) -> list[Path]:
     """What `install` places that `uninstall` takes away: everything but the configuration (the admin's, with
-    its tokens) and the state dir (the event store), which are kept."""
-    share = root / prefix.lstrip("/") / "share"
-    return [root / UNIT, share / "man/man1/gpuwarden.1", share / "bash-completion/completions/gpuwarden"]
+    its tokens) and the state dir (the event store), which are kept; the command on PATH only where it is a
+    link (a script there is another installation's)."""
+    base = root / prefix.lstrip("/")
+    return [root / UNIT, base / "share/man/man1/gpuwarden.1", base / "share/bash-completion/completions/gpuwarden",
+            base / "bin/gpuwarden"]
 
 
 def uninstall(root: Path, prefix: str) -> list[Path]:
     """The files `install` placed, removed; those that were not there are not listed."""
     removed = []
     for path in placed_paths(root, prefix):
+        if path.name == "gpuwarden" and path.parent.name == "bin" and not path.is_symlink():
+            continue  # not our link: another installation's script, or nothing
         try:
             path.unlink()
         except FileNotFoundError:

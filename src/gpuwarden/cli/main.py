@@ -223,16 +223,18 @@ def _parser() -> argparse.ArgumentParser:
         handler=cmd_test_alert)
 
     install = command("install", help="place the systemd unit, the example configuration (an existing one is kept), "
-                                      "the man page and the bash completion")
+                                      "the man page, the bash completion and gpuwarden on PATH (a link)")
     install.add_argument("--root", type=Path, default=Path("/"),
                          help="install below this folder, as a packager stages (DESTDIR; default /)")
     install.add_argument("--prefix", default="/usr/local",
-                         help="where the man page and the completion go, below --root (default /usr/local)")
+                         help="where the man page, the completion and the link go, below --root (default "
+                              "/usr/local)")
     install.add_argument("--exec", dest="exe", metavar="PATH",
                          help="the gpuwarden the unit starts (default: this one)")
     install.set_defaults(handler=cmd_install)
     uninstall = command("uninstall", help="the reverse of install: stop and disable the service, remove the unit, "
-                                          "the man page and the completion; keep the configuration and the store")
+                                          "the man page, the completion and the link; keep the configuration and "
+                                          "the store")
     uninstall.add_argument("--root", type=Path, default=Path("/"), help="as install's --root (default /)")
     uninstall.add_argument("--prefix", default="/usr/local", help="as install's --prefix (default /usr/local)")
     uninstall.set_defaults(handler=cmd_uninstall)
@@ -257,8 +259,9 @@ EXAMPLES = [  # the man page's EXAMPLES: what a new user does first, then what a
      "holds a critical event."),
     ("gpuwarden probe http://127.0.0.1:8000/metrics", "Scrape an engine once: what it runs, and the processes "
      "a kill would take."),
-    ("sudo gpuwarden install", "Place the systemd unit, the configuration, the man page and the completion, and "
-     "say the next step; sudo gpuwarden uninstall takes them away again, keeping the configuration."),
+    ("sudo gpuwarden install", "Place the systemd unit, the configuration, the man page, the completion and "
+     "gpuwarden on PATH, and say the next step; sudo gpuwarden uninstall takes them away again, keeping the "
+     "configuration."),
 ]
 
 
@@ -294,7 +297,10 @@ def cmd_install(args: argparse.Namespace) -> int:
         print(f"gpuwarden install: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     for done in placed:
-        print(f"{'kept the existing' if done.kept else 'placed'} {done.path} (mode {done.mode:o})")
+        if done.target:
+            print(f"linked {done.path} -> {done.target} (the gpuwarden command on PATH)")
+        else:
+            print(f"{'kept the existing' if done.kept else 'placed'} {done.path} (mode {done.mode:o})")
     where = "next" if args.root == Path("/") else f"next, on the system this stage ({args.root}) is for"
     print(f"{where}: put your alert URLs in /{install.CONFIG} (and your engines, or leave them to discovery),\n"
           "  then: gpuwarden check && gpuwarden test-alert\n"
@@ -303,8 +309,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    """The reverse of `install`: the service stopped and disabled (on this system), the unit, man page and
-    completion removed; the configuration and the event store kept, and said so."""
+    """The reverse of `install`: the service stopped and disabled (on this system), the unit, man page,
+    completion and link removed; the configuration and the event store kept, and said so."""
     import shutil
     import subprocess
 
