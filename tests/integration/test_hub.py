@@ -2,6 +2,7 @@
 the policy sees it, and what the actuator does (or may not do) comes back on the queue as an event of its own."""
 
 import asyncio
+import logging
 import os
 import time
 
@@ -79,7 +80,7 @@ def test_a_kill_past_the_budget_is_stored_then_refused_for_a_person(tmp_path):
                                                                 ("kill_refused", "critical"): 1}
 
 
-def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path):
+def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path, caplog):
     hub = hub_for(tmp_path, [policy.EngineView("e", None, "kill", "kill", kill_budget=0),
                              policy.EngineView("quiet", None, "alert", "alert")])
 
@@ -87,8 +88,13 @@ def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path)
         record(hub, [stall("e").as_history(), stall("quiet")])
         await consumed(hub, 0.1)
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.INFO, logger="gpuwarden"):
+        asyncio.run(scenario())
     assert [e["kind"] for e in hub.store.events()] == ["engine_stall", "engine_stall"]
+    # a new user's first start logged 416 old faults, none saying it was old: history says so in its line
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warning engine_stall")]
+    assert logged == ["warning engine_stall: e stalled (history: logged before gpuwarden started; no action)",
+                      "warning engine_stall: quiet stalled"], logged
     counted = hub.metrics.snapshot()  # history is counted apart from live events
     assert counted["gpuwarden_events_total"] == {("engine_stall", "warning"): 1}
     assert counted["gpuwarden_history_events_total"] == {("engine_stall", "warning"): 1}

@@ -23,7 +23,7 @@ from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.host import AlertContext
 from gpuwarden.core import conditions, families, incidents, policy
 from gpuwarden.core.metrics import SelfMetrics
-from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.model import HISTORY, Event, Severity
 from gpuwarden.gpu import recovery
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
@@ -213,7 +213,10 @@ class Record:
             # apart: an alerting rule on the live counter must not fire for an earlier boot's fault at a start
             counter = families.EVENTS if event.live else families.HISTORY_EVENTS
             self.metrics.inc(counter, event.kind, str(event.severity), by=event.count)
-            log.log(_LOG_LEVEL[event.severity], "%s %s: %s", event.severity, event.kind, event.message,
+            # history says so in its line: a start on a host whose log holds old faults logs each of them, and
+            # those lines must not read as faults happening now
+            log.log(_LOG_LEVEL[event.severity], "%s %s: %s%s", event.severity, event.kind, event.message,
+                    "" if event.live else f" (history: {event.evidence[HISTORY]}; no action)",
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
 
     def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
