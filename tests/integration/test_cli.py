@@ -157,6 +157,25 @@ def kinds(cfg, *args):
     return [e["kind"] for e in json.loads(result.stdout)]
 
 
+def test_events_say_which_are_history_and_when_their_line_was_logged(tmp_path):
+    """A new user's `events` after a first start showed old faults stamped with the daemon's start, as if new."""
+    now = time.time()
+    store = Store(tmp_path / "gpuwarden.db")
+    store.add_events([
+        Event("xid", Severity.WARNING, "Xid 13", now - 5, gpu="ffff:fe:1f.7").as_history(now - 3600),
+        Event("sq_intr", Severity.WARNING, "wave", now - 5, gpu="ffff:fe:1f.7").as_history(),
+        Event("ring_timeout", Severity.WARNING, "ring", now - 4, gpu="ffff:fe:1f.7"),
+    ])
+    store.close()
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n')
+    lines = run("--config", str(cfg), "events").stdout.splitlines()
+    logged = datetime.fromtimestamp(now - 3600).isoformat(sep=" ", timespec="seconds")
+    assert lines[0].endswith(f"Xid 13 [history: logged {logged}]"), lines
+    assert lines[1].endswith("wave [history: logged before gpuwarden started]"), lines
+    assert lines[2].endswith(" ring"), lines
+
+
 def test_events_filters(store_cfg):
     assert kinds(store_cfg) == ["xid", "sq_intr", "engine_stall", "engine_exited", "gpu_power_spike"]
     assert kinds(store_cfg, "--kind", "xid", "--kind", "sq_intr") == ["xid", "sq_intr"]

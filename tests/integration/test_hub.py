@@ -5,6 +5,7 @@ import asyncio
 import logging
 import os
 import time
+from datetime import datetime
 
 from gpuwarden.act.actuator import Actuator
 from gpuwarden.config.settings import CacheConfig
@@ -85,19 +86,21 @@ def test_history_and_alert_only_engines_bring_no_action_and_no_outcome(tmp_path,
                              policy.EngineView("quiet", None, "alert", "alert")])
 
     async def scenario():
-        record(hub, [stall("e").as_history(), stall("quiet")])
+        record(hub, [stall("e").as_history(), stall("quiet"), stall("old").as_history(logged_at=1.0e9)])
         await consumed(hub, 0.1)
 
     with caplog.at_level(logging.INFO, logger="gpuwarden"):
         asyncio.run(scenario())
-    assert [e["kind"] for e in hub.store.events()] == ["engine_stall", "engine_stall"]
+    assert [e["kind"] for e in hub.store.events()] == ["engine_stall"] * 3
     # a new user's first start logged 416 old faults, none saying it was old: history says so in its line
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warning engine_stall")]
+    then = datetime.fromtimestamp(1.0e9).isoformat(sep=" ", timespec="seconds")
     assert logged == ["warning engine_stall: e stalled (history: logged before gpuwarden started; no action)",
-                      "warning engine_stall: quiet stalled"], logged
+                      "warning engine_stall: quiet stalled",
+                      f"warning engine_stall: old stalled (history: logged {then}; no action)"], logged
     counted = hub.metrics.snapshot()  # history is counted apart from live events
     assert counted["gpuwarden_events_total"] == {("engine_stall", "warning"): 1}
-    assert counted["gpuwarden_history_events_total"] == {("engine_stall", "warning"): 1}
+    assert counted["gpuwarden_history_events_total"] == {("engine_stall", "warning"): 2}
 
 
 def test_a_crash_loop_moves_the_poisoned_cache_aside_and_says_so(tmp_path):

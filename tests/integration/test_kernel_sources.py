@@ -48,6 +48,7 @@ def test_journal_source_delivers_kernel_records_with_cursors(journald):
     t = tag()
     source = JournalSource(cursor=None, lookback=0, tick=0.1)
     lines = [f"amdgpu ffff:fe:1f.7: amdgpu: sq_intr: error {t} {i}" for i in range(3)]
+    written = time.time()
     for line in lines:
         write_kmsg(line)
     seen = asyncio.run(collect(source, set(lines)))
@@ -55,6 +56,8 @@ def test_journal_source_delivers_kernel_records_with_cursors(journald):
     mine = [r for r in seen if t in r.text]
     assert [r.text for r in mine] == lines
     assert all(r.cursor for r in mine)
+    # the entry's own wall-clock time: what an earlier boot's line is dated by when it comes back as history
+    assert all(written - 1 < r.wall < written + 5 for r in mine), [r.wall - written for r in mine]
 
 
 @pytest.mark.root

@@ -125,7 +125,7 @@ SITUATIONS = {
     "history_at_start": [
         ev(0, "ring_timeout", C, "a GPU ring timed out: the GPU is hung on ffff:04:00.0", gpu=GPU1, incident=None,
            evidence={"line": "amdgpu ffff:04:00.0: amdgpu: ring comp_1.0.0 timeout, signaled seq=1201, emitted "
-                             "seq=1203", "history": "logged before gpuwarden started",
+                             "seq=1203", "history": "logged before gpuwarden started", "logged_at": T0 - 1834.0,
                      "decision": [decision("refuse", "llama-8b", "history: logged before gpuwarden started")]}),
     ],
     # after the reboot, the verdicts as recovery.py makes them (the incident that lost GPU 0 in the last boot)

@@ -60,6 +60,20 @@ def test_no_action_says_why_and_never_hedges():
     assert "or, with" not in m.text
 
 
+def test_history_says_when_its_line_was_logged_and_when_it_was_read():
+    """An event read at start from an older line: its `time` is the reading's. The page's When is the line's own
+    time where the log said it (a new user found every old fault stamped with the start), else says it cannot."""
+    ring = Event("ring_timeout", Severity.WARNING, "a GPU ring timed out on 0000:03:00.0", 7200.0, gpu="0000:03:00.0")
+    logged = compose(Outgoing("GPU 0000:03:00.0", [ring.as_history(5400.0)], [1], severity=Severity.WARNING), CTX,
+                     "gw-h")
+    assert "When: 1970-01-01 01:30:00 UTC, logged before gpuwarden started (read at 02:00:00 UTC)" in logged.text
+    unknown = compose(Outgoing("GPU 0000:03:00.0", [ring.as_history()], [1], severity=Severity.WARNING), CTX, "gw-u")
+    assert ("When: logged before gpuwarden started, at a time its log does not say (read 1970-01-01 02:00:00 UTC)"
+            in unknown.text)
+    live = compose(Outgoing("GPU 0000:03:00.0", [ring], [1], severity=Severity.WARNING), CTX, "gw-l")
+    assert "When: 1970-01-01 02:00:00 UTC\n" in live.text
+
+
 def test_resolved_message():
     m = compose(Outgoing("GPU 0000:03:00.0", resolved="junction back to 70 °C", severity=Severity.WARNING),
                 CTX, "gw-1")

@@ -2,6 +2,8 @@
 
 import re
 
+from gpuwarden.alert.recent import Recent
+from gpuwarden.core.model import Event, Severity
 from gpuwarden.web import statuspage
 
 NOW = 1_800_000_000.0
@@ -101,6 +103,24 @@ def test_the_recent_past_is_shown_and_an_incident_whose_all_clear_went_out_is_gr
     assert "20270115-080000-engine_stall" in recent and "all-clear sent" in recent
     assert "2 (0 given up); the last 3.3 min ago" in page and "HTTP 503" in page
     assert "engine_back" in page.split("<h2>Recent events</h2>")[1]
+
+
+def test_history_in_recent_events_says_so_and_when_its_line_was_logged():
+    """At a first start on a host whose log holds old faults, the recent events are those: each says it is
+    history, with its line's own time where the log said it (the reading's time is the start's)."""
+    old = {"time": NOW - 5, "kind": "xid", "severity": "warning", "gpu": "ffff:fe:1f.7", "engine": None,
+           "message": "Xid 13", "incident": None, "history": True, "logged_at": NOW - 3600}
+    undated = {**old, "logged_at": None, "kind": "sq_intr"}
+    live = {**old, "history": False, "logged_at": None, "kind": "ring_timeout", "message": "ring"}
+    recent = statuspage.render(snapshot(recent_events=[old, undated, live])).split("<h2>Recent events</h2>")[1]
+    seen = Recent()  # what the page is given: the alerter's record of each event it was told
+    seen.event(Event("xid", Severity.WARNING, "Xid 13", NOW - 5, gpu="ffff:fe:1f.7").as_history(NOW - 3600))
+    seen.event(Event("ring_timeout", Severity.WARNING, "ring", NOW - 4))
+    assert [(e["history"], e["logged_at"]) for e in seen.snapshot([], {})["recent_events"]] == [
+        (False, None), (True, NOW - 3600)]
+    assert f"Xid 13 <i>(history: logged {statuspage._clock(NOW - 3600)})</i>" in recent
+    assert recent.count("<i>(history: logged before gpuwarden started)</i>") == 1
+    assert "ring</li>" in recent
 
 
 def test_a_down_engine_says_it_is_down_not_never():

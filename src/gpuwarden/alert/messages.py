@@ -18,7 +18,7 @@ from gpuwarden.alert.storm import FOLLOW_UP_KINDS, Outgoing
 from gpuwarden.alert.titles import ended, headline, repeats_title
 from gpuwarden.alert.words import clock, figure, plural, span, when
 from gpuwarden.core.eventkinds import GPU_LOST_KINDS
-from gpuwarden.core.model import Event, Severity
+from gpuwarden.core.model import LOGGED_AT, Event, Severity
 
 _EVIDENCE_LINES = 12
 _MARKS = re.compile(r"[\\*_\[\]<>#|~]")  # what Markdown would read as emphasis, a link, HTML, a heading, a table
@@ -60,7 +60,7 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
         paged = out.earlier[0].time
         blocks.append(("Update on", f"{headline(out.earlier, ctx)} (first paged {when(paged, ctx.tz)})"))
     if out.events:
-        blocks.append(("When", when(out.events[0].time, ctx.tz)))
+        blocks.append(("When", _when(out.events[0], ctx)))
     if happened := _happened(out, ctx):
         blocks.append(("What happened", happened))
     if decisions := _decisions(out.events, ctx):
@@ -87,6 +87,15 @@ def compose(out: Outgoing, ctx: Context, alert_id: str, incident: str | None = N
     if steps := what_to_do(out, ctx):
         blocks.append(("What to do", steps))
     return _message(alert_id, title, blocks, incident, out, out.ends, tags, steps)
+
+
+def _when(e: Event, ctx: Context) -> str:
+    """When it happened: for history, when its line was logged (its `time` is when gpuwarden read it, at start)."""
+    if e.live:
+        return when(e.time, ctx.tz)
+    if logged := e.evidence.get(LOGGED_AT):
+        return f"{when(logged, ctx.tz)}, logged before gpuwarden started (read at {clock(e.time, ctx.tz)})"
+    return f"logged before gpuwarden started, at a time its log does not say (read {when(e.time, ctx.tz)})"
 
 
 def _message(alert_id: str, title: str, blocks: list, incident: str | None, out: Outgoing, resolved: bool,

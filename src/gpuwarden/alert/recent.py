@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any
 
-from gpuwarden.core.model import Event
+from gpuwarden.core.model import LOGGED_AT, Event
 
 EVENTS = 20
 INCIDENTS = 20
@@ -23,7 +23,10 @@ class Recent:
 
     def event(self, e: Event) -> None:
         self.events.append({"time": e.time, "kind": e.kind, "severity": str(e.severity), "gpu": e.gpu,
-                            "engine": e.engine, "message": e.message, "incident": e.evidence.get("incident")})
+                            "engine": e.engine, "message": e.message, "incident": e.evidence.get("incident"),
+                            # history: read at start from an older line (`time` is the reading's), and when it was
+                            # logged where the log said
+                            "history": not e.live, "logged_at": e.evidence.get(LOGGED_AT)})
 
     def paged(self, incident: str | None, alert_id: str, title: str, steps: list[str], all_clear: bool,
               heard: bool, now: float) -> None:

@@ -23,6 +23,7 @@ from gpuwarden import __version__, enginekinds
 from gpuwarden.config import settings as configuration
 from gpuwarden.config.settings import ConfigError, parse_duration
 from gpuwarden.core.counts import plural
+from gpuwarden.core.model import HISTORY, LOGGED_AT
 from gpuwarden.runtime import logsetup
 from gpuwarden.runtime.logsetup import redact
 from gpuwarden.store.sqlite import Store, StoreError
@@ -531,7 +532,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     def text(row: dict) -> str:
         stamp = datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
         count = f" (x{row['count']})" if row["count"] > 1 else ""
-        return f"{stamp}  {row['severity']:<8} {row['kind']:<16} {row['gpu'] or '-':<13} {row['message']}{count}"
+        return f"{stamp}  {row['severity']:<8} {row['kind']:<16} {row['gpu'] or '-':<13} {row['message']}{count}" \
+            + _history(row["evidence"])
     if not _emit(args, rows, text) and not (args.json or args.jsonl):
         until = f" until {_stamp(args.until)}" if args.until is not None else ""
         print(f"no events since {_stamp(since)}{until}"
@@ -540,6 +542,15 @@ def cmd_events(args: argparse.Namespace) -> int:
         print(f"{left_out} older event{'' if left_out == 1 else 's'} left out: the newest {args.limit} are shown "
               "(--limit N for more, or a later --since)", file=sys.stderr)
     return EXIT_OK
+
+
+def _history(evidence: dict) -> str:
+    """An event read at start from a line logged before (its time is the reading's): said, with the line's own
+    time where the log told it."""
+    if HISTORY not in evidence:
+        return ""
+    logged = evidence.get(LOGGED_AT)
+    return f" [history: logged {_stamp(logged)}]" if logged else " [history: logged before gpuwarden started]"
 
 
 def _stamp(when: float) -> str:

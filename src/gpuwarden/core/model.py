@@ -25,6 +25,7 @@ class Severity(enum.IntEnum):
 
 
 HISTORY = "history"  # evidence key of an event that is history, not live
+LOGGED_AT = "logged_at"  # evidence key of history: when its line was logged (wall clock), where it can be told
 CONDITION = "condition"  # evidence key of a telemetry condition's own identity (one GPU can have several)
 CROWD = "crowd"  # evidence key: the user whose discovered servers are alerted as one ("discovered engines of u")
 
@@ -72,8 +73,12 @@ class Event:
         and reported, and never acts. Kept in the evidence, so it survives the store."""
         return HISTORY not in self.evidence
 
-    def as_history(self) -> Event:
-        return replace(self, evidence={**self.evidence, HISTORY: "logged before gpuwarden started"})
+    def as_history(self, logged_at: float | None = None) -> Event:
+        """`logged_at`: when its line was logged, where it can be told (the event's `time` is when it was read)."""
+        evidence = {**self.evidence, HISTORY: "logged before gpuwarden started"}
+        if logged_at is not None:
+            evidence[LOGGED_AT] = logged_at
+        return replace(self, evidence=evidence)
 
     @property
     def dedupe_key(self) -> str:

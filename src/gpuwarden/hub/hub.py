@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Protocol
 
 from gpuwarden.act.actuator import Actuator
@@ -23,7 +24,7 @@ from gpuwarden.alert.alerter import Alerter
 from gpuwarden.alert.host import AlertContext
 from gpuwarden.core import conditions, families, incidents, policy
 from gpuwarden.core.metrics import SelfMetrics
-from gpuwarden.core.model import HISTORY, Event, Severity
+from gpuwarden.core.model import HISTORY, LOGGED_AT, Event, Severity
 from gpuwarden.gpu import recovery
 from gpuwarden.gpu.inventory import GpuInventory
 from gpuwarden.gpu.recorder import FlightRecorder
@@ -216,7 +217,7 @@ class Record:
             # history says so in its line: a start on a host whose log holds old faults logs each of them, and
             # those lines must not read as faults happening now
             log.log(_LOG_LEVEL[event.severity], "%s %s: %s%s", event.severity, event.kind, event.message,
-                    "" if event.live else f" (history: {event.evidence[HISTORY]}; no action)",
+                    "" if event.live else f" (history: {_logged(event)}; no action)",
                     extra=logsetup.event_fields(event.kind, event.gpu, event.engine))
 
     def _remember(self, refs: list[tuple[str, int]], ids: list[int]) -> None:
@@ -225,6 +226,13 @@ class Record:
         self.rows.update(zip(refs, ids, strict=False))
         while len(self.rows) > _ROWS_KEPT:
             self.rows.popitem(last=False)
+
+
+def _logged(event: Event) -> str:
+    """When a history event's line was logged, where the log said; else that it was before the start."""
+    if (logged := event.evidence.get(LOGGED_AT)) is None:
+        return event.evidence[HISTORY]
+    return f"logged {datetime.fromtimestamp(logged).isoformat(sep=' ', timespec='seconds')}"
 
 
 class Alert:

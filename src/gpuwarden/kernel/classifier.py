@@ -144,6 +144,7 @@ class Burst:
     count: int = 1
     ref: tuple[str, int] | None = None
     boot: str | None = None  # the boot its line was logged in, where the source says (a journal's catch-up)
+    wall: float | None = None  # when its line was logged on the wall clock, where the source says (the journal)
 
     @property
     def final(self) -> Event:
@@ -445,7 +446,7 @@ class Classifier:
         else:
             bursts = [self._start(key, gpu, device, meaning, _evidence(*made), stamp, now), *outcomes]
         for burst in bursts:  # a held line is released by a later record, which may be of another boot
-            burst.boot = burst.boot or record.boot
+            burst.boot, burst.wall = burst.boot or record.boot, burst.wall or record.wall
         return bursts
 
     def _burst(self, kind: str, severity: Severity, gpu: str | None, device: str | None, xid: int | None,

@@ -18,6 +18,7 @@ class KernelRecord:
     cursor: str | None = None  # where to resume after this record (journal cursor, or kmsg position)
     seq: int | None = None  # /dev/kmsg sequence number
     boot: str | None = None  # boot id of a journal entry: its timestamp counts from that boot
+    wall: float | None = None  # when it was logged on the wall clock, where the source says (a journal entry)
     # The kernel's own metadata, where the format carries it (a /dev/kmsg record, a journal entry): whether it
     # does (`metadata`), the syslog facility (0: the kernel; user space writing /dev/kmsg gets 1 or more) and the
     # device's subsystem (`pci` with `device` for a line printed by dev_printk). kernel/classifier.unverified().

@@ -230,6 +230,7 @@ def _from_entry(entry: dict) -> KernelRecord:
     if isinstance(stamp, tuple):  # __MONOTONIC_TIMESTAMP converts to (timedelta, boot id)
         stamp = stamp[0]
     device = entry.get("_KERNEL_DEVICE") or entry.get("_UDEV_SYSNAME")
+    wall = entry.get("__REALTIME_TIMESTAMP")  # a datetime (python-systemd converts it)
     return KernelRecord(
         text=str(message),
         timestamp=stamp.total_seconds() if stamp is not None else None,
@@ -239,6 +240,7 @@ def _from_entry(entry: dict) -> KernelRecord:
         metadata=True,
         facility=journal_facility(entry.get("SYSLOG_FACILITY")),
         subsystem=str(entry["_KERNEL_SUBSYSTEM"]) if entry.get("_KERNEL_SUBSYSTEM") else None,
+        wall=wall.timestamp() if hasattr(wall, "timestamp") else None,
     )
 
 

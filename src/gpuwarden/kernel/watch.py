@@ -128,7 +128,7 @@ class KernelWatch:
                 for record, started in self.classifier.feed_all(batch, now):
                     if record.boot and record.boot != self.boot:  # caught up from an earlier boot's journal
                         for burst in started:
-                            burst.event = burst.event.as_history()
+                            burst.event = burst.event.as_history(self._logged_at(burst))
                     bursts += started
                 sink.kernel_lines(now, [r.text for r in batch])
                 flushed = self.classifier.flush(now, everything=ended)
@@ -141,8 +141,8 @@ class KernelWatch:
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
                     burst.event = behind_port(burst.event, self.gpus_behind)
-                    if self._is_history(burst):
-                        burst.event = burst.event.as_history()
+                    if burst.event.live and self._is_history(burst):
+                        burst.event = burst.event.as_history(self._logged_at(burst))
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
                 if cursor and not events and now - saved_at < CURSOR_EVERY:
@@ -163,6 +163,17 @@ class KernelWatch:
         finally:
             source.close()
 
+
+    def _logged_at(self, burst: Burst) -> float | None:
+        """When a history line was logged, on the wall clock: the journal's own time of its entry, or, for a kmsg
+        line of this boot, its kernel time, printk's, which runs close to CLOCK_MONOTONIC (kernel/clock.py: 0.27 s
+        apart after 21 hours), as `dmesg -T` counts. None where it cannot be told (an earlier boot's line without
+        its journal time, a file's)."""
+        if burst.wall is not None:
+            return burst.wall
+        if not self.source.kernel_clock or (burst.boot and burst.boot != self.boot):
+            return None
+        return time.time() - (time.monotonic() - burst.first)
 
     def _is_history(self, burst: Burst) -> bool:
         """Judged by the line's own kernel time, not by when it was read. kmsg and journal records carry the

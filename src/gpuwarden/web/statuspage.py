@@ -127,8 +127,16 @@ def _target(t: dict[str, Any], now: float) -> str:
 def _events(events: list[dict[str, Any]], now: float) -> str:
     items = "".join(
         f"<li>{escape(_clock(e['time']))} {_pill(e['severity'], _SEVERITY_TONE.get(e['severity'], 'none'))} "
-        f"<b>{escape(e['kind'])}</b> {escape(e['message'])}</li>" for e in events)
+        f"<b>{escape(e['kind'])}</b> {escape(e['message'])}{_history(e)}</li>" for e in events)
     return f"<div class=\"card wide\"><ul>{items}</ul></div>"
+
+
+def _history(e: dict[str, Any]) -> str:
+    """An event read at start from an older line says so, and when the line was logged where the log said."""
+    if not e.get("history"):
+        return ""
+    logged = f"logged {_clock(e['logged_at'])}" if e.get("logged_at") else "logged before gpuwarden started"
+    return f" <i>(history: {escape(logged)})</i>"
 
 
 def _decision(d: dict[str, Any]) -> str:
