@@ -73,7 +73,12 @@ def sized_prefill(server, profile: str, step_tokens: int, context: int) -> Sized
     try:
         prompt = tokens_for(rate, PREFILL * min_stall, least=PROBE, most=context - 16)
     except TooFast as exc:
-        pytest.skip(f"{profile}: {exc}")  # says why; as root (CI) a skip fails the run
+        # The rate is a short prompt's; a long one costs more a token (attention over all that came before it:
+        # a 30,000-token prompt sized for 15 s took 51 s here), so the longest prompt the context holds may
+        # still last long enough. Its prefill's own time is checked (prefill_then_hang): too short, it fails
+        # there, saying so (a machine faster than this 2,956-tokens/s one skipped, and a skip fails CI).
+        prompt = context - 16
+        print(f"{profile}: {exc}: the whole context instead, its prefill's time checked")
     print(f"{profile}: {how}: min_stall {min_stall} s, a {prompt}-token prompt for {PREFILL * min_stall:.0f} s")
     return Sized(min_stall, prompt, step_tokens / rate)
 
@@ -97,7 +102,8 @@ def prefill_then_hang(d, server, profile: str, sized: Sized, hang) -> None:
     [result] = load.results
     assert result.ok, result
     print(f"{profile}: a {prompt}-token prefill took {result.seconds:.1f} s (min_stall {min_stall} s)")
-    assert result.seconds >= 3 * min_stall  # the prefill really was long
+    assert result.seconds >= 3 * min_stall, f"a {prompt}-token prefill took {result.seconds:.1f} s: too fast here " \
+        f"to prove a long prefill is work (3 x min_stall {min_stall} s at least)"
     assert not events(d, BAD), events(d, BAD)
     with Load(server.url, streams=1, requests=1, prompt_tokens=prompt, max_tokens=2, timeout=900, seed=1):
         time.sleep(3 * INTERVAL)  # into the prefill (another prompt: none of it is cached)

@@ -44,8 +44,9 @@ TINY_LLAMA = {
     "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     "torch_dtype": "bfloat16",
 }
-# llama.cpp models, by name: gguf_model.py arguments and the context each slot gets. "slow" generates some tens
-# of tokens a second on one core: a test that needs a request to last sizes it by measurement (sizing.py).
+# llama.cpp models, by name: gguf_model.py arguments and the context each slot gets (the context the model is
+# made with, its `llama.context_length`). "slow" generates some tens of tokens a second on one core: a test that
+# needs a request to last sizes it by measurement (sizing.py).
 GGUF_MODELS = {"tiny": ([], 2048),
                "slow": (["--hidden", "1024", "--layers", "8", "--heads", "16", "--ff", "2816", "--ctx", "4096"], 4096)}
 
@@ -235,9 +236,13 @@ class LlamaCpp(Server):
     def command(self) -> list[str]:
         # with several slots the context is split between them
         ctx = self.context or GGUF_MODELS[self.model][1] * self.slots
+        # llama-server caps a slot at the context the model was made with ("the slot context exceeds the
+        # training context of the model - capping"): a longer one is the model's, said over its metadata
+        longer = ctx // self.slots > GGUF_MODELS[self.model][1]
         return [str(LLAMA_SERVER), "-m", str(gguf_model(self.model)), "--alias", "tiny-llama", "--host", "127.0.0.1",
                 "--port", str(self.port), *(["--metrics"] if self.metrics else []), "--slots", "-t", "1", "-tb", "1",
-                "-c", str(ctx), "-np", str(self.slots)]
+                "-c", str(ctx), "-np", str(self.slots),
+                *(["--override-kv", f"llama.context_length=int:{ctx // self.slots}"] if longer else [])]
 
 
 class Spares:
