@@ -17,6 +17,7 @@ from pathlib import Path
 SHIPPED_EXECUTABLE = "/opt/gpuwarden/bin/gpuwarden"
 UNIT = "etc/systemd/system/gpuwarden.service"
 CONFIG = "etc/gpuwarden/gpuwarden.toml"
+COMMAND = "bin/gpuwarden"  # below the prefix: the command on PATH, a link
 
 
 def shipped(name: str) -> str:
@@ -98,31 +99,30 @@ def install(root: Path, prefix: str, exe: str, man_page: str, completion: str) -
     """The unit (0644), the configuration (0600, an existing one kept), the man page and the completion (0644),
     the command on PATH (a link to `exe`) under `root`; the last three below `prefix` (/usr for a distribution,
     /usr/local by hand). Where `exe` is that very path (pip installed it there), nothing is linked."""
-    base = root / prefix.lstrip("/")
+    share = root / prefix.lstrip("/") / "share"
     placed = [_write(root / UNIT, unit(exe), 0o644),
               _config(root / CONFIG),
-              _write(base / "share/man/man1/gpuwarden.1", man_page, 0o644),
-              _write(base / "share/bash-completion/completions/gpuwarden", completion, 0o644)]
-    if os.path.normpath(exe) != os.path.normpath(f"/{prefix.strip('/')}/bin/gpuwarden"):
-        placed.append(_command(base / "bin/gpuwarden", exe))
+              _write(share / "man/man1/gpuwarden.1", man_page, 0o644),
+              _write(share / "bash-completion/completions/gpuwarden", completion, 0o644)]
+    if os.path.normpath(exe) != os.path.normpath(f"/{prefix.strip('/')}/{COMMAND}"):
+        placed.append(_command(root / prefix.lstrip("/") / COMMAND, exe))
     return placed
 
 
 def placed_paths(root: Path, prefix: str) -> list[Path]:
     """What `install` places that `uninstall` takes away: everything but the configuration (the admin's, with
-    its tokens) and the state dir (the event store), which are kept; the command on PATH only where it is a
+    its tokens) and the state dir (the event store), which are kept; and the command on PATH, where it is a
     link (a script there is another installation's)."""
     base = root / prefix.lstrip("/")
+    command = base / COMMAND
     return [root / UNIT, base / "share/man/man1/gpuwarden.1", base / "share/bash-completion/completions/gpuwarden",
-            base / "bin/gpuwarden"]
+            *([command] if command.is_symlink() else [])]
 
 
 def uninstall(root: Path, prefix: str) -> list[Path]:
     """The files `install` placed, removed; those that were not there are not listed."""
     removed = []
     for path in placed_paths(root, prefix):
-        if path.name == "gpuwarden" and path.parent.name == "bin" and not path.is_symlink():
-            continue  # not our link: another installation's script, or nothing
         try:
             path.unlink()
         except FileNotFoundError:

@@ -42,9 +42,9 @@ class ScrapeError(Exception):
 
 
 class HttpScraper:
-    """An endpoint read over HTTP (/metrics, /slots): the whole answer and its parse within `timeout`, a large
-    body parsed off the loop; a reconnect only where the owner check allows it. `what` names the endpoint in its
-    errors."""
+    """An endpoint read over HTTP (/metrics, /slots): the whole answer and its parse (`_sample`, the endpoint's
+    own) within `timeout`, a large body parsed off the loop; a reconnect only where the owner check allows it.
+    `what` names the endpoint in its errors."""
 
     what = ""
 
@@ -52,17 +52,20 @@ class HttpScraper:
         self.url, self.timeout, self.max_bytes = url, timeout, max_bytes
         self._client = client_for(url, timeout)
 
-    async def _read(self, parse_body: Callable[[bytes], EngineSample]) -> EngineSample:
+    async def scrape(self) -> EngineSample:
         try:
             async with asyncio.timeout(self.timeout):
                 body = await fetch(self._client, self.url, self.max_bytes, self.what)
                 if len(body) <= OFF_LOOP_BYTES:
-                    return parse_body(body)
-                return await PARSES.run(self.url, self.timeout, parse_body, body)
+                    return self._sample(body)
+                return await PARSES.run(self.url, self.timeout, self._sample, body)
         except TimeoutError:
             raise ScrapeError("timeout", f"{self.what}no whole answer within {self.timeout:g} s") from None
         except Busy as exc:
             raise ScrapeError("timeout", f"{self.what}{exc}") from None
+
+    def _sample(self, body: bytes) -> EngineSample:
+        raise NotImplementedError
 
     def reconnect_only_if(self, check: Callable[[], bool]) -> None:
         """See Plain.may_reconnect (https:// is verified by its certificate instead)."""
@@ -80,10 +83,7 @@ class Scraper(HttpScraper):
         super().__init__(url, timeout, max_bytes)
         self.profile = profile
 
-    async def scrape(self) -> EngineSample:
-        return await self._read(self._parse)
-
-    def _parse(self, body: bytes) -> EngineSample:
+    def _sample(self, body: bytes) -> EngineSample:
         return _parse(body, self.profile)
 
 

@@ -51,9 +51,6 @@ class SlotsScraper(HttpScraper):
         super().__init__(base_url.rstrip("/") + "/slots", timeout, max_bytes)
         self.progress = SlotsProgress()
 
-    async def scrape(self) -> EngineSample:
-        return await self._read(self._sample)
-
     def _sample(self, body: bytes) -> EngineSample:
         try:
             return self.progress.sample(json.loads(body))

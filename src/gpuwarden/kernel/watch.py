@@ -124,12 +124,7 @@ class KernelWatch:
         try:
             async for batch, ended in _then_end(source.batches()):
                 now = time.time()
-                bursts: list[Burst] = []
-                for record, started in self.classifier.feed_all(batch, now):
-                    if record.boot and record.boot != self.boot:  # caught up from an earlier boot's journal
-                        for burst in started:
-                            burst.event = burst.event.as_history(self._logged_at(burst))
-                    bursts += started
+                bursts = [burst for _, started in self.classifier.feed_all(batch, now) for burst in started]
                 sink.kernel_lines(now, [r.text for r in batch])
                 flushed = self.classifier.flush(now, everything=ended)
                 bursts += flushed.new
@@ -141,7 +136,7 @@ class KernelWatch:
                     bursts.append(Burst(_overrun_event(now, lost), now, now, now))
                 for burst in bursts:
                     burst.event = behind_port(burst.event, self.gpus_behind)
-                    if burst.event.live and self._is_history(burst):
+                    if self._is_history(burst):
                         burst.event = burst.event.as_history(self._logged_at(burst))
                 cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
                 events = [b.event for b in bursts]
@@ -163,7 +158,6 @@ class KernelWatch:
         finally:
             source.close()
 
-
     def _logged_at(self, burst: Burst) -> float | None:
         """When a history line was logged, on the wall clock: the journal's own time of its entry, or, for a kmsg
         line of this boot, its kernel time, printk's, which runs close to CLOCK_MONOTONIC (kernel/clock.py: 0.27 s
@@ -177,9 +171,8 @@ class KernelWatch:
 
     def _is_history(self, burst: Burst) -> bool:
         """Judged by the line's own kernel time, not by when it was read. kmsg and journal records carry the
-        kernel's monotonic time (a line of an earlier boot is history whatever its time: marked as it is fed, or
-        by the burst's own boot for a line the classifier held); a file's lines are read from its end, so they
-        are new."""
+        kernel's monotonic time (a line of an earlier boot is history whatever its time: the burst carries its
+        line's boot, a line the classifier held too); a file's lines are read from its end, so they are new."""
         if burst.boot and burst.boot != self.boot:
             return True
         return self.live_since is not None and self.source.kernel_clock and burst.first < self.live_since
