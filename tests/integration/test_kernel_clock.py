@@ -43,10 +43,12 @@ def test_a_fault_logged_just_before_the_start_is_history_on_the_kernels_clock():
     [event] = [e for e in watched([record], live_since=started) if e.kind == "sq_intr"]
     assert not event.live
     # its time is when it was read; when it was logged comes from its kernel time, on the wall clock (a new user
-    # saw every old fault stamped with the daemon's start); printk runs within a fraction of a second of
-    # CLOCK_MONOTONIC over a day (0.27 s after 21 hours, kernel/clock.py)
-    assert event.time - written >= 1.0 and abs(event.evidence["logged_at"] - written) < 0.5, \
-        (event.time - written, event.evidence["logged_at"] - written)
+    # saw every old fault stamped with the daemon's start), counted on CLOCK_MONOTONIC as dmesg -T counts: off by
+    # how far printk's clock has drifted from it on this host (0.27 s after 21 hours up, kernel/clock.py; more on
+    # a host up for weeks), measured here
+    drift = abs(time.monotonic() - printk_now())
+    assert event.time - written >= 1.0 and abs(event.evidence["logged_at"] - written) < 0.5 + drift, \
+        (event.time - written, event.evidence["logged_at"] - written, drift)
 
 
 @pytest.mark.root
