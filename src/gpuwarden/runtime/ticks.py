@@ -1,5 +1,5 @@
 """One grid for the periodic loops: each wakes at the next multiple of its period on the monotonic clock (the
-event loop's), so loops whose periods divide one another (the GPU round each second, the loop-lag probe each half
+event loop's), so loops whose periods divide one another (the GPU round and the loop-lag probe each
 second, a kernel source's tick) are due together and the loop wakes once for all of them, not once per loop at
 its own phase. A period keeps its length; only its phase is shared."""
 
