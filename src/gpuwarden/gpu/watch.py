@@ -4,11 +4,17 @@ and apply the telemetry rules.
 Reads run in a daemon worker thread: a read of a dying GPU can hang in D state forever, and such a thread is
 abandoned, never joined. A GPU has at most one read outstanding; one that misses `read_deadline` is
 `gpu_unresponsive` and stays with its hung thread, and the other GPUs keep being read by a fresh one.
+
+The loop wakes once a round, at its point of the shared grid (runtime/ticks.py): it takes the reads it handed out
+at the last one, which the worker made while the loop slept, and hands out the next. The worker's answer is a
+finished future looked at then, not a wake-up of the loop; a round's readings are exported one interval after
+they were read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -37,35 +43,30 @@ _UNRESPONSIVE, _MISSING = frozenset({"gpu_unresponsive"}), frozenset({"gpu_missi
 
 
 class Worker:
-    """A daemon thread that runs one job at a time; `current` names the GPU it is reading now."""
+    """A daemon thread that runs one job at a time; `current` names the GPU it is reading now. A job's future is
+    settled by the worker and wakes no loop: whoever handed it out looks at it (or awaits it, wrapped)."""
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.current: str | None = None
         threading.Thread(target=self._run, daemon=True, name=f"read-{name}").start()
 
-    def submit(self, fn: Callable, *args) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._jobs.put((loop, future, fn, args))
+    def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.hand(future, fn, *args)
         return future
+
+    def hand(self, future: concurrent.futures.Future, fn: Callable, *args) -> None:
+        """Queue `fn(worker, *args)`, whose return or exception settles `future`."""
+        self._jobs.put((future, fn, args))
 
     def _run(self) -> None:
         while True:
-            loop, future, fn, args = self._jobs.get()
+            future, fn, args = self._jobs.get()
             try:
-                result, error = fn(self, *args), None
+                future.set_result(fn(self, *args))
             except Exception as exc:
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:
-                pass  # the loop closed while this read hung
-
-
-def _settle(future: asyncio.Future, result, error) -> None:
-    if not future.done():
-        future.set_exception(error) if error else future.set_result(result)
+                future.set_exception(exc)
 
 
 def _read_all(worker: Worker, readers: list[tuple[str, Callable[[float], GpuSample]]], now: float) -> list:
@@ -96,8 +97,9 @@ class GpuWatch:
         self.xid_merge = xid_merge or XidMerge()
         self.rules = rules or TelemetryRules(config)
         self._worker = Worker("gpus")
-        self._batch: tuple[asyncio.Future, float] | None = None
-        self._stuck: dict[str, asyncio.Future] = {}  # GPU -> the abandoned read that hangs on it
+        self._batch: tuple[concurrent.futures.Future, float] | None = None  # the reads out, and when (loop time)
+        self._taken = False  # a batch of reads came back or was given up: until then nothing is known to judge
+        self._stuck: dict[str, concurrent.futures.Future] = {}  # GPU -> the abandoned read that hangs on it
         self._unresponsive: set[str] = set()
         self._seen: dict[str, Gpu] = {}
         self._missing: set[str] = set()
@@ -125,48 +127,77 @@ class GpuWatch:
         loop = asyncio.get_running_loop()
         tick = loop.time()
         while True:
-            await self.sample_once()
+            self._round(tick)
             tick = next_tick(tick, self.config.interval)  # on the shared grid: due with the loop's other wake-ups
             await asyncio.sleep(max(0.0, tick - loop.time()))
 
-    async def sample_once(self) -> dict[str, GpuSample]:
-        """One round. The healthy GPUs are read one after the other by one worker (eight threads fighting for
-        the GIL cost four times the CPU of the reads). When a read misses the deadline, the GPU it was on is
-        left behind with that worker, which is abandoned, and a fresh worker reads the others from then on."""
+    def _round(self, tick: float) -> None:
+        """The daemon's round, at grid point `tick` (loop time): the reads handed out a round ago, taken, and the
+        next handed out once the other tasks due now have taken their step (a worker reading while the loop still
+        runs hands the GIL to and fro at each read)."""
         loop = asyncio.get_running_loop()
-        now = time.time()
+        now, gpus = time.time(), self._present()
+        samples = self._take(gpus, loop.time(), now)
+        if self._batch is None and (readers := self._readers_of(gpus)):
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            self._batch = (future, tick)
+            loop.call_soon(self._worker.hand, future, _read_all, readers, now)
+        if self._taken or self._batch is None:  # the first round has no reading: it would end every open condition
+            self._judge(samples, gpus, now)
+
+    async def sample_once(self) -> dict[str, GpuSample]:
+        """One round read now and waited for (`gpuwarden status`, doctor): the healthy GPUs are read one after the
+        other by one worker (eight threads fighting for the GIL cost four times the CPU of the reads). When a read
+        misses the deadline, the GPU it was on is left behind with that worker, which is abandoned, and a fresh
+        worker reads the others from then on."""
+        loop = asyncio.get_running_loop()
+        now, gpus = time.time(), self._present()
+        if self._batch is None and (readers := self._readers_of(gpus)):
+            self._batch = (self._worker.submit(_read_all, readers, now), loop.time())
+        if self._batch is not None:
+            await asyncio.wait([asyncio.wrap_future(self._batch[0])], timeout=self.config.read_deadline)
+        samples = self._take(gpus, loop.time(), now)
+        self._judge(samples, gpus, now)
+        return samples
+
+    def _present(self) -> dict[str, Gpu]:
+        """The GPUs here now, each that went missing or came back told, and each hung read that returned."""
         gpus = {g.pci: g for g in self.gpus()}
-        self._check_missing(gpus, now)
-        samples = {}
+        self._check_missing(gpus, time.time())
         for pci, future in list(self._stuck.items()):
             if future.done():  # the hung read came back at last
                 del self._stuck[pci]
                 self._unresponsive.discard(pci)
                 self.sink.resolve(conditions.lost(pci), f"GPU {pci} answers reads again", _UNRESPONSIVE)
+        return gpus
+
+    def _readers_of(self, gpus: dict[str, Gpu]) -> list[tuple[str, Callable[[float], GpuSample]]]:
+        return [(pci, r) for pci, g in gpus.items() if pci not in self._stuck and (r := self._reader(g))]
+
+    def _take(self, gpus: dict[str, Gpu], when: float, now: float) -> dict[str, GpuSample]:
+        """The outstanding reads' samples of the GPUs still here, once they are all back; past `read_deadline` at
+        loop time `when`, the worker is abandoned with the GPU it hangs on."""
         if self._batch is None:
-            readers = [(pci, r) for pci, g in gpus.items() if pci not in self._stuck and (r := self._reader(g))]
-            if readers:
-                self._batch = (self._worker.submit(_read_all, readers, now), loop.time())
-        if self._batch is not None:
-            future, begun = self._batch
-            await asyncio.wait([future], timeout=min(self.config.interval, self.config.read_deadline))
-            took = loop.time() - begun
-            if future.done():
-                self._batch = None
-                for pci, result, seconds in future.result():
-                    if (sample := self._finished(pci, result, seconds)) is not None:
-                        samples[pci] = sample
-            elif took > self.config.read_deadline:
+            return {}
+        future, begun = self._batch
+        if not future.done():
+            if (took := when - begun) >= self.config.read_deadline:
                 self._abandon(self._worker.current, future, took, now)
+                self._taken = True
+            return {}
+        self._batch, self._taken = None, True
+        return {pci: sample for pci, result, seconds in future.result()
+                if pci in gpus and (sample := self._finished(pci, result, seconds)) is not None}
+
+    def _judge(self, samples: dict[str, GpuSample], gpus: dict[str, Gpu], now: float) -> None:
         self._export(samples, gpus)
         for change in self.rules.evaluate(samples or self.recorder.latest(), now):
             if change.event:
                 self.sink.record([change.event])
             else:
                 self.sink.resolve(conditions.degraded(change.key), change.message)
-        return samples
 
-    def _abandon(self, pci: str | None, future: asyncio.Future, took: float, now: float) -> None:
+    def _abandon(self, pci: str | None, future: concurrent.futures.Future, took: float, now: float) -> None:
         self._batch, self._worker = None, Worker("gpus")
         if pci is None:
             return
