@@ -37,7 +37,6 @@ from gpuwarden.store.sqlite import OutboxRow, QueuedStore, Store, StoreError
 log = logging.getLogger(__name__)
 
 TONES = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.CRITICAL: "failure"}  # apprise's names
-_EXPORT = 5.0  # seconds between outbox counts for the exporter (a query)
 _PICTURE_WAIT = 30.0  # an alert of an incident waits this long for its picture, then goes without it
 _SKEW = 60.0  # an event's own time may precede the incident's opening (when gpuwarden saw it) by this much
 _READS = OffLoop("alerts-resume", limit=1)  # the last run's alerts, read once at a start
@@ -117,6 +116,7 @@ class Alerter:
     async def run(self) -> None:
         await self.recover()
         self._drop_orphans()
+        self._export_pending()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._tick())
             for target in self.targets:
@@ -187,18 +187,13 @@ class Alerter:
                 self.store.delivered(row.id)
 
     async def _tick(self) -> None:
-        """Send what is due, then sleep until the storm control's next due time or a new event, at most
-        _EXPORT seconds (the outbox counts for the exporter): no wake-ups while nothing happens."""
-        exported = 0.0
+        """Send what is due, then sleep until the storm control's next due time or a new event: no wake-ups while
+        nothing happens (the outbox's counts for the exporter are set as it changes)."""
         while True:
-            now = time.time()
-            self.due(now)
-            if now - exported >= _EXPORT:
-                self._export_pending()
-                exported = now
+            self.due(time.time())
             due = self.storm.next_due()
             self._changed.clear()
-            await _woken(self._changed, _EXPORT if due is None else min(_EXPORT, max(due - time.time(), 0.0) + 0.01))
+            await _woken(self._changed, None if due is None else max(due - time.time(), 0.0) + 0.01)
 
     def due(self, now: float) -> None:
         """Make the messages whose time has come (closed groups, storms' follow-ups) and queue them."""
@@ -227,6 +222,7 @@ class Alerter:
         for name, row_id in zip(wanted, ids, strict=True):
             self._outbox.setdefault(name, deque()).append(
                 OutboxRow(row_id, message.alert_id, name, now, 0, now, str(message.severity), payload))
+        self._export_pending()
         log.info("alert %s: %s -> %s", message.alert_id, message.title, ", ".join(wanted) or "no target")
         self.recent.paged(out.incident, message.alert_id, message.title, list(message.steps), message.resolved,
                           bool(wanted), now)
@@ -238,6 +234,7 @@ class Alerter:
         return {name: len(rows) for name, rows in self._outbox.items()}
 
     def _export_pending(self) -> None:
+        """The outbox's rows per target and severity, for the exporter: set whenever the outbox changes."""
         for target in self.targets:
             rows = self._outbox.get(target.name, ())
             for severity in Severity:
@@ -312,6 +309,7 @@ class Alerter:
         if rows and rows[0].id == row.id:
             rows.popleft()
         self.store.delivered(row.id)
+        self._export_pending()
 
     async def _send(self, target: Target, row: OutboxRow) -> tuple[bool, str | None]:
         """The channel's (retry, error); the error never holds the URL (it holds secrets)."""
@@ -350,9 +348,10 @@ class _LastRun(NamedTuple):
                    store.unalerted_events(since=now - give_up_after))
 
 
-async def _woken(event: asyncio.Event, timeout: float) -> None:
-    """Until `event` is set or `timeout` passes. Not wait_for: on Python 3.11 a cancellation that arrives as the
-    event is set is swallowed, and the component would not stop (seen when an alert came in with SIGTERM)."""
+async def _woken(event: asyncio.Event, timeout: float | None) -> None:
+    """Until `event` is set or `timeout` passes (None: no timeout). Not wait_for: on Python 3.11 a cancellation
+    that arrives as the event is set is swallowed, and the component would not stop (seen when an alert came in
+    with SIGTERM)."""
     try:
         async with asyncio.timeout(timeout):
             await event.wait()
