@@ -8,10 +8,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from gpuwarden.engine import scraper
+from gpuwarden.engine.metrics import chosen
 from gpuwarden.engine.scraper import HEAD_BYTES, Plain, ScrapeError, Scraper
 
 BODY = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
@@ -212,6 +214,28 @@ def test_the_profiles_lines_are_found_whatever_the_line_ends_and_only_at_a_lines
     for body in (lf, lf.replace(b"\n", b"\r\n")):
         sample = scraper._parse(body, "auto")
         assert (sample.profile, sample.running, sample.waiting) == ("vllm", 2.0, 4.0)
+
+
+def test_an_auto_scraper_reads_the_kind_it_found_until_the_port_serves_another(raw, monkeypatch):
+    """Detecting counts every kind's lines in the whole body (more than half of a parse): done once while the
+    port keeps serving that kind, again when another engine answers there, against a real loopback server."""
+    corpus = Path(__file__).parents[1] / "corpus" / "metrics"
+    vllm, llamacpp = ((corpus / name).read_bytes() for name in ("vllm-01.prom", "llamacpp-01.prom"))
+    bodies = [vllm, vllm, vllm, llamacpp, llamacpp, vllm]
+    server = raw(lambda n: ok(bodies[n - 1]))
+    detected = []
+    monkeypatch.setattr(scraper, "chosen", lambda text, profile: detected.append(profile) or chosen(text, profile))
+
+    async def run():
+        reader = Scraper(server.url, timeout=10.0)
+        try:
+            return [(await reader.scrape()).profile for _ in bodies]
+        finally:
+            await reader.close()
+    assert asyncio.run(run()) == ["vllm", "vllm", "vllm", "llamacpp", "llamacpp", "vllm"]
+    # the first body detected; then read as vllm, until llama.cpp's body holds none of vllm's lines (read as vllm,
+    # refused, detected), and back
+    assert detected == ["auto", "vllm", "vllm", "vllm", "auto", "llamacpp", "llamacpp", "auto"]
 
 
 def test_discoverys_probe_reads_the_status_alone_within_its_deadline(raw, monkeypatch):

@@ -82,9 +82,23 @@ class Scraper(HttpScraper):
     def __init__(self, url: str, profile: str = "auto", timeout: float = 5.0, max_bytes: int = 8 << 20) -> None:
         super().__init__(url, timeout, max_bytes)
         self.profile = profile
+        self._detected: str | None = None  # the kind the last body was (auto)
 
     def _sample(self, body: bytes) -> EngineSample:
-        return _parse(body, self.profile)
+        """With `auto`, the body is read as the kind the last one was while it holds that kind's metrics (detecting
+        counts every kind's lines in the whole body: more than half of a parse), and detected again when not (the
+        port now serves another engine)."""
+        if self.profile != "auto":
+            return _parse(body, self.profile)
+        if self._detected is not None:
+            try:
+                return _parse(body, self._detected)
+            except ScrapeError as exc:
+                if exc.reason != "unparsable":
+                    raise
+        sample = _parse(body, "auto")
+        self._detected = sample.profile
+        return sample
 
 
 def client_for(url: str, timeout: float) -> Plain | httpx.AsyncClient:
