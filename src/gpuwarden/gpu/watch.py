@@ -49,7 +49,8 @@ class Worker:
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.current: str | None = None
-        threading.Thread(target=self._run, daemon=True, name=f"read-{name}").start()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"read-{name}")
+        self.thread.start()
 
     def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -60,9 +61,13 @@ class Worker:
         """Queue `fn(worker, *args)`, whose return or exception settles `future`."""
         self._jobs.put((future, fn, args))
 
+    def stop(self) -> None:
+        """The thread ends after the job it is on (a hung read's thread once the read returns, if ever)."""
+        self._jobs.put(None)
+
     def _run(self) -> None:
-        while True:
-            future, fn, args = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
             try:
                 future.set_result(fn(self, *args))
             except Exception as exc:
@@ -116,33 +121,40 @@ class GpuWatch:
                     log.info("%s reader on: %d GPU(s)", vendor.name, opened.gpus)
 
     async def run(self) -> None:
-        await _LIBRARY.run("open", _LIBRARY_DEADLINE, self.open)
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._sample_forever())
-            for opened in self.opened.values():
-                if opened.xid_events:
-                    tasks.create_task(self._watch_xids(opened))
+        try:
+            await _LIBRARY.run("open", _LIBRARY_DEADLINE, self.open)
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._sample_forever())
+                for opened in self.opened.values():
+                    if opened.xid_events:
+                        tasks.create_task(self._watch_xids(opened))
+        finally:  # a reload or a restart builds the next watch, with a worker of its own
+            self._worker.stop()
 
     async def _sample_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        tick = loop.time()
         while True:
-            self._round(tick)
-            tick = next_tick(tick, self.config.interval)  # on the shared grid: due with the loop's other wake-ups
+            self._round()
+            # the next point of the shared grid, due with the loop's other wake-ups (a round the loop missed while
+            # blocked is skipped, not made up: reads handed out back to back would each look overdue)
+            tick = next_tick(loop.time(), self.config.interval)
+            if self._batch is not None and (deadline := self._batch[1] + self.config.read_deadline) < tick:
+                await asyncio.sleep(max(0.0, deadline - loop.time()))  # a deadline shorter than the interval
+                self._overdue(loop.time(), time.time())
             await asyncio.sleep(max(0.0, tick - loop.time()))
 
-    def _round(self, tick: float) -> None:
-        """The daemon's round, at grid point `tick` (loop time): the reads handed out a round ago, taken, and the
-        next handed out once the other tasks due now have taken their step (a worker reading while the loop still
-        runs hands the GIL to and fro at each read)."""
+    def _round(self) -> None:
+        """The daemon's round: the reads handed out a round ago, taken, and the next handed out once the other
+        tasks due now have taken their step (a worker reading while the loop still runs hands the GIL to and fro
+        at each read)."""
         loop = asyncio.get_running_loop()
         now, gpus = time.time(), self._present()
         samples = self._take(gpus, loop.time(), now)
         if self._batch is None and (readers := self._readers_of(gpus)):
             future: concurrent.futures.Future = concurrent.futures.Future()
-            self._batch = (future, tick)
+            self._batch = (future, loop.time())
             loop.call_soon(self._worker.hand, future, _read_all, readers, now)
-        if self._taken or self._batch is None:  # the first round has no reading: it would end every open condition
+        if self._taken or self._batch is None:  # while a watch's first reads are out, no GPU was read: say nothing
             self._judge(samples, gpus, now)
 
     async def sample_once(self) -> dict[str, GpuSample]:
@@ -175,29 +187,39 @@ class GpuWatch:
         return [(pci, r) for pci, g in gpus.items() if pci not in self._stuck and (r := self._reader(g))]
 
     def _take(self, gpus: dict[str, Gpu], when: float, now: float) -> dict[str, GpuSample]:
-        """The outstanding reads' samples of the GPUs still here, once they are all back; past `read_deadline` at
-        loop time `when`, the worker is abandoned with the GPU it hangs on."""
-        if self._batch is None:
+        """The outstanding reads' samples of the GPUs still here, once they are all back (at loop time `when`)."""
+        if self._batch is None or self._overdue(when, now) or not self._batch[0].done():
             return {}
-        future, begun = self._batch
-        if not future.done():
-            if (took := when - begun) >= self.config.read_deadline:
-                self._abandon(self._worker.current, future, took, now)
-                self._taken = True
-            return {}
+        future = self._batch[0]
         self._batch, self._taken = None, True
         return {pci: sample for pci, result, seconds in future.result()
                 if pci in gpus and (sample := self._finished(pci, result, seconds)) is not None}
 
+    def _overdue(self, when: float, now: float) -> bool:
+        """Whether the outstanding reads missed `read_deadline` at loop time `when`: then the worker is abandoned
+        with the GPU it hangs on."""
+        if self._batch is None or self._batch[0].done() or (took := when - self._batch[1]) < self.config.read_deadline:
+            return False
+        self._abandon(self._worker.current, self._batch[0], took, now)
+        self._taken = True
+        return True
+
     def _judge(self, samples: dict[str, GpuSample], gpus: dict[str, Gpu], now: float) -> None:
-        self._export(samples, gpus)
-        for change in self.rules.evaluate(samples or self.recorder.latest(), now):
+        """Export the round and judge each GPU here on its latest reading: one that was not read this round (its
+        read failed or hangs) keeps what it last showed, and with no reading at all nothing is judged (not every
+        condition a restart took up ended)."""
+        latest = {pci: s for pci, s in self.recorder.latest().items() if pci in gpus}
+        self._export(samples, latest, gpus)
+        if not latest and gpus:
+            return
+        for change in self.rules.evaluate(latest, now):
             if change.event:
                 self.sink.record([change.event])
             else:
                 self.sink.resolve(conditions.degraded(change.key), change.message)
 
     def _abandon(self, pci: str | None, future: concurrent.futures.Future, took: float, now: float) -> None:
+        self._worker.stop()
         self._batch, self._worker = None, Worker("gpus")
         if pci is None:
             return
@@ -241,8 +263,7 @@ class GpuWatch:
             self.sink.record([Event("gpu_missing", Severity.CRITICAL, f"GPU {pci} ({self._seen[pci].vendor}) "
                                     "disappeared from the PCI bus", now, gpu=pci)])
 
-    def _export(self, samples: dict[str, GpuSample], gpus: dict[str, Gpu]) -> None:
-        latest = {pci: s for pci, s in self.recorder.latest().items() if pci in gpus}
+    def _export(self, samples: dict[str, GpuSample], latest: dict[str, GpuSample], gpus: dict[str, Gpu]) -> None:
         for family, series in series_of(latest).items():
             self.sink.replace_series(family, series)
         up = {(pci, g.vendor, (latest.get(pci) and latest[pci].model) or ""): 1.0 if pci in samples else 0.0
