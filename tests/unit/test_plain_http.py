@@ -238,6 +238,29 @@ def test_an_auto_scraper_reads_the_kind_it_found_until_the_port_serves_another(r
     assert detected == ["auto", "vllm", "vllm", "vllm", "auto", "llamacpp", "llamacpp", "auto"]
 
 
+def test_an_auto_scraper_detects_again_after_a_failed_scrape_and_every_so_many_bodies(raw, monkeypatch):
+    """A body may hold two kinds' lines, and another engine may take the port: the kind found is kept for
+    scraper.REDETECT bodies at most, and forgotten at a failed scrape (a restart's refused connection)."""
+    vllm = (Path(__file__).parents[1] / "corpus" / "metrics" / "vllm-01.prom").read_bytes()
+    answers = [ok(vllm)] * 3 + [b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"] + \
+        [ok(vllm)] * (scraper.REDETECT + 1)
+    server = raw(lambda n: answers[n - 1])
+    detected = []
+    monkeypatch.setattr(scraper, "chosen", lambda text, profile: detected.append(profile) or chosen(text, profile))
+
+    async def run():
+        reader = Scraper(server.url, timeout=10.0)
+        try:
+            for _ in answers:
+                with contextlib.suppress(ScrapeError):
+                    await reader.scrape()
+        finally:
+            await reader.close()
+    asyncio.run(run())
+    # detected, read as vllm twice; the failure; detected again, read as vllm until REDETECT bodies, detected again
+    assert detected == ["auto", "vllm", "vllm", "auto", *["vllm"] * (scraper.REDETECT - 1), "auto"]
+
+
 def test_discoverys_probe_reads_the_status_alone_within_its_deadline(raw, monkeypatch):
     """A status is all discovery asks: a 200 whose body never ends still answers; a dripping head does not."""
     from gpuwarden.engine import discovery

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from gpuwarden.enginekinds.base import EngineKind
 
+REDETECT = 12  # bodies an auto scraper reads as the kind it detected before detecting again (a minute at 5 s)
 PARSES = OffLoop("metrics parse", limit=32)  # one parse in flight per endpoint (/metrics, /slots)
 
 
@@ -83,21 +84,32 @@ class Scraper(HttpScraper):
         super().__init__(url, timeout, max_bytes)
         self.profile = profile
         self._detected: str | None = None  # the kind the last body was (auto)
+        self._read_as = 0  # bodies read as it since it was detected
+
+    async def scrape(self) -> EngineSample:
+        try:
+            return await super().scrape()
+        except ScrapeError:
+            self._detected = None  # what answers next (another engine, where this one was) is detected afresh
+            raise
 
     def _sample(self, body: bytes) -> EngineSample:
-        """With `auto`, the body is read as the kind the last one was while it holds that kind's metrics (detecting
-        counts every kind's lines in the whole body: more than half of a parse), and detected again when not (the
-        port now serves another engine)."""
+        """With `auto`, the body is read as the kind the last one was (detecting counts every kind's lines in the
+        whole body: more than half of a parse) while it holds that kind's metrics, for REDETECT bodies at most (a
+        body may hold two kinds' lines, and another engine may have taken the port with no scrape failing); it is
+        detected again after a failed scrape."""
         if self.profile != "auto":
             return _parse(body, self.profile)
-        if self._detected is not None:
+        if self._detected is not None and self._read_as < REDETECT:
             try:
-                return _parse(body, self._detected)
+                sample = _parse(body, self._detected)
+                self._read_as += 1
+                return sample
             except ScrapeError as exc:
                 if exc.reason != "unparsable":
                     raise
         sample = _parse(body, "auto")
-        self._detected = sample.profile
+        self._detected, self._read_as = sample.profile, 1
         return sample
 
 
