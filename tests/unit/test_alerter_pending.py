@@ -47,3 +47,33 @@ def test_an_alert_waiting_for_a_dead_target_is_counted_at_once(tmp_path):
     assert after == 1.0
     store.close()
     dead.close()
+
+
+def test_a_target_a_reload_removed_leaves_no_pending_series(tmp_path):
+    """A reload stops the components, configures the alerter and runs it again (daemon.py): the removed target's
+    counts go with it, the kept one's stay."""
+    store = Store(tmp_path / "gpuwarden.db")
+    both = AlertsConfig.validate({"hostname": "vm", "target": [{"url": "json://127.0.0.1:9", "name": "gone"},
+                                                                {"url": "json://127.0.0.1:9", "name": "kept"}]})
+    kept = AlertsConfig.validate({"hostname": "vm", "target": [{"url": "json://127.0.0.1:9", "name": "kept"}]})
+    metrics = SelfMetrics()
+
+    def targets_counted() -> set[str]:
+        return {labels[0] for labels in metrics.snapshot().get("gpuwarden_alerts_pending", {})}
+
+    async def run_for(alerter: Alerter) -> None:
+        running = asyncio.create_task(alerter.run())
+        await asyncio.sleep(0.2)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    async def main():
+        alerter = Alerter(both, build(both), store, metrics)
+        await run_for(alerter)
+        before = targets_counted()
+        alerter.configure(kept, build(kept))
+        await run_for(alerter)
+        return before, targets_counted()
+
+    assert asyncio.run(main()) == ({"gone", "kept"}, {"kept"})
+    store.close()

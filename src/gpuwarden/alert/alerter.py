@@ -234,12 +234,11 @@ class Alerter:
         return {name: len(rows) for name, rows in self._outbox.items()}
 
     def _export_pending(self) -> None:
-        """The outbox's rows per target and severity, for the exporter: set whenever the outbox changes."""
-        for target in self.targets:
-            rows = self._outbox.get(target.name, ())
-            for severity in Severity:
-                self.metrics.set(families.ALERTS_PENDING, sum(r.severity == str(severity) for r in rows),
-                                 target.name, str(severity))
+        """The outbox's rows per target and severity, for the exporter: set whenever the outbox changes (all the
+        series at once: a target a reload removed has none)."""
+        self.metrics.replace(families.ALERTS_PENDING, {
+            (target.name, str(severity)): sum(r.severity == str(severity) for r in self._outbox.get(target.name, ()))
+            for target in self.targets for severity in Severity})
 
     async def _deliver(self, target: Target) -> None:
         wake = self._wake[target.name]
