@@ -52,11 +52,6 @@ class Worker:
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"read-{name}")
         self.thread.start()
 
-    def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self.hand(future, fn, *args)
-        return future
-
     def hand(self, future: concurrent.futures.Future, fn: Callable, *args) -> None:
         """Queue `fn(worker, *args)`, whose return or exception settles `future`."""
         self._jobs.put((future, fn, args))
@@ -144,16 +139,11 @@ class GpuWatch:
             await asyncio.sleep(max(0.0, tick - loop.time()))
 
     def _round(self) -> None:
-        """The daemon's round: the reads handed out a round ago, taken, and the next handed out once the other
-        tasks due now have taken their step (a worker reading while the loop still runs hands the GIL to and fro
-        at each read)."""
-        loop = asyncio.get_running_loop()
-        now, gpus = time.time(), self._present()
-        samples = self._take(gpus, loop.time(), now)
-        if self._batch is None and (readers := self._readers_of(gpus)):
-            future: concurrent.futures.Future = concurrent.futures.Future()
-            self._batch = (future, loop.time())
-            loop.call_soon(self._worker.hand, future, _read_all, readers, now)
+        """The daemon's round: the reads handed out a round ago, taken, and the next handed out."""
+        now = time.time()
+        gpus = self._present(now)
+        samples = self._take(gpus, asyncio.get_running_loop().time(), now)
+        self._hand_out(gpus, now)
         if self._taken or self._batch is None:  # while a watch's first reads are out, no GPU was read: say nothing
             self._judge(samples, gpus, now)
 
@@ -162,20 +152,19 @@ class GpuWatch:
         other by one worker (eight threads fighting for the GIL cost four times the CPU of the reads). When a read
         misses the deadline, the GPU it was on is left behind with that worker, which is abandoned, and a fresh
         worker reads the others from then on."""
-        loop = asyncio.get_running_loop()
-        now, gpus = time.time(), self._present()
-        if self._batch is None and (readers := self._readers_of(gpus)):
-            self._batch = (self._worker.submit(_read_all, readers, now), loop.time())
+        now = time.time()
+        gpus = self._present(now)
+        self._hand_out(gpus, now)
         if self._batch is not None:
             await asyncio.wait([asyncio.wrap_future(self._batch[0])], timeout=self.config.read_deadline)
-        samples = self._take(gpus, loop.time(), now)
+        samples = self._take(gpus, asyncio.get_running_loop().time(), now)
         self._judge(samples, gpus, now)
         return samples
 
-    def _present(self) -> dict[str, Gpu]:
+    def _present(self, now: float) -> dict[str, Gpu]:
         """The GPUs here now, each that went missing or came back told, and each hung read that returned."""
         gpus = {g.pci: g for g in self.gpus()}
-        self._check_missing(gpus, time.time())
+        self._check_missing(gpus, now)
         for pci, future in list(self._stuck.items()):
             if future.done():  # the hung read came back at last
                 del self._stuck[pci]
@@ -183,8 +172,14 @@ class GpuWatch:
                 self.sink.resolve(conditions.lost(pci), f"GPU {pci} answers reads again", _UNRESPONSIVE)
         return gpus
 
-    def _readers_of(self, gpus: dict[str, Gpu]) -> list[tuple[str, Callable[[float], GpuSample]]]:
-        return [(pci, r) for pci, g in gpus.items() if pci not in self._stuck and (r := self._reader(g))]
+    def _hand_out(self, gpus: dict[str, Gpu], now: float) -> None:
+        """The next reads of the GPUs not hung, when none are out: queued once the other tasks due now have taken
+        their step (a worker reading while the loop still runs hands the GIL to and fro at each read)."""
+        if self._batch is None and (readers := [(pci, r) for pci, g in gpus.items()
+                                                if pci not in self._stuck and (r := self._reader(g))]):
+            loop = asyncio.get_running_loop()
+            self._batch = (concurrent.futures.Future(), loop.time())
+            loop.call_soon(self._worker.hand, self._batch[0], _read_all, readers, now)
 
     def _take(self, gpus: dict[str, Gpu], when: float, now: float) -> dict[str, GpuSample]:
         """The outstanding reads' samples of the GPUs still here, once they are all back (at loop time `when`)."""
