@@ -286,14 +286,18 @@ class JournalKmsgSource(Source):
         self._kmsg.wake_at = value
 
     def __init__(self, position: str | None, lookback: float, tick: float = 1.0, kmsg_path: str = KMSG,
-                 journal_path: str | None = None) -> None:
+                 journal_path: str | None = None, start: float | None = None) -> None:
+        """`start`: the daemon's start on the kernel log's own clock (printk's, kernel/clock.py), which `lookback`
+        counts back from; None: CLOCK_MONOTONIC now. Records carry printk's time, and where it runs behind
+        CLOCK_MONOTONIC a line logged just after a start counted on CLOCK_MONOTONIC fell before a lookback of 0."""
         super().__init__(tick)
         self.boot = this_boot()
+        start = time.clock_gettime(time.CLOCK_MONOTONIC) if start is None else start
         self._kmsg = KmsgSource(kmsg_path, tick)
         self._kmsg.start(at_end=False)
         self._held = self._kmsg._drain(1)  # the oldest record in the ring: where the journal hands over
         oldest = self._held[0] if self._held else None
-        self._handover = oldest.timestamp if oldest else time.clock_gettime(time.CLOCK_MONOTONIC)
+        self._handover = oldest.timestamp if oldest else start
         saved = _kmsg_position(position)
         self._after_seq: int | None = None  # kmsg: only records after this sequence number
         self._floor: float | None = None  # kmsg: only records stamped at or after this
@@ -315,7 +319,7 @@ class JournalKmsgSource(Source):
             self._floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
                 else None
         elif not position:
-            self._floor = time.clock_gettime(time.CLOCK_MONOTONIC) - lookback
+            self._floor = start - lookback
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         while self._journal is not None:
