@@ -16,7 +16,8 @@ With --api-key KEY, or $VLLM_API_KEY set (as vLLM reads it: not on the command l
 it), /v1/* answers 401 to a request without `Authorization: Bearer <key>`, as `vllm serve --api-key` does.
 
 --orphans forks a child that forks a grandchild and exits (the grandchild is orphaned); --ignore-term makes
-every process of the tree ignore SIGTERM; --pids FILE records the pids of the whole tree.
+every process of the tree ignore SIGTERM; --pids FILE records the pids of the whole tree; --scrapes FILE the time of
+each GET /metrics.
 """
 
 import argparse
@@ -93,6 +94,7 @@ def main():
     p.add_argument("--host", default="127.0.0.1")  # "::1", "::" (IPv6 only), "0.0.0.0"
     p.add_argument("--loading", type=float, default=0.0)
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    p.add_argument("--scrapes")  # a file each GET /metrics appends its time to (CLOCK_MONOTONIC, the host's)
     p.add_argument("rest", nargs="*")  # e.g. "vllm serve": what discovery looks for in the command line
     args = p.parse_args()
     if args.ignore_term:
@@ -158,6 +160,9 @@ def main():
             if self.path == "/v1/models":
                 self.answer(200, b'{"data": [{"id": "fake"}]}')
                 return
+            if args.scrapes:
+                with open(args.scrapes, "a") as f:
+                    f.write(f"{time.monotonic():.6f}\n")
             self.answer(200, engine.render().encode(), "text/plain; version=0.0.4")
 
         def do_POST(self):

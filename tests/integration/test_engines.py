@@ -66,6 +66,27 @@ def test_idle_and_slow_but_progressing_engines_are_never_killed(daemon_factory, 
     assert d.stop() == 0
 
 
+def test_engines_are_scraped_at_whole_seconds_each_at_a_phase_of_its_own(daemon_factory, fake_engine, tmp_path):
+    """runtime/ticks.py: the regular scrapes of engines at whole-second intervals come on the one-second grid of the
+    monotonic clock, where the GPU round and the lag probe wake the loop too (each at a phase of its own, 32 engines
+    woke it 6.4 times a second); the engines' phases still spread over the interval: at 2 s, the first and third
+    engines' phases are 0 s, the second's 1 s (the first looks of each come at once, off the grid)."""
+    logs = [tmp_path / f"scrapes-{i}" for i in range(3)]
+    engines = [fake_engine("progress", "--scrapes", str(log)) for log in logs]
+    d = daemon_factory("".join(engine_config(e, f"e{i}", scrape_interval='"2s"', min_stall='"30s"')
+                               for i, e in enumerate(engines))).start()
+    d.wait_serving()
+    wait_for(lambda: all(log.exists() and len(log.read_text().split()) >= 6 for log in logs), 30,
+             what="six scrapes of each engine")
+    assert d.stop() == 0
+    regular = [[float(t) for t in log.read_text().split()][-3:] for log in logs]
+    # late by the loop's wake-up, the look's LOOK_FIRST at most and the request: never early
+    late = [sorted(t % 1.0 for t in times)[len(times) // 2] for times in regular]
+    assert all(lateness < 0.25 for lateness in late), (late, regular)
+    parity = [{int(t) % 2 for t in times} for times in regular]
+    assert parity[0] == parity[2] != parity[1] and all(len(p) == 1 for p in parity), regular
+
+
 def test_a_tree_that_ignores_sigterm_dies_by_sigkill(daemon_factory, fake_engine):
     engine = fake_engine("stall", "--ignore-term", "--orphans")
     d = daemon_factory(engine_config(engine)).start()

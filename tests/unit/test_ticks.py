@@ -1,8 +1,11 @@
 """The periodic loops' shared grid (ticks.py)."""
 
+import math
+from collections import Counter
+
 import pytest
 
-from gpuwarden.runtime.ticks import next_tick
+from gpuwarden.runtime.ticks import next_tick, phase_tick, spread
 
 
 @pytest.mark.parametrize("period", [0.1, 0.5, 1.0, 0.7, 3.0])
@@ -20,3 +23,24 @@ def test_loops_whose_periods_divide_each_other_are_due_together():
         probe, gpu = next_tick(now, 0.5), next_tick(now, 1.0)
         assert probe == gpu or next_tick(probe, 0.5) == gpu
         assert 0 < probe - now <= 0.5
+
+
+@pytest.mark.parametrize("period", [5.0, 2.0, 30.0])
+def test_looks_spread_over_a_whole_seconds_period_are_on_the_one_second_grid(period):
+    """Engines' looks (engine/watch.py): each at its own phase, in whole seconds, so each look wakes the loop
+    with the GPU round and the lag probe; the phases of 32 engines spread over every second of the period."""
+    phases = [spread(i, period) for i in range(32)]
+    assert phases[0] == 0.0 and all(0 <= p < period and p == int(p) for p in phases)
+    per_second = Counter(phases)  # even: a second holds at most one more than 32 / period, rounded up
+    assert max(per_second.values()) <= math.ceil(32 / period) + 1 and len(per_second) >= min(period, 32) - 1
+    for now in (100.2, 104.999999, 1e6 + 0.3):
+        for phase in phases:
+            tick = phase_tick(now, period, phase)
+            assert 0 < tick - now <= period * (1 + 1e-6)  # a time a millionth of a period short of a point is on it
+            assert tick == next_tick(tick - 1.0, 1.0)  # a grid second, exactly: due with the others
+            assert (tick - phase) % period == 0
+
+
+def test_a_period_not_of_whole_seconds_keeps_its_phase():
+    assert spread(1, 2.5) == pytest.approx(0.6180339887498949 * 2.5)
+    assert phase_tick(10.0, 2.5, 1.0) == 11.0 and phase_tick(11.0, 2.5, 1.0) == 13.5

@@ -44,6 +44,7 @@ from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.runtime.logsetup import redact
 from gpuwarden.runtime.offloop import Busy, OffLoop
 from gpuwarden.runtime.sockets import pinned
+from gpuwarden.runtime.ticks import phase_tick, spread
 
 log = logging.getLogger(__name__)
 
@@ -310,13 +311,14 @@ class EngineWatch:
 
     async def _watch(self, state: EngineState) -> None:
         interval = state.config.scrape_interval
-        # The regular looks of each engine at a phase of its own, spread over the interval (the golden ratio's
-        # steps: even for any count, the first engine's at 0): engines started together looked together, 32 looks
-        # at once in 32 threads every 5 s, and the loop waited up to 127 ms for its turn at the GIL. The first
-        # look comes at once all the same.
-        phase = (self._started * 0.6180339887498949) % 1.0 * interval
+        # The regular looks of each engine at a phase of its own, spread over the interval: engines started
+        # together looked together, 32 looks at once in 32 threads every 5 s, and the loop waited up to 127 ms for
+        # its turn at the GIL (a look took 19-33 ms then). On the one-second grid (runtime/ticks.py), the looks
+        # due together are a fifth of them at 5 s, and they wake the loop with the GPU round and the lag probe: at
+        # phases of their own, 32 engines woke it 6.4 times a second. The first look comes at once all the same.
+        phase = spread(self._started, interval)
         self._started += 1
-        tick = time.monotonic() + phase  # the stall detector's clock
+        tick = phase_tick(time.monotonic(), interval, phase)  # the stall detector's clock
         if state.config.source != "log":  # each look proves its address first; a reconnect within a scrape too
             state.scraper.reconnect_only_if(lambda: self._not_its_socket(state) is None)
         try:
@@ -324,7 +326,7 @@ class EngineWatch:
                 looked = await self._poll(state)
                 now = time.monotonic()
                 if now >= tick:  # the regular look (an early one, at a stall's threshold, leaves it due)
-                    tick += interval
+                    tick = phase_tick(now, interval, phase)  # on the grid (a sum would drift off it); none missed
                 await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, looked, now) - now))
         finally:
             await state.scraper.close()
