@@ -153,6 +153,9 @@ def main():
             return False
 
         def do_GET(self):
+            if args.scrapes and not self.path.startswith("/v1/"):
+                with open(args.scrapes, "a") as f:
+                    f.write(f"{time.monotonic():.6f}\n")
             if self.loading() or self.refused():
                 return
             if engine.mode == "hang":
@@ -160,9 +163,6 @@ def main():
             if self.path == "/v1/models":
                 self.answer(200, b'{"data": [{"id": "fake"}]}')
                 return
-            if args.scrapes:
-                with open(args.scrapes, "a") as f:
-                    f.write(f"{time.monotonic():.6f}\n")
             self.answer(200, engine.render().encode(), "text/plain; version=0.0.4")
 
         def do_POST(self):

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from gpuwarden.runtime.ticks import next_tick, phase_tick, spread
+from gpuwarden.runtime.ticks import next_regular, next_tick, phase_tick, spread
 
 
 @pytest.mark.parametrize("period", [0.1, 0.5, 1.0, 0.7, 3.0])
@@ -41,6 +41,23 @@ def test_looks_spread_over_a_whole_seconds_period_are_on_the_one_second_grid(per
             assert (tick - phase) % period == 0
 
 
-def test_a_period_not_of_whole_seconds_keeps_its_phase():
+def test_a_period_not_of_whole_seconds_of_two_or_more_keeps_its_phase():
+    """2.5 s: off the grid, as before; 1 s: whole seconds would put every engine at 0, all looking at once."""
     assert spread(1, 2.5) == pytest.approx(0.6180339887498949 * 2.5)
     assert phase_tick(10.0, 2.5, 1.0) == 11.0 and phase_tick(11.0, 2.5, 1.0) == 13.5
+    assert len({spread(i, 1.0) for i in range(32)}) == 32
+
+
+def test_the_next_regular_tick_is_one_period_on_and_a_late_one_comes_at_once_once():
+    """A look done in time: the next grid point of its phase. A scrape that waited its whole timeout (5 s, as
+    long as its interval): the next at once, so a hung engine is looked at every 5 s, not every 10 s. A loop
+    blocked for two periods: one look at once, then the grid again, not a burst of the missed ones."""
+    assert next_regular(100.0, 100.05, 5.0, 3.0) == 103.0
+    assert next_regular(103.0, 103.2, 5.0, 3.0) == 108.0
+    due, now = 100.0, 105.001  # the scrape waited its timeout
+    for _ in range(4):
+        following = next_regular(due, now, 5.0, 0.0)
+        assert following <= now  # at once
+        due, now = following, now + 5.001
+    assert next_regular(100.0, 112.0, 5.0, 0.0) == 110.0  # at once
+    assert next_regular(110.0, 112.1, 5.0, 0.0) == 115.0  # then the grid

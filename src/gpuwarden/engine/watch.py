@@ -44,7 +44,7 @@ from gpuwarden.engine.targets import KillTarget, Refused
 from gpuwarden.runtime.logsetup import redact
 from gpuwarden.runtime.offloop import Busy, OffLoop
 from gpuwarden.runtime.sockets import pinned
-from gpuwarden.runtime.ticks import phase_tick, spread
+from gpuwarden.runtime.ticks import next_regular, phase_tick, spread
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,8 @@ class EngineWatch:
         # phases of their own, 32 engines woke it 6.4 times a second. The first look comes at once all the same.
         phase = spread(self._started, interval)
         self._started += 1
-        tick = phase_tick(time.monotonic(), interval, phase)  # the stall detector's clock
+        # the stall detector's clock; the first regular look half an interval after the first at least
+        tick = phase_tick(time.monotonic() + interval / 2, interval, phase)
         if state.config.source != "log":  # each look proves its address first; a reconnect within a scrape too
             state.scraper.reconnect_only_if(lambda: self._not_its_socket(state) is None)
         try:
@@ -326,7 +327,7 @@ class EngineWatch:
                 looked = await self._poll(state)
                 now = time.monotonic()
                 if now >= tick:  # the regular look (an early one, at a stall's threshold, leaves it due)
-                    tick = phase_tick(now, interval, phase)  # on the grid (a sum would drift off it); none missed
+                    tick = next_regular(tick, now, interval, phase)  # on the grid: a sum would drift off it
                 await asyncio.sleep(max(0.0, next_look(tick, state.lifecycle.detector.due, looked, now) - now))
         finally:
             await state.scraper.close()

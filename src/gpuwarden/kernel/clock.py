@@ -13,8 +13,7 @@ import os
 import select
 import time
 
-from gpuwarden.kernel.records import MalformedRecord, parse_kmsg
-from gpuwarden.kernel.sources import KMSG
+from gpuwarden.kernel.records import KMSG, MalformedRecord, parse_kmsg
 
 
 def printk_now(path: str = KMSG, timeout: float = 0.5) -> float | None:

@@ -7,6 +7,8 @@ import re
 from gpuwarden.core.model import normalize_pci
 from gpuwarden.core.plain import plain
 
+KMSG = "/dev/kmsg"
+
 
 @plain
 class KernelRecord:

@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-from gpuwarden.kernel.records import KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
+from gpuwarden.kernel.clock import printk_now
+from gpuwarden.kernel.records import KMSG, KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
 from gpuwarden.runtime.ticks import until_tick
 
 log = logging.getLogger(__name__)
 
-KMSG = "/dev/kmsg"
 _READ_SIZE = 16384  # /dev/kmsg returns one record per read; a short buffer gives EINVAL
 BATCH = 2000  # records per batch at most
 FILE_CHUNK = 256 << 10  # bytes of a followed file per batch at most (about 2,000 lines)
@@ -286,18 +286,14 @@ class JournalKmsgSource(Source):
         self._kmsg.wake_at = value
 
     def __init__(self, position: str | None, lookback: float, tick: float = 1.0, kmsg_path: str = KMSG,
-                 journal_path: str | None = None, start: float | None = None) -> None:
-        """`start`: the daemon's start on the kernel log's own clock (printk's, kernel/clock.py), which `lookback`
-        counts back from; None: CLOCK_MONOTONIC now. Records carry printk's time, and where it runs behind
-        CLOCK_MONOTONIC a line logged just after a start counted on CLOCK_MONOTONIC fell before a lookback of 0."""
+                 journal_path: str | None = None) -> None:
         super().__init__(tick)
         self.boot = this_boot()
-        start = time.clock_gettime(time.CLOCK_MONOTONIC) if start is None else start
         self._kmsg = KmsgSource(kmsg_path, tick)
         self._kmsg.start(at_end=False)
         self._held = self._kmsg._drain(1)  # the oldest record in the ring: where the journal hands over
         oldest = self._held[0] if self._held else None
-        self._handover = oldest.timestamp if oldest else start
+        self._handover = oldest.timestamp if oldest else _printk_now(kmsg_path)
         saved = _kmsg_position(position)
         self._after_seq: int | None = None  # kmsg: only records after this sequence number
         self._floor: float | None = None  # kmsg: only records stamped at or after this
@@ -319,7 +315,7 @@ class JournalKmsgSource(Source):
             self._floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
                 else None
         elif not position:
-            self._floor = start - lookback
+            self._floor = _printk_now(kmsg_path) - lookback
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         while self._journal is not None:
@@ -378,6 +374,14 @@ class JournalKmsgSource(Source):
         self._kmsg.close()
         if self._journal is not None:
             self._journal.close()
+
+
+def _printk_now(kmsg_path: str) -> float:
+    """Now on the clock of kmsg's records, printk's (kernel/clock.py: a line written and its stamp read back), which
+    is not CLOCK_MONOTONIC: where printk runs behind it, a lookback of 0 counted on CLOCK_MONOTONIC dropped a line
+    logged just after the start. CLOCK_MONOTONIC where /dev/kmsg cannot be written (CAP_SYSLOG without root)."""
+    stamp = printk_now(kmsg_path)
+    return time.clock_gettime(time.CLOCK_MONOTONIC) if stamp is None else stamp
 
 
 def _kmsg_position(position: str | None) -> tuple[str, int, float] | None:

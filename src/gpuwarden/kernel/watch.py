@@ -42,17 +42,16 @@ def classifier_for(config: KernelConfig) -> Classifier:
                       xid_overrides=config.xid_overrides(), storm_window=config.storm_window)
 
 
-def open_source(config: KernelConfig, cursor: str | None, start: float | None = None) -> Source:
+def open_source(config: KernelConfig, cursor: str | None) -> Source:
     """The configured source; `auto` reads /dev/kmsg live and catches up from the journal when journald holds
-    kernel entries (JournalKmsgSource, its lookback counted back from `start`, the daemon's start on the kernel
-    log's clock), else /dev/kmsg alone."""
+    kernel entries (JournalKmsgSource), else /dev/kmsg alone."""
     choice = config.source
     if choice == "auto":
         if not JournalSource.has_kernel_entries():
             choice = "kmsg"
         else:
             try:
-                return JournalKmsgSource(cursor, config.lookback, start=start)
+                return JournalKmsgSource(cursor, config.lookback)
             except OSError as exc:  # /dev/kmsg unreadable (dmesg_restrict without CAP_SYSLOG): the journal alone
                 log.warning("auto: %s unreadable (%s); reading the journal only", KMSG, exc)
                 choice = "journal"
@@ -97,7 +96,7 @@ class KernelWatch:
         the daemon runs on, degraded, and keeps its watchdog (this is no wedge a restart could cure)."""
         while True:
             try:
-                source = open_source(self.config, self.cursor, self.live_since)
+                source = open_source(self.config, self.cursor)
                 self.sink.metric(families.SOURCE_UP, 1, "kernel")
                 return source
             except (OSError, ValueError, ImportError) as exc:

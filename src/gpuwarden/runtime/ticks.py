@@ -23,11 +23,19 @@ def phase_tick(now: float, period: float, phase: float) -> float:
     return next_tick(now - phase, period) + phase
 
 
+def next_regular(due: float, now: float, period: float, phase: float) -> float:
+    """The regular tick after the one `due`, its work done at `now`: one period on, on the grid. Work that outlasted
+    its period (a scrape that waited its whole timeout) is followed at once, once: never by a burst of the ticks it
+    missed, nor by a wait for the next grid point (a hung engine's looks would come half as often)."""
+    return phase_tick(max(due, now - period), period, phase)
+
+
 def spread(index: int, period: float) -> float:
     """The phase of the `index`-th of many loops of one `period`, spread evenly over it for any count (the golden
-    ratio's steps; the first at 0), rounded down to whole seconds where the period is whole seconds."""
+    ratio's steps; the first at 0), rounded down to whole seconds where the period is whole seconds, two or more (a
+    one-second period would put them all at 0, at once)."""
     phase = (index * 0.6180339887498949) % 1.0 * period
-    return float(math.floor(phase)) if period >= 1.0 and period == round(period) else phase
+    return float(math.floor(phase)) if period >= 2.0 and period == round(period) else phase
 
 
 def until_tick(period: float) -> float:
