@@ -40,7 +40,7 @@ PEERS_FIXTURES = {"servers", "containers", "docker_engine"}
 LANES = ("vllm", "llamacpp")
 ENGINES = "by engine"
 GROUPS = {"security/": "host", "security/test_attack_saturation.py": "llamacpp",
-          "integration/test_kernel_handover.py": "host",
+          "integration/test_kernel_handover.py": "host", "integration/test_kernel_rebuilt.py": "host",
           "integration/test_kernel_sources.py": "host", "integration/test_kernel_clock.py": "host",
           "integration/test_systemd.py": "host",
           "integration/test_real_engines.py": ENGINES, "integration/test_real_engines_logs.py": ENGINES,

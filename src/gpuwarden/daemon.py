@@ -39,7 +39,7 @@ from gpuwarden.hub.hub import Evidence, Hub
 from gpuwarden.hub.queue import Outbox, Report
 from gpuwarden.hub.tracker import IncidentTracker
 from gpuwarden.kernel.clock import printk_now
-from gpuwarden.kernel.watch import KernelWatch
+from gpuwarden.kernel.watch import POSITION, KernelWatch
 from gpuwarden.runtime import logsetup, reloads
 from gpuwarden.runtime.offloop import Busy, OffLoop
 from gpuwarden.runtime.sdnotify import Notifier
@@ -296,8 +296,12 @@ class Daemon:
                     await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
     def _kernel_watch(self) -> KernelWatch:
-        watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic),
-                            self.store.cursor("journal"),
+        # A watch built again (a reload, a restart after a crash) of the same source resumes after the last line
+        # the one before read: the stored position can be a second older (CURSOR_EVERY), or still on the queue
+        before = self.current.kernel
+        cursor = before.cursor if before and before.config.source == self.config.kernel.source \
+            else self.store.cursor(POSITION)
+        watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic), cursor,
                             live_since=self.live_since, gpus_behind=self.inventory.behind)
         self.current.built(kernel=watch)
         return watch

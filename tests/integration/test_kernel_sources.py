@@ -96,6 +96,34 @@ def test_restart_resumes_from_the_journal_cursor_without_loss_or_repeats(daemon_
 
 
 @pytest.mark.root
+def test_restart_under_kmsg_reads_the_lines_logged_while_down_from_the_ring_as_history(daemon_factory):
+    """No journal to catch up from (a container, a host without journald: `auto` falls back to kmsg): the kernel's
+    ring still holds what was logged while the daemon was down. It opened at the ring's end and lost those lines;
+    it resumes after the position it saved, and reports them as history (never acted on)."""
+    d = daemon_factory(kernel='source = "kmsg"')
+    d.start()
+    d.wait_log("kernel source: kmsg")
+    t = tag()
+    before = f"amdgpu ffff:fe:1f.7: amdgpu: GPU reset begin! {t} while running"
+    write_kmsg(before)
+    wait_for(lambda: any(t in e["evidence"]["line"] for e in d.events()), 10, what="the first event")
+    assert d.stop() == 0
+
+    while_down = f"amdgpu ffff:fe:1f.7: amdgpu: device lost from bus! {t} while down"
+    write_kmsg(while_down)
+    d.start()
+    d.wait_log("kernel source: kmsg")
+    after = f"amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=2 {t} after"
+    write_kmsg(after)
+    wait_for(lambda: sum(t in e["evidence"]["line"] for e in d.events()) >= 3, 10, what="the missed and new lines")
+    time.sleep(1)
+    mine = [e for e in d.events() if t in e["evidence"]["line"]]
+    assert [e["evidence"]["line"] for e in mine] == [before, while_down, after]
+    assert ["history" in e["evidence"] for e in mine] == [False, True, False]
+    assert d.stop() == 0
+
+
+@pytest.mark.root
 def test_auto_picks_the_journal_when_it_holds_kernel_entries(daemon_factory, journald, notify_socket):
     d = daemon_factory(kernel='source = "auto"', env={"NOTIFY_SOCKET": notify_socket.path}).start()
     notify_socket.wait("STATUS=kernel source kmsg (journal catch-up)")

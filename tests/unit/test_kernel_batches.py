@@ -74,3 +74,47 @@ def test_a_quiet_source_wakes_at_the_callers_deadline_not_its_tick():
     finally:
         reader.close()
         writer.close()
+
+
+def test_a_batch_that_breaks_the_watch_is_left_behind_and_said_lost(monkeypatch):
+    """Read again by the watch built next (the supervisor's restart resumes at the last position read), a batch that
+    broke the classifier would break that watch too: a line a user can make the kernel print would blind it for
+    good. The watch that failed moves its position past the batch, and its failure says the lines are lost."""
+    from gpuwarden.config.settings import KernelConfig
+    from gpuwarden.core.model import NullSink
+    from gpuwarden.kernel.records import KernelRecord
+    from gpuwarden.kernel.sources import Source
+    from gpuwarden.kernel.watch import KernelWatch, KernelWatchFailed
+
+    class Batches(Source):
+        name = "journal"
+
+        def __init__(self, *batches):
+            super().__init__()
+            self.given = batches
+
+        async def batches(self):
+            for batch in self.given:
+                yield batch
+
+    good = [KernelRecord(text="fine", cursor="c1")]
+    poison = [KernelRecord(text="poison", cursor="c2"), KernelRecord(text="poison too", cursor="c3")]
+    watch = KernelWatch(KernelConfig(source="journal"), NullSink(), "c0")
+    feed_all = watch.classifier.feed_all
+
+    def breaks(records, now):
+        if any("poison" in r.text for r in records):
+            raise ValueError("a bug")
+        return feed_all(records, now)
+    monkeypatch.setattr(watch.classifier, "feed_all", breaks)
+
+    async def opened():
+        return Batches(good, poison)
+    watch._open = opened
+    try:
+        asyncio.run(watch.run())
+    except KernelWatchFailed as exc:
+        assert str(exc) == "2 kernel lines left unread after ValueError: a bug"
+    else:
+        raise AssertionError("the watch did not fail")
+    assert watch.cursor == "c3"

@@ -19,7 +19,7 @@ class KernelRecord:
     device: str | None = None  # normalised PCI address from the record's device fields
     cursor: str | None = None  # where to resume after this record (journal cursor, or kmsg position)
     seq: int | None = None  # /dev/kmsg sequence number
-    boot: str | None = None  # boot id of a journal entry: its timestamp counts from that boot
+    boot: str | None = None  # boot id of a journal entry or a positioned kmsg record: its timestamp counts from it
     wall: float | None = None  # when it was logged on the wall clock, where the source says (a journal entry)
     # The kernel's own metadata, where the format carries it (a /dev/kmsg record, a journal entry): whether it
     # does (`metadata`), the syslog facility (0: the kernel; user space writing /dev/kmsg gets 1 or more) and the
@@ -36,8 +36,9 @@ class MalformedRecord(ValueError):
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 
-def parse_kmsg(raw: str) -> KernelRecord:
-    """A /dev/kmsg record: `prio,seq,usec,flags[,more];text` plus ` KEY=value` dictionary lines.
+def parse_kmsg(raw: str, boot: str | None = None) -> KernelRecord:
+    """A /dev/kmsg record: `prio,seq,usec,flags[,more];text` plus ` KEY=value` dictionary lines; with `boot`
+    (this boot's id), its position `kmsg:BOOT:SEQ:USEC` as its cursor.
 
     Unknown header fields (caller=, cpu=, ...) are ignored, as the ABI asks.
     """
@@ -55,8 +56,10 @@ def parse_kmsg(raw: str) -> KernelRecord:
             subsystem = value
     if "\\x" in text:
         text = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
-    return KernelRecord(text=text, timestamp=int(fields[2]) / 1e6, device=device, seq=int(fields[1]), metadata=True,
-                        facility=int(fields[0]) >> 3, subsystem=subsystem)
+    seq, stamp = int(fields[1]), int(fields[2]) / 1e6
+    return KernelRecord(text=text, timestamp=stamp, device=device, seq=seq, metadata=True,
+                        facility=int(fields[0]) >> 3, subsystem=subsystem,
+                        cursor=f"kmsg:{boot}:{seq}:{stamp:.6f}" if boot else None, boot=boot)
 
 
 def pci_from_device_field(value: str) -> str | None:

@@ -15,7 +15,6 @@ import os
 import stat
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 
 from gpuwarden.kernel.clock import printk_now
@@ -73,7 +72,10 @@ async def _readable(fd: int, timeout: float) -> None:
 
 
 class KmsgSource(Source):
-    """/dev/kmsg from its end: only new records. EPIPE (records overwritten unread) is counted."""
+    """/dev/kmsg from its end (only new records), or from a position in its ring: each record carries its own,
+    `kmsg:BOOT:SEQ:USEC`, as its cursor, and a source that resumes after one (`resumes`: a watch built again, a
+    restart) delivers what was logged since, while it is still in the ring. EPIPE (records overwritten unread) is
+    counted."""
 
     name = "kmsg"
     label = "kmsg"
@@ -82,7 +84,14 @@ class KmsgSource(Source):
     def __init__(self, path: str = KMSG, tick: float = 1.0) -> None:
         super().__init__(tick)
         self.path = path
+        self.boot = this_boot()
         self._fd: int | None = None
+        # Opened at the ring's oldest record, delivery starts further on: only records after sequence number
+        # `after_seq` and stamped at or after `floor` (printk's clock) are delivered; those before are read through
+        self.after_seq: int | None = None
+        self.floor: float | None = None
+        self._first: list[KernelRecord] = []  # the oldest record, read to see where the ring begins
+        self._skipping = False  # reading through records before where delivery starts
 
     def _open(self, at_end: bool = True) -> int:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -90,20 +99,54 @@ class KmsgSource(Source):
             os.lseek(fd, 0, os.SEEK_END)
         return fd
 
-    def start(self, at_end: bool = True) -> None:
-        """Open now, so that records written after start() are never missed; `at_end=False` starts at the
-        oldest record still in the kernel's ring buffer."""
-        self._fd = self._open(at_end)
+    def start(self) -> None:
+        """Open at the end now, so that records written after start() are never missed."""
+        self.close()
+        self._fd = self._open()
+        self._first, self._skipping = [], False
+
+    def open_oldest(self) -> KernelRecord | None:
+        """Open at the oldest record still in the kernel's ring and read it (delivered first where wanted): the
+        ring's beginning, None where it is empty."""
+        self.close()
+        self._fd = self._open(at_end=False)
+        self._skipping = True
+        self._first = self._drain(1)
+        return self._first[0] if self._first else None
+
+    def resumes(self, position: str | None, oldest: KernelRecord | None) -> bool:
+        """Whether delivery can start right after `position` (a record's cursor), `oldest` being the ring's
+        beginning (open_oldest): a position of this boot whose next record is still in the ring. Then it does."""
+        saved = _kmsg_position(position)
+        if saved and saved[0] == self.boot and oldest and oldest.seq is not None and oldest.seq <= saved[1] + 1:
+            self.after_seq = saved[1]
+            return True
+        return False
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         if self._fd is None:
             self.start()
+        first, self._first = self._first, []
+        if first := self._wanted(first):
+            yield first
         while True:
             await _readable(self._fd, self._wait())
             while len(batch := self._drain()) == BATCH:
-                yield batch
+                yield self._wanted(batch)
                 await asyncio.sleep(0)  # more is waiting: let the loop run first
-            yield batch
+            yield self._wanted(batch)
+
+    def _wanted(self, records: list[KernelRecord]) -> list[KernelRecord]:
+        if not self._skipping:
+            return records
+        after, floor = self.after_seq, self.floor
+        wanted = [r for r in records if not (after is not None and r.seq is not None and r.seq <= after)
+                  and not (floor is not None and r.timestamp is not None and r.timestamp < floor)]
+        # Records overwritten while reading through those delivered before (or older than the floor) lost none
+        # of ours; the first wanted record, or the ring's end, ends that phase
+        self.overruns = 0
+        self._skipping = not (wanted or not records)
+        return wanted
 
     def _drain(self, limit: int = BATCH) -> list[KernelRecord]:
         batch: list[KernelRecord] = []
@@ -124,7 +167,7 @@ class KmsgSource(Source):
                 return batch
             self.lines += 1
             try:
-                batch.append(parse_kmsg(raw.decode("utf-8", "replace")))
+                batch.append(parse_kmsg(raw.decode("utf-8", "replace"), self.boot))
             except MalformedRecord:
                 self.malformed += 1
         return batch
@@ -288,34 +331,27 @@ class JournalKmsgSource(Source):
     def __init__(self, position: str | None, lookback: float, tick: float = 1.0, kmsg_path: str = KMSG,
                  journal_path: str | None = None) -> None:
         super().__init__(tick)
-        self.boot = this_boot()
-        self._kmsg = KmsgSource(kmsg_path, tick)
-        self._kmsg.start(at_end=False)
-        self._held = self._kmsg._drain(1)  # the oldest record in the ring: where the journal hands over
-        oldest = self._held[0] if self._held else None
+        self._kmsg = kmsg = KmsgSource(kmsg_path, tick)
+        self.boot = kmsg.boot
+        oldest = kmsg.open_oldest()  # where the journal hands over
         self._handover = oldest.timestamp if oldest else _printk_now(kmsg_path)
-        saved = _kmsg_position(position)
-        self._after_seq: int | None = None  # kmsg: only records after this sequence number
-        self._floor: float | None = None  # kmsg: only records stamped at or after this
         self._after: tuple[str, float] | None = None  # journal: (boot, kernel time) delivered before a restart
         self._journal: JournalSource | None = None
         self._journal_lines = 0
-        self._skipping, self._overruns_skipped = True, 0  # reading through records before the resume point
-        if saved and saved[0] == self.boot and oldest and oldest.seq is not None and oldest.seq <= saved[1] + 1:
-            self._after_seq = saved[1]
+        if kmsg.resumes(position, oldest):
             return
-        if saved:
+        if saved := _kmsg_position(position):
             self._journal = JournalSource(None, lookback, tick, journal_path, monotonic=(saved[0], saved[2]))
             self._after = (saved[0], saved[2])
-            self._after_seq = saved[1] if saved[0] == self.boot else None
+            kmsg.after_seq = saved[1] if saved[0] == self.boot else None
             return
         self._journal = JournalSource(position, lookback, tick, journal_path)
         if (entry := self._journal.at_cursor) is not None:  # a journal cursor: kmsg resumes after its entry
             record = _from_entry(entry)
-            self._floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
+            kmsg.floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
                 else None
         elif not position:
-            self._floor = _printk_now(kmsg_path) - lookback
+            kmsg.floor = _printk_now(kmsg_path) - lookback
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         while self._journal is not None:
@@ -324,13 +360,9 @@ class JournalKmsgSource(Source):
             if batch:
                 yield batch
                 await asyncio.sleep(0)
-        held, self._held = self._held, []
-        if first := self._live(held):
-            yield first
         async for batch in self._kmsg.batches():
-            live = self._live(batch)
             self._count()
-            yield live
+            yield batch
 
     def _catch_up(self) -> list[KernelRecord]:
         """The next journal entries before the hand-over point; closes the journal when there are no more."""
@@ -354,21 +386,10 @@ class JournalKmsgSource(Source):
             self._journal = None
         return batch
 
-    def _live(self, records: list[KernelRecord]) -> list[KernelRecord]:
-        live = [replace(r, cursor=f"kmsg:{self.boot}:{r.seq}:{r.timestamp:.6f}", boot=self.boot) for r in records
-                if not (self._after_seq is not None and r.seq is not None and r.seq <= self._after_seq)
-                and not (self._floor is not None and r.timestamp is not None and r.timestamp < self._floor)]
-        if self._skipping:
-            # Overruns while reading through records delivered before (or older than the lookback) lost none
-            # of ours; the first wanted record, or reaching the ring's end, ends that phase.
-            self._overruns_skipped = self._kmsg.overruns
-            self._skipping = not (live or not records)
-        return live
-
     def _count(self) -> None:
         self.lines = self._journal_lines + self._kmsg.lines
         self.malformed = self._kmsg.malformed
-        self.overruns = self._kmsg.overruns - self._overruns_skipped
+        self.overruns = self._kmsg.overruns
 
     def close(self) -> None:
         self._kmsg.close()

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 REOPEN = 60.0  # seconds between tries to open a kernel source that cannot be read
 CURSOR_EVERY = 1.0  # seconds: a live source moves its position every batch; one SQLite write a second is enough
+# The store's key for the kernel log's position, whichever source read it (the journal's, the first): each resumes
+# from the others' (a journal cursor, a kmsg position)
+POSITION = "journal"
 
 
 def classifier_for(config: KernelConfig) -> Classifier:
@@ -43,8 +46,9 @@ def classifier_for(config: KernelConfig) -> Classifier:
 
 
 def open_source(config: KernelConfig, cursor: str | None) -> Source:
-    """The configured source; `auto` reads /dev/kmsg live and catches up from the journal when journald holds
-    kernel entries (JournalKmsgSource), else /dev/kmsg alone."""
+    """The configured source, resumed after `cursor` (a journal cursor or a kmsg position) where it can be; `auto`
+    reads /dev/kmsg live and catches up from the journal when journald holds kernel entries (JournalKmsgSource),
+    else /dev/kmsg alone: from a kmsg position while its next record is still in the ring, else from its end."""
     choice = config.source
     if choice == "auto":
         if not JournalSource.has_kernel_entries():
@@ -62,8 +66,13 @@ def open_source(config: KernelConfig, cursor: str | None) -> Source:
             raise ValueError("kernel.source = \"file\" needs kernel.file")
         return FileSource(config.file)
     source = KmsgSource()
-    source.start()
+    if not source.resumes(cursor, source.open_oldest()):
+        source.start()
     return source
+
+
+class KernelWatchFailed(Exception):
+    """The watch failed on a batch of lines (a bug): the supervisor builds it again, after them."""
 
 
 class KernelWatch:
@@ -71,8 +80,10 @@ class KernelWatch:
 
     def __init__(self, config: KernelConfig, sink: Sink, cursor: str | None, live_since: float | None = None,
                  gpus_behind: Callable[[str], list[str]] = lambda port: []) -> None:
-        """`live_since`: the daemon's start on the kernel log's clock (printk's: kernel/clock.py); a line
-        logged before it is history. None: every line is live. `gpus_behind`: the GPUs below a PCIe port (a
+        """`cursor`: where to resume (a journal cursor, a kmsg position); it follows the lines read, so that a watch
+        built again after this one (a reload, a restart) starts where this one stopped. `live_since`: the daemon's
+        start on the kernel log's clock (printk's: kernel/clock.py); a line logged before it is history. None: every
+        line is live. `gpus_behind`: the GPUs below a PCIe port (a
         look-up in what the GPU inventory found, never sysfs on the loop)."""
         self.sink, self.config, self.cursor, self.gpus_behind = sink, config, cursor, gpus_behind
         self.classifier = classifier_for(config)
@@ -80,6 +91,8 @@ class KernelWatch:
         self.unavailable: str | None = None  # why no kernel source can be read now
         self.live_since = live_since
         self.boot = this_boot()
+        self._counted = (0, 0, 0)  # the source's lines, malformed lines and overruns counted so far
+        self._saved_at = 0.0  # when the position was last saved (time.time())
 
     @property
     def status(self) -> str:
@@ -114,49 +127,67 @@ class KernelWatch:
 
     async def run(self) -> None:
         self.source = source = await self._open()
-        sink = self.sink
         if self.unavailable:
             log.info("kernel source readable again after: %s", self.unavailable)
             self.unavailable = None
         log.info("kernel source: %s", source.label)
-        seen_malformed = seen_overruns = seen_lines = 0
-        saved_at = 0.0
         try:
             async for batch, ended in _then_end(source.batches()):
-                now = time.time()
-                bursts = [burst for _, started in self.classifier.feed_all(batch, now) for burst in started]
-                sink.kernel_lines(now, [r.text for r in batch])
-                flushed = self.classifier.flush(now, everything=ended)
-                bursts += flushed.new
-                deadline = self.classifier.deadline()  # a held line: wake up when it is due, not at the tick
-                source.wake_at = None if deadline is None else time.monotonic() + max(0.0, deadline - now)
-                if source.overruns > seen_overruns:
-                    lost = source.overruns - seen_overruns
-                    sink.count(families.KMSG_OVERRUNS, by=lost)
-                    bursts.append(Burst(_overrun_event(now, lost), now, now, now))
-                for burst in bursts:
-                    burst.event = behind_port(burst.event, self.gpus_behind)
-                    if self._is_history(burst):
-                        burst.event = burst.event.as_history(self._logged_at(burst))
-                cursor = next((r.cursor for r in reversed(batch) if r.cursor), None)
-                events = [b.event for b in bursts]
-                if cursor and not events and now - saved_at < CURSOR_EVERY:
-                    cursor = None  # a position alone is saved at most every CURSOR_EVERY; with events, always
-                if events or cursor:
-                    saved_at = now if cursor else saved_at
-                    refs = sink.record(events, (source.name, cursor) if cursor else None)
-                    for burst, ref in zip(bursts, refs, strict=True):
-                        burst.ref = ref
-                for burst in flushed.grown:
-                    if burst.ref is not None:
-                        sink.set_count(burst.ref, burst.final)
-                sink.count(families.KERNEL_LINES, source.name, by=source.lines - seen_lines)
-                sink.count(families.KERNEL_LINES_MALFORMED, source.name,
-                           by=source.malformed - seen_malformed)
-                seen_lines, seen_malformed, seen_overruns = source.lines, source.malformed, source.overruns
-                sink.polled(f"kernel_{source.name}")
+                try:
+                    self._handle(batch, ended)
+                except Exception as exc:
+                    # A batch that breaks the watch is left behind, its lines said lost: read again by the watch
+                    # built next, it would break that one too, and a line a user can make the kernel print would
+                    # blind the watch for good
+                    self.cursor = next((r.cursor for r in reversed(batch) if r.cursor), self.cursor)
+                    raise KernelWatchFailed(f"{plural(len(batch), 'kernel line')} left unread after "
+                                            f"{type(exc).__name__}: {exc}") from exc
+        except asyncio.CancelledError:
+            # Stopped (a reload, a restart, the daemon's stop): what the classifier holds is recorded and the
+            # position saved now: the watch built next resumes after the last line read, and reads none again
+            self._handle([], True, save=True)
+            raise
         finally:
             source.close()
+
+    def _handle(self, batch: list[KernelRecord], ended: bool, save: bool = False) -> None:
+        """One batch: classified, its events recorded with the position after it (`save`: even within
+        CURSOR_EVERY of the last), the counters moved."""
+        sink, source, now = self.sink, self.source, time.time()
+        bursts = [burst for _, started in self.classifier.feed_all(batch, now) for burst in started]
+        sink.kernel_lines(now, [r.text for r in batch])
+        flushed = self.classifier.flush(now, everything=ended)
+        bursts += flushed.new
+        deadline = self.classifier.deadline()  # a held line: wake up when it is due, not at the tick
+        source.wake_at = None if deadline is None else time.monotonic() + max(0.0, deadline - now)
+        lines, malformed, overruns = self._counted
+        if source.overruns > overruns:
+            lost = source.overruns - overruns
+            sink.count(families.KMSG_OVERRUNS, by=lost)
+            bursts.append(Burst(_overrun_event(now, lost), now, now, now))
+        for burst in bursts:
+            burst.event = behind_port(burst.event, self.gpus_behind)
+            if self._is_history(burst):
+                burst.event = burst.event.as_history(self._logged_at(burst))
+        if read := next((r.cursor for r in reversed(batch) if r.cursor), None):
+            self.cursor = read
+        events = [b.event for b in bursts]
+        # a position alone is saved at most every CURSOR_EVERY; with events, always
+        cursor = self.cursor if read or save else None
+        if cursor and not (events or save) and now - self._saved_at < CURSOR_EVERY:
+            cursor = None
+        if events or cursor:
+            self._saved_at = now if cursor else self._saved_at
+            refs = sink.record(events, (POSITION, cursor) if cursor else None)
+            for burst, ref in zip(bursts, refs, strict=True):
+                burst.ref = ref
+        for burst in flushed.grown:
+            if burst.ref is not None:
+                sink.set_count(burst.ref, burst.final)
+        sink.count(families.KERNEL_LINES, source.name, by=source.lines - lines)
+        sink.count(families.KERNEL_LINES_MALFORMED, source.name, by=source.malformed - malformed)
+        self._counted = source.lines, source.malformed, source.overruns
+        sink.polled(f"kernel_{source.name}")
 
     def _logged_at(self, burst: Burst) -> float | None:
         """When a history line was logged, on the wall clock: the journal's own time of its entry, or, for a kmsg
