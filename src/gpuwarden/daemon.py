@@ -99,10 +99,7 @@ class Daemon:
         self.current = Current(self.registry)  # the kernel, uevent and guard watches the supervisor built last
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()
-        # kernel lines logged before this are history: the start on the kernel log's own clock (clock.py), where
-        # /dev/kmsg can be written and read; a file's lines carry no kernel time
-        printk = printk_now() if config.kernel.source != "file" else None
-        self.live_since = self.started if printk is None else printk
+        self.live_since = _live_from_now(config.kernel.source)  # kernel lines logged before this are history
         self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -296,13 +293,18 @@ class Daemon:
                     await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
     def _kernel_watch(self) -> KernelWatch:
-        # A watch built again (a reload, a restart after a crash) of the same source resumes after the last line
-        # the one before read: the stored position can be a second older (CURSOR_EVERY), or still on the queue
-        before = self.current.kernel
-        cursor = before.cursor if before and before.config.source == self.config.kernel.source \
-            else self.store.cursor(POSITION)
+        # A watch built again (a reload, a restart after a failure) of the same source resumes after the last line
+        # the one before read: the stored position can be a second older (CURSOR_EVERY), or still on the queue.
+        # One of another source resumes from the stored position, which is behind by as long as the one before
+        # read no kernel log (a file, a journal that could not be opened): what it reads from before now is history
+        before, source = self.current.kernel, self.config.kernel.source
+        if before is not None and before.config.source == source:
+            cursor, live_since = before.cursor, before.live_since
+        else:
+            cursor = self.store.cursor(POSITION)
+            live_since = self.live_since if before is None else _live_from_now(source)
         watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic), cursor,
-                            live_since=self.live_since, gpus_behind=self.inventory.behind)
+                            live_since=live_since, gpus_behind=self.inventory.behind)
         self.current.built(kernel=watch)
         return watch
 
@@ -415,6 +417,14 @@ class Status:
             future.cancel()
             raise TimeoutError(f"the daemon's event loop did not answer within {_STATUS_DEADLINE:.0f} s (see "
                                "gpuwarden_loop_lag_seconds on /metrics)") from None
+
+
+def _live_from_now(source: str) -> float:
+    """Now on the kernel log's own clock (clock.py: a line written to /dev/kmsg and its stamp read back, bounded),
+    from which its lines are live; CLOCK_MONOTONIC where /dev/kmsg cannot be written, or for a file, whose lines
+    carry no kernel time."""
+    printk = printk_now() if source != "file" else None
+    return time.monotonic() if printk is None else printk
 
 
 def _exit_now(why: str) -> None:

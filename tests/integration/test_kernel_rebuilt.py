@@ -135,3 +135,37 @@ def test_a_reload_right_after_a_line_that_grew_a_burst_makes_no_second_event(dae
     assert [e["evidence"]["line"] for e in mine] == [ring_timeout(t, 1)]
     assert mine[0]["count"] == 2
     assert d.stop() == 0
+
+
+@pytest.mark.root
+def test_lines_logged_while_a_reload_had_another_source_are_history_once_kmsg_is_back(daemon_factory, tmp_path):
+    """kmsg, then a file (a reload), then kmsg again: the kmsg watch resumes from the position saved before the
+    file's time, and what was logged in it is read now. Those lines are old: history, never acted on (they were
+    live, by the daemon's start)."""
+    log = tmp_path / "kern.log"
+    log.touch()
+    d = daemon_factory(kernel='source = "kmsg"')
+    d.start()
+    d.wait_serving()
+    t = tag()
+    write_kmsg(ring_timeout(t, 1))
+    wait_for(lambda: any(t in e["evidence"].get("line", "") for e in d.events()), 10, what="the first event")
+
+    at = d.log_size()
+    d.write_config(kernel=f'source = "file"\nfile = "{log}"')
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log("kernel source: file", after=at)
+    write_kmsg(ring_timeout(t, 2))  # the file is read now, not the kernel log
+
+    at = d.log_size()
+    d.write_config(kernel='source = "kmsg"')
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log("kernel source: kmsg", after=at)
+    write_kmsg(ring_timeout(t, 3))
+    wait_for(lambda: sum(t in e["evidence"].get("line", "") for e in d.events()) >= 3, 10,
+             what="the line of the file's time and the new one")
+    time.sleep(1)  # a repeat would come now
+    mine = [e for e in d.events() if t in e["evidence"].get("line", "")]
+    assert [e["evidence"]["line"] for e in mine] == [ring_timeout(t, i) for i in (1, 2, 3)]
+    assert ["history" in e["evidence"] for e in mine] == [False, True, False]
+    assert d.stop() == 0

@@ -28,6 +28,30 @@ def test_lines_further_apart_than_the_storm_window_are_separate_events():
     assert [e.count for e in classify_text(text)] == [2, 1]
 
 
+def test_a_live_line_does_not_join_a_burst_of_history_lines():
+    """A storm that goes on across the daemon's start: its lines logged before are history (never acted on); the
+    first live one joined their burst, and the storm was acted on only once max_burst (a minute) started the next."""
+    c = Classifier(storm_window=2.0)
+    c.live_since = 101.0
+    text = "\n".join(f"[{t}] amdgpu 0000:03:00.0: amdgpu: sq_intr: error, {t}" for t in (100.0, 100.5, 101.0, 101.5))
+    assert [(e.count, e.evidence["line"]) for e in classify_text(text, c)] == [
+        (2, "amdgpu 0000:03:00.0: amdgpu: sq_intr: error, 100.0"),
+        (2, "amdgpu 0000:03:00.0: amdgpu: sq_intr: error, 101.0")]
+
+
+def test_a_line_of_this_boot_does_not_join_a_burst_of_an_earlier_one():
+    """A journal's catch-up across a reboot: the fault that preceded it (late in the earlier boot, its stamps large)
+    and the same fault soon after the start (small stamps): a negative gap read as within the storm window, and the
+    live line joined the earlier boot's history burst."""
+    c = Classifier(storm_window=2.0)
+    c.live_since = 90.0
+    line = "amdgpu 0000:03:00.0: amdgpu: sq_intr: error"
+    records = [KernelRecord(text=line, timestamp=50_000.0, boot="earlier"),
+               KernelRecord(text=line, timestamp=95.0, boot="this")]
+    started = [b for _, bursts in c.feed_all(records, 1000.0) for b in bursts]
+    assert [(b.boot, b.first) for b in started] == [("earlier", 50_000.0), ("this", 95.0)]
+
+
 def test_bursts_split_per_gpu():
     text = "[1.0] amdgpu 0000:03:00.0: amdgpu: sq_intr: error\n[1.0] amdgpu 0000:83:00.0: amdgpu: sq_intr: error"
     assert {e.gpu for e in classify_text(text)} == {"0000:03:00.0", "0000:83:00.0"}

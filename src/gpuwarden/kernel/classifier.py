@@ -218,6 +218,9 @@ class Classifier:
         self._xids: dict[tuple[int, int | None], tuple[Severity, str]] = {}  # (Xid, caused by) -> judged, once
         self.storm_window = storm_window
         self.max_burst = max_burst
+        # Lines stamped before this are history (the caller's: kernel/watch.py): a live line never joins a burst of
+        # history, whose event is never acted on (a storm that goes on across a start would not be, for a minute)
+        self.live_since: float | None = None
         self._bursts: dict[tuple, Burst] = {}
         # text -> (rule, match, held) of a fault line judged with no report open: a storm's lines repeat a few texts
         self._seen: dict[str, tuple[Rule, re.Match[str], bool]] = {}
@@ -441,7 +444,7 @@ class Classifier:
             meaning = f"{meaning} (unverified: {why_not})"
         pid = process["pid"] if process else None
         key = (rule.kind, severity, gpu or device, xid, pid)
-        if self._joins(key, stamp, now):  # the line joins its open burst: its count, and no evidence is made
+        if self._joins(key, stamp, now, record.boot):  # it joins its open burst: its count, and no evidence is made
             bursts = outcomes
         else:
             bursts = [self._start(key, gpu, device, meaning, _evidence(*made), stamp, now), *outcomes]
@@ -456,10 +459,14 @@ class Classifier:
         key = (kind, severity, gpu or device, xid, (evidence.get("process") or {}).get("pid"))
         return None if self._joins(key, stamp, now) else self._start(key, gpu, device, meaning, evidence, stamp, now)
 
-    def _joins(self, key: tuple, stamp: float, now: float) -> bool:
-        """Whether a line of `key` (kind, severity, subject, Xid, pid) joins its open burst: then it is counted."""
+    def _joins(self, key: tuple, stamp: float, now: float, boot: str | None = None) -> bool:
+        """Whether a line of `key` (kind, severity, subject, Xid, pid) joins its open burst: then it is counted. A
+        line of another boot (`boot`, where the source says) or a live one never joins a burst of history (stamps
+        of two boots do not compare: an earlier boot's are larger as often as not)."""
         burst = self._bursts.get(key if key[4] is not None else self._latest.get(key[:4], key))
-        if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst:
+        if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst and not (
+                self.live_since is not None and burst.first < self.live_since <= stamp) and (
+                boot is None or burst.boot is None or burst.boot == boot):
             burst.count += 1
             burst.last, burst.arrived = stamp, now
             return True

@@ -92,6 +92,7 @@ class KmsgSource(Source):
         self.floor: float | None = None
         self._first: list[KernelRecord] = []  # the oldest record, read to see where the ring begins
         self._skipping = False  # reading through records before where delivery starts
+        self._resumed = False  # after a position of its own (resumes()): no journal fills what the ring lost
 
     def _open(self, at_end: bool = True) -> int:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -112,16 +113,20 @@ class KmsgSource(Source):
         self._fd = self._open(at_end=False)
         self._skipping = True
         self._first = self._drain(1)
+        self.overruns = 0  # overwritten before it was read: none of ours (_wanted counts what is)
         return self._first[0] if self._first else None
 
-    def resumes(self, position: str | None, oldest: KernelRecord | None) -> bool:
+    def resumes(self, position: str | None, oldest: KernelRecord | None, *, past_a_gap: bool = False) -> bool:
         """Whether delivery can start right after `position` (a record's cursor), `oldest` being the ring's
-        beginning (open_oldest): a position of this boot whose next record is still in the ring. Then it does."""
+        beginning (open_oldest): a position of this boot whose next record is still in the ring, or, `past_a_gap`
+        (nothing else holds what the ring lost), one whose next record was overwritten since: the loss is counted
+        as an overrun. Then it does."""
         saved = _kmsg_position(position)
-        if saved and saved[0] == self.boot and oldest and oldest.seq is not None and oldest.seq <= saved[1] + 1:
-            self.after_seq = saved[1]
-            return True
-        return False
+        if not (saved and saved[0] == self.boot and oldest and oldest.seq is not None) \
+                or (oldest.seq > saved[1] + 1 and not past_a_gap):
+            return False
+        self.after_seq, self._resumed = saved[1], True
+        return True
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         if self._fd is None:
@@ -137,14 +142,24 @@ class KmsgSource(Source):
             yield self._wanted(batch)
 
     def _wanted(self, records: list[KernelRecord]) -> list[KernelRecord]:
-        if not self._skipping:
-            return records
         after, floor = self.after_seq, self.floor
+        if after is None and floor is None:
+            return records
+        # (stamps are not in the ring's order across CPUs: the floor holds for every record, not only the first)
         wanted = [r for r in records if not (after is not None and r.seq is not None and r.seq <= after)
                   and not (floor is not None and r.timestamp is not None and r.timestamp < floor)]
-        # Records overwritten while reading through those delivered before (or older than the floor) lost none
-        # of ours; the first wanted record, or the ring's end, ends that phase
+        if not self._skipping:
+            return wanted
+        # Records overwritten while reading through those delivered before (or older than the floor) were none of
+        # ours. Resumed after a position they may be: kmsg numbers its records without gaps, so each gap from the
+        # position on is records lost (one overrun, as an EPIPE is). The first wanted record, or the ring's end,
+        # ends this phase.
         self.overruns = 0
+        if self._resumed:
+            for record in wanted:
+                if record.seq is not None:
+                    self.overruns += record.seq > after + 1
+                    after = record.seq
         self._skipping = not (wanted or not records)
         return wanted
 

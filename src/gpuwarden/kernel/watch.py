@@ -48,7 +48,8 @@ def classifier_for(config: KernelConfig) -> Classifier:
 def open_source(config: KernelConfig, cursor: str | None) -> Source:
     """The configured source, resumed after `cursor` (a journal cursor or a kmsg position) where it can be; `auto`
     reads /dev/kmsg live and catches up from the journal when journald holds kernel entries (JournalKmsgSource),
-    else /dev/kmsg alone: from a kmsg position while its next record is still in the ring, else from its end."""
+    else /dev/kmsg alone: from a kmsg position of this boot (what the ring lost since counted as an overrun), else
+    from its end."""
     choice = config.source
     if choice == "auto":
         if not JournalSource.has_kernel_entries():
@@ -66,7 +67,7 @@ def open_source(config: KernelConfig, cursor: str | None) -> Source:
             raise ValueError("kernel.source = \"file\" needs kernel.file")
         return FileSource(config.file)
     source = KmsgSource()
-    if not source.resumes(cursor, source.open_oldest()):
+    if not source.resumes(cursor, source.open_oldest(), past_a_gap=True):
         source.start()
     return source
 
@@ -93,6 +94,7 @@ class KernelWatch:
         self.boot = this_boot()
         self._counted = (0, 0, 0)  # the source's lines, malformed lines and overruns counted so far
         self._saved_at = 0.0  # when the position was last saved (time.time())
+        self._read = False  # whether `cursor` is a line this watch read
 
     @property
     def status(self) -> str:
@@ -131,6 +133,7 @@ class KernelWatch:
             log.info("kernel source readable again after: %s", self.unavailable)
             self.unavailable = None
         log.info("kernel source: %s", source.label)
+        self.classifier.live_since = self.live_since if source.kernel_clock else None
         try:
             async for batch, ended in _then_end(source.batches()):
                 try:
@@ -139,7 +142,8 @@ class KernelWatch:
                     # A batch that breaks the watch is left behind, its lines said lost: read again by the watch
                     # built next, it would break that one too, and a line a user can make the kernel print would
                     # blind the watch for good
-                    self.cursor = next((r.cursor for r in reversed(batch) if r.cursor), self.cursor)
+                    if self.source.kernel_clock:
+                        self.cursor = next((r.cursor for r in reversed(batch) if r.cursor), self.cursor)
                     raise KernelWatchFailed(f"{plural(len(batch), 'kernel line')} left unread after "
                                             f"{type(exc).__name__}: {exc}") from exc
         except asyncio.CancelledError:
@@ -169,11 +173,12 @@ class KernelWatch:
             burst.event = behind_port(burst.event, self.gpus_behind)
             if self._is_history(burst):
                 burst.event = burst.event.as_history(self._logged_at(burst))
-        if read := next((r.cursor for r in reversed(batch) if r.cursor), None):
-            self.cursor = read
+        # a position in the kernel log (a file's journal-JSON lines carry cursors of another journal)
+        if source.kernel_clock and (read := next((r.cursor for r in reversed(batch) if r.cursor), None)):
+            self.cursor, self._read = read, True
         events = [b.event for b in bursts]
-        # a position alone is saved at most every CURSOR_EVERY; with events, always
-        cursor = self.cursor if read or save else None
+        # a position alone is saved at most every CURSOR_EVERY; with events, always; at the end, if it moved
+        cursor = self.cursor if self._read and (batch or save) else None
         if cursor and not (events or save) and now - self._saved_at < CURSOR_EVERY:
             cursor = None
         if events or cursor:
