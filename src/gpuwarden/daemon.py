@@ -100,6 +100,7 @@ class Daemon:
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()
         self.live_since = _live_from_now(config.kernel.source)  # kernel lines logged before this are history
+        self._kernel_floor = self.live_since  # the same, for a kernel watch after one that read no kernel log
         self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -293,16 +294,17 @@ class Daemon:
                     await _CONFIG.run("exporter", _STOP_DEADLINE, self._start_exporter, True)
 
     def _kernel_watch(self) -> KernelWatch:
-        # A watch built again (a reload, a restart after a failure) of the same source resumes after the last line
-        # the one before read: the stored position can be a second older (CURSOR_EVERY), or still on the queue.
-        # One of another source resumes from the stored position, which is behind by as long as the one before
-        # read no kernel log (a file, a journal that could not be opened): what it reads from before now is history
-        before, source = self.current.kernel, self.config.kernel.source
-        if before is not None and before.config.source == source:
+        # A watch built again (a reload, a restart after a failure) resumes after the last line the one before read
+        # (the stored position can be a second older, or still on the queue), lines live from the same point. One
+        # of another source after a watch that read no kernel log (a file, a journal it could not open) resumes
+        # from the stored position, as old as that: what it reads from before the reload is history (reload()).
+        before = self.current.kernel
+        if before is None:
+            cursor, live_since = self.store.cursor(POSITION), self.live_since
+        elif before.watched_kernel_log or before.config.source == self.config.kernel.source:
             cursor, live_since = before.cursor, before.live_since
         else:
-            cursor = self.store.cursor(POSITION)
-            live_since = self.live_since if before is None else _live_from_now(source)
+            cursor, live_since = self.store.cursor(POSITION), self._kernel_floor
         watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic), cursor,
                             live_since=live_since, gpus_behind=self.inventory.behind)
         self.current.built(kernel=watch)
@@ -336,6 +338,9 @@ class Daemon:
                 await self._confirm_reload(began, why, None)
                 return
             await self.supervisor.stop()
+            before = self.current.kernel
+            if before is not None and not before.watched_kernel_log and before.config.source != new.kernel.source:
+                self._kernel_floor = await _kernel_clock(new.kernel.source)
             # a web config is read again at each reload: a renewed certificate or password takes effect
             exporter_changed = new.exporter != self.config.exporter or web is not None
             self.settings.replace(new)
@@ -425,6 +430,15 @@ def _live_from_now(source: str) -> float:
     carry no kernel time."""
     printk = printk_now() if source != "file" else None
     return time.monotonic() if printk is None else printk
+
+
+async def _kernel_clock(source: str) -> float:
+    """_live_from_now off the loop (a write to /dev/kmsg is a printk, which a slow console can hold up), bounded:
+    CLOCK_MONOTONIC when it does not answer in time."""
+    try:
+        return await _CONFIG.run("kernel clock", 1.0, _live_from_now, source)
+    except (TimeoutError, Busy):
+        return time.monotonic()
 
 
 def _exit_now(why: str) -> None:

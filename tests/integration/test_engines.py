@@ -3,6 +3,7 @@
 import itertools
 import json
 import re
+import statistics
 import subprocess
 import time
 from collections import Counter
@@ -102,7 +103,9 @@ def test_a_hung_metrics_is_asked_again_once_its_scrape_timed_out(daemon_factory,
     wait_for(lambda: sum(float(t) > hung for t in log.read_text().split()) >= 5, 30, what="five scrapes of it hung")
     asked = [float(t) for t in log.read_text().split() if float(t) > hung]
     gaps = [b - a for a, b in itertools.pairwise(asked)]
-    assert max(gaps) < 3.0, gaps  # its timeout (2 s), then the failure's own work (4 s apart before)
+    # its timeout (2 s), then the failure's own work (4 s apart before, every one): the median, as a machine under
+    # load can hold up one failure's work (3.46 s seen once, beside 2.01 s for the others)
+    assert statistics.median(gaps) < 3.0, gaps
     assert d.stop() == 0
 
 

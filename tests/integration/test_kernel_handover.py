@@ -136,3 +136,23 @@ def test_a_lookback_of_0_counts_from_now_on_the_kernel_logs_clock(journald):
     mine = [r.text for r in asyncio.run(collect(source, {after})) if t in r.text]
     source.close()
     assert mine == [after]
+
+
+@pytest.mark.root
+def test_the_journal_source_resumes_after_a_kmsg_position_without_repeating_its_line(journald):
+    """A position saved by kmsg (`auto`, `kmsg`) read by `source = "journal"` (a switch by reload): the journal
+    seeks by time, and journald files an entry when it receives it, later than the kernel stamped it: the line at
+    the position came again, live."""
+    t = tag()
+    first, second = (f"amdgpu ffff:fe:1f.7: amdgpu: GPU reset begin! {t} {i}" for i in range(2))
+    write_kmsg(first)
+    probe = JournalKmsgSource(None, lookback=5, tick=0.1)
+    seen = asyncio.run(collect(probe, {first}, settle=0.2))
+    probe.close()
+    position = next(r.cursor for r in seen if r.text == first)
+    wait_for(lambda: journal_has(first), 10, what="journald storing the line")
+    write_kmsg(second)
+    source = JournalSource(position, lookback=0, tick=0.1)
+    mine = [r.text for r in asyncio.run(collect(source, {second})) if t in r.text]
+    source.close()
+    assert mine == [second]

@@ -61,8 +61,10 @@ async def stopped(task: asyncio.Task) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def ring_timeout(t: str, i: int) -> str:
-    return f"amdgpu {TEST_GPU}: amdgpu: GPU reset begin! {t} {i}"
+def fault(t: str, i: int) -> str:
+    """A fault line of this test's own: an application's Xid names its process, and a line naming another (another
+    test's, in the same host kernel log) never joins its bursts nor changes their counts."""
+    return f"NVRM: Xid (PCI:{TEST_GPU[:-2]}): 31, pid={os.getpid()}, name=gw, Ch 00000010, MMU Fault {t} {i}"
 
 
 @pytest.mark.root
@@ -74,19 +76,19 @@ def test_a_kmsg_watch_built_again_reads_the_lines_logged_while_none_ran():
     async def go():
         first = KernelWatch(config, sink, None)
         task = await opened(first)
-        write_kmsg(ring_timeout(t, 1))
+        write_kmsg(fault(t, 1))
         await until(lambda: sink.mine(t))
         await stopped(task)
-        write_kmsg(ring_timeout(t, 2))  # no watch reads the kernel log now
+        write_kmsg(fault(t, 2))  # no watch reads the kernel log now
         second = KernelWatch(config, sink, first.cursor)
         task = await opened(second)
-        write_kmsg(ring_timeout(t, 3))
-        await until(lambda: ring_timeout(t, 3) in sink.mine(t))
+        write_kmsg(fault(t, 3))
+        await until(lambda: fault(t, 3) in sink.mine(t))
         await asyncio.sleep(0.3)  # a repeat would come now
         await stopped(task)
 
     asyncio.run(go())
-    assert sink.mine(t) == [ring_timeout(t, i) for i in (1, 2, 3)]
+    assert sink.mine(t) == [fault(t, i) for i in (1, 2, 3)]
 
 
 @pytest.mark.root
@@ -101,9 +103,9 @@ def test_an_auto_watch_built_again_does_not_read_a_line_that_grew_a_burst_again(
     async def go():
         first = KernelWatch(config, sink, None)
         task = await opened(first)
-        write_kmsg(ring_timeout(t, 1))
+        write_kmsg(fault(t, 1))
         await until(lambda: sink.mine(t))
-        write_kmsg(ring_timeout(t, 2))  # joins the burst: no event, no position saved
+        write_kmsg(fault(t, 2))  # joins the burst: no event, no position saved
         await asyncio.sleep(0.3)
         await stopped(task)
         second = KernelWatch(config, sink, first.cursor)
@@ -112,7 +114,7 @@ def test_an_auto_watch_built_again_does_not_read_a_line_that_grew_a_burst_again(
         await stopped(task)
 
     asyncio.run(go())
-    assert sink.mine(t) == [ring_timeout(t, 1)]
+    assert sink.mine(t) == [fault(t, 1)]
     mine = next(i for i, e in enumerate(sink.events) if t in e.evidence.get("line", ""))
     assert sink.counts.get(mine) == 2
 
@@ -123,16 +125,16 @@ def test_a_reload_right_after_a_line_that_grew_a_burst_makes_no_second_event(dae
     d.start()
     d.wait_serving()
     t = tag()
-    write_kmsg(ring_timeout(t, 1))
+    write_kmsg(fault(t, 1))
     wait_for(lambda: any(t in e["evidence"].get("line", "") for e in d.events()), 10, what="the first event")
     at = d.log_size()
-    write_kmsg(ring_timeout(t, 2))  # joins the burst
+    write_kmsg(fault(t, 2))  # joins the burst
     time.sleep(0.2)
     d.proc.send_signal(signal.SIGHUP)
     d.wait_log("reloaded", after=at)
     time.sleep(1.5)  # a line read again would make its event now
     mine = [e for e in d.events() if t in e["evidence"].get("line", "")]
-    assert [e["evidence"]["line"] for e in mine] == [ring_timeout(t, 1)]
+    assert [e["evidence"]["line"] for e in mine] == [fault(t, 1)]
     assert mine[0]["count"] == 2
     assert d.stop() == 0
 
@@ -148,24 +150,47 @@ def test_lines_logged_while_a_reload_had_another_source_are_history_once_kmsg_is
     d.start()
     d.wait_serving()
     t = tag()
-    write_kmsg(ring_timeout(t, 1))
+    write_kmsg(fault(t, 1))
     wait_for(lambda: any(t in e["evidence"].get("line", "") for e in d.events()), 10, what="the first event")
 
     at = d.log_size()
     d.write_config(kernel=f'source = "file"\nfile = "{log}"')
     d.proc.send_signal(signal.SIGHUP)
     d.wait_log("kernel source: file", after=at)
-    write_kmsg(ring_timeout(t, 2))  # the file is read now, not the kernel log
+    write_kmsg(fault(t, 2))  # the file is read now, not the kernel log
 
     at = d.log_size()
     d.write_config(kernel='source = "kmsg"')
     d.proc.send_signal(signal.SIGHUP)
     d.wait_log("kernel source: kmsg", after=at)
-    write_kmsg(ring_timeout(t, 3))
+    write_kmsg(fault(t, 3))
     wait_for(lambda: sum(t in e["evidence"].get("line", "") for e in d.events()) >= 3, 10,
              what="the line of the file's time and the new one")
     time.sleep(1)  # a repeat would come now
     mine = [e for e in d.events() if t in e["evidence"].get("line", "")]
-    assert [e["evidence"]["line"] for e in mine] == [ring_timeout(t, i) for i in (1, 2, 3)]
+    assert [e["evidence"]["line"] for e in mine] == [fault(t, i) for i in (1, 2, 3)]
     assert ["history" in e["evidence"] for e in mine] == [False, True, False]
+    assert d.stop() == 0
+
+
+@pytest.mark.root
+def test_a_line_logged_while_a_reload_switches_between_kernel_sources_is_live(daemon_factory, journald):
+    """kmsg to auto: the kmsg watch saved where it stopped, and the auto watch resumes there. A line logged as the
+    reload goes on (read by the one or, in the gap, by the other) is live: a fresh floor for the new source made
+    the gap's lines history."""
+    d = daemon_factory(kernel='source = "kmsg"')
+    d.start()
+    d.wait_serving()
+    t = tag()
+    at = d.log_size()
+    d.write_config(kernel='source = "auto"')  # (its lookback, 10 minutes, reaches into the gap)
+    d.proc.send_signal(signal.SIGHUP)
+    for i in range(20):  # before, during and after the gap between the watches
+        write_kmsg(fault(t, i))
+        time.sleep(0.01)
+    d.wait_log("kernel source: kmsg (journal catch-up)", after=at)
+    time.sleep(3)  # the storm window (2 s) closes the burst: its count is stored
+    mine = [e for e in d.events() if t in e["evidence"].get("line", "")]
+    assert mine and not [e for e in mine if "history" in e["evidence"]]
+    assert sum(e["count"] for e in mine) == 20, [(e["count"], e["evidence"]["line"]) for e in mine]  # each once
     assert d.stop() == 0

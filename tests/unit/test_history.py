@@ -26,3 +26,27 @@ def test_a_line_of_an_earlier_boot_is_history_whatever_its_time():
 def test_without_a_start_time_every_line_is_live():
     [event] = watched([KernelRecord(LINE, timestamp=1.0, boot=this_boot())], live_since=None)
     assert event.live
+
+
+def test_an_oops_report_of_an_earlier_boot_is_history():
+    """A journal's catch-up across a crash reboot holds the earlier boot's oops (its kernel time large, past this
+    boot's start): the report's event carried no boot and was judged by its time alone: a live critical page for a
+    fault of the boot before."""
+    earlier = "00000000-0000-0000-0000-000000000001"
+    lines = ["general protection fault, probably for non-canonical address 0xdead",
+             "RIP: 0010:amdgpu_vm_update+0x12/0x60 [amdgpu]", " drm_ioctl+0x1/0x2 [drm]",
+             "---[ end trace 0000000000000000 ]---"]
+    [oops] = watched([KernelRecord(line, timestamp=432_000.0, boot=earlier) for line in lines], live_since=60.0)
+    assert oops.kind == "kernel_oops"
+    assert not oops.live
+
+
+def test_a_storm_across_the_start_makes_its_live_implied_event():
+    """An Xid 79 storm logged across the start: its first lines are history, and so is the `device_lost` they
+    imply. The live lines' `device_lost` was taken for a repeat of the history one (once per GPU within the
+    window) and never made: no GPU-lost condition for a GPU lost now."""
+    xid = "NVRM: Xid (PCI:ffff:fe:1f.7): 79, pid=1234, name=python3, GPU has fallen off the bus."
+    events = watched([KernelRecord(xid, timestamp=t, boot=this_boot()) for t in (99.0, 100.5, 102.0)],
+                     live_since=100.0)
+    assert sorted((e.kind, e.live) for e in events if e.kind == "device_lost") == [
+        ("device_lost", False), ("device_lost", True)]

@@ -183,6 +183,8 @@ class _Oops:
     last: float = 0.0  # log time
     arrived: float = 0.0  # caller's time
     verified: bool = True  # every line of it is the kernel's own (the carriers of user text are never part of one)
+    boot: str | None = None  # the boot it was logged in, where the source says (its header's record)
+    wall: float | None = None  # when it was logged, on the wall clock, where the source says
 
 
 class Classifier:
@@ -218,9 +220,7 @@ class Classifier:
         self._xids: dict[tuple[int, int | None], tuple[Severity, str]] = {}  # (Xid, caused by) -> judged, once
         self.storm_window = storm_window
         self.max_burst = max_burst
-        # Lines stamped before this are history (the caller's: kernel/watch.py): a live line never joins a burst of
-        # history, whose event is never acted on (a storm that goes on across a start would not be, for a minute)
-        self.live_since: float | None = None
+        self.live_since: float | None = None  # lines stamped before it are history (the caller's: kernel/watch.py)
         self._bursts: dict[tuple, Burst] = {}
         # text -> (rule, match, held) of a fault line judged with no report open: a storm's lines repeat a few texts
         self._seen: dict[str, tuple[Rule, re.Match[str], bool]] = {}
@@ -230,7 +230,8 @@ class Classifier:
         self._latest: dict[tuple, tuple] = {}  # (kind, severity, subject, xid) -> the key of its latest burst
         # rule -> recent lines: (gpu, log time, text, other device, verified)
         self._recent: dict[str, list[tuple[str | None, float, str, str | None, bool]]] = {}
-        self._emitted: dict[tuple[str, str | None], float] = {}  # (correlation, gpu) -> log time
+        # (correlation, gpu) -> (log time, boot) of the last event it made
+        self._emitted: dict[tuple[str, str | None], tuple[float, str | None]] = {}
         self._partners: dict[str, list[tuple[Correlation, tuple[str, ...]]]] = {}  # rule -> _correlations
         self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
@@ -426,7 +427,7 @@ class Classifier:
             for partner in _PARTNERS[name]:
                 if recent.get(partner):
                     severity, outcomes, escalated = self._correlate(name, gpu, stamp, now, severity, text, device,
-                                                                    why_not is None, capped)
+                                                                    why_not is None, capped, record.boot)
                     break
             else:  # no partner line: only this line is kept for those that may come (_correlate's last step)
                 hits = recent.setdefault(name, [])
@@ -435,7 +436,7 @@ class Classifier:
                     del hits[0]
         made = (rule, record, why_not, facts, xid, context_process, process, process_line, device, escalated)
         if xid in xid_catalog.IMPLIES:
-            outcomes += self._implied(rule, xid, gpu, device, _evidence(*made), capped, stamp, now)
+            outcomes += self._implied(rule, xid, gpu, device, _evidence(*made), capped, stamp, now, record.boot)
         if rule.quiet:
             return outcomes
         severity = self._severity_overrides.get(rule.kind, severity)
@@ -444,7 +445,7 @@ class Classifier:
             meaning = f"{meaning} (unverified: {why_not})"
         pid = process["pid"] if process else None
         key = (rule.kind, severity, gpu or device, xid, pid)
-        if self._joins(key, stamp, now, record.boot):  # it joins its open burst: its count, and no evidence is made
+        if self._joins(key, stamp, now, record.boot):  # it joins its open burst: its count, no evidence made
             bursts = outcomes
         else:
             bursts = [self._start(key, gpu, device, meaning, _evidence(*made), stamp, now), *outcomes]
@@ -453,24 +454,33 @@ class Classifier:
         return bursts
 
     def _burst(self, kind: str, severity: Severity, gpu: str | None, device: str | None, xid: int | None,
-               meaning: str, evidence: dict, stamp: float, now: float) -> Burst | None:
+               meaning: str, evidence: dict, stamp: float, now: float, boot: str | None) -> Burst | None:
         """A new event, or None when the line joins the open burst of the same kind, severity, subject and
         process (a line that names no process joins the latest of them)."""
         key = (kind, severity, gpu or device, xid, (evidence.get("process") or {}).get("pid"))
-        return None if self._joins(key, stamp, now) else self._start(key, gpu, device, meaning, evidence, stamp, now)
+        if self._joins(key, stamp, now, boot):
+            return None
+        burst = self._start(key, gpu, device, meaning, evidence, stamp, now)
+        burst.boot = boot
+        return burst
 
-    def _joins(self, key: tuple, stamp: float, now: float, boot: str | None = None) -> bool:
-        """Whether a line of `key` (kind, severity, subject, Xid, pid) joins its open burst: then it is counted. A
-        line of another boot (`boot`, where the source says) or a live one never joins a burst of history (stamps
-        of two boots do not compare: an earlier boot's are larger as often as not)."""
+    def _joins(self, key: tuple, stamp: float, now: float, boot: str | None) -> bool:
+        """Whether a line of `key` (kind, severity, subject, Xid, pid) joins its open burst: then it is counted."""
         burst = self._bursts.get(key if key[4] is not None else self._latest.get(key[:4], key))
-        if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst and not (
-                self.live_since is not None and burst.first < self.live_since <= stamp) and (
-                boot is None or burst.boot is None or burst.boot == boot):
+        if burst and stamp - burst.last <= self.storm_window and stamp - burst.first <= self.max_burst \
+                and not self._apart(burst.first, burst.boot, stamp, boot):
             burst.count += 1
             burst.last, burst.arrived = stamp, now
             return True
         return False
+
+    def _apart(self, first: float, first_boot: str | None, stamp: float, boot: str | None) -> bool:
+        """Whether a line (`stamp`, `boot`) cannot count with an earlier one (`first`, `first_boot`) as one event:
+        of another boot (where the source says: stamps of two boots do not compare, an earlier boot's are larger as
+        often as not), or live where that one is history (whose event is never acted on: a storm that goes on
+        across the start would not be, for a minute)."""
+        return (boot is not None and first_boot is not None and boot != first_boot) or (
+            self.live_since is not None and first < self.live_since <= stamp)
 
     def _start(self, key: tuple, gpu: str | None, device: str | None, meaning: str, evidence: dict, stamp: float,
                now: float) -> Burst:
@@ -484,7 +494,7 @@ class Classifier:
         return burst
 
     def _correlate(self, name: str, gpu: str | None, stamp: float, now: float, severity: Severity, line: str,
-                   device: str | None, verified: bool, capped: bool = False
+                   device: str | None, verified: bool, capped: bool, boot: str | None
                    ) -> tuple[Severity, list[Burst], str | None]:
         """This line's severity after the correlations it completes, the outcome events they make, and why it was
         raised (None: it was not)."""
@@ -507,7 +517,7 @@ class Classifier:
                 escalated = corr.why
                 severity = max(severity, corr.severity)
             elif (burst := self._outcome(corr, hit[0] or gpu, stamp, now, [hit[2], line], device or hit[3],
-                                         hit[4] and verified, hit[5] or capped)) is not None:
+                                         hit[4] and verified, hit[5] or capped, boot)) is not None:
                 outcomes.append(burst)
         hits = recent.setdefault(name, [])
         hits.append((gpu, stamp, line, device or None, verified, capped))
@@ -525,11 +535,11 @@ class Classifier:
         return found
 
     def _outcome(self, corr: Correlation, gpu: str | None, stamp: float, now: float, lines: list[str],
-                 device: str | None, verified: bool, capped: bool) -> Burst | None:
+                 device: str | None, verified: bool, capped: bool, boot: str | None) -> Burst | None:
         last = self._emitted.get((corr.name, gpu))
-        if last is not None and 0 <= stamp - last <= corr.within_seconds:
+        if last is not None and 0 <= stamp - last[0] <= corr.within_seconds and not self._apart(*last, stamp, boot):
             return None
-        self._emitted[(corr.name, gpu)] = stamp
+        self._emitted[(corr.name, gpu)] = (stamp, boot)
         evidence = {"line": lines[-1], "lines": lines, "rule": corr.name, "runbook": corr.runbook,
                     "why": corr.why, "log_time": stamp, "verified": verified}
         if device:
@@ -541,7 +551,7 @@ class Classifier:
         return Burst(event, stamp, stamp, now)
 
     def _implied(self, rule: Rule, xid: int, gpu: str | None, device: str | None, evidence: dict, capped: bool,
-                 stamp: float, now: float) -> list[Burst]:
+                 stamp: float, now: float, boot: str | None) -> list[Burst]:
         """An event one line stands for besides its own: an Xid whose catalog entry implies another kind (Xid 79:
         the GPU fell off the bus), once per GPU within the storm window."""
         kind, severity, why = xid_catalog.IMPLIES[xid]
@@ -549,9 +559,9 @@ class Classifier:
             severity = min(severity, Severity.WARNING)
         key = (f"implied_{kind}", gpu)
         last = self._emitted.get(key)
-        if last is not None and 0 <= stamp - last <= self.max_burst:
+        if last is not None and 0 <= stamp - last[0] <= self.max_burst and not self._apart(*last, stamp, boot):
             return []
-        self._emitted[key] = stamp
+        self._emitted[key] = (stamp, boot)
         implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by")}
         implied_evidence.update(rule=f"{rule.name}_{xid}", why=why, runbook=kind)
         subject = f" on {gpu}" if gpu else (f" at {device}" if device else "")
@@ -577,7 +587,7 @@ class Classifier:
         if self._oops is None:
             if kind is None:
                 return None
-            self._oops = _Oops(severity=header, first=stamp)
+            self._oops = _Oops(severity=header, first=stamp, boot=record.boot, wall=record.wall)
         oops = self._oops
         if header is not None:
             oops.severity = max(oops.severity or header, header)
@@ -638,7 +648,7 @@ class Classifier:
         if after is not None:
             evidence["after_gpu_line"] = after[1]
         event = Event(kind="kernel_oops", severity=severity, message=what, time=now, gpu=gpu, evidence=evidence)
-        return [Burst(event, oops.last, oops.last, oops.arrived)]
+        return [Burst(event, oops.last, oops.last, oops.arrived, boot=oops.boot, wall=oops.wall)]
 
 
     def _attribute(self, record: KernelRecord, vendor: str, stamp: float) -> tuple[str | None, str | None]:
@@ -668,8 +678,12 @@ class Classifier:
         rule = self._gsp_rule
         evidence = {"line": oops.lines[0], "lines": oops.lines, "rule": rule.name, "runbook": rule.runbook,
                     "vendor": rule.vendor, "log_time": oops.last, "verified": oops.verified}
-        burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now)
-        return [burst] if burst else []
+        burst = self._burst(rule.kind, rule.severity, oops.gpu, None, None, rule.meaning, evidence, oops.last, now,
+                            oops.boot)
+        if burst is None:
+            return []
+        burst.wall = oops.wall
+        return [burst]
 
 
 def _evidence(rule: Rule, record: KernelRecord, why_not: str | None, facts: _Facts, xid: int | None,

@@ -205,6 +205,7 @@ class JournalSource(Source):
         super().__init__(tick)
         self.reader = _kernel_reader(path)
         self.at_cursor: dict | None = None  # the saved cursor's own entry, once found
+        self.after: tuple[str, float] | None = None  # (boot, kernel time): positioned by it (delivered_before)
         self._position(cursor, lookback, monotonic)
 
     def _position(self, cursor: str | None, lookback: float, monotonic: tuple[str, float] | None) -> None:
@@ -213,6 +214,7 @@ class JournalSource(Source):
             monotonic = (saved[0], saved[2])
         if monotonic:  # (boot id, kernel seconds): entries received from then on, across later boots
             r.seek_monotonic(monotonic[1], monotonic[0])
+            self.after = monotonic
             return
         if cursor:
             try:
@@ -227,6 +229,13 @@ class JournalSource(Source):
         # No cursor: this boot's entries of the last `lookback` seconds.
         r.this_boot()
         r.seek_realtime(time.time() - lookback)
+
+    def delivered_before(self, record: KernelRecord) -> bool:
+        """Whether `record` is one delivered before the restart that positioned this source by time (a kmsg
+        position): journald files an entry when it receives it, so the seek finds some logged before that time."""
+        after = self.after
+        return after is not None and record.boot == after[0] and record.timestamp is not None \
+            and record.timestamp <= after[1]
 
     @staticmethod
     def has_kernel_entries(path: str | None = None) -> bool:
@@ -264,7 +273,8 @@ class JournalSource(Source):
             if not entry:
                 break
             self.lines += 1
-            batch.append(_from_entry(entry))
+            if not self.delivered_before(record := _from_entry(entry)):
+                batch.append(record)
         return batch
 
     def close(self) -> None:
@@ -350,14 +360,12 @@ class JournalKmsgSource(Source):
         self.boot = kmsg.boot
         oldest = kmsg.open_oldest()  # where the journal hands over
         self._handover = oldest.timestamp if oldest else _printk_now(kmsg_path)
-        self._after: tuple[str, float] | None = None  # journal: (boot, kernel time) delivered before a restart
         self._journal: JournalSource | None = None
         self._journal_lines = 0
         if kmsg.resumes(position, oldest):
             return
         if saved := _kmsg_position(position):
             self._journal = JournalSource(None, lookback, tick, journal_path, monotonic=(saved[0], saved[2]))
-            self._after = (saved[0], saved[2])
             kmsg.after_seq = saved[1] if saved[0] == self.boot else None
             return
         self._journal = JournalSource(position, lookback, tick, journal_path)
@@ -391,9 +399,8 @@ class JournalKmsgSource(Source):
             boot = record.boot
             if boot == self.boot and record.timestamp is not None and record.timestamp >= self._handover:
                 break  # kmsg has this one and everything after it
-            if self._after and boot == self._after[0] and record.timestamp is not None \
-                    and record.timestamp <= self._after[1]:
-                continue  # delivered before the restart
+            if self._journal.delivered_before(record):
+                continue
             self._journal_lines += 1
             batch.append(record)
         if len(batch) < BATCH:

@@ -94,7 +94,13 @@ class KernelWatch:
         self.boot = this_boot()
         self._counted = (0, 0, 0)  # the source's lines, malformed lines and overruns counted so far
         self._saved_at = 0.0  # when the position was last saved (time.time())
-        self._read = False  # whether `cursor` is a line this watch read
+        self.read = False  # whether `cursor` is a line this watch read (a position of its own, saved at its end)
+
+    @property
+    def watched_kernel_log(self) -> bool:
+        """Whether it was reading the kernel log (a source with kernel time, opened): what was logged from its
+        start on was its to read, and the watch built after it goes on from there."""
+        return self.source is not None and self.source.kernel_clock
 
     @property
     def status(self) -> str:
@@ -175,10 +181,10 @@ class KernelWatch:
                 burst.event = burst.event.as_history(self._logged_at(burst))
         # a position in the kernel log (a file's journal-JSON lines carry cursors of another journal)
         if source.kernel_clock and (read := next((r.cursor for r in reversed(batch) if r.cursor), None)):
-            self.cursor, self._read = read, True
+            self.cursor, self.read = read, True
         events = [b.event for b in bursts]
         # a position alone is saved at most every CURSOR_EVERY; with events, always; at the end, if it moved
-        cursor = self.cursor if self._read and (batch or save) else None
+        cursor = self.cursor if self.read and (batch or save) else None
         if cursor and not (events or save) and now - self._saved_at < CURSOR_EVERY:
             cursor = None
         if events or cursor:
