@@ -100,6 +100,7 @@ class Daemon:
         self.summary = Summary(self.inventory, self.store_health, self.supervisor, self.current)
         self.started = time.monotonic()
         self.live_since = _live_from_now(config.kernel.source)  # kernel lines logged before this are history
+        self._printk_ahead = self.live_since - time.monotonic()  # printk's clock against CLOCK_MONOTONIC (or 0)
         self._kernel_floor = self.live_since  # the same, for a kernel watch after one that read no kernel log
         self.xids = XidMerge()  # one event per Xid: the kernel log's copy and NVML's
         self._stopping = asyncio.Event()
@@ -297,14 +298,14 @@ class Daemon:
         # A watch built again (a reload, a restart after a failure) resumes after the last line the one before read
         # (the stored position can be a second older, or still on the queue), lines live from the same point. One
         # of another source after a watch that read no kernel log (a file, a journal it could not open) resumes
-        # from the stored position, as old as that: what it reads from before the reload is history (reload()).
+        # from a position as old as that: what it reads from before the reload is history (reload()).
         before = self.current.kernel
         if before is None:
             cursor, live_since = self.store.cursor(POSITION), self.live_since
         elif before.watched_kernel_log or before.config.source == self.config.kernel.source:
             cursor, live_since = before.cursor, before.live_since
         else:
-            cursor, live_since = self.store.cursor(POSITION), self._kernel_floor
+            cursor, live_since = before.cursor, self._kernel_floor
         watch = KernelWatch(self.config.kernel, self.xids.tap(self._outbox("kernel"), time.monotonic), cursor,
                             live_since=live_since, gpus_behind=self.inventory.behind)
         self.current.built(kernel=watch)
@@ -340,7 +341,7 @@ class Daemon:
             await self.supervisor.stop()
             before = self.current.kernel
             if before is not None and not before.watched_kernel_log and before.config.source != new.kernel.source:
-                self._kernel_floor = await _kernel_clock(new.kernel.source)
+                self._kernel_floor = await self._kernel_clock(new.kernel.source)
             # a web config is read again at each reload: a renewed certificate or password takes effect
             exporter_changed = new.exporter != self.config.exporter or web is not None
             self.settings.replace(new)
@@ -370,6 +371,15 @@ class Daemon:
             self.notifier.ready()
             self.notifier.status(self.summary())
             await self._confirm_reload(began, None, str(path or "built-in defaults"))
+
+    async def _kernel_clock(self, source: str) -> float:
+        """_live_from_now off the loop (a write to /dev/kmsg is a printk, which a slow console can hold up), bounded;
+        where it does not answer, CLOCK_MONOTONIC moved by how far printk's clock was from it at the start."""
+        try:
+            return await _CONFIG.run("kernel clock", 1.0, _live_from_now, source)
+        except Exception as exc:  # a reload goes on: the components are stopped and must come back
+            log.warning("the kernel log's clock could not be read (%s); counting from CLOCK_MONOTONIC", exc)
+            return time.monotonic() + self._printk_ahead
 
     async def _confirm_reload(self, began: int, error: str | None, config: str | None) -> None:
         """Tell `gpuwarden reload` (ExecReload) that the reload that began at `began` is done."""
@@ -430,15 +440,6 @@ def _live_from_now(source: str) -> float:
     carry no kernel time."""
     printk = printk_now() if source != "file" else None
     return time.monotonic() if printk is None else printk
-
-
-async def _kernel_clock(source: str) -> float:
-    """_live_from_now off the loop (a write to /dev/kmsg is a printk, which a slow console can hold up), bounded:
-    CLOCK_MONOTONIC when it does not answer in time."""
-    try:
-        return await _CONFIG.run("kernel clock", 1.0, _live_from_now, source)
-    except (TimeoutError, Busy):
-        return time.monotonic()
 
 
 def _exit_now(why: str) -> None:

@@ -50,3 +50,41 @@ def test_a_storm_across_the_start_makes_its_live_implied_event():
                      live_since=100.0)
     assert sorted((e.kind, e.live) for e in events if e.kind == "device_lost") == [
         ("device_lost", False), ("device_lost", True)]
+
+
+EARLIER = "00000000-0000-0000-0000-000000000001"
+KIQ = "[drm:amdgpu_ring_test_helper [amdgpu]] *ERROR* ring kiq_2.1.0 test failed (-110)"
+
+
+def test_an_earlier_boots_unfinished_oops_does_not_swallow_this_boots_live_one():
+    """A catch-up across a crash reboot often ends the earlier boot's report without its end line: this boot's
+    report lines joined it (its stamps, smaller, read as within the window), and the merged report, of the earlier
+    boot, was history: this boot's live GPU oops paged nobody."""
+    old = [KernelRecord(line, timestamp=5000.0, boot=EARLIER)
+           for line in ("general protection fault, probably for non-canonical address 0xdead",
+                        "RIP: 0010:amdgpu_vm_update+0x12/0x60 [amdgpu]")]
+    new = [KernelRecord(line, timestamp=35.0, boot=this_boot())
+           for line in ("BUG: kernel NULL pointer dereference, address: 0000000000000008",
+                        "RIP: 0010:amdgpu_job_run+0x12/0x60 [amdgpu]", " drm_ioctl+0x1/0x2 [drm]",
+                        "---[ end trace 0000000000000000 ]---")]
+    events = [(e.kind, e.live) for e in watched(old + new, live_since=30.0)]
+    assert ("kernel_oops", True) in events and ("kernel_oops", False) in events
+
+
+def test_a_gpu_lost_of_an_earlier_boot_made_by_a_quiet_line_is_history():
+    """`device has no AER-aware driver` makes no event of its own (quiet), only the `device_lost` it completes: that
+    one carried no boot, judged by its stamp alone: a GPU-lost condition from the boot before."""
+    events = watched([KernelRecord("pcieport 0000:00:03.0: AER: device recovery failed", timestamp=5000.0,
+                                   boot=EARLIER),
+                      KernelRecord("nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)",
+                                   timestamp=5000.5, boot=EARLIER)], live_since=100.0)
+    assert [e.live for e in events if e.kind == "device_lost"] == [False]
+
+
+def test_a_correlation_never_pairs_lines_of_two_boots():
+    """A reset of the boot before (at 40 s) and this boot's ring test failing at 45 s: a live `reset_failed`
+    (runbook: device lost) out of two unrelated lines."""
+    events = watched([KernelRecord("amdgpu ffff:fe:1f.7: amdgpu: GPU reset begin!", timestamp=40.0, boot=EARLIER),
+                      KernelRecord(f"amdgpu ffff:fe:1f.7: {KIQ}", timestamp=45.0, boot=this_boot())],
+                     live_since=30.0)
+    assert "reset_failed" not in [e.kind for e in events]

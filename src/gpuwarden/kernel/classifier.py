@@ -228,8 +228,8 @@ class Classifier:
         # time, before flush's caller's clock closed them): reported by the next flush like the ones it closes
         self._superseded: list[Burst] = []
         self._latest: dict[tuple, tuple] = {}  # (kind, severity, subject, xid) -> the key of its latest burst
-        # rule -> recent lines: (gpu, log time, text, other device, verified)
-        self._recent: dict[str, list[tuple[str | None, float, str, str | None, bool]]] = {}
+        # rule -> recent lines: (gpu, log time, text, other device, verified, capped, boot)
+        self._recent: dict[str, list[tuple[str | None, float, str, str | None, bool, bool, str | None]]] = {}
         # (correlation, gpu) -> (log time, boot) of the last event it made
         self._emitted: dict[tuple[str, str | None], tuple[float, str | None]] = {}
         self._partners: dict[str, list[tuple[Correlation, tuple[str, ...]]]] = {}  # rule -> _correlations
@@ -280,7 +280,7 @@ class Classifier:
                 elif (oops := self._oops) is not None and frame(text):
                     # the next frame of an open report, the bulk of a report's lines: straight to it
                     stamp = record.timestamp if record.timestamp is not None else now
-                    if stamp - oops.last <= self.storm_window:
+                    if not self._ends(oops, stamp, record.boot):
                         if started := self._report_line(oops, text, record, stamp, now, True):
                             out.append((record, started))
                         continue
@@ -304,7 +304,7 @@ class Classifier:
                                process_line=text if process is not None else None)
             if process is not None:  # the line was the fault's own process line
                 return out
-        if self._oops and stamp - self._oops.last > self.storm_window:
+        if self._oops and self._ends(self._oops, stamp, record.boot):
             out += self._close_oops(now)
         if self._oops is None and (known := self._seen.get(text)) is not None:
             return out + self._rule_line(known, record, stamp, now)
@@ -431,14 +431,14 @@ class Classifier:
                     break
             else:  # no partner line: only this line is kept for those that may come (_correlate's last step)
                 hits = recent.setdefault(name, [])
-                hits.append((gpu, stamp, text, device or None, why_not is None, capped))
+                hits.append((gpu, stamp, text, device or None, why_not is None, capped, record.boot))
                 if len(hits) > 8:
                     del hits[0]
         made = (rule, record, why_not, facts, xid, context_process, process, process_line, device, escalated)
         if xid in xid_catalog.IMPLIES:
             outcomes += self._implied(rule, xid, gpu, device, _evidence(*made), capped, stamp, now, record.boot)
         if rule.quiet:
-            return outcomes
+            return _logged(outcomes, record)
         severity = self._severity_overrides.get(rule.kind, severity)
         if capped:
             severity = min(severity, Severity.WARNING)
@@ -449,9 +449,7 @@ class Classifier:
             bursts = outcomes
         else:
             bursts = [self._start(key, gpu, device, meaning, _evidence(*made), stamp, now), *outcomes]
-        for burst in bursts:  # a held line is released by a later record, which may be of another boot
-            burst.boot, burst.wall = burst.boot or record.boot, burst.wall or record.wall
-        return bursts
+        return _logged(bursts, record)
 
     def _burst(self, kind: str, severity: Severity, gpu: str | None, device: str | None, xid: int | None,
                meaning: str, evidence: dict, stamp: float, now: float, boot: str | None) -> Burst | None:
@@ -476,11 +474,15 @@ class Classifier:
 
     def _apart(self, first: float, first_boot: str | None, stamp: float, boot: str | None) -> bool:
         """Whether a line (`stamp`, `boot`) cannot count with an earlier one (`first`, `first_boot`) as one event:
-        of another boot (where the source says: stamps of two boots do not compare, an earlier boot's are larger as
-        often as not), or live where that one is history (whose event is never acted on: a storm that goes on
+        of another boot, or live where that one is history (whose event is never acted on: a storm that goes on
         across the start would not be, for a minute)."""
-        return (boot is not None and first_boot is not None and boot != first_boot) or (
-            self.live_since is not None and first < self.live_since <= stamp)
+        return not _same_boot(first_boot, boot) or (self.live_since is not None and first < self.live_since <= stamp)
+
+    def _ends(self, oops: _Oops, stamp: float, boot: str | None) -> bool:
+        """Whether a line ends the open report rather than goes on with it: of another boot (a journal's catch-up
+        across a crash reboot often ends the earlier boot's report with no end line), or more than the storm window
+        from its last line, either way (two boots' stamps do not compare)."""
+        return not _same_boot(oops.boot, boot) or abs(stamp - oops.last) > self.storm_window
 
     def _start(self, key: tuple, gpu: str | None, device: str | None, meaning: str, evidence: dict, stamp: float,
                now: float) -> Burst:
@@ -506,7 +508,7 @@ class Classifier:
             for p in partners:  # loops, not a generator: in a storm the partners mostly have no line
                 for h in reversed(recent.get(p, ())):
                     if abs(stamp - h[1]) <= corr.within_seconds and (h[0] is None or gpu is None or h[0] == gpu) \
-                            and not (corr.needs_gpu and h[0] is None and gpu is None):
+                            and not (corr.needs_gpu and h[0] is None and gpu is None) and _same_boot(h[6], boot):
                         hit = h
                         break
                 if hit is not None:
@@ -520,7 +522,7 @@ class Classifier:
                                          hit[4] and verified, hit[5] or capped, boot)) is not None:
                 outcomes.append(burst)
         hits = recent.setdefault(name, [])
-        hits.append((gpu, stamp, line, device or None, verified, capped))
+        hits.append((gpu, stamp, line, device or None, verified, capped, boot))
         if len(hits) > 8:  # the latest 8 (one line at a time comes in)
             del hits[0]
         return severity, outcomes, escalated
@@ -537,7 +539,7 @@ class Classifier:
     def _outcome(self, corr: Correlation, gpu: str | None, stamp: float, now: float, lines: list[str],
                  device: str | None, verified: bool, capped: bool, boot: str | None) -> Burst | None:
         last = self._emitted.get((corr.name, gpu))
-        if last is not None and 0 <= stamp - last[0] <= corr.within_seconds and not self._apart(*last, stamp, boot):
+        if last is not None and abs(stamp - last[0]) <= corr.within_seconds and not self._apart(*last, stamp, boot):
             return None
         self._emitted[(corr.name, gpu)] = (stamp, boot)
         evidence = {"line": lines[-1], "lines": lines, "rule": corr.name, "runbook": corr.runbook,
@@ -559,7 +561,7 @@ class Classifier:
             severity = min(severity, Severity.WARNING)
         key = (f"implied_{kind}", gpu)
         last = self._emitted.get(key)
-        if last is not None and 0 <= stamp - last[0] <= self.max_burst and not self._apart(*last, stamp, boot):
+        if last is not None and abs(stamp - last[0]) <= self.max_burst and not self._apart(*last, stamp, boot):
             return []
         self._emitted[key] = (stamp, boot)
         implied_evidence = {k: v for k, v in evidence.items() if k not in ("xid", "caused_by")}
@@ -684,6 +686,18 @@ class Classifier:
             return []
         burst.wall = oops.wall
         return [burst]
+
+
+def _logged(bursts: list[Burst], record: KernelRecord) -> list[Burst]:
+    """`bursts`, each with the boot and wall time of its line (`record`), where the source says and it has none."""
+    for burst in bursts:  # (a held line is released by a later record, which may be of another boot)
+        burst.boot, burst.wall = burst.boot or record.boot, burst.wall or record.wall
+    return bursts
+
+
+def _same_boot(first: str | None, then: str | None) -> bool:
+    """Whether two lines' stamps compare: the same boot, or a source that does not say (a text log)."""
+    return first is None or then is None or first == then
 
 
 def _evidence(rule: Rule, record: KernelRecord, why_not: str | None, facts: _Facts, xid: int | None,

@@ -27,6 +27,7 @@ _READ_SIZE = 16384  # /dev/kmsg returns one record per read; a short buffer give
 BATCH = 2000  # records per batch at most
 FILE_CHUNK = 256 << 10  # bytes of a followed file per batch at most (about 2,000 lines)
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+SEEK_MARGIN = 60.0  # seconds a journal seek by a kmsg position goes back (printk's clock against journald's)
 
 
 class Source:
@@ -213,7 +214,9 @@ class JournalSource(Source):
         if not monotonic and (saved := _kmsg_position(cursor)):  # a position saved by `auto`
             monotonic = (saved[0], saved[2])
         if monotonic:  # (boot id, kernel seconds): entries received from then on, across later boots
-            r.seek_monotonic(monotonic[1], monotonic[0])
+            # journald files an entry by when it received it, on CLOCK_MONOTONIC, which printk's clock runs ahead
+            # of (kernel/clock.py): the seek goes back a margin, and the kernel's own stamps leave what was delivered
+            r.seek_monotonic(max(0.0, monotonic[1] - SEEK_MARGIN), monotonic[0])
             self.after = monotonic
             return
         if cursor:
@@ -338,7 +341,9 @@ class JournalKmsgSource(Source):
       after it are left to kmsg, which has them, and delivers only what comes after the saved position (by
       sequence number, or after a journal cursor by the kernel's stamp of the cursor's entry).
     Two distinct records of one boot with the same microsecond stamp straddling a journal cursor would be
-    taken for one; kmsg positions compare by sequence number and have no such limit.
+    taken for one. A kmsg position compares by sequence number in the ring; in the journal, which keeps no sequence
+    number, by the kernel's stamp: a record another CPU stamped at or before the position's but numbered after it
+    is taken for delivered (JournalSource.delivered_before).
     """
 
     name = "journal"  # its cursors continue those of `source = "journal"`
