@@ -88,3 +88,15 @@ def test_a_correlation_never_pairs_lines_of_two_boots():
                       KernelRecord(f"amdgpu ffff:fe:1f.7: {KIQ}", timestamp=45.0, boot=this_boot())],
                      live_since=30.0)
     assert "reset_failed" not in [e.kind for e in events]
+
+
+def test_a_boot_reset_is_not_taken_for_the_reset_after_a_fault_of_the_boot_before():
+    """amdgpu resets an APU as it starts it (MODE2 reset: info); after a fault it is a warning. An earlier boot's
+    ring timeout at 40 s, read beside this boot's start-up reset at 41 s (a catch-up across a reboot), made the
+    start-up a reset after a fault. (A line that names no GPU takes the GPU its driver's last line named, of its own
+    boot too.)"""
+    events = watched([KernelRecord("amdgpu ffff:fe:1f.7: amdgpu: ring gfx_0.0.0 timeout, signaled seq=1, emitted "
+                                   "seq=2", timestamp=40.0, boot=EARLIER),
+                      KernelRecord("amdgpu ffff:fe:1f.7: amdgpu: MODE2 reset", timestamp=41.0, boot=this_boot())],
+                     live_since=30.0)
+    assert [(e.severity.name, e.live) for e in events if e.kind == "gpu_reset"] == [("INFO", True)]

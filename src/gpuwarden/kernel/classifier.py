@@ -236,11 +236,12 @@ class Classifier:
         self._ghes: dict[str, Severity] = {}  # GHES record id -> its event severity
         self._oops: _Oops | None = None
         self._held: _Held | None = None
-        self._carry: dict[str, tuple[str, float]] = {}  # vendor -> (the GPU its latest report named, log time)
+        # vendor -> (the GPU its latest report named, log time, boot)
+        self._carry: dict[str, tuple[str, float, str | None]] = {}
         # the latest lines of the GPU drivers' rules that their record does not disprove (a kmsg or journal line is
         # the kernel's; a text log proves nothing either way): (gpu, log time, severity, vendor), for the context of
         # a hung task and of a reset (_gpu_line_before)
-        self._gpu_lines: list[tuple[str | None, float, Severity, str]] = []
+        self._gpu_lines: list[tuple[str | None, float, Severity, str, str | None]] = []  # (…, boot)
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""
@@ -400,14 +401,14 @@ class Classifier:
         else:  # _attribute's answer for a line that names its device
             gpu, device = named
             if gpu is not None and vendor in GPU_VENDORS:
-                self._carry[vendor] = (gpu, stamp)
+                self._carry[vendor] = (gpu, stamp, record.boot)
         severity, meaning, xid, context_process = severity or rule.severity, rule.meaning, None, None
-        if name in BOOT_RESETS and self._gpu_line_before(gpu, stamp, RESET_AFTER_FAULT, "amd") is None:
+        if name in BOOT_RESETS and self._gpu_line_before(gpu, stamp, record.boot, RESET_AFTER_FAULT, "amd") is None:
             severity = Severity.INFO
             meaning = "a full GPU reset with no fault before it: the driver resetting the GPU as it starts it"
         why_not = unverified(record, _device_group(m)) if record.metadata else _TEXT_LOG
         if vendor in GPU_VENDORS and not (why_not and record.metadata):  # context only from proven lines
-            self._gpu_lines.append((gpu, stamp, severity, vendor))
+            self._gpu_lines.append((gpu, stamp, severity, vendor, record.boot))
             if len(self._gpu_lines) > 16:  # the latest 16 (one line at a time comes in)
                 del self._gpu_lines[0]
         process = process or facts.process
@@ -635,7 +636,8 @@ class Classifier:
         elif oops.loaded and (oops.drm_core or oops.modules & DRM_CORE_MODULES):
             severity = oops.severity if oops.severity is not None else Severity.WARNING
             what = f"kernel oops in the DRM core, with {', '.join(sorted(oops.loaded))} loaded"
-        elif oops.hung and (after := self._gpu_line_before(None, oops.first, HUNG_AFTER_GPU_FAULT)) is not None:
+        elif oops.hung and (after := self._gpu_line_before(None, oops.first, oops.boot,
+                                                           HUNG_AFTER_GPU_FAULT)) is not None:
             severity = Severity.WARNING
             what = (f"a task hung {oops.first - after[1]:.0f} s after a GPU driver's fault line (no GPU frame in "
                     f"its trace)")
@@ -660,18 +662,20 @@ class Classifier:
         gpu, device = _named(record, vendor)
         if gpu is not None:
             if vendor in GPU_VENDORS:
-                self._carry[vendor] = (gpu, stamp)
-        elif device is None and (carried := self._carry.get(vendor)) and 0 <= stamp - carried[1] <= self.storm_window:
+                self._carry[vendor] = (gpu, stamp, record.boot)
+        elif device is None and (carried := self._carry.get(vendor)) and 0 <= stamp - carried[1] <= self.storm_window \
+                and _same_boot(carried[2], record.boot):
             gpu = carried[0]
         return gpu, device
 
-    def _gpu_line_before(self, gpu: str | None, stamp: float, within: float,
-                         fault_of: str | None = None) -> tuple[str | None, float, Severity, str] | None:
+    def _gpu_line_before(self, gpu: str | None, stamp: float, boot: str | None, within: float,
+                         fault_of: str | None = None) -> tuple[str | None, float, Severity, str, str | None] | None:
         """The latest GPU driver's line of `gpu` (or naming none; any GPU for None) within `within` seconds before
-        `stamp`; with `fault_of` (a vendor), only that vendor's lines at warning or above."""
+        `stamp`, of the same boot; with `fault_of` (a vendor), only that vendor's lines at warning or above."""
         for line in reversed(self._gpu_lines):
             if 0 <= stamp - line[1] <= within and (gpu is None or line[0] is None or line[0] == gpu) \
-                    and (fault_of is None or (line[3] == fault_of and line[2] >= Severity.WARNING)):
+                    and (fault_of is None or (line[3] == fault_of and line[2] >= Severity.WARNING)) \
+                    and _same_boot(line[4], boot):
                 return line
         return None
 
