@@ -38,7 +38,7 @@ from gpuwarden.hub.health import Current, Health, Loop, Summary
 from gpuwarden.hub.hub import Evidence, Hub
 from gpuwarden.hub.queue import Outbox, Report
 from gpuwarden.hub.tracker import IncidentTracker
-from gpuwarden.kernel.clock import printk_now
+from gpuwarden.kernel.clock import kernel_now
 from gpuwarden.kernel.watch import POSITION, KernelWatch
 from gpuwarden.runtime import logsetup, reloads
 from gpuwarden.runtime.offloop import Busy, OffLoop
@@ -438,8 +438,7 @@ def _live_from_now(source: str) -> float:
     """Now on the kernel log's own clock (clock.py: a line written to /dev/kmsg and its stamp read back, bounded),
     from which its lines are live; CLOCK_MONOTONIC where /dev/kmsg cannot be written, or for a file, whose lines
     carry no kernel time."""
-    printk = printk_now() if source != "file" else None
-    return time.monotonic() if printk is None else printk
+    return time.monotonic() if source == "file" else kernel_now()
 
 
 def _exit_now(why: str) -> None:

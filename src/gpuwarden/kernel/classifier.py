@@ -239,9 +239,9 @@ class Classifier:
         # vendor -> (the GPU its latest report named, log time, boot)
         self._carry: dict[str, tuple[str, float, str | None]] = {}
         # the latest lines of the GPU drivers' rules that their record does not disprove (a kmsg or journal line is
-        # the kernel's; a text log proves nothing either way): (gpu, log time, severity, vendor), for the context of
-        # a hung task and of a reset (_gpu_line_before)
-        self._gpu_lines: list[tuple[str | None, float, Severity, str, str | None]] = []  # (…, boot)
+        # the kernel's; a text log proves nothing either way): (gpu, log time, severity, vendor, boot), for the
+        # context of a hung task and of a reset (_gpu_line_before)
+        self._gpu_lines: list[tuple[str | None, float, Severity, str, str | None]] = []
 
     def feed(self, record: KernelRecord, now: float) -> list[Burst]:
         """Classify one record; returns the bursts that this record started (new events)."""

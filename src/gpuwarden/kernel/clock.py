@@ -52,3 +52,11 @@ def printk_now(path: str = KMSG, timeout: float = 0.5) -> float | None:
     finally:
         os.close(fd)
     return None
+
+
+def kernel_now(path: str = KMSG) -> float:
+    """printk_now, or CLOCK_MONOTONIC where /dev/kmsg cannot be written or read back (non-root with CAP_SYSLOG, a
+    read-only /dev/kmsg): where printk runs behind it, a lookback of 0 counted on CLOCK_MONOTONIC dropped a line
+    logged just after the start, so the kernel's own clock first."""
+    stamp = printk_now(path)
+    return time.monotonic() if stamp is None else stamp

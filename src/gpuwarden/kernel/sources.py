@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gpuwarden.kernel.clock import printk_now
+from gpuwarden.kernel.clock import kernel_now
 from gpuwarden.kernel.records import KMSG, KernelRecord, MalformedRecord, parse_kmsg, pci_from_device_field
 from gpuwarden.runtime.ticks import until_tick
 
@@ -364,7 +364,7 @@ class JournalKmsgSource(Source):
         self._kmsg = kmsg = KmsgSource(kmsg_path, tick)
         self.boot = kmsg.boot
         oldest = kmsg.open_oldest()  # where the journal hands over
-        self._handover = oldest.timestamp if oldest else _printk_now(kmsg_path)
+        self._handover = oldest.timestamp if oldest else kernel_now(kmsg_path)
         self._journal: JournalSource | None = None
         self._journal_lines = 0
         if kmsg.resumes(position, oldest):
@@ -379,7 +379,7 @@ class JournalKmsgSource(Source):
             kmsg.floor = record.timestamp + 1e-6 if record.boot == self.boot and record.timestamp is not None \
                 else None
         elif not position:
-            kmsg.floor = _printk_now(kmsg_path) - lookback
+            kmsg.floor = kernel_now(kmsg_path) - lookback
 
     async def batches(self) -> AsyncIterator[list[KernelRecord]]:
         while self._journal is not None:
@@ -422,14 +422,6 @@ class JournalKmsgSource(Source):
         self._kmsg.close()
         if self._journal is not None:
             self._journal.close()
-
-
-def _printk_now(kmsg_path: str) -> float:
-    """Now on the clock of kmsg's records, printk's (kernel/clock.py: a line written and its stamp read back), which
-    is not CLOCK_MONOTONIC: where printk runs behind it, a lookback of 0 counted on CLOCK_MONOTONIC dropped a line
-    logged just after the start. CLOCK_MONOTONIC where /dev/kmsg cannot be written (CAP_SYSLOG without root)."""
-    stamp = printk_now(kmsg_path)
-    return time.clock_gettime(time.CLOCK_MONOTONIC) if stamp is None else stamp
 
 
 def _kmsg_position(position: str | None) -> tuple[str, int, float] | None:
